@@ -1,0 +1,216 @@
+//! Command-line surface (clap). Every daemon setting is a flag, an environment variable
+//! `SANDBOX_AGENT_<NAME>` and a key of the optional TOML file; this module only declares them,
+//! `config.rs` merges the three sources (flag > env > file > default) into one `Config`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandbox-agent",
+    version,
+    about = "Runs ACP coding agents inside a sandbox and serves them over HTTP",
+    long_about = "Sandbox Agent supervises coding agents that speak the Agent Client Protocol \
+(Claude Code, Codex, OpenCode, Gemini, ...) and lets programs outside the sandbox drive them over \
+HTTP: POST JSON-RPC to /v1/acp/{serverId}, read what the agent says on GET /v1/acp/{serverId} (SSE).\n\n\
+Run without a subcommand to start the daemon on 127.0.0.1:2468.",
+    after_help = "Every server flag can also be set as an environment variable SANDBOX_AGENT_<NAME> \
+(e.g. SANDBOX_AGENT_PORT=8080) or as a key in the --config TOML file (e.g. port = 8080).\n\
+Precedence: flag > environment > config file > default. See docs/config.md."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (the default when no subcommand is given)
+    #[command(alias = "serve")]
+    Server(ServerArgs),
+    /// List or install agents
+    Agents {
+        #[command(subcommand)]
+        command: AgentsCommand,
+    },
+    /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
+    #[command(name = "mock-agent")]
+    MockAgent,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsCommand {
+    /// List known agents and whether they are installed
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Install an agent (and the native CLI it needs) into the data directory
+    Install {
+        /// Agent id, e.g. claude, codex, opencode, gemini
+        agent: String,
+        /// Install again even if already installed
+        #[arg(long)]
+        reinstall: bool,
+        /// Version of the native agent CLI
+        #[arg(long, value_name = "V")]
+        agent_version: Option<String>,
+        /// Version of the ACP agent process (adapter)
+        #[arg(long, value_name = "V")]
+        agent_process_version: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+/// Every setting of the daemon. All fields are optional here: a value left out falls through to
+/// the environment (handled by clap), then the config file, then the built-in default.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServerArgs {
+    /// TOML file with any of these settings as keys (unknown keys are rejected)
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Address to listen on [default: 127.0.0.1]
+    #[arg(long, env = "SANDBOX_AGENT_HOST", value_name = "ADDR")]
+    pub host: Option<String>,
+
+    /// TCP port; 0 picks a free one [default: 2468]
+    #[arg(long, env = "SANDBOX_AGENT_PORT", value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// Bearer token required on every /v1 route
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
+    /// Serve without a token (needed to bind a non-loopback address without --token)
+    #[arg(long, env = "SANDBOX_AGENT_NO_TOKEN", conflicts_with = "token")]
+    pub no_token: bool,
+
+    /// Where installed agents and state live [default: $STATE_DIRECTORY, else ~/.local/share/sandbox-agent]
+    #[arg(long, env = "SANDBOX_AGENT_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Root against which relative filesystem paths resolve [default: the current directory]
+    #[arg(long, env = "SANDBOX_AGENT_WORK_DIR", value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+
+    /// Confine every /v1/fs and /v1/config path beneath this directory (symlinks included)
+    #[arg(long, env = "SANDBOX_AGENT_FS_ROOT", value_name = "DIR")]
+    pub fs_root: Option<PathBuf>,
+
+    /// How long a POSTed request waits for the agent's answer before 504 [default: 10m]
+    #[arg(long, env = "SANDBOX_AGENT_REQUEST_TIMEOUT", value_name = "DURATION")]
+    pub request_timeout: Option<String>,
+
+    /// How long shutdown waits for requests and agents before killing [default: 10s]
+    #[arg(long, env = "SANDBOX_AGENT_SHUTDOWN_GRACE", value_name = "DURATION")]
+    pub shutdown_grace: Option<String>,
+
+    /// How long a stopped agent gets between SIGTERM and SIGKILL [default: 5s]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_GRACE", value_name = "DURATION")]
+    pub agent_grace: Option<String>,
+
+    /// Events kept per serverId for SSE replay [default: 4096]
+    #[arg(long, env = "SANDBOX_AGENT_EVENT_BUFFER", value_name = "COUNT")]
+    pub event_buffer: Option<usize>,
+
+    /// Bytes of events kept per serverId for SSE replay [default: 16M]
+    #[arg(long, env = "SANDBOX_AGENT_EVENT_BUFFER_BYTES", value_name = "SIZE")]
+    pub event_buffer_bytes: Option<String>,
+
+    /// Interval of SSE keepalive comments [default: 15s]
+    #[arg(long, env = "SANDBOX_AGENT_KEEPALIVE", value_name = "DURATION")]
+    pub keepalive: Option<String>,
+
+    /// Largest JSON request body (ACP envelopes, config entries) [default: 32M]
+    #[arg(long, env = "SANDBOX_AGENT_BODY_LIMIT", value_name = "SIZE")]
+    pub body_limit: Option<String>,
+
+    /// Largest file upload body (PUT /v1/fs/file, upload-batch); `max` for none [default: 64G]
+    #[arg(long, env = "SANDBOX_AGENT_UPLOAD_LIMIT", value_name = "SIZE")]
+    pub upload_limit: Option<String>,
+
+    /// Most entries one upload-batch may extract [default: 1000000]
+    #[arg(long, env = "SANDBOX_AGENT_UPLOAD_MAX_ENTRIES", value_name = "COUNT")]
+    pub upload_max_entries: Option<u64>,
+
+    /// Longest stdout line accepted from an agent; longer lines are dropped [default: 16M]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_LINE", value_name = "SIZE")]
+    pub max_line: Option<String>,
+
+    /// Memory limit of each agent's cgroup; `max` for none [default: 4G]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_MEMORY_MAX", value_name = "SIZE")]
+    pub agent_memory_max: Option<String>,
+
+    /// Process (task) limit of each agent's cgroup; `max` for none [default: 1024]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_PIDS_MAX", value_name = "COUNT")]
+    pub agent_pids_max: Option<String>,
+
+    /// CPU limit of each agent in cores, e.g. 1.5; `max` for none [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_CPU_MAX", value_name = "CORES")]
+    pub agent_cpu_max: Option<String>,
+
+    /// Run agents as this user (name or uid) when the daemon runs as root
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_USER", value_name = "USER")]
+    pub agent_user: Option<String>,
+
+    /// Environment variables passed to agents: names, or prefixes ending in `*`; `*` for all
+    /// (daemon secrets and systemd variables are never passed) [default: *]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_AGENT_ENV_PASS",
+        value_name = "NAMES",
+        value_delimiter = ','
+    )]
+    pub agent_env_pass: Option<Vec<String>>,
+
+    /// Extra environment for agents, KEY=VALUE (repeatable; comma-separated in the env var)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_AGENT_ENV",
+        value_name = "KEY=VALUE",
+        value_delimiter = ','
+    )]
+    pub agent_env: Option<Vec<String>>,
+
+    /// TOML file declaring in-house agents (id, command, args, env)
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_FILE", value_name = "FILE")]
+    pub agents_file: Option<PathBuf>,
+
+    /// Never install agents at run time; the first POST for a missing agent fails with 4xx
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_PREINSTALL")]
+    pub require_preinstall: bool,
+
+    /// Answer agent failures and timeouts on requests as 200 + JSON-RPC error instead of 502/504
+    #[arg(long, env = "SANDBOX_AGENT_JSONRPC_ERRORS")]
+    pub jsonrpc_errors: bool,
+
+    /// ACP registry URL [default: the public agentclientprotocol registry]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_REGISTRY_URL", value_name = "URL")]
+    pub acp_registry_url: Option<String>,
+
+    /// Log format: auto (journald when stderr is the journal, else text), journald, text, json
+    #[arg(long, env = "SANDBOX_AGENT_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
+
+    /// Log filter, e.g. `info` or `sandbox_agent=debug` [default: info]
+    #[arg(long, env = "SANDBOX_AGENT_LOG_LEVEL", value_name = "FILTER")]
+    pub log_level: Option<String>,
+
+    /// Act as init: reap every orphan and forward signals (automatic when running as PID 1)
+    #[arg(long, env = "SANDBOX_AGENT_INIT")]
+    pub init: bool,
+}

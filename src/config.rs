@@ -1,0 +1,691 @@
+//! One `Config`, built once at start-up from flags, environment, the optional TOML file and the
+//! built-in defaults (in that order of precedence). Every bad value and every unknown file key is
+//! collected and reported together, so an operator fixes a config file in one pass.
+//! This is the only module that reads the process environment (systemd's variables included).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cli::ServerArgs;
+
+/// The public ACP registry, used unless `--acp-registry-url` says otherwise.
+pub const DEFAULT_ACP_REGISTRY_URL: &str =
+    "https://cdn.agentclientprotocol.com/registry/v1/latest/registry.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Auto,
+    Journald,
+    Text,
+    Json,
+}
+
+/// What systemd (or a socket-activating supervisor) told us through the environment.
+#[derive(Debug, Clone, Default)]
+pub struct SystemdEnv {
+    pub notify_socket: Option<OsString>,
+    pub listen_fds: Option<String>,
+    pub listen_pid: Option<String>,
+    pub watchdog_usec: Option<String>,
+    pub watchdog_pid: Option<String>,
+    pub journal_stream: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct Config {
+    pub host: IpAddr,
+    pub port: u16,
+    /// `None` means no authentication.
+    pub token: Option<String>,
+    pub data_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub fs_root: Option<PathBuf>,
+    pub request_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub agent_grace: Duration,
+    pub event_buffer: usize,
+    pub event_buffer_bytes: u64,
+    pub keepalive: Duration,
+    pub body_limit: u64,
+    /// `None`: no limit.
+    pub upload_limit: Option<u64>,
+    pub upload_max_entries: u64,
+    pub max_line: u64,
+    pub agent_memory_max: Option<u64>,
+    pub agent_pids_max: Option<u64>,
+    pub agent_cpu_max: Option<f64>,
+    pub agent_user: Option<String>,
+    pub agent_env_pass: Vec<String>,
+    pub agent_env: Vec<(String, String)>,
+    pub agents_file: Option<PathBuf>,
+    pub require_preinstall: bool,
+    pub jsonrpc_errors: bool,
+    pub acp_registry_url: String,
+    pub log_format: LogFormat,
+    pub log_level: String,
+    pub init: bool,
+    /// The daemon's environment at start-up, minus everything an agent must never see.
+    pub agent_base_env: Vec<(OsString, OsString)>,
+    pub systemd: SystemdEnv,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Hand-written so that the token can never reach a log line through `{:?}`.
+        f.debug_struct("Config")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("data_dir", &self.data_dir)
+            .field("work_dir", &self.work_dir)
+            .field("fs_root", &self.fs_root)
+            .field("request_timeout", &self.request_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every problem found while building the config.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration ({} problem(s)):", self.0.len())?;
+        for e in &self.0 {
+            writeln!(f, "  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Variables an agent never inherits: the systemd protocol (which would let an agent notify or
+/// pet the watchdog in our name) and every setting of ours (the token among them).
+fn never_passed(name: &str) -> bool {
+    const EXACT: &[&str] = &["NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID"];
+    const PREFIX: &[&str] = &["LISTEN_", "WATCHDOG_", "SANDBOX_AGENT_"];
+    EXACT.contains(&name) || PREFIX.iter().any(|p| name.starts_with(p))
+}
+
+fn pass_matches(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => p == name,
+    })
+}
+
+/// Values from the TOML file, taken key by key so that every bad key is reported.
+struct FileValues {
+    map: BTreeMap<String, toml::Value>,
+    path: PathBuf,
+}
+
+impl FileValues {
+    fn empty() -> Self {
+        FileValues {
+            map: BTreeMap::new(),
+            path: PathBuf::new(),
+        }
+    }
+
+    fn load(path: &Path, errors: &mut Vec<String>) -> Self {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!("cannot read config file {}: {e}", path.display()));
+                return Self::empty();
+            }
+        };
+        let table: toml::Table = match toml::from_str(&text) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!(
+                    "config file {} is not valid TOML: {e}",
+                    path.display()
+                ));
+                return Self::empty();
+            }
+        };
+        let map = table
+            .into_iter()
+            .map(|(k, v)| (k.replace('-', "_"), v))
+            .collect();
+        FileValues {
+            map,
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// A scalar rendered as the string the command line would have carried.
+    fn take_string(&mut self, key: &str, errors: &mut Vec<String>) -> Option<String> {
+        let v = self.map.remove(key)?;
+        match v {
+            toml::Value::String(s) => Some(s),
+            toml::Value::Integer(i) => Some(i.to_string()),
+            toml::Value::Float(f) => Some(f.to_string()),
+            toml::Value::Boolean(b) => Some(b.to_string()),
+            other => {
+                errors.push(self.bad(
+                    key,
+                    &format!("expected a string or number, got {}", other.type_str()),
+                ));
+                None
+            }
+        }
+    }
+
+    fn take_bool(&mut self, key: &str, errors: &mut Vec<String>) -> Option<bool> {
+        match self.map.remove(key)? {
+            toml::Value::Boolean(b) => Some(b),
+            other => {
+                errors.push(self.bad(
+                    key,
+                    &format!("expected true or false, got {}", other.type_str()),
+                ));
+                None
+            }
+        }
+    }
+
+    fn take_list(&mut self, key: &str, errors: &mut Vec<String>) -> Option<Vec<String>> {
+        match self.map.remove(key)? {
+            toml::Value::String(s) => Some(s.split(',').map(str::to_owned).collect()),
+            toml::Value::Array(items) => {
+                let mut out = Vec::new();
+                for item in items {
+                    match item {
+                        toml::Value::String(s) => out.push(s),
+                        other => {
+                            errors.push(
+                                self.bad(
+                                    key,
+                                    &format!("expected strings, got {}", other.type_str()),
+                                ),
+                            );
+                            return None;
+                        }
+                    }
+                }
+                Some(out)
+            }
+            other => {
+                errors.push(self.bad(
+                    key,
+                    &format!("expected a list of strings, got {}", other.type_str()),
+                ));
+                None
+            }
+        }
+    }
+
+    fn bad(&self, key: &str, why: &str) -> String {
+        format!("config file {}: key `{key}`: {why}", self.path.display())
+    }
+}
+
+/// Where a value came from, for error messages.
+fn origin(flag: &str, from_file: bool, file: &Path) -> String {
+    if from_file {
+        format!(
+            "config file {}: key `{}`",
+            file.display(),
+            flag.replace('-', "_")
+        )
+    } else {
+        format!(
+            "--{flag} (or SANDBOX_AGENT_{})",
+            flag.replace('-', "_").to_uppercase()
+        )
+    }
+}
+
+/// Parses `30s`, `5m`, `1h 30m` (humantime); a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration like 30s or 5m: {e}"))
+}
+
+/// Parses `256M`, `1G`, `512k`, `1.5GiB`, plain bytes; `max`/`none`/`unlimited` give `None`.
+pub fn parse_size(s: &str) -> Result<Option<u64>, String> {
+    let t = s.trim();
+    if matches!(
+        t.to_ascii_lowercase().as_str(),
+        "max" | "none" | "unlimited"
+    ) {
+        return Ok(None);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 256M or 1G"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("`{s}` has an unknown size unit (use K, M, G or T)")),
+    };
+    Ok(Some((num * mult as f64) as u64))
+}
+
+fn parse_count_or_max(s: &str) -> Result<Option<u64>, String> {
+    let t = s.trim();
+    if matches!(
+        t.to_ascii_lowercase().as_str(),
+        "max" | "none" | "unlimited"
+    ) {
+        return Ok(None);
+    }
+    t.parse::<u64>()
+        .map(Some)
+        .map_err(|_| format!("`{s}` is not a whole number or `max`"))
+}
+
+fn parse_cpu(s: &str) -> Result<Option<f64>, String> {
+    let t = s.trim();
+    if matches!(
+        t.to_ascii_lowercase().as_str(),
+        "max" | "none" | "unlimited"
+    ) {
+        return Ok(None);
+    }
+    match t.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(Some(v)),
+        _ => Err(format!("`{s}` is not a positive number of cores or `max`")),
+    }
+}
+
+fn is_loopback(ip: &IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+impl Config {
+    /// Builds the config from parsed flags (which already include the environment) and the
+    /// optional file they name; `env` is the process environment.
+    pub fn load(args: &ServerArgs) -> Result<Config, ConfigErrors> {
+        Self::load_with_env(args, std::env::vars_os().collect())
+    }
+
+    pub fn load_with_env(
+        args: &ServerArgs,
+        env: Vec<(OsString, OsString)>,
+    ) -> Result<Config, ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut file = match &args.config {
+            Some(path) => FileValues::load(path, &mut errors),
+            None => FileValues::empty(),
+        };
+        let file_path = file.path.clone();
+        let env_get = |name: &str| -> Option<OsString> {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        };
+
+        // A string-valued setting: flag/env first, then the file, parsed by `parse`.
+        macro_rules! setting {
+            ($field:ident, $flag:literal, $parse:expr, $default:expr) => {{
+                let (raw, from_file) = match args.$field.clone() {
+                    Some(v) => (Some(v.to_string()), false),
+                    None => (file.take_string(stringify!($field), &mut errors), true),
+                };
+                match raw {
+                    Some(raw) => match $parse(raw.as_str()) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            errors.push(format!("{}: {}", origin($flag, from_file, &file_path), e));
+                            $default
+                        }
+                    },
+                    None => $default,
+                }
+            }};
+        }
+        macro_rules! flag {
+            ($field:ident) => {{
+                let from_file = file.take_bool(stringify!($field), &mut errors);
+                args.$field || from_file.unwrap_or(false)
+            }};
+        }
+        macro_rules! path {
+            ($field:ident) => {{
+                match args.$field.clone() {
+                    Some(p) => Some(p),
+                    None => file
+                        .take_string(stringify!($field), &mut errors)
+                        .map(PathBuf::from),
+                }
+            }};
+        }
+
+        let host: IpAddr = setting!(
+            host,
+            "host",
+            |s: &str| s
+                .parse::<IpAddr>()
+                .map_err(|_| format!("`{s}` is not an IP address")),
+            IpAddr::from([127, 0, 0, 1])
+        );
+        let port: u16 = setting!(
+            port,
+            "port",
+            |s: &str| s
+                .parse::<u16>()
+                .map_err(|_| format!("`{s}` is not a port (0-65535)")),
+            2468
+        );
+        let token: Option<String> = setting!(
+            token,
+            "token",
+            |s: &str| if s.is_empty() {
+                Err("the token is empty".to_string())
+            } else {
+                Ok(Some(s.to_string()))
+            },
+            None
+        );
+        let no_token = flag!(no_token);
+        let data_dir = path!(data_dir);
+        let work_dir = path!(work_dir);
+        let fs_root = path!(fs_root);
+        let dur = |s: &str| parse_duration(s);
+        let request_timeout = setting!(
+            request_timeout,
+            "request-timeout",
+            dur,
+            Duration::from_secs(600)
+        );
+        let shutdown_grace = setting!(
+            shutdown_grace,
+            "shutdown-grace",
+            dur,
+            Duration::from_secs(10)
+        );
+        let agent_grace = setting!(agent_grace, "agent-grace", dur, Duration::from_secs(5));
+        let keepalive = setting!(keepalive, "keepalive", dur, Duration::from_secs(15));
+        let positive_count = |s: &str| match s.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("`{s}` is not a positive whole number")),
+        };
+        let event_buffer = setting!(event_buffer, "event-buffer", positive_count, 4096);
+        let size_required = |s: &str| match parse_size(s) {
+            Ok(Some(n)) if n > 0 => Ok(n),
+            Ok(_) => Err(format!("`{s}` must be a positive size")),
+            Err(e) => Err(e),
+        };
+        let event_buffer_bytes = setting!(
+            event_buffer_bytes,
+            "event-buffer-bytes",
+            size_required,
+            16 << 20
+        );
+        let body_limit = setting!(body_limit, "body-limit", size_required, 32 << 20);
+        let upload_limit = setting!(upload_limit, "upload-limit", parse_size, Some(64 << 30));
+        let upload_max_entries = setting!(
+            upload_max_entries,
+            "upload-max-entries",
+            |s: &str| s
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("`{s}` is not a whole number")),
+            1_000_000
+        );
+        let max_line = setting!(max_line, "max-line", size_required, 16 << 20);
+        let agent_memory_max = setting!(
+            agent_memory_max,
+            "agent-memory-max",
+            parse_size,
+            Some(4 << 30)
+        );
+        let agent_pids_max = setting!(
+            agent_pids_max,
+            "agent-pids-max",
+            parse_count_or_max,
+            Some(1024)
+        );
+        let agent_cpu_max = setting!(agent_cpu_max, "agent-cpu-max", parse_cpu, None);
+        let agent_user: Option<String> = setting!(
+            agent_user,
+            "agent-user",
+            |s: &str| Ok::<_, String>(Some(s.to_string())),
+            None
+        );
+        let agent_env_pass = match args.agent_env_pass.clone() {
+            Some(v) => v,
+            None => file
+                .take_list("agent_env_pass", &mut errors)
+                .unwrap_or_else(|| vec!["*".into()]),
+        };
+        let (agent_env_raw, env_from_file) = match args.agent_env.clone() {
+            Some(v) => (v, false),
+            None => (
+                file.take_list("agent_env", &mut errors).unwrap_or_default(),
+                true,
+            ),
+        };
+        let mut agent_env = Vec::new();
+        for kv in agent_env_raw.iter().filter(|s| !s.is_empty()) {
+            match kv.split_once('=') {
+                Some((k, v)) if !k.is_empty() => agent_env.push((k.to_string(), v.to_string())),
+                _ => errors.push(format!(
+                    "{}: `{kv}` is not KEY=VALUE",
+                    origin("agent-env", env_from_file, &file_path)
+                )),
+            }
+        }
+        let agents_file = path!(agents_file);
+        let require_preinstall = flag!(require_preinstall);
+        let jsonrpc_errors = flag!(jsonrpc_errors);
+        let acp_registry_url: String = setting!(
+            acp_registry_url,
+            "acp-registry-url",
+            |s: &str| if s.starts_with("http://")
+                || s.starts_with("https://")
+                || s.starts_with("file://")
+            {
+                Ok(s.to_string())
+            } else {
+                Err(format!("`{s}` is not an http(s):// or file:// URL"))
+            },
+            DEFAULT_ACP_REGISTRY_URL.to_string()
+        );
+        let log_format = setting!(
+            log_format,
+            "log-format",
+            |s: &str| match s {
+                "auto" => Ok(LogFormat::Auto),
+                "journald" => Ok(LogFormat::Journald),
+                "text" => Ok(LogFormat::Text),
+                "json" => Ok(LogFormat::Json),
+                _ => Err(format!("`{s}` is not one of auto, journald, text, json")),
+            },
+            LogFormat::Auto
+        );
+        let log_level: String = setting!(
+            log_level,
+            "log-level",
+            |s: &str| Ok::<_, String>(s.to_string()),
+            "info".to_string()
+        );
+        let init = flag!(init);
+
+        // The config file may not name itself, and nothing else is known.
+        file.map.remove("config");
+        for key in file.map.keys() {
+            errors.push(format!(
+                "config file {}: unknown key `{key}`",
+                file_path.display()
+            ));
+        }
+
+        if !is_loopback(&host) && token.is_none() && !no_token {
+            errors.push(format!(
+                "refusing to listen on {host} without authentication: pass --token <TOKEN> \
+                 (or SANDBOX_AGENT_TOKEN), or --no-token to serve without one"
+            ));
+        }
+
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let work_dir = match work_dir {
+            Some(p) => {
+                let p = cwd.join(p);
+                if !p.is_dir() {
+                    errors.push(format!("--work-dir {}: not a directory", p.display()));
+                }
+                p
+            }
+            None => cwd.clone(),
+        };
+        let fs_root = match fs_root {
+            Some(p) => match cwd.join(&p).canonicalize() {
+                Ok(c) if c.is_dir() => Some(c),
+                Ok(c) => {
+                    errors.push(format!("--fs-root {}: not a directory", c.display()));
+                    None
+                }
+                Err(e) => {
+                    errors.push(format!("--fs-root {}: {e}", p.display()));
+                    None
+                }
+            },
+            None => None,
+        };
+        let data_dir = data_dir.map(|p| cwd.join(p)).unwrap_or_else(|| {
+            if let Some(state) = env_get("STATE_DIRECTORY") {
+                // systemd's StateDirectory= may list several, separated by ':'.
+                let first = state
+                    .to_string_lossy()
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                if !first.is_empty() {
+                    return PathBuf::from(first);
+                }
+            }
+            match env_get("HOME") {
+                Some(home) if !home.is_empty() => {
+                    PathBuf::from(home).join(".local/share/sandbox-agent")
+                }
+                _ => PathBuf::from("/var/lib/sandbox-agent"),
+            }
+        });
+        let agents_file = agents_file.map(|p| cwd.join(p));
+
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+
+        let string_var = |name: &str| env_get(name).map(|v| v.to_string_lossy().into_owned());
+        let systemd = SystemdEnv {
+            notify_socket: env_get("NOTIFY_SOCKET"),
+            listen_fds: string_var("LISTEN_FDS"),
+            listen_pid: string_var("LISTEN_PID"),
+            watchdog_usec: string_var("WATCHDOG_USEC"),
+            watchdog_pid: string_var("WATCHDOG_PID"),
+            journal_stream: string_var("JOURNAL_STREAM"),
+        };
+        let agent_base_env = env
+            .into_iter()
+            .filter(|(k, _)| {
+                let name = k.to_string_lossy();
+                !never_passed(&name) && pass_matches(&agent_env_pass, &name)
+            })
+            .collect();
+
+        Ok(Config {
+            host,
+            port,
+            token: if no_token { None } else { token },
+            data_dir,
+            work_dir,
+            fs_root,
+            request_timeout,
+            shutdown_grace,
+            agent_grace,
+            event_buffer,
+            event_buffer_bytes,
+            keepalive,
+            body_limit,
+            upload_limit,
+            upload_max_entries,
+            max_line,
+            agent_memory_max,
+            agent_pids_max,
+            agent_cpu_max,
+            agent_user,
+            agent_env_pass,
+            agent_env,
+            agents_file,
+            require_preinstall,
+            jsonrpc_errors,
+            acp_registry_url,
+            log_format,
+            log_level,
+            init,
+            agent_base_env,
+            systemd,
+        })
+    }
+
+    /// A config with every default, for unit tests and benches.
+    pub fn defaults() -> Config {
+        Self::load_with_env(&ServerArgs::default(), Vec::new()).expect("defaults are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_size(input: &str, expected: Result<Option<u64>, ()>) {
+        assert_eq!(parse_size(input).map_err(|_| ()), expected, "{input}");
+    }
+
+    #[test]
+    fn sizes() {
+        check_size("256M", Ok(Some(256 << 20)));
+        check_size("1G", Ok(Some(1 << 30)));
+        check_size("1.5GiB", Ok(Some(3 << 29)));
+        check_size("4096", Ok(Some(4096)));
+        check_size("max", Ok(None));
+        check_size("12Q", Err(()));
+        check_size("", Err(()));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn secrets_never_pass() {
+        let pass = vec!["*".to_string()];
+        for name in [
+            "NOTIFY_SOCKET",
+            "LISTEN_FDS",
+            "WATCHDOG_USEC",
+            "SANDBOX_AGENT_TOKEN",
+        ] {
+            assert!(never_passed(name), "{name}");
+        }
+        assert!(!never_passed("PATH"));
+        assert!(pass_matches(&pass, "ANTHROPIC_API_KEY"));
+        assert!(pass_matches(&["LC_*".to_string()], "LC_ALL"));
+        assert!(!pass_matches(&["PATH".to_string()], "PATHX"));
+    }
+}

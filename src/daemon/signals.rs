@@ -1,0 +1,46 @@
+//! Stop signals. The first SIGTERM/SIGINT/SIGQUIT starts a graceful stop; a second one ends the
+//! process at once (after killing every agent process group, so nothing is orphaned). SIGHUP is
+//! logged and ignored.
+
+use futures_util::StreamExt;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook_tokio::Signals;
+use tokio_util::sync::CancellationToken;
+
+/// Installs the handlers and returns a token that is cancelled on the first stop signal.
+/// `on_second` runs on a second stop signal, just before the process exits with 128 + signal.
+pub fn install(on_second: impl Fn() + Send + 'static) -> std::io::Result<CancellationToken> {
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGQUIT, SIGHUP])?;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        while let Some(sig) = signals.next().await {
+            if sig == SIGHUP {
+                tracing::info!("SIGHUP received; configuration is read only at start, ignoring");
+                continue;
+            }
+            let name = signal_name(sig);
+            if !token.is_cancelled() {
+                tracing::info!(
+                    signal = name,
+                    "stop signal received; shutting down gracefully"
+                );
+                token.cancel();
+            } else {
+                tracing::warn!(signal = name, "second stop signal; exiting now");
+                on_second();
+                std::process::exit(128 + sig);
+            }
+        }
+    });
+    Ok(stop)
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        SIGQUIT => "SIGQUIT",
+        _ => "signal",
+    }
+}

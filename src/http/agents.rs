@@ -1,0 +1,9 @@
+//! Routes of this feature.
+
+use axum::Router;
+
+use super::AppState;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+}

@@ -1,0 +1,171 @@
+//! The HTTP surface (axum only): routes, auth, request logging and the problem+json safety net.
+//! Handlers translate HTTP into calls on the services and back; no business logic lives here.
+
+pub mod acp;
+pub mod agents;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod files;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+pub use error::Problem;
+
+/// Everything a handler may reach. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub shutdown: CancellationToken,
+    pub supervisor: Arc<crate::supervisor::Supervisor>,
+    pub agents: Arc<crate::agents::Agents>,
+    pub acp: Arc<crate::acp::AcpService>,
+    pub files: Arc<crate::files::FileService>,
+    pub config_store: Arc<crate::config_store::ConfigStore>,
+}
+
+impl AppState {
+    /// Builds every service from the config. Fails on bad operator input (e.g. the agents file).
+    pub async fn build(config: Arc<Config>, shutdown: CancellationToken) -> anyhow::Result<Self> {
+        let supervisor = Arc::new(crate::supervisor::Supervisor::new(&config));
+        let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
+        let acp = Arc::new(crate::acp::AcpService::new(
+            config.clone(),
+            supervisor.clone(),
+            agents.clone(),
+            shutdown.clone(),
+        ));
+        let files = Arc::new(crate::files::FileService::new(&config));
+        let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
+        Ok(AppState {
+            config,
+            shutdown,
+            supervisor,
+            agents,
+            acp,
+            files,
+            config_store,
+        })
+    }
+
+    /// Stops every agent (TERM, grace, KILL) before `deadline`.
+    pub async fn stop_all(&self, deadline: tokio::time::Instant) {
+        self.acp.stop_all(deadline).await;
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/health", get(health))
+        .merge(acp::routes())
+        .merge(agents::routes())
+        .merge(files::routes())
+        .merge(config::routes())
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    Router::new()
+        .route("/", get(root))
+        .merge(v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.body_limit as usize))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            problem_safety_net,
+        ))
+        .layer(middleware::from_fn(log_request))
+        .with_state(state)
+}
+
+async fn root() -> impl IntoResponse {
+    axum::Json(json!({ "name": "Sandbox Agent", "version": env!("CARGO_PKG_VERSION") }))
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(json!({ "status": "ok" }))
+}
+
+async fn not_found(req: Request) -> Problem {
+    let path = req.uri().path();
+    let detail = if path == "/v1/rpc" || path.starts_with("/v1/rpc/") {
+        "/v1/rpc was removed; use /v1/acp/{serverId}".to_string()
+    } else if path == "/opencode" || path.starts_with("/opencode/") {
+        "the OpenCode compatibility surface is not served".to_string()
+    } else {
+        format!("no route for {path}")
+    };
+    Problem::not_found(detail)
+}
+
+async fn method_not_allowed(req: Request) -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+/// Any error answer that is not already problem+json (an axum extractor rejection, the body
+/// limit, a 405 from the router) is rewritten into one, keeping its status and headers.
+async fn problem_safety_net(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_problem = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(error::PROBLEM_JSON.as_bytes()));
+    if is_problem {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let problem = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        Problem::payload_too_large(state.config.body_limit)
+    } else if text.is_empty() {
+        Problem::new(status, status.canonical_reason().unwrap_or("error"))
+    } else {
+        Problem::new(status, text)
+    };
+    let mut out = problem.into_response();
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// One log line per request: method, path (never the query or headers, so never the token),
+/// status and latency to the response head.
+async fn log_request(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    let latency_us = started.elapsed().as_micros() as u64;
+    if status >= 500 {
+        tracing::warn!(%method, path, status, latency_us, "request");
+    } else {
+        tracing::info!(%method, path, status, latency_us, "request");
+    }
+    resp
+}

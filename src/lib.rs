@@ -1,0 +1,14 @@
+//! Sandbox Agent: a daemon that supervises ACP coding agents inside a sandbox and serves them over
+//! HTTP. `main.rs` only dispatches; everything lives in these modules (see docs/architecture.md).
+
+pub mod acp;
+pub mod agents;
+pub mod cli;
+pub mod config;
+pub mod config_store;
+pub mod daemon;
+pub mod files;
+pub mod http;
+pub mod logging;
+pub mod supervisor;
+pub mod sys;

@@ -1,0 +1,48 @@
+//! The few system calls that Rust marks `unsafe`, each wrapped once with the reason it is sound.
+//! Everything else in the crate is `#![deny(unsafe_code)]`.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{FromRawFd, RawFd};
+
+/// Result of [`fork`].
+pub enum Forked {
+    Parent { child: nix::unistd::Pid },
+    Child,
+}
+
+/// Forks the process. Only called from `main` before any thread exists (no tokio runtime, no
+/// logging thread), so the child inherits a consistent single-threaded address space.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: called while the process is single-threaded (see the doc comment); the child only
+    // returns into ordinary Rust code, it does not run async-signal-unsafe code on another
+    // thread's locks because there are no other threads.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent { child }),
+        nix::unistd::ForkResult::Child => Ok(Forked::Child),
+    }
+}
+
+/// Takes ownership of a listening socket passed by the service manager (socket activation).
+pub fn tcp_listener_from_fd(fd: RawFd) -> io::Result<std::net::TcpListener> {
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    // SAFETY: `fd` comes from LISTEN_FDS (validated by the caller: LISTEN_PID is ours and the fd is
+    // in the range systemd passed), nothing else in the process owns it, and it is taken once.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    // Inherited sockets come without close-on-exec; agents must not inherit our listener.
+    fcntl(&listener, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(io::Error::from)?;
+    Ok(listener)
+}
+
+/// Registers `f` to run in the child between fork and exec.
+pub fn pre_exec<F>(cmd: &mut tokio::process::Command, f: F)
+where
+    F: FnMut() -> io::Result<()> + Send + Sync + 'static,
+{
+    // SAFETY: every closure passed here only makes async-signal-safe system calls (setsid,
+    // setrlimit, prctl, write to an already-open cgroup file, setgid/setuid) on values prepared
+    // before the fork, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(f);
+    }
+}
