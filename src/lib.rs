@@ -12,3 +12,9 @@ pub mod http;
 pub mod logging;
 pub mod supervisor;
 pub mod sys;
+
+/// Installs the process-wide TLS crypto provider (ring) that reqwest needs before any client is
+/// built. Idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

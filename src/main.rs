@@ -53,7 +53,7 @@ fn serve(args: &ServerArgs) -> ExitCode {
         parent_init = Some(init_pid);
     }
     sandbox_agent::logging::init(&config);
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    sandbox_agent::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,1 +1,5 @@
+//! The one integration-test binary: every module starts the real daemon through `support` and
+//! talks HTTP to it on loopback.
+
+mod lifecycle;
 mod support;

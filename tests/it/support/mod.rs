@@ -1,1 +1,393 @@
+//! The harness: starts the real `sandbox-agent` binary on 127.0.0.1:0 with a NOTIFY_SOCKET the
+//! test owns, waits for READY=1, learns the address from STATUS=, and on drop sends SIGTERM and
+//! checks a clean exit (status 0). Every test talks HTTP to the real daemon through it.
 
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
+
+/// Polls `cond` until it returns `Some` or the deadline passes (never a fixed sleep).
+pub fn eventually<T>(timeout: Duration, what: &str, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Async flavour of [`eventually`].
+pub async fn eventually_async<T, F, Fut>(timeout: Duration, what: &str, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub struct DaemonBuilder {
+    args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
+    token: Option<String>,
+    expect_exit: Option<i32>,
+    wrapper: Vec<OsString>,
+    clear_env: bool,
+}
+
+impl Default for DaemonBuilder {
+    fn default() -> Self {
+        DaemonBuilder {
+            args: Vec::new(),
+            envs: Vec::new(),
+            token: None,
+            expect_exit: Some(0),
+            wrapper: Vec::new(),
+            clear_env: false,
+        }
+    }
+}
+
+impl DaemonBuilder {
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, items: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(items.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
+        self.envs.push((k.into(), v.into()));
+        self
+    }
+
+    /// Starts the daemon with this bearer token; `Daemon::client` then sends it.
+    pub fn token(mut self, t: &str) -> Self {
+        self.token = Some(t.to_string());
+        self
+    }
+
+    /// The exit status `Drop` expects after SIGTERM; `None` skips the check.
+    pub fn expect_exit(mut self, code: Option<i32>) -> Self {
+        self.expect_exit = code;
+        self
+    }
+
+    /// Runs the daemon under a wrapper command (e.g. `unshare --pid --fork --mount-proc`).
+    pub fn wrapper<I, S>(mut self, items: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.wrapper.extend(items.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn start(self) -> Daemon {
+        Daemon::start_with(self)
+    }
+}
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub addr: String,
+    pub token: Option<String>,
+    pub notify: UnixDatagram,
+    pub dir: tempfile::TempDir,
+    pub messages: Vec<String>,
+    expect_exit: Option<i32>,
+    stderr_path: PathBuf,
+}
+
+impl Daemon {
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder::default()
+    }
+
+    /// A daemon with the defaults (no token, port 0, a private data and work dir).
+    pub fn start() -> Daemon {
+        Self::builder().start()
+    }
+
+    fn start_with(b: DaemonBuilder) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock_path = dir.path().join("notify.sock");
+        let notify = UnixDatagram::bind(&sock_path).expect("bind notify socket");
+        notify
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let stderr_path = dir.path().join("daemon.stderr");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let data = dir.path().join("data");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+
+        let mut cmd = if b.wrapper.is_empty() {
+            Command::new(BIN)
+        } else {
+            let mut c = Command::new(&b.wrapper[0]);
+            c.args(&b.wrapper[1..]).arg(BIN);
+            c
+        };
+        if b.clear_env {
+            cmd.env_clear();
+        }
+        cmd.arg("server")
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--work-dir")
+            .arg(&work)
+            .args(&b.args)
+            .env("NOTIFY_SOCKET", &sock_path)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("SANDBOX_AGENT_TOKEN")
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove("JOURNAL_STREAM")
+            .envs(b.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        if let Some(t) = &b.token {
+            cmd.arg("--token").arg(t);
+        }
+        let child = cmd.spawn().expect("spawn sandbox-agent");
+        let mut daemon = Daemon {
+            child: Some(child),
+            addr: String::new(),
+            token: b.token,
+            notify,
+            dir,
+            messages: Vec::new(),
+            expect_exit: b.expect_exit,
+            stderr_path,
+        };
+        daemon.addr = daemon.wait_ready();
+        daemon
+    }
+
+    /// Waits for READY=1 and returns the address named by STATUS=.
+    fn wait_ready(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for msg in self.read_notify() {
+                if msg.lines().any(|l| l == "READY=1") {
+                    let status = msg
+                        .lines()
+                        .find_map(|l| l.strip_prefix("STATUS="))
+                        .unwrap_or_else(|| panic!("READY=1 without STATUS=: {msg:?}"));
+                    let addr = status
+                        .split("http://")
+                        .nth(1)
+                        .unwrap_or_else(|| panic!("STATUS= names no address: {status:?}"));
+                    return addr.trim().to_string();
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "daemon exited before READY ({status}); stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!("no READY=1 within 20 s; stderr:\n{}", self.stderr());
+            }
+        }
+    }
+
+    /// Reads every notification that arrives within the socket's read timeout.
+    pub fn read_notify(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = self.notify.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            self.messages.push(msg.clone());
+            out.push(msg);
+        }
+        out
+    }
+
+    /// Waits until a notification containing `line` (e.g. `STOPPING=1`) arrives.
+    pub fn wait_notify(&mut self, line: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(m) = self.messages.iter().find(|m| m.lines().any(|l| l == line)) {
+                return m.clone();
+            }
+            self.read_notify();
+            if Instant::now() > deadline {
+                panic!("no {line} within {timeout:?}; got {:?}", self.messages);
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn stderr(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.stderr_path) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// A reqwest client that sends the daemon's token, if any.
+    pub fn client(&self) -> reqwest::Client {
+        sandbox_agent::install_crypto_provider();
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = &self.token {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {t}").parse().unwrap(),
+            );
+        }
+        reqwest::Client::builder()
+            .default_headers(headers)
+            .no_proxy()
+            .build()
+            .unwrap()
+    }
+
+    /// Sends `sig` to the daemon process.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, sig).expect("signal daemon");
+    }
+
+    /// SIGTERM, then the exit status (code, or 128+signal) within `timeout`.
+    pub fn stop(&mut self, timeout: Duration) -> i32 {
+        let Some(mut child) = self.child.take() else {
+            return 0;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                use std::os::unix::process::ExitStatusExt;
+                return status
+                    .code()
+                    .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "daemon did not exit within {timeout:?} of SIGTERM; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        Path::new(&self.work_dir()).join(p)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_none() {
+            return;
+        }
+        let code = self.stop(Duration::from_secs(30));
+        if let Some(expected) = self.expect_exit {
+            if code != expected && !std::thread::panicking() {
+                panic!(
+                    "daemon exited with {code}, expected {expected}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+        }
+    }
+}
+
+/// True when this process may do what root can (cgroups, namespaces).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Prints why a privileged test is skipped (the test then returns early).
+pub fn skip(reason: &str) {
+    eprintln!("SKIPPED: {reason}");
+}
+
+/// Every pid whose /proc/<pid>/stat says it is a zombie (`Z`), among `pids`.
+pub fn zombies_among(pids: &[u32]) -> Vec<u32> {
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// True while /proc/<pid> exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The children of `pid` (from /proc/<pid>/task/*/children).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|x| x.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
