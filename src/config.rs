@@ -336,9 +336,12 @@ impl Config {
         // A string-valued setting: flag/env first, then the file, parsed by `parse`.
         macro_rules! setting {
             ($field:ident, $flag:literal, $parse:expr, $default:expr) => {{
+                // Always take the key out of the file, so that a key a flag overrides is
+                // still known (and still validated).
+                let in_file = file.take_string(stringify!($field), &mut errors);
                 let (raw, from_file) = match args.$field.clone() {
                     Some(v) => (Some(v.to_string()), false),
-                    None => (file.take_string(stringify!($field), &mut errors), true),
+                    None => (in_file, true),
                 };
                 match raw {
                     Some(raw) => match $parse(raw.as_str()) {
@@ -360,12 +363,8 @@ impl Config {
         }
         macro_rules! path {
             ($field:ident) => {{
-                match args.$field.clone() {
-                    Some(p) => Some(p),
-                    None => file
-                        .take_string(stringify!($field), &mut errors)
-                        .map(PathBuf::from),
-                }
+                let in_file = file.take_string(stringify!($field), &mut errors);
+                args.$field.clone().or_else(|| in_file.map(PathBuf::from))
             }};
         }
 
@@ -461,18 +460,15 @@ impl Config {
             |s: &str| Ok::<_, String>(Some(s.to_string())),
             None
         );
+        let pass_in_file = file.take_list("agent_env_pass", &mut errors);
         let agent_env_pass = match args.agent_env_pass.clone() {
             Some(v) => v,
-            None => file
-                .take_list("agent_env_pass", &mut errors)
-                .unwrap_or_else(|| vec!["*".into()]),
+            None => pass_in_file.unwrap_or_else(|| vec!["*".into()]),
         };
+        let env_in_file = file.take_list("agent_env", &mut errors);
         let (agent_env_raw, env_from_file) = match args.agent_env.clone() {
             Some(v) => (v, false),
-            None => (
-                file.take_list("agent_env", &mut errors).unwrap_or_default(),
-                true,
-            ),
+            None => (env_in_file.unwrap_or_default(), true),
         };
         let mut agent_env = Vec::new();
         for kv in agent_env_raw.iter().filter(|s| !s.is_empty()) {

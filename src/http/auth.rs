@@ -1,4 +1,4 @@
-//! Bearer-token authentication for every `/v1/*` route. The comparison takes the same time
+//! Bearer-token authentication for every `/v1/*` path. The comparison takes the same time
 //! whatever the guess, and the token is never logged.
 
 use axum::extract::{Request, State};
@@ -12,6 +12,12 @@ pub async fn require_token(State(state): State<AppState>, req: Request, next: Ne
     let Some(expected) = state.config.token.as_deref() else {
         return next.run(req).await;
     };
+    // Every /v1 path needs the token, routed or not, so that nothing about the surface is
+    // visible without it; `/` stays open for probes.
+    let path = req.uri().path();
+    if path != "/v1" && !path.starts_with("/v1/") {
+        return next.run(req).await;
+    }
     let given = req
         .headers()
         .get(header::AUTHORIZATION)

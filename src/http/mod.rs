@@ -71,17 +71,17 @@ pub fn router(state: AppState) -> Router {
         .merge(acp::routes())
         .merge(agents::routes())
         .merge(files::routes())
-        .merge(config::routes())
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ));
+        .merge(config::routes());
     Router::new()
         .route("/", get(root))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             problem_safety_net,

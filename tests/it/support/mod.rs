@@ -224,11 +224,16 @@ impl Daemon {
         }
     }
 
-    /// Reads every notification that arrives within the socket's read timeout.
+    /// Reads the notifications that arrive within about 200 ms (bounded even when the daemon
+    /// keeps sending, e.g. watchdog pings).
     pub fn read_notify(&mut self) -> Vec<String> {
         let mut out = Vec::new();
         let mut buf = [0u8; 4096];
-        while let Ok(n) = self.notify.recv(&mut buf) {
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until {
+            let Ok(n) = self.notify.recv(&mut buf) else {
+                break;
+            };
             let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
             self.messages.push(msg.clone());
             out.push(msg);
@@ -390,4 +395,10 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// A plain HTTP client (no token), with the TLS provider installed.
+pub fn http() -> reqwest::Client {
+    sandbox_agent::install_crypto_provider();
+    reqwest::Client::builder().no_proxy().build().unwrap()
 }
