@@ -68,7 +68,8 @@ echo "SANDBOX_AGENT_TOKEN=$TOKEN" >>/etc/default/sandbox-agent
 systemctl daemon-reload
 
 # --- start returns only after READY ---
-systemctl start ctl-watchdog.service # watchdog control runs while we work on the real unit
+# The watchdog and text-log controls run while we work on the real unit.
+systemctl start ctl-watchdog.service ctl-textlog.service
 if systemctl enable --now sandbox-agent.service >/tmp/enable.log 2>&1; then
   # No retry: the API must answer the moment `systemctl start` has returned.
   if curl -sf --max-time 2 "$API/" >/dev/null; then ok "start returns only after READY"
@@ -89,17 +90,30 @@ case "$status" in "listening on http://127.0.0.1:2468") ok "StatusText";;
 code=$(curl -s -o /dev/null -w '%{http_code}' "$API/v1/health")
 code2=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $TOKEN" "$API/v1/health")
 [ "$code/$code2" = 401/200 ] && ok "token from EnvironmentFile" || fail "token from EnvironmentFile" "$code/$code2"
-curl -s -o /dev/null "http://127.0.0.1:2472/v1/health" # control unit: same 401, text logs
-
-# --- an agent through the proxy ---
-post() { curl -s --max-time 20 -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-  -d "$2" "$API/v1/acp/$1"; }
-init=$(post 'pkg-test-1?agent=mock' '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}')
+# --- agents through the proxy ---
+# post BASE_URL TOKEN PATH BODY: one JSON-RPC POST, the answer's body on stdout.
+post() { curl -s --max-time 20 -H "Authorization: Bearer $2" -H 'Content-Type: application/json' \
+  -d "$4" "$1/v1/acp/$3"; }
+prompt() { post "$1" "$2" "$3" "{\"jsonrpc\":\"2.0\",\"id\":$4,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"$5\",\"prompt\":[{\"type\":\"text\",\"text\":\"$6\"}]}}"; }
+INIT='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}'
+NEW='{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}'
+# crash_flow BASE_URL TOKEN: an agent that crashes mid-prompt; prints the status of the next POST
+# (502, logged as a warning).
+crash_flow() {
+  post "$1" "$2" 'pkg-crash?agent=mock' "$INIT" >/dev/null
+  s=$(post "$1" "$2" pkg-crash "$NEW" | sed -n 's/.*"sessionId":"\([^"]*\)".*/\1/p')
+  prompt "$1" "$2" pkg-crash 3 "$s" "/crash 3" >/dev/null
+  curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $2" -H 'Content-Type: application/json' \
+    -d '{"jsonrpc":"2.0","id":4,"method":"_mock/echo","params":{}}' "$1/v1/acp/pkg-crash"
+}
+init=$(post "$API" "$TOKEN" 'pkg-test-1?agent=mock' "$INIT")
 case "$init" in *'"protocolVersion"'*) ok "POST /v1/acp/x?agent=mock";;
   *) fail "POST /v1/acp/x?agent=mock" "$init";; esac
-sess=$(post pkg-test-1 '{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/var/lib/sandbox-agent/workspace","mcpServers":[]}}')
-sid=$(echo "$sess" | sed -n 's/.*"sessionId":"\([^"]*\)".*/\1/p')
-post pkg-test-1 "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"$sid\",\"prompt\":[{\"type\":\"text\",\"text\":\"/stderr hello-from-the-agent\"}]}}" >/dev/null
+sid=$(post "$API" "$TOKEN" pkg-test-1 "$NEW" | sed -n 's/.*"sessionId":"\([^"]*\)".*/\1/p')
+prompt "$API" "$TOKEN" pkg-test-1 3 "$sid" "/stderr hello-from-the-agent" >/dev/null
+code=$(crash_flow "$API" "$TOKEN")
+[ "$code" = 502 ] && ok "a crashed agent answers 502" || fail "a crashed agent answers 502" "$code"
+crash_flow http://127.0.0.1:2472 t >/dev/null # the same events for the text-log control
 agents=$(pgrep -u sandbox-agent -f mock-agent | tr '\n' ' ')
 [ -n "$agents" ] && ok "agent process runs as the service user" || fail "agent process runs as the service user" "none found"
 
@@ -113,12 +127,12 @@ r=$(prop ctl-watchdog.service Result)
 [ "$r" = watchdog ] && ok "control: silent watchdog is killed" || fail "control: silent watchdog is killed" "Result=$r"
 
 # --- journald: our structured fields at the right priorities ---
-# journal_ok UNIT: a 'listening' entry at info (6) with the ADDR field, a 401 'request' at warning (4)
-# with the STATUS field, both tagged sandbox-agent.
+# journal_ok UNIT: the 'listening' entry at info (tracing's INFO is journald's 5, notice) with the
+# ADDR field, and a request answered 502 at warning (4) with the STATUS field, tagged sandbox-agent.
 journal_ok() {
   j=$(journalctl -u "$1" -o json --no-pager)
-  echo "$j" | grep '"MESSAGE":"listening on http://' | grep '"PRIORITY":"6"' | grep -q '"ADDR":"' &&
-    echo "$j" | grep '"STATUS":"401"' | grep '"PRIORITY":"4"' | grep -q '"SYSLOG_IDENTIFIER":"sandbox-agent"'
+  echo "$j" | grep '"MESSAGE":"listening on http://' | grep '"PRIORITY":"5"' | grep -q '"ADDR":"' &&
+    echo "$j" | grep '"STATUS":"502"' | grep '"PRIORITY":"4"' | grep -q '"SYSLOG_IDENTIFIER":"sandbox-agent"'
 }
 journalctl --sync 2>/dev/null || true
 journal_ok sandbox-agent.service && ok "journal fields and priorities" ||
