@@ -326,6 +326,7 @@ fn container_image_runs_the_daemon_as_pid1_under_podman() {
             "no token: refuses to listen on 0.0.0.0 (exit 78)",
             "the daemon is PID 1",
             "/v1/health answers with the token",
+            "an agent runs in the container",
             "HEALTHCHECK passes",
             "control: HEALTHCHECK without a server fails",
             "orphans are reaped",

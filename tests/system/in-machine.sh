@@ -139,7 +139,9 @@ journal_ok sandbox-agent.service && ok "journal fields and priorities" ||
   fail "journal fields and priorities" "$(journalctl -u sandbox-agent -o json --no-pager | tail -5)"
 journal_ok ctl-textlog.service && fail "control: text logs lack fields" "predicate accepted plain text" ||
   ok "control: text logs lack fields"
-if journalctl -u sandbox-agent -o json --no-pager | grep '"SERVER_ID":"pkg-test-1"' | grep -q '"PRIORITY":"[0-7]"'; then
+# The agent's stderr line, tagged with the serverId it belongs to.
+if journalctl -u sandbox-agent -o json --no-pager | grep '"SERVER_ID":"pkg-test-1"' |
+  grep '"LINE":"hello-from-the-agent"' | grep -q '"PRIORITY":"5"'; then
   ok "journal carries the agent's serverId"
 else fail "journal carries the agent's serverId" "$(journalctl -u sandbox-agent -o json --no-pager | grep -i server | tail -3)"; fi
 
@@ -153,8 +155,11 @@ systemctl stop sandbox-agent.service ctl-leftover.service
 r=$(prop sandbox-agent.service Result)/$(prop sandbox-agent.service ExecMainStatus)
 [ "$r" = success/0 ] && ok "stop: Result=success, exit 0" || fail "stop: Result=success, exit 0" "$r"
 left=$(pgrep -u sandbox-agent | tr '\n' ' ')
-if [ -z "$left" ] && leftovers_ok sandbox-agent.service; then ok "stop leaves no agent process"
-else fail "stop leaves no agent process" "left: '$left'; $(journalctl -u sandbox-agent --no-pager -o cat | grep 'Killing' | head -3)"; fi
+# The daemon itself stopped the agent (logged), systemd had nothing left to kill.
+stopped=$(journalctl -u sandbox-agent -o json --no-pager | grep '"MESSAGE":"agent stopped"' |
+  grep -c '"SERVER_ID":"pkg-test-1"')
+if [ -z "$left" ] && [ "$stopped" -ge 1 ] && leftovers_ok sandbox-agent.service; then ok "stop leaves no agent process"
+else fail "stop leaves no agent process" "left: '$left'; agent stopped logged: $stopped; $(journalctl -u sandbox-agent --no-pager -o cat | grep 'Killing' | head -3)"; fi
 leftovers_ok ctl-leftover.service && fail "control: left-over process is detected" "not detected" ||
   ok "control: left-over process is detected"
 
@@ -173,5 +178,10 @@ r=$(prop sandbox-agent.service Result)
 [ "$r" = success ] && ok "stop after socket activation" || fail "stop after socket activation" "Result=$r"
 
 journalctl --no-pager -o short-monotonic >/ci-out/journal.txt 2>&1 || true
+journalctl -u sandbox-agent --no-pager -o json >/ci-out/sandbox-agent.json 2>&1 || true
+if [ "$failures" -gt 0 ]; then
+  echo "--- journal of the machine (last 60 lines)"
+  tail -60 /ci-out/journal.txt
+fi
 echo "failures: $failures"
 exit "$failures"

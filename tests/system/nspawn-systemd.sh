@@ -42,7 +42,14 @@ if [ -z "$init" ]; then
   echo "FAIL: machine did not boot"; cat "$out/console.log"; exit 101
 fi
 
-booted=$(timeout 60 nsenter -t "$init" -a env -i PATH=/usr/bin:/bin systemctl is-system-running --wait 2>&1 || true)
+# systemctl can only connect once the manager has set up its socket: retry until it answers.
+booted=
+for _ in $(seq 300); do
+  booted=$(timeout 60 nsenter -t "$init" -a env -i PATH=/usr/bin:/bin systemctl is-system-running --wait 2>&1 || true)
+  case "$booted" in running|degraded) break;; esac
+  kill -0 "$outer" 2>/dev/null || break
+  sleep 0.2
+done
 echo "machine: $booted"
 case "$booted" in running|degraded) ;; *)
   echo "FAIL: machine did not finish booting"; tail -30 "$out/console.log"; exit 102;; esac

@@ -84,6 +84,14 @@ unauth=$(in_net "$ctr" -o /dev/null -w '%{http_code}' http://127.0.0.1:2468/v1/h
 if [ "$health" = '{"status":"ok"}' ] && [ "$unauth" = 401 ]; then ok "/v1/health answers with the token"
 else fail "/v1/health answers with the token" "with token: '$health', without: $unauth"; fi
 
+# An agent through the proxy, so that the stop below has an agent to stop as well.
+init=$(in_net "$ctr" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+  -d '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}' \
+  'http://127.0.0.1:2468/v1/acp/img-1?agent=mock')
+agents=$(pgrep --ns "$pid" --nslist pid -f mock-agent | wc -l)
+case "$init/$agents" in *'"protocolVersion"'*/1) ok "an agent runs in the container";;
+  *) fail "an agent runs in the container" "answer '$init', $agents agent processes";; esac
+
 healthy() { pm healthcheck run "$1" >/dev/null 2>&1; }
 healthy "$ctr" && ok "HEALTHCHECK passes" || fail "HEALTHCHECK passes" "$(pm healthcheck run "$ctr" 2>&1)"
 healthy "$ctl" && fail "control: HEALTHCHECK without a server fails" "passed" ||
