@@ -2,5 +2,5 @@
 //! talks HTTP to it on loopback.
 
 mod lifecycle;
-mod support;
 mod packaging;
+mod support;

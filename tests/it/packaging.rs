@@ -81,7 +81,11 @@ fn packaged_units_pass_systemd_analyze_verify() {
     let out = run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
     assert!(out.status.success(), "dpkg-deb -x: {}", text(&out));
 
-    assert_eq!(verify_units(&root), "", "the packaged units must verify clean");
+    assert_eq!(
+        verify_units(&root),
+        "",
+        "the packaged units must verify clean"
+    );
 
     // Negative controls: an unknown key (verify only warns, exit 0) and an ExecStart naming a
     // binary the package does not ship must both be caught.
@@ -99,7 +103,10 @@ fn packaged_units_pass_systemd_analyze_verify() {
     );
     std::fs::write(
         &service,
-        good.replace("/usr/bin/sandbox-agent server", "/usr/bin/sandbox-agentd server"),
+        good.replace(
+            "/usr/bin/sandbox-agent server",
+            "/usr/bin/sandbox-agentd server",
+        ),
     )
     .unwrap();
     let broken = verify_units(&root);
@@ -116,12 +123,23 @@ fn server_settings() -> Vec<String> {
     let help = String::from_utf8_lossy(&out.stdout).to_string();
     let mut keys: Vec<String> = help
         .lines()
-        .filter_map(|l| l.trim_start().split_whitespace().find(|w| w.starts_with("--")))
-        .map(|flag| flag.trim_start_matches("--").trim_end_matches(',').replace('-', "_"))
+        .filter_map(|l| {
+            l.trim_start()
+                .split_whitespace()
+                .find(|w| w.starts_with("--"))
+        })
+        .map(|flag| {
+            flag.trim_start_matches("--")
+                .trim_end_matches(',')
+                .replace('-', "_")
+        })
         .filter(|k| !["help", "version", "config"].contains(&k.as_str()))
         .collect();
     keys.dedup();
-    assert!(keys.len() > 20, "too few flags parsed from --help: {keys:?}");
+    assert!(
+        keys.len() > 20,
+        "too few flags parsed from --help: {keys:?}"
+    );
     keys
 }
 
@@ -196,7 +214,11 @@ fn packaged_config_documents_every_setting_and_loads() {
         .arg(&config)
         .env_remove("NOTIFY_SOCKET"));
     assert_eq!(out.status.code(), Some(78), "{}", text(&out));
-    assert!(text(&out).contains("unknown key `shutdown_grase`"), "{}", text(&out));
+    assert!(
+        text(&out).contains("unknown key `shutdown_grase`"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -266,7 +288,13 @@ fn debian_package_runs_under_real_systemd_in_nspawn() {
     }
     if !have_tools(
         "nspawn",
-        &["systemd-nspawn", "debootstrap", "dpkg-deb", "nsenter", "unshare"],
+        &[
+            "systemd-nspawn",
+            "debootstrap",
+            "dpkg-deb",
+            "nsenter",
+            "unshare",
+        ],
     ) {
         return;
     }
@@ -334,5 +362,76 @@ fn container_image_runs_the_daemon_as_pid1_under_podman() {
             "podman stop: exit 0 within the stop timeout",
             "control: a PID 1 ignoring SIGTERM is killed",
         ],
+    );
+}
+
+/// A default from `sandbox-agent server --help`, e.g. `[default: 10s]` of `--shutdown-grace`.
+fn help_default_secs(flag: &str) -> u64 {
+    let out = run(Command::new(BIN).args(["server", "--help"]));
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = help
+        .lines()
+        .skip_while(|l| !l.contains(flag))
+        .find(|l| l.contains("[default: "))
+        .unwrap_or_else(|| panic!("no default for {flag} in --help"));
+    let value = line.split("[default: ").nth(1).unwrap();
+    let value = &value[..value.find(']').unwrap()];
+    humantime::parse_duration(value)
+        .unwrap_or_else(|e| panic!("{flag} default {value:?}: {e}"))
+        .as_secs()
+}
+
+/// The value of `key: N` / `Key=Ns` in a deployment file, in seconds.
+fn setting_secs(file: &str, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("{REPO}/{file}")).unwrap();
+    let value = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(key))
+        .unwrap_or_else(|| panic!("{file} has no {key}"));
+    let value = value.trim().trim_end_matches('s');
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{file}: {key}{value} is not a number of seconds"))
+}
+
+#[tokio::test]
+async fn deployments_wait_longer_than_the_drain_and_probe_without_a_token() {
+    // Every stop timeout the packaging sets must exceed what a graceful stop may take, or the
+    // orchestrator kills agents the daemon was still stopping.
+    let drain = help_default_secs("--shutdown-grace") + help_default_secs("--agent-grace");
+    for (file, key) in [
+        ("systemd/sandbox-agent.service", "TimeoutStopSec="),
+        (
+            "packaging/kubernetes.yaml",
+            "terminationGracePeriodSeconds:",
+        ),
+    ] {
+        let limit = setting_secs(file, key);
+        assert!(limit > drain, "{file}: {key}{limit} is not above {drain}s");
+    }
+
+    // The Kubernetes probes and the image's HEALTHCHECK ask GET / of a daemon that has a token
+    // and the manifest's arguments: it must answer 200 without one, while /v1 stays closed.
+    let manifest = std::fs::read_to_string(format!("{REPO}/packaging/kubernetes.yaml")).unwrap();
+    let args: Vec<String> = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("args: "))
+        .map(|a| serde_json::from_str(a).expect("args is a JSON-style list"))
+        .expect("manifest names the daemon's args");
+    assert_eq!(args[0], "server");
+    assert!(manifest.contains("path: /\n"), "probes must use GET /");
+    let d = Daemon::builder()
+        .args(&args[1..])
+        .token("probe-token")
+        .start();
+    sandbox_agent::install_crypto_provider();
+    let anon = reqwest::Client::builder().no_proxy().build().unwrap();
+    let root = anon.get(d.url("/")).send().await.unwrap();
+    assert_eq!(root.status(), 200);
+    let health = anon.get(d.url("/v1/health")).send().await.unwrap();
+    assert_eq!(
+        health.status(),
+        401,
+        "negative control: /v1 needs the token"
     );
 }

@@ -29,18 +29,21 @@ trap cleanup EXIT
 # --- base image: the debootstrap tree and the host's node/npm (nothing is pulled) ---
 node=$(readlink -f "$(command -v node)")
 npm_dir=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
-tar -C "$root" --exclude=./.complete -cf - . \
-  -C / "${node#/}" "${npm_dir#/}" 2>"$out/tar.err" |
+# node and npm go where the official node images have them, wherever the host keeps them.
+tar -C "$root" --exclude=./.complete \
+  --transform "s|^${node#/}\$|usr/local/bin/node|" \
+  --transform "s|^${npm_dir#/}|usr/local/lib/node_modules/npm|" \
+  -cf - . -C / "${node#/}" "${npm_dir#/}" 2>"$out/tar.err" |
   pm import --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" - "$base" >"$out/import.log" 2>&1 ||
   { fail "import base image" "$(cat "$out/tar.err" "$out/import.log")"; exit 100; }
-# npm as the real tree installs it: a link in the PATH to npm-cli.js.
 ctx=$(mktemp -d)
 trap 'cleanup; rm -rf "$ctx"' EXIT
 cp "$bin" "$ctx/sandbox-agent"
 objcopy --strip-debug "$ctx/sandbox-agent" 2>/dev/null || true
+# npm as its own installer sets it up: a link in the PATH to npm-cli.js.
 cat >"$ctx/Dockerfile.base" <<DOCKERFILE
 FROM $base
-RUN ln -sf ${npm_dir}/bin/npm-cli.js /usr/bin/npm
+RUN ln -sf /usr/local/lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm
 DOCKERFILE
 pm build -q --pull=never --network=none -f "$ctx/Dockerfile.base" -t "$base" "$ctx" >"$out/base.log" 2>&1 ||
   { fail "base image npm link" "$(tail "$out/base.log")"; exit 100; }
