@@ -123,11 +123,8 @@ fn server_settings() -> Vec<String> {
     let help = String::from_utf8_lossy(&out.stdout).to_string();
     let mut keys: Vec<String> = help
         .lines()
-        .filter_map(|l| {
-            l.trim_start()
-                .split_whitespace()
-                .find(|w| w.starts_with("--"))
-        })
+        // Option lines start with `--name` (or `-x, --name`); prose mentioning a flag does not.
+        .filter_map(|l| l.split_whitespace().take(2).find(|w| w.starts_with("--")))
         .map(|flag| {
             flag.trim_start_matches("--")
                 .trim_end_matches(',')
