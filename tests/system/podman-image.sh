@@ -101,10 +101,17 @@ healthy "$ctl" && fail "control: HEALTHCHECK without a server fails" "passed" ||
   ok "control: HEALTHCHECK without a server fails"
 
 # --- orphans: 50 short-lived grandchildren reparented to PID 1 must not stay zombies ---
+# orphans PID1: makes the orphans, then polls (10 s at most) until PID 1 has no `sleep` child
+# left (all reaped: prints 0) or holds all 50 as zombies; prints the zombies under PID 1.
 orphans() {
+  local z=0
   nsenter -t "$1" -p -m sh -c 'for i in $(seq 50); do (sleep 0.3 &); done'
-  sleep 1.5
-  ps --ppid "$1" -o stat= | grep -c Z
+  for _ in $(seq 100); do
+    z=$(ps --ppid "$1" -o stat= | grep -c '^Z')
+    if ! ps --ppid "$1" -o comm= | grep -q '^sleep' || [ "$z" -ge 50 ]; then break; fi
+    sleep 0.1
+  done
+  echo "$z"
 }
 z=$(orphans "$pid")
 [ "$z" = 0 ] && ok "orphans are reaped" || fail "orphans are reaped" "$z zombies under PID 1"
