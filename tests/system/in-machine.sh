@@ -177,6 +177,20 @@ systemctl stop sandbox-agent.socket sandbox-agent.service
 r=$(prop sandbox-agent.service Result)
 [ "$r" = success ] && ok "stop after socket activation" || fail "stop after socket activation" "Result=$r"
 
+# --- upgrade restarts a running service; purge stops it and removes its state ---
+systemctl start sandbox-agent.service
+before=$(prop sandbox-agent.service MainPID)
+dpkg -i /ci-out/sandbox-agent.deb >/tmp/dpkg2.log 2>&1
+after=$(prop sandbox-agent.service MainPID)
+if [ "$(prop sandbox-agent.service ActiveState)" = active ] && [ "$after" != "$before" ] && [ "$after" != 0 ]
+then ok "upgrade restarts the running service"
+else fail "upgrade restarts the running service" "MainPID $before -> $after; $(tail -3 /tmp/dpkg2.log)"; fi
+dpkg --purge sandbox-agent >/tmp/dpkg3.log 2>&1
+left=$(pgrep -u sandbox-agent | tr '\n' ' ')
+if [ ! -e /var/lib/sandbox-agent ] && [ ! -e /usr/bin/sandbox-agent ] && [ -z "$left" ] &&
+  [ ! -e /etc/systemd/system/multi-user.target.wants/sandbox-agent.service ]; then ok "purge stops and removes"
+else fail "purge stops and removes" "left: '$left'; $(ls -d /var/lib/sandbox-agent /etc/systemd/system/*.wants/sandbox-agent* 2>&1 | tr '\n' ' ')"; fi
+
 journalctl --no-pager -o short-monotonic >/ci-out/journal.txt 2>&1 || true
 journalctl -u sandbox-agent --no-pager -o json >/ci-out/sandbox-agent.json 2>&1 || true
 if [ "$failures" -gt 0 ]; then
