@@ -2,4 +2,5 @@
 //! talks HTTP to it on loopback.
 
 mod lifecycle;
+mod packaging;
 mod support;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds (once per target dir) a minimal Debian bookworm tree with systemd, used both as the
+# machine booted by systemd-nspawn and as the base image imported into podman. Usage:
+# rootfs.sh ROOT. The tree is complete only when ROOT/.complete exists; a half-built one is redone.
+set -euo pipefail
+root=${1:?usage: rootfs.sh ROOT}
+if [ -e "$root/.complete" ]; then
+  exit 0
+fi
+rm -rf "$root"
+mkdir -p "$(dirname "$root")"
+mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+mirror=${mirror:-http://deb.debian.org/debian}
+# procps for pgrep/ps inside, curl to talk HTTP inside the machine's private network.
+timeout 600 debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,procps,curl \
+  bookworm "$root" "$mirror" >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
+touch "$root/.complete"
