@@ -102,3 +102,29 @@ impl IntoResponse for Problem {
         resp
     }
 }
+
+impl From<crate::agents::AgentError> for Problem {
+    fn from(e: crate::agents::AgentError) -> Self {
+        use crate::agents::AgentError;
+        let detail = e.to_string();
+        match e {
+            AgentError::Unknown { agent } => Problem::bad_request(detail)
+                .title("Unknown Agent")
+                .with("agent", agent),
+            // 409: the request is valid but conflicts with the operator's policy; the body names
+            // the command that resolves it.
+            AgentError::PreinstallRequired { agent, command } => {
+                Problem::new(StatusCode::CONFLICT, detail)
+                    .title("Agent Not Installed")
+                    .with("agent", agent)
+                    .with("installCommand", command)
+            }
+            AgentError::InstallFailed { agent, .. } => Problem::new(StatusCode::BAD_GATEWAY, detail)
+                .title("Agent Install Failed")
+                .with("agent", agent),
+            AgentError::InvalidRequest { agent, .. } => {
+                Problem::bad_request(detail).with("agent", agent)
+            }
+        }
+    }
+}
