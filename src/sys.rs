@@ -46,3 +46,24 @@ where
         cmd.pre_exec(f);
     }
 }
+
+/// Makes the child of `cmd` start a new session (setsid) before exec, leaving our process group.
+pub fn new_session_on_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only calls setsid(2), which is async-signal-safe and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
+/// Ignores SIGTERM in this process from now on (the mock agent's `/ignore-term`).
+pub fn ignore_sigterm() -> io::Result<()> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: installing SIG_IGN runs no handler code, so no signal-safety rules apply.
+    unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}

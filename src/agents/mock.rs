@@ -1,7 +1,363 @@
-//! The built-in deterministic ACP agent (`sandbox-agent mock-agent`).
+//! The built-in deterministic ACP agent (`sandbox-agent mock-agent`): JSON-RPC 2.0 lines on
+//! stdin/stdout, with prompt commands that misbehave on purpose for tests and benchmarks.
+//! Shares no code with `acp/` (a shared codec would hide a bug on both sides of the pipe); every
+//! message goes out as one line with one write and one flush under a lock, so lines never interleave.
 
-use std::process::ExitCode;
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// What a running prompt can be told while it waits.
+enum Event {
+    Cancel,
+    /// The client's response to a request the prompt sent (`/permission`).
+    Response(Value),
+}
+
+struct Running {
+    session: String,
+    tx: Sender<Event>,
+}
+
+#[derive(Default)]
+struct Mock {
+    out: Mutex<()>,
+    next_session: AtomicU64,
+    next_prompt: AtomicU64,
+    next_request: AtomicU64,
+    prompts: Mutex<HashMap<u64, Running>>,
+    /// Our outgoing request id → the prompt waiting for its response.
+    waiting: Mutex<HashMap<u64, Sender<Event>>>,
+    /// Children of `/fork` and memory of `/alloc`, held so they stay alive and counted.
+    children: Mutex<Vec<Child>>,
+    hoard: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Mock {
+    /// Writes one message as one line; the lock keeps concurrent prompts from interleaving.
+    fn send(&self, msg: &Value) {
+        let mut line = serde_json::to_vec(msg).unwrap_or_default();
+        line.push(b'\n');
+        self.send_raw(&line);
+    }
+
+    fn send_raw(&self, line: &[u8]) {
+        let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = std::io::stdout().lock();
+        // A closed stdout means the client is gone; the read loop ends on stdin EOF soon after.
+        let _ = out.write_all(line).and_then(|()| out.flush());
+    }
+
+    fn result(&self, id: &Value, result: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+
+    fn error(&self, id: &Value, code: i64, message: &str) {
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        );
+    }
+
+    fn chunk(&self, session: &str, text: &str) {
+        self.send(&json!({
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": session,
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": text},
+                },
+            },
+        }));
+    }
+}
 
 pub fn run() -> ExitCode {
-    ExitCode::SUCCESS
+    let mock = Arc::new(Mock::default());
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) | Err(_) => return ExitCode::SUCCESS,
+            Ok(_) => {}
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(msg)) => handle(&mock, msg),
+            _ => mock.error(&Value::Null, -32700, "Parse error"),
+        }
+    }
+}
+
+fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
+    let id = msg.remove("id");
+    let params = msg.remove("params").unwrap_or(Value::Null);
+    let method = match msg.remove("method") {
+        Some(Value::String(m)) => m,
+        // A response from the client to one of our requests.
+        _ => {
+            if let Some(n) = id.as_ref().and_then(Value::as_u64)
+                && let Some(tx) = mock.waiting.lock().expect("waiting lock").remove(&n)
+            {
+                let _ = tx.send(Event::Response(Value::Object(msg)));
+            }
+            return;
+        }
+    };
+    let Some(id) = id else {
+        if method == "session/cancel" {
+            let session = params.get("sessionId").and_then(Value::as_str);
+            for run in mock.prompts.lock().expect("prompts lock").values() {
+                if session.is_none_or(|s| s == run.session) {
+                    let _ = run.tx.send(Event::Cancel);
+                }
+            }
+        }
+        return;
+    };
+    match method.as_str() {
+        "_mock/echo" => mock.result(&id, params),
+        "initialize" => mock.result(
+            &id,
+            json!({
+                "protocolVersion": 1,
+                "agentCapabilities": {
+                    "loadSession": false,
+                    "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+                },
+                "agentInfo": {"name": "mock", "title": "Mock agent", "version": env!("CARGO_PKG_VERSION")},
+                "authMethods": [],
+            }),
+        ),
+        "session/new" => {
+            let n = mock.next_session.fetch_add(1, Ordering::Relaxed) + 1;
+            mock.result(&id, json!({"sessionId": format!("mock-{n}")}));
+        }
+        "session/prompt" => start_prompt(mock, id, &params),
+        _ => mock.error(&id, -32601, &format!("Method not found: {method}")),
+    }
+}
+
+/// Registers the prompt (so a `session/cancel` right behind it is seen) and runs it on its own
+/// thread, so a sleeping or hanging prompt never blocks other requests.
+fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
+    let session = params
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let text = prompt_text(params.get("prompt"));
+    let token = mock.next_prompt.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel();
+    mock.prompts.lock().expect("prompts lock").insert(
+        token,
+        Running {
+            session: session.clone(),
+            tx,
+        },
+    );
+    let m = mock.clone();
+    let spawned = std::thread::Builder::new()
+        .name("prompt".into())
+        .spawn(move || {
+            let stop = run_prompt(&m, &session, &text, &rx);
+            m.prompts.lock().expect("prompts lock").remove(&token);
+            m.result(&id, json!({"stopReason": stop}));
+        });
+    if let Err(e) = spawned {
+        mock.prompts.lock().expect("prompts lock").remove(&token);
+        eprintln!("mock: cannot start a prompt thread: {e}");
+    }
+}
+
+/// The prompt's text: its text blocks joined (a bare string is accepted too).
+fn prompt_text(prompt: Option<&Value>) -> String {
+    match prompt {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// Runs one prompt and returns its stop reason.
+fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &'static str {
+    let (command, arg) = match text.trim_start().split_once(char::is_whitespace) {
+        Some((c, a)) => (c, a.trim()),
+        None => (text.trim(), ""),
+    };
+    let cancelled = |r: Result<Event, RecvTimeoutError>| matches!(r, Ok(Event::Cancel));
+    match command {
+        "/stream" => {
+            let n: u64 = arg.parse().unwrap_or(1);
+            for i in 1..=n {
+                if matches!(rx.try_recv(), Ok(Event::Cancel)) {
+                    return "cancelled";
+                }
+                mock.chunk(session, &format!("chunk {i} of {n}"));
+            }
+        }
+        "/sleep" => {
+            let ms = arg.parse().unwrap_or(0);
+            if cancelled(rx.recv_timeout(Duration::from_millis(ms))) {
+                return "cancelled";
+            }
+        }
+        "/hang" => loop {
+            match rx.recv() {
+                Ok(Event::Cancel) | Err(_) => return "cancelled",
+                Ok(Event::Response(_)) => {}
+            }
+        },
+        "/crash" => {
+            let code = arg.parse().unwrap_or(1);
+            // Hold the output lock so no half-written line is left behind.
+            let _guard = mock.out.lock().unwrap_or_else(|e| e.into_inner());
+            std::process::exit(code);
+        }
+        "/stderr" => {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{arg}").and_then(|()| err.flush());
+        }
+        "/garbage" => mock.send_raw(b"this line is not JSON {\n"),
+        "/permission" => return permission(mock, session, rx),
+        "/spawn-orphan" => match spawn_orphan() {
+            Ok(pid) => {
+                eprintln!("mock: orphan pid {pid}");
+                mock.chunk(session, &format!("orphan pid {pid}"));
+            }
+            Err(e) => mock.chunk(session, &format!("orphan failed: {e}")),
+        },
+        "/ignore-term" => match crate::sys::ignore_sigterm() {
+            Ok(()) => mock.chunk(session, "ignoring SIGTERM"),
+            Err(e) => mock.chunk(session, &format!("cannot ignore SIGTERM: {e}")),
+        },
+        "/fork" => {
+            let n: u64 = arg.parse().unwrap_or(1);
+            let mut started = 0;
+            let mut failure = None;
+            for _ in 0..n {
+                match sleeper().spawn() {
+                    Ok(child) => {
+                        mock.children.lock().expect("children lock").push(child);
+                        started += 1;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            let text = match failure {
+                Some(e) => format!("forked {started} of {n}: {e}"),
+                None => format!("forked {started} of {n}"),
+            };
+            eprintln!("mock: {text}");
+            mock.chunk(session, &text);
+        }
+        "/alloc" => {
+            let mb: usize = arg.parse().unwrap_or(0);
+            let mut block = vec![0u8; mb * 1024 * 1024];
+            // Touch every page so the memory is really resident, not just reserved.
+            for i in (0..block.len()).step_by(4096) {
+                block[i] = 1;
+            }
+            mock.hoard.lock().expect("hoard lock").push(block);
+            mock.chunk(session, &format!("allocated {mb} MiB"));
+        }
+        _ => mock.chunk(session, text),
+    }
+    "end_turn"
+}
+
+/// Asks the client for permission and reports the option it chose.
+fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str {
+    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+    let (tx, answer) = mpsc::channel();
+    mock.waiting.lock().expect("waiting lock").insert(n, tx);
+    mock.send(&json!({
+        "jsonrpc": "2.0",
+        "id": n,
+        "method": "session/request_permission",
+        "params": {
+            "sessionId": session,
+            "toolCall": {"toolCallId": format!("mock-tool-{n}"), "title": "Mock tool call"},
+            "options": [
+                {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+                {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
+                {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
+            ],
+        },
+    }));
+    // Wait on both channels: the response comes through `answer`, a cancel through `rx`.
+    let response = loop {
+        match answer.recv_timeout(Duration::from_millis(20)) {
+            Ok(Event::Response(r)) => break r,
+            Ok(Event::Cancel) | Err(RecvTimeoutError::Disconnected) => break Value::Null,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if matches!(rx.try_recv(), Ok(Event::Cancel)) {
+            mock.waiting.lock().expect("waiting lock").remove(&n);
+            return "cancelled";
+        }
+    };
+    let outcome = response.pointer("/result/outcome");
+    let chosen = match outcome
+        .and_then(|o| o.get("optionId"))
+        .and_then(Value::as_str)
+    {
+        Some(option) => option.to_string(),
+        None => match outcome
+            .and_then(|o| o.get("outcome"))
+            .and_then(Value::as_str)
+        {
+            Some(other) => other.to_string(),
+            None => "error".to_string(),
+        },
+    };
+    mock.chunk(session, &format!("permission: {chosen}"));
+    "end_turn"
+}
+
+/// A child that sleeps until killed, with no pipes of ours (it must not hold stdout open).
+fn sleeper() -> Command {
+    let mut cmd = Command::new(if std::path::Path::new("/bin/sleep").exists() {
+        "/bin/sleep"
+    } else {
+        "sleep"
+    });
+    cmd.arg("100000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// Starts a sleeper in a new session (setsid), out of our process group; returns its pid.
+fn spawn_orphan() -> std::io::Result<u32> {
+    let mut cmd = sleeper();
+    crate::sys::new_session_on_exec(&mut cmd);
+    let child = cmd.spawn()?;
+    let pid = child.id();
+    // Reap it in the background if it ever ends while we live; otherwise it outlives us.
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = child.wait();
+    });
+    Ok(pid)
 }
