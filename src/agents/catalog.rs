@@ -36,6 +36,9 @@ pub struct AgentDef {
     pub fallback: Option<Fallback>,
     #[serde(default)]
     pub native_npm: Option<NpmPackage>,
+    /// Variables set for every launch of a catalog agent, whatever its source.
+    #[serde(default)]
+    pub launch_env: BTreeMap<String, String>,
     /// A user agent: the command to run (absolute, or looked up on PATH).
     #[serde(default)]
     pub command: Option<String>,

@@ -246,7 +246,7 @@ impl Agents {
         let def = self.catalog.get(agent).ok_or_else(|| AgentError::Unknown {
             agent: agent.to_string(),
         })?;
-        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        let mut env: BTreeMap<String, String> = def.launch_env.clone();
         let (program, args, prepend) = if let Some(cmd) = &def.command {
             let program = install::find_on_path(cmd, &self.agent_path()).ok_or_else(|| {
                 AgentError::InstallFailed {
