@@ -31,10 +31,8 @@ fn with_server_status(state: &AppState, status: AgentStatus) -> Value {
 }
 
 /// How many agent processes of this agent the proxy runs now.
-fn running_instances(_state: &AppState, _agent: &str) -> usize {
-    // INTEGRATION POINT (lead): branch `proxy` adds `AcpService::running_count(agent)`; once it
-    // is merged this body becomes `_state.acp.running_count(_agent)`.
-    0
+fn running_instances(state: &AppState, agent: &str) -> usize {
+    state.acp.running_count(agent)
 }
 
 async fn list(State(state): State<AppState>) -> Json<Value> {

@@ -103,28 +103,120 @@ impl IntoResponse for Problem {
     }
 }
 
-impl From<crate::agents::AgentError> for Problem {
-    fn from(e: crate::agents::AgentError) -> Self {
-        use crate::agents::AgentError;
+/// The last `max` bytes of `s`, cut at a line start when one is near (for `stderrTail`).
+fn tail(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    let t = &s[cut..];
+    match t.find('\n') {
+        Some(nl) if nl + 1 < t.len() && nl < 256 => &t[nl + 1..],
+        _ => t,
+    }
+}
+
+impl From<crate::acp::AcpError> for Problem {
+    fn from(e: crate::acp::AcpError) -> Self {
+        use crate::acp::AcpError as E;
         let detail = e.to_string();
         match e {
-            AgentError::Unknown { agent } => Problem::bad_request(detail)
+            E::InvalidServerId { server_id } => {
+                Problem::bad_request(detail).with("serverId", server_id)
+            }
+            E::MissingAgent { server_id } => Problem::bad_request(detail).with("serverId", server_id),
+            E::UnknownAgent { agent } => Problem::bad_request(detail)
                 .title("Unknown Agent")
                 .with("agent", agent),
-            // 409: the request is valid but conflicts with the operator's policy; the body names
-            // the command that resolves it.
-            AgentError::PreinstallRequired { agent, command } => {
-                Problem::new(StatusCode::CONFLICT, detail)
-                    .title("Agent Not Installed")
+            E::AgentMismatch {
+                server_id,
+                bound,
+                requested,
+            } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Mismatch")
+                .with("serverId", server_id)
+                .with("agent", bound)
+                .with("requestedAgent", requested),
+            E::NotFound { server_id } => Problem::not_found(detail).with("serverId", server_id),
+            E::DuplicateId { server_id, id } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Duplicate Request Id")
+                .with("serverId", server_id)
+                .with("id", serde_json::from_str::<Value>(&id).unwrap_or(Value::String(id))),
+            E::AgentGone {
+                server_id,
+                agent,
+                ended,
+            } => {
+                let exit = ended.exit.clone();
+                Problem::new(StatusCode::BAD_GATEWAY, detail)
+                    .title("Agent Gone")
+                    .with("serverId", server_id)
                     .with("agent", agent)
-                    .with("installCommand", command)
+                    .with("exitCode", exit.as_ref().and_then(|x| x.code))
+                    .with("signal", exit.as_ref().and_then(|x| x.signal))
+                    .with(
+                        "exitReason",
+                        exit.as_ref()
+                            .map(|x| serde_json::to_value(x.reason).unwrap_or(Value::Null)),
+                    )
+                    .with("stderrTail", tail(&ended.stderr_tail, 4096))
             }
-            AgentError::InstallFailed { agent, .. } => Problem::new(StatusCode::BAD_GATEWAY, detail)
-                .title("Agent Install Failed")
+            E::Timeout { server_id, timeout } => {
+                Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
+                    .title("Agent Timeout")
+                    .with("serverId", server_id)
+                    .with("timeoutMs", timeout.as_millis() as u64)
+            }
+            // The agents service's own mapping (409 with `installCommand` for
+            // --require-preinstall, 502 for a failed install), plus the serverId.
+            E::Launch {
+                server_id, source, ..
+            } => agent_problem(&source).with("serverId", server_id),
+            E::Spawn {
+                server_id, agent, ..
+            } => Problem::new(StatusCode::BAD_GATEWAY, detail)
+                .title("Agent Start Failed")
+                .with("serverId", server_id)
                 .with("agent", agent),
-            AgentError::InvalidRequest { agent, .. } => {
-                Problem::bad_request(detail).with("agent", agent)
-            }
+            E::Gone { server_id } => Problem::new(StatusCode::GONE, detail)
+                .title("Agent Exited")
+                .with("serverId", server_id),
+            E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
+            E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
+        }
+    }
+}
+
+impl From<crate::agents::AgentError> for Problem {
+    fn from(e: crate::agents::AgentError) -> Self {
+        agent_problem(&e)
+    }
+}
+
+/// Agent errors: unknown → 400; not installed under `--require-preinstall` → 409 naming the
+/// install command (the request is valid but conflicts with the operator's policy); a failed
+/// install → 502 with the reason; an unusable pin → 400.
+fn agent_problem(e: &crate::agents::AgentError) -> Problem {
+    use crate::agents::AgentError;
+    let detail = e.to_string();
+    match e {
+        AgentError::Unknown { agent } => Problem::bad_request(detail)
+            .title("Unknown Agent")
+            .with("agent", agent.as_str()),
+        AgentError::PreinstallRequired { agent, command } => {
+            Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Not Installed")
+                .with("agent", agent.as_str())
+                .with("installCommand", command.as_str())
+        }
+        AgentError::InstallFailed { agent, .. } => Problem::new(StatusCode::BAD_GATEWAY, detail)
+            .title("Agent Install Failed")
+            .with("agent", agent.as_str()),
+        AgentError::InvalidRequest { agent, .. } => {
+            Problem::bad_request(detail).with("agent", agent.as_str())
         }
     }
 }
