@@ -148,7 +148,9 @@ impl File {
                 ));
             }
             if def.id == "mock" {
-                return Err(bad("`mock` is the built-in mock agent and cannot be redefined"));
+                return Err(bad(
+                    "`mock` is the built-in mock agent and cannot be redefined",
+                ));
             }
             if !seen.insert(def.id.clone()) {
                 return Err(bad("defined twice"));
@@ -171,11 +173,16 @@ impl File {
                         ));
                     }
                     if !def.args.is_empty() || !def.env.is_empty() {
-                        return Err(bad("`args` and `env` belong to user agents (with `command`)"));
+                        return Err(bad(
+                            "`args` and `env` belong to user agents (with `command`)",
+                        ));
                     }
                 }
             }
-            if let Some(Fallback::Binary { sha256: Some(h), .. }) = &def.fallback {
+            if let Some(Fallback::Binary {
+                sha256: Some(h), ..
+            }) = &def.fallback
+            {
                 if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(bad("fallback sha256 must be 64 hex digits"));
                 }
@@ -202,12 +209,17 @@ mod tests {
     #[test]
     fn builtin_catalog_has_every_contract_agent() {
         let c = Catalog::load(None).unwrap();
-        for id in ["claude", "codex", "opencode", "gemini", "amp", "pi", "cursor"] {
+        for id in [
+            "claude", "codex", "opencode", "gemini", "amp", "pi", "cursor",
+        ] {
             let def = c.get(id).unwrap_or_else(|| panic!("{id} missing"));
             assert!(def.registry_id.is_some(), "{id} has no registry id");
         }
         for id in ["claude", "codex", "opencode", "gemini", "pi"] {
-            assert!(matches!(c.get(id).unwrap().fallback, Some(Fallback::Npm { .. })));
+            assert!(matches!(
+                c.get(id).unwrap().fallback,
+                Some(Fallback::Npm { .. })
+            ));
         }
     }
 

@@ -72,7 +72,13 @@ pub fn run(command: AgentsCommand) -> ExitCode {
                         );
                     }
                     for a in &outcome.artifacts {
-                        println!("{}\t{}\t{}\t{}", a.kind, a.version, a.source, a.path.display());
+                        println!(
+                            "{}\t{}\t{}\t{}",
+                            a.kind,
+                            a.version,
+                            a.source,
+                            a.path.display()
+                        );
                     }
                     ExitCode::SUCCESS
                 }
@@ -81,9 +87,8 @@ pub fn run(command: AgentsCommand) -> ExitCode {
                     eprintln!("sandbox-agent: {e}");
                     ExitCode::from(match e {
                         AgentError::Unknown { .. } | AgentError::InvalidRequest { .. } => EX_USAGE,
-                        AgentError::InstallFailed { .. } | AgentError::PreinstallRequired { .. } => {
-                            EX_UNAVAILABLE
-                        }
+                        AgentError::InstallFailed { .. }
+                        | AgentError::PreinstallRequired { .. } => EX_UNAVAILABLE,
                     })
                 }
             }
@@ -98,7 +103,10 @@ fn list(agents: &Agents, json: bool) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
-    println!("{:<10} {:<9} {:<9} {:<12} PATH", "AGENT", "INSTALLED", "SOURCE", "VERSION");
+    println!(
+        "{:<10} {:<9} {:<9} {:<12} PATH",
+        "AGENT", "INSTALLED", "SOURCE", "VERSION"
+    );
     for s in statuses {
         println!(
             "{:<10} {:<9} {:<9} {:<12} {}",

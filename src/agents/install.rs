@@ -193,7 +193,10 @@ pub async fn download(
             .await
             .map_err(|e| format!("cannot download {url}: {}", error_chain(&e)))?;
         if !resp.status().is_success() {
-            return Err(format!("cannot download {url}: the server answered {}", resp.status()));
+            return Err(format!(
+                "cannot download {url}: the server answered {}",
+                resp.status()
+            ));
         }
         let total = resp.content_length();
         if total.is_some_and(|t| t > MAX_DOWNLOAD) {
@@ -273,8 +276,9 @@ pub fn unpack(
     dest: &Path,
 ) -> Result<PathBuf, String> {
     file.rewind().map_err(|e| e.to_string())?;
-    let rel_cmd = safe_relative(Path::new(cmd))
-        .ok_or_else(|| format!("the command path `{cmd}` is not a relative path inside the archive"))?;
+    let rel_cmd = safe_relative(Path::new(cmd)).ok_or_else(|| {
+        format!("the command path `{cmd}` is not a relative path inside the archive")
+    })?;
     match archive_kind(url) {
         ArchiveKind::TarGz => unpack_tar(flate2::read::GzDecoder::new(file), dest)?,
         ArchiveKind::Tar => unpack_tar(file, dest)?,
@@ -300,15 +304,17 @@ pub fn unpack(
         }
     }
     let program = dest.join(&rel_cmd);
-    let meta = std::fs::symlink_metadata(&program)
-        .map_err(|_| format!("the archive has no `{cmd}`"))?;
+    let meta =
+        std::fs::symlink_metadata(&program).map_err(|_| format!("the archive has no `{cmd}`"))?;
     // The command itself may be a symlink inside the archive; it must still point inside.
     let real = program
         .canonicalize()
         .map_err(|e| format!("`{cmd}`: {e}"))?;
     let real_dest = dest.canonicalize().map_err(|e| e.to_string())?;
     if !real.starts_with(&real_dest) || !real.is_file() {
-        return Err(format!("`{cmd}` in the archive is not a file inside the archive"));
+        return Err(format!(
+            "`{cmd}` in the archive is not a file inside the archive"
+        ));
     }
     if meta.is_file() {
         use std::os::unix::fs::PermissionsExt;
@@ -379,7 +385,9 @@ fn unpack_tar(reader: impl Read, dest: &Path) -> Result<(), String> {
                     ));
                 }
             }
-            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName
+            EntryType::XGlobalHeader
+            | EntryType::XHeader
+            | EntryType::GNULongName
             | EntryType::GNULongLink => continue,
             other => {
                 return Err(format!(
@@ -392,7 +400,9 @@ fn unpack_tar(reader: impl Read, dest: &Path) -> Result<(), String> {
         match entry.unpack_in(dest) {
             Ok(true) => {}
             Ok(false) => {
-                return Err(format!("refused: the archive entry `{shown}` leaves the target"));
+                return Err(format!(
+                    "refused: the archive entry `{shown}` leaves the target"
+                ));
             }
             Err(e) => return Err(format!("cannot unpack `{shown}`: {e}")),
         }
@@ -438,7 +448,12 @@ pub async fn npm_install(
     cmd.arg("install")
         .arg("--prefix")
         .arg(dest)
-        .args(["--no-audit", "--no-fund", "--loglevel=error", "--no-update-notifier"])
+        .args([
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            "--no-update-notifier",
+        ])
         .args(specs)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -457,7 +472,12 @@ pub async fn npm_install(
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(12).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return Err(format!("npm install {} failed ({}): {}", specs.join(" "), out.status, tail.join("\n")));
+        return Err(format!(
+            "npm install {} failed ({}): {}",
+            specs.join(" "),
+            out.status,
+            tail.join("\n")
+        ));
     }
     Ok(())
 }
@@ -469,7 +489,10 @@ pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBu
     let name = match bin {
         Some(b) => b.to_string(),
         None => {
-            let pkg_json = prefix.join("node_modules").join(package).join("package.json");
+            let pkg_json = prefix
+                .join("node_modules")
+                .join(package)
+                .join("package.json");
             let text = std::fs::read(&pkg_json)
                 .map_err(|e| format!("cannot read {}: {e}", pkg_json.display()))?;
             let v: serde_json::Value = serde_json::from_slice(&text)
@@ -477,9 +500,15 @@ pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBu
             let base = package.rsplit('/').next().unwrap_or(package).to_string();
             match &v["bin"] {
                 serde_json::Value::String(_) => base,
-                serde_json::Value::Object(m) if m.len() == 1 => m.keys().next().cloned().unwrap_or(base),
+                serde_json::Value::Object(m) if m.len() == 1 => {
+                    m.keys().next().cloned().unwrap_or(base)
+                }
                 serde_json::Value::Object(m) if m.contains_key(&base) => base,
-                _ => return Err(format!("the npm package {package} has no single command to run")),
+                _ => {
+                    return Err(format!(
+                        "the npm package {package} has no single command to run"
+                    ));
+                }
             }
         }
     };
@@ -487,7 +516,9 @@ pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBu
     if p.exists() {
         Ok(p)
     } else {
-        Err(format!("the npm package {package} did not install the command `{name}`"))
+        Err(format!(
+            "the npm package {package} did not install the command `{name}`"
+        ))
     }
 }
 
@@ -504,13 +535,11 @@ pub fn find_on_path(name: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
         let p = PathBuf::from(name);
         return p.is_file().then_some(p);
     }
-    std::env::split_paths(path)
-        .map(|d| d.join(name))
-        .find(|p| {
-            std::fs::metadata(p)
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
+    std::env::split_paths(path).map(|d| d.join(name)).find(|p| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    })
 }
 
 /// A named temporary file removed on drop (the download buffer). Hand-made to keep `tempfile`
@@ -527,7 +556,11 @@ pub mod tempfile_like {
     impl TempFile {
         pub fn new_in(dir: &Path) -> std::io::Result<TempFile> {
             std::fs::create_dir_all(dir)?;
-            let path = dir.join(format!(".download-{}-{}", std::process::id(), super::nonce()));
+            let path = dir.join(format!(
+                ".download-{}-{}",
+                std::process::id(),
+                super::nonce()
+            ));
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -564,7 +597,10 @@ mod tests {
         assert!(!stays_inside(Path::new(""), Path::new("/etc/passwd")));
         assert!(safe_relative(Path::new("../x")).is_none());
         assert!(safe_relative(Path::new("/x")).is_none());
-        assert_eq!(safe_relative(Path::new("./a/b")), Some(PathBuf::from("a/b")));
+        assert_eq!(
+            safe_relative(Path::new("./a/b")),
+            Some(PathBuf::from("a/b"))
+        );
     }
 
     #[test]

@@ -219,7 +219,11 @@ impl Agents {
                 .agent_base_env
                 .iter()
                 .any(|(k, v)| k == name && !v.is_empty())
-                || self.config.agent_env.iter().any(|(k, v)| k == name && !v.is_empty())
+                || self
+                    .config
+                    .agent_env
+                    .iter()
+                    .any(|(k, v)| k == name && !v.is_empty())
         };
         if def.credentials_env.iter().any(|n| has_env(n)) {
             return true;
@@ -278,10 +282,8 @@ impl Agents {
             env.extend(m.env);
             (m.program, m.args, m.path_prepend)
         };
-        let mut spec_env: Vec<(OsString, OsString)> = env
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+        let mut spec_env: Vec<(OsString, OsString)> =
+            env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
         // HOME stays the operator's (credentials such as ~/.claude live there); the temporary
         // files agents write in bulk go to a per-agent directory under the data dir instead.
         let tmp = self.agent_dir(agent).join("tmp");
@@ -405,9 +407,12 @@ impl Agents {
             .install_fresh(def, &req, &dir, progress)
             .await
             .map_err(fail)?;
-        manifest
-            .write(&dir)
-            .map_err(|e| fail(format!("cannot write {}: {e}", Manifest::path(&dir).display())))?;
+        manifest.write(&dir).map_err(|e| {
+            fail(format!(
+                "cannot write {}: {e}",
+                Manifest::path(&dir).display()
+            ))
+        })?;
         progress.step(&format!(
             "installed {agent} {} from {} into {}",
             manifest.version,
@@ -434,11 +439,16 @@ impl Agents {
         let pin = req.agent_process_version.as_deref();
         let mut registry_note = String::new();
         if let Some(rid) = &def.registry_id {
-            progress.step(&format!("reading the ACP registry {}", self.config.acp_registry_url));
+            progress.step(&format!(
+                "reading the ACP registry {}",
+                self.config.acp_registry_url
+            ));
             match registry::fetch(&self.client, &self.config.acp_registry_url).await {
                 Err(e) => {
                     tracing::warn!(agent = %def.id, error = %e, "the ACP registry is unreachable; using the pinned fallback");
-                    progress.step(&format!("the ACP registry is unreachable ({e}); trying the pinned fallback"));
+                    progress.step(&format!(
+                        "the ACP registry is unreachable ({e}); trying the pinned fallback"
+                    ));
                     registry_note = format!("the ACP registry could not be used ({e})");
                 }
                 Ok(reg) => match reg.agents.iter().find(|a| &a.id == rid) {
@@ -556,18 +566,26 @@ impl Agents {
                 source: "registry",
             });
         }
-        if dist.binary.as_ref().is_some_and(|b| b.contains_key(&platform)) {
+        if dist
+            .binary
+            .as_ref()
+            .is_some_and(|b| b.contains_key(&platform))
+        {
             return Err(format!(
                 "the registry has version {entry_version}, not the requested {}",
                 pin.unwrap_or_default()
             ));
         }
         if dist.uvx.is_some() {
-            return Err("the registry distributes this agent only through uvx (Python), which is \
+            return Err(
+                "the registry distributes this agent only through uvx (Python), which is \
                         not supported"
-                .into());
+                    .into(),
+            );
         }
-        Err(format!("the registry has no build of this agent for {platform}"))
+        Err(format!(
+            "the registry has no build of this agent for {platform}"
+        ))
     }
 
     async fn run_plan(
@@ -578,8 +596,10 @@ impl Agents {
         dir: &Path,
         progress: &dyn Progress,
     ) -> Result<Manifest, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let staging = Staging::new(dir).map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let staging =
+            Staging::new(dir).map_err(|e| format!("cannot create a staging directory: {e}"))?;
         match plan {
             Plan::Binary {
                 url,
@@ -642,7 +662,10 @@ impl Agents {
             } => {
                 let mut specs = vec![spec];
                 let native = def.native_npm.as_ref().map(|n| {
-                    let v = req.agent_version.clone().unwrap_or_else(|| n.version.clone());
+                    let v = req
+                        .agent_version
+                        .clone()
+                        .unwrap_or_else(|| n.version.clone());
                     (n, v)
                 });
                 if let Some((n, v)) = &native {
@@ -655,8 +678,14 @@ impl Agents {
                     .filter(|(k, _)| k != "PATH")
                     .cloned()
                     .collect();
-                install::npm_install(&specs, &staging.path, &env_for_npm, &self.agent_path(), progress)
-                    .await?;
+                install::npm_install(
+                    &specs,
+                    &staging.path,
+                    &env_for_npm,
+                    &self.agent_path(),
+                    progress,
+                )
+                .await?;
                 let package = match package {
                     Some(p) => p,
                     None => install::npm_first_dependency(&staging.path)
@@ -668,7 +697,11 @@ impl Agents {
                     .map(|n| n.to_os_string())
                     .unwrap_or_default();
                 let native_bin = match &native {
-                    Some((n, _)) => Some(install::npm_bin(&staging.path, &n.package, n.bin.as_deref())?),
+                    Some((n, _)) => Some(install::npm_bin(
+                        &staging.path,
+                        &n.package,
+                        n.bin.as_deref(),
+                    )?),
                     None => None,
                 };
                 let final_dir = dir.join(version_dir(&version));

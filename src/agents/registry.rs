@@ -127,7 +127,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.agents.len(), 2);
-        assert_eq!(r.agents[0].distribution.npx.as_ref().unwrap().args, ["--acp"]);
-        assert!(r.agents[1].distribution.binary.as_ref().unwrap().contains_key("linux-x86_64"));
+        assert_eq!(
+            r.agents[0].distribution.npx.as_ref().unwrap().args,
+            ["--acp"]
+        );
+        assert!(
+            r.agents[1]
+                .distribution
+                .binary
+                .as_ref()
+                .unwrap()
+                .contains_key("linux-x86_64")
+        );
     }
 }

@@ -45,7 +45,10 @@ async fn list(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "agents": agents }))
 }
 
-async fn one(State(state): State<AppState>, Path(agent): Path<String>) -> Result<Json<Value>, Problem> {
+async fn one(
+    State(state): State<AppState>,
+    Path(agent): Path<String>,
+) -> Result<Json<Value>, Problem> {
     let status = state
         .agents
         .status(&agent)

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use crate::support::{BIN, Daemon};
+use crate::support::{BIN, Daemon, children_of, eventually_async, pid_alive};
 
 /// A tiny HTTP/1.1 file server on loopback that counts the requests for each path.
 struct FileServer {
@@ -28,12 +28,8 @@ impl FileServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let routes: Arc<HashMap<String, (Vec<u8>, Duration)>> = Arc::new(
-            routes
-                .into_iter()
-                .map(|(p, b, d)| (p, (b, d)))
-                .collect(),
-        );
+        let routes: Arc<HashMap<String, (Vec<u8>, Duration)>> =
+            Arc::new(routes.into_iter().map(|(p, b, d)| (p, (b, d))).collect());
         let h = hits.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -193,28 +189,32 @@ fn files_below(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Runs `program` as an ACP agent over stdio and returns its answer to `initialize`.
-fn initialize_directly(program: &Path) -> Value {
-    let mut child = Command::new(program)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
+fn initialize(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "initialize",
+           "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+}
+
+/// One JSON-RPC message through the proxy: `POST /v1/acp/{server}?agent=…`.
+async fn acp_post(d: &Daemon, server: &str, agent: Option<&str>, msg: Value) -> (u16, Value) {
+    let mut url = d.url(&format!("/v1/acp/{server}"));
+    if let Some(a) = agent {
+        url.push_str(&format!("?agent={a}"));
+    }
+    let r = d.client().post(url).json(&msg).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    (status, v)
+}
+
+async fn delete_server(d: &Daemon, server: &str) {
+    let r = d
+        .client()
+        .delete(d.url(&format!("/v1/acp/{server}")))
+        .send()
+        .await
         .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    writeln!(
-        stdin,
-        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1}}}}"#
-    )
-    .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
+    assert!(r.status().is_success(), "DELETE {server}: {}", r.status());
 }
 
 async fn post_install(d: &Daemon, agent: &str, body: Value) -> (u16, Value) {
@@ -314,10 +314,60 @@ async fn registry_install_is_verified_recorded_and_runs() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
-    // What was installed is a working ACP agent.
-    let init = initialize_directly(&program);
-    assert_eq!(init["id"], 1, "{init}");
+    // What was installed is a working ACP agent, reachable through the proxy.
+    let (s, init) = acp_post(&d, "s1", Some("testagent"), initialize(1)).await;
+    assert_eq!(s, 200, "{init}");
     assert!(init["result"]["protocolVersion"].is_number(), "{init}");
+    let (_, st) = get_json(&d, "/v1/agents/testagent").await;
+    assert_eq!(st["serverStatus"]["running"], 1, "{st}");
+    delete_server(&d, "s1").await;
+    eventually_async(
+        Duration::from_secs(10),
+        "serverStatus back to 0",
+        || async {
+            let (_, st) = get_json(&d, "/v1/agents/testagent").await;
+            (st["serverStatus"]["running"] == 0).then_some(())
+        },
+    )
+    .await;
+    assert!(program.is_file());
+}
+
+#[tokio::test]
+async fn first_acp_post_installs_lazily() {
+    let archive = good_archive();
+    let sha = sha256_hex(&archive);
+    let srv = FileServer::start(vec![("/a.tar.gz".into(), archive, Duration::ZERO)]);
+    let reg = registry_json(vec![registry_entry(
+        "test-acp",
+        "3.0.0",
+        &srv.url("/a.tar.gz"),
+        Some(&sha),
+    )]);
+    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
+    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/registry.json"))
+        .start();
+    let (s, init) = acp_post(&d, "lazy", Some("testagent"), initialize(7)).await;
+    assert_eq!(s, 200, "{init}");
+    assert_eq!(init["id"], 7);
+    assert_eq!(srv.hits("/a.tar.gz"), 1);
+    let (_, st) = get_json(&d, "/v1/agents/testagent").await;
+    assert_eq!(st["installed"], true);
+    assert_eq!(st["source"], "registry");
+    assert_eq!(st["version"], "3.0.0");
+    // A second server of the same agent starts without installing again.
+    let (s, _) = acp_post(&d, "lazy2", Some("testagent"), initialize(1)).await;
+    assert_eq!(s, 200);
+    assert_eq!(srv.hits("/a.tar.gz"), 1);
+    let (_, st) = get_json(&d, "/v1/agents/testagent").await;
+    assert_eq!(st["serverStatus"]["running"], 2, "{st}");
+    delete_server(&d, "lazy").await;
+    delete_server(&d, "lazy2").await;
 }
 
 #[tokio::test]
@@ -437,7 +487,11 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         assert!(detail.contains("refused"), "{name}: {detail}");
         let left = files_below(&d.data_dir().join("agents").join(name));
         assert!(left.is_empty(), "{name} left {left:?}");
-        assert_eq!(srv_addr_holder.hits(&format!("/{name}.tar.gz")), 1, "{name}");
+        assert_eq!(
+            srv_addr_holder.hits(&format!("/{name}.tar.gz")),
+            1,
+            "{name}"
+        );
     }
     assert!(!abs_target.exists());
     assert!(!outside.path().join("through-link").exists());
@@ -485,7 +539,10 @@ async fn unreachable_registry_falls_back_to_the_pinned_source() {
     let (s, body) = post_install(&d, "nofallback", json!({})).await;
     assert_eq!(s, 502, "{body}");
     let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains("registry") && detail.contains("no pinned fallback"), "{detail}");
+    assert!(
+        detail.contains("registry") && detail.contains("no pinned fallback"),
+        "{detail}"
+    );
 }
 
 #[tokio::test]
@@ -547,13 +604,25 @@ async fn require_preinstall_refuses_run_time_installs_and_the_cli_installs() {
         .start();
     let (s, body) = post_install(&d, "testagent", json!({})).await;
     assert_eq!(s, 409, "{body}");
-    assert_eq!(body["installCommand"], "sandbox-agent agents install testagent");
+    assert_eq!(
+        body["installCommand"],
+        "sandbox-agent agents install testagent"
+    );
     assert!(
         body["detail"]
             .as_str()
             .unwrap()
             .contains("sandbox-agent agents install testagent")
     );
+    assert_eq!(srv.hits("/a.tar.gz"), 0);
+    // The lazy install of the first ACP POST is refused the same way, with a 4xx.
+    let (s, body) = acp_post(&d, "s1", Some("testagent"), initialize(1)).await;
+    assert_eq!(s, 409, "{body}");
+    assert_eq!(
+        body["installCommand"],
+        "sandbox-agent agents install testagent"
+    );
+    assert_eq!(body["serverId"], "s1");
     assert_eq!(srv.hits("/a.tar.gz"), 0);
 
     // The operator pre-installs with the CLI into the same data dir (plain lines: not a tty).
@@ -570,12 +639,18 @@ async fn require_preinstall_refuses_run_time_installs_and_the_cli_installs() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains('\r'), "{stderr:?}");
-    assert!(stdout.contains("agent_process\t1.0.0\tregistry\t"), "{stdout}");
+    assert!(
+        stdout.contains("agent_process\t1.0.0\tregistry\t"),
+        "{stdout}"
+    );
     assert_eq!(srv.hits("/a.tar.gz"), 1);
 
     let (s, body) = post_install(&d, "testagent", json!({})).await;
     assert_eq!(s, 200, "{body}");
     assert_eq!(body["alreadyInstalled"], true);
+    let (s, init) = acp_post(&d, "s1", Some("testagent"), initialize(1)).await;
+    assert_eq!(s, 200, "{init}");
+    delete_server(&d, "s1").await;
     // Reinstalling is an install at run time too.
     let (s, _) = post_install(&d, "testagent", json!({"reinstall": true})).await;
     assert_eq!(s, 409);
@@ -684,5 +759,92 @@ fn a_bad_agents_file_stops_start_up_naming_the_problem() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("broken") && err.contains("nothing to run"), "{err}");
+    assert!(
+        err.contains("broken") && err.contains("nothing to run"),
+        "{err}"
+    );
+}
+
+/// Every process below `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut stack = vec![pid];
+    while let Some(p) = stack.pop() {
+        for c in children_of(p) {
+            out.push(c);
+            stack.push(c);
+        }
+    }
+    out
+}
+
+fn on_path(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+}
+
+/// The real Claude and Codex adapters, installed by our installer from the pinned npm fallbacks
+/// (the registry URL points at a closed port, so the choice is deterministic and the CDN is not
+/// needed), answer `initialize` and `session/new` through the proxy, and DELETE leaves none of
+/// their processes behind (Claude starts a `claude` child; neither exits on stdin close).
+#[tokio::test]
+async fn real_claude_and_codex_from_npm_answer_through_the_proxy() {
+    if !on_path("npm") || !on_path("node") {
+        crate::support::skip("node/npm not installed (CI installs them)");
+        return;
+    }
+    let d = Daemon::builder()
+        .arg("--acp-registry-url")
+        .arg(closed_port_url())
+        .start();
+
+    // Codex explicitly, Claude lazily on its first ACP POST.
+    let (s, body) = post_install(&d, "codex", json!({})).await;
+    assert_eq!(s, 200, "{body}\n{}", d.stderr());
+    assert_eq!(body["artifacts"][0]["source"], "fallback");
+    assert_eq!(body["artifacts"][0]["version"], "2.6.0");
+
+    for (agent, server) in [("claude", "real-claude"), ("codex", "real-codex")] {
+        let (s, init) = acp_post(&d, server, Some(agent), initialize(1)).await;
+        assert_eq!(s, 200, "{agent}: {init}\n{}", d.stderr());
+        assert!(
+            init["result"]["protocolVersion"].is_number(),
+            "{agent}: {init}"
+        );
+        let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                         "params": {"cwd": d.work_dir(), "mcpServers": []}});
+        let (s, created) = acp_post(&d, server, None, new).await;
+        assert_eq!(s, 200, "{agent}: {created}");
+        assert_eq!(created["id"], 2, "{agent}: {created}");
+        if agent == "claude" {
+            // No key is needed to create a Claude session (only to prompt).
+            assert!(created["result"]["sessionId"].is_string(), "{created}");
+        } else {
+            // Codex answers session/new, with a session or an auth error when no key is set.
+            assert!(
+                created["result"]["sessionId"].is_string() || created["error"]["code"].is_number(),
+                "{created}"
+            );
+        }
+        let (_, st) = get_json(&d, &format!("/v1/agents/{agent}")).await;
+        assert_eq!(st["installed"], true);
+        assert_eq!(st["source"], "fallback");
+        assert_eq!(st["serverStatus"]["running"], 1, "{st}");
+
+        let procs = descendants(d.pid());
+        assert!(
+            !procs.is_empty(),
+            "{agent}: no agent process under the daemon"
+        );
+        delete_server(&d, server).await;
+        eventually_async(
+            Duration::from_secs(30),
+            "the agent's processes to end",
+            || {
+                let procs = procs.clone();
+                async move { procs.iter().all(|p| !pid_alive(*p)).then_some(()) }
+            },
+        )
+        .await;
+    }
 }
