@@ -848,3 +848,66 @@ async fn real_claude_and_codex_from_npm_answer_through_the_proxy() {
         .await;
     }
 }
+
+/// An npm package tarball (`package/…`) whose bin runs the mock agent.
+fn npm_tarball() -> Vec<u8> {
+    let pkg = br#"{"name":"test-npm-agent","version":"0.0.1","bin":{"test-npm-agent":"agent.sh"}}"#;
+    tar_gz(&[
+        Item::File("package/package.json", pkg, 0o644),
+        Item::File("package/agent.sh", &agent_script(), 0o755),
+    ])
+}
+
+#[tokio::test]
+async fn npm_fallback_installs_into_the_agent_dir_and_runs() {
+    if !on_path("npm") || !on_path("node") {
+        crate::support::skip("node/npm not installed (CI installs them)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tgz = dir.path().join("test-npm-agent-0.0.1.tgz");
+    std::fs::write(&tgz, npm_tarball()).unwrap();
+    let (_g, file) = agents_file(&format!(
+        "[[agent]]\nid = \"npmagent\"\nregistry_id = \"npm-acp\"\n\
+         [agent.fallback]\nkind = \"npm\"\npackage = \"{}\"\nversion = \"0.0.1\"\n",
+        tgz.display()
+    ));
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(closed_port_url())
+        .start();
+    let (s, body) = post_install(&d, "npmagent", json!({})).await;
+    assert_eq!(s, 200, "{body}");
+    let art = &body["artifacts"][0];
+    assert_eq!(art["source"], "fallback");
+    let want = d
+        .data_dir()
+        .join("agents/npmagent/0.0.1/node_modules/.bin/test-npm-agent");
+    assert_eq!(art["path"], want.to_str().unwrap());
+    let (s, init) = acp_post(&d, "n1", Some("npmagent"), initialize(1)).await;
+    assert_eq!(s, 200, "{init}");
+    assert!(init["result"]["protocolVersion"].is_number(), "{init}");
+    delete_server(&d, "n1").await;
+}
+
+#[tokio::test]
+async fn missing_npm_is_a_clear_install_error() {
+    let empty = tempfile::tempdir().unwrap();
+    let d = Daemon::builder()
+        .arg("--acp-registry-url")
+        .arg(closed_port_url())
+        .env("PATH", empty.path())
+        .start();
+    let (s, body) = post_install(&d, "codex", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("`npm` was not found"), "{detail}");
+    let left = files_below(&d.data_dir().join("agents/codex"));
+    assert!(left.is_empty(), "{left:?}");
+    // The lazy path gives the same reason through the proxy.
+    let (s, body) = acp_post(&d, "c1", Some("codex"), initialize(1)).await;
+    assert_eq!(s, 502, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("npm"), "{body}");
+}
