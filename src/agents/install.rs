@@ -266,6 +266,17 @@ pub fn archive_kind(url: &str) -> ArchiveKind {
     }
 }
 
+/// Refuses the archive formats the installer does not unpack (kept lean: no zip or bzip2 code).
+pub fn check_supported(url: &str) -> Result<(), String> {
+    match archive_kind(url) {
+        ArchiveKind::Zip | ArchiveKind::TarBz2 => Err(format!(
+            "{url}: this archive format is not supported; only .tar.gz, .tgz, .tar and raw \
+             binaries are"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Unpacks (or, for a raw binary, copies) `file` into `dest`, then returns the path of `cmd`
 /// inside it, made executable. Refuses absolute paths, `..`, links leaving `dest` and device
 /// nodes; the caller drops the staging directory on error.
@@ -282,18 +293,7 @@ pub fn unpack(
     match archive_kind(url) {
         ArchiveKind::TarGz => unpack_tar(flate2::read::GzDecoder::new(file), dest)?,
         ArchiveKind::Tar => unpack_tar(file, dest)?,
-        ArchiveKind::Zip => {
-            return Err(format!(
-                "{url}: .zip archives are not supported on this platform's installer; \
-                 only .tar.gz, .tgz, .tar and raw binaries are"
-            ));
-        }
-        ArchiveKind::TarBz2 => {
-            return Err(format!(
-                "{url}: .tar.bz2 archives are not supported; only .tar.gz, .tgz, .tar and raw \
-                 binaries are"
-            ));
-        }
+        ArchiveKind::Zip | ArchiveKind::TarBz2 => check_supported(url)?,
         ArchiveKind::Raw => {
             let target = dest.join(&rel_cmd);
             if let Some(parent) = target.parent() {

@@ -89,6 +89,7 @@ fn serve_one(
 enum Item<'a> {
     File(&'a str, &'a [u8], u32),
     Symlink(&'a str, &'a str),
+    Hardlink(&'a str, &'a str),
     CharDevice(&'a str),
 }
 
@@ -107,6 +108,14 @@ fn tar_gz(items: &[Item]) -> Vec<u8> {
             Item::Symlink(name, target) => {
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_mode(0o777);
+                h.set_size(0);
+                let gnu = h.as_gnu_mut().unwrap();
+                gnu.linkname[..target.len()].copy_from_slice(target.as_bytes());
+                (name, &[])
+            }
+            Item::Hardlink(name, target) => {
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_mode(0o644);
                 h.set_size(0);
                 let gnu = h.as_gnu_mut().unwrap();
                 gnu.linkname[..target.len()].copy_from_slice(target.as_bytes());
@@ -439,6 +448,13 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
             ]),
         ),
         (
+            "hardlink",
+            tar_gz(&[
+                Item::File("pkg/bin/test-agent", &script, 0o755),
+                Item::Hardlink("pkg/passwd", "/etc/passwd"),
+            ]),
+        ),
+        (
             "device",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
@@ -468,6 +484,17 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
             ));
         }
     }
+    // Formats the installer does not take are refused by name, before anything is written.
+    entries.push(json!({"id": "uvx-acp", "version": "1.0.0",
+        "distribution": {"uvx": {"package": "some-agent@1.0.0"}}}));
+    file_text.push_str("[[agent]]\nid = \"uvxonly\"\nregistry_id = \"uvx-acp\"\n");
+    entries.push(registry_entry(
+        "zip-acp",
+        "1.0.0",
+        &srv_addr_holder.url("/agent.zip"),
+        None,
+    ));
+    file_text.push_str("[[agent]]\nid = \"ziponly\"\nregistry_id = \"zip-acp\"\n");
     let regsrv = FileServer::start(vec![(
         "/registry.json".into(),
         registry_json(entries),
@@ -493,6 +520,20 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
             "{name}"
         );
     }
+    let (s, body) = post_install(&d, "uvxonly", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("uvx"), "{body}");
+    let (s, body) = post_install(&d, "ziponly", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("format is not supported"),
+        "{body}"
+    );
+    assert_eq!(srv_addr_holder.hits("/agent.zip"), 0);
+    assert!(files_below(&d.data_dir().join("agents/ziponly")).is_empty());
     assert!(!abs_target.exists());
     assert!(!outside.path().join("through-link").exists());
     assert!(!d.data_dir().join("escaped").exists());
