@@ -380,6 +380,9 @@ impl Agents {
             locks.entry(agent.to_string()).or_default().clone()
         };
         let _guard = lock.lock().await;
+        // Another process (`sandbox-agent agents install` next to a running daemon) may be
+        // installing the same agent: a file lock beside the agent's directory serialises them.
+        let _file_lock = self.file_lock(agent).await.map_err(fail)?;
 
         let dir = self.agent_dir(agent);
         if !req.reinstall {
@@ -426,6 +429,26 @@ impl Agents {
             version: Some(manifest.version),
             artifacts: manifest.artifacts,
         })
+    }
+
+    /// An exclusive `flock` on `<data-dir>/agents/.<id>.lock`, released on drop.
+    async fn file_lock(&self, agent: &str) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+        let root = self.config.data_dir.join("agents");
+        std::fs::create_dir_all(&root)
+            .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        let path = root.join(format!(".{agent}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        tokio::task::spawn_blocking(move || {
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| format!("cannot lock {}: {e}", path.display()))
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     /// Chooses the source (registry, then fallback) and installs from it.

@@ -621,6 +621,32 @@ async fn concurrent_installs_download_once() {
         .filter(|v| v["alreadyInstalled"] == false)
         .count();
     assert_eq!(fresh, 1, "{} {}", a.1, b.1);
+
+    // Two CLI processes on one data dir (e.g. an image build next to a running daemon) are
+    // serialised by a file lock: one download again.
+    let data = tempfile::tempdir().unwrap();
+    let cli = || {
+        Command::new(BIN)
+            .args(["agents", "install", "testagent", "--data-dir"])
+            .arg(data.path())
+            .arg("--agents-file")
+            .arg(&file)
+            .arg("--acp-registry-url")
+            .arg(regsrv.url("/registry.json"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (c1, c2) = (cli(), cli());
+    let (o1, o2) = (c1.wait_with_output().unwrap(), c2.wait_with_output().unwrap());
+    assert!(o1.status.success() && o2.status.success());
+    assert_eq!(srv.hits("/slow.tar.gz"), 2);
+    let already = [&o1, &o2]
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stdout).contains("already installed"))
+        .count();
+    assert_eq!(already, 1);
 }
 
 #[tokio::test]
