@@ -639,7 +639,10 @@ async fn concurrent_installs_download_once() {
             .unwrap()
     };
     let (c1, c2) = (cli(), cli());
-    let (o1, o2) = (c1.wait_with_output().unwrap(), c2.wait_with_output().unwrap());
+    let (o1, o2) = (
+        c1.wait_with_output().unwrap(),
+        c2.wait_with_output().unwrap(),
+    );
     assert!(o1.status.success() && o2.status.success());
     assert_eq!(srv.hits("/slow.tar.gz"), 2);
     let already = [&o1, &o2]
