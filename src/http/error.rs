@@ -127,7 +127,9 @@ impl From<crate::acp::AcpError> for Problem {
             E::InvalidServerId { server_id } => {
                 Problem::bad_request(detail).with("serverId", server_id)
             }
-            E::MissingAgent { server_id } => Problem::bad_request(detail).with("serverId", server_id),
+            E::MissingAgent { server_id } => {
+                Problem::bad_request(detail).with("serverId", server_id)
+            }
             E::UnknownAgent { agent } => Problem::bad_request(detail)
                 .title("Unknown Agent")
                 .with("agent", agent),
@@ -144,7 +146,10 @@ impl From<crate::acp::AcpError> for Problem {
             E::DuplicateId { server_id, id } => Problem::new(StatusCode::CONFLICT, detail)
                 .title("Duplicate Request Id")
                 .with("serverId", server_id)
-                .with("id", serde_json::from_str::<Value>(&id).unwrap_or(Value::String(id))),
+                .with(
+                    "id",
+                    serde_json::from_str::<Value>(&id).unwrap_or(Value::String(id)),
+                ),
             E::AgentGone {
                 server_id,
                 agent,
@@ -164,28 +169,15 @@ impl From<crate::acp::AcpError> for Problem {
                     )
                     .with("stderrTail", tail(&ended.stderr_tail, 4096))
             }
-            E::Timeout { server_id, timeout } => {
-                Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
-                    .title("Agent Timeout")
-                    .with("serverId", server_id)
-                    .with("timeoutMs", timeout.as_millis() as u64)
-            }
+            E::Timeout { server_id, timeout } => Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
+                .title("Agent Timeout")
+                .with("serverId", server_id)
+                .with("timeoutMs", timeout.as_millis() as u64),
+            // The agents service's own mapping (409 with `installCommand` for
+            // --require-preinstall, 502 for a failed install), plus the serverId.
             E::Launch {
-                server_id,
-                agent,
-                source,
-            } => {
-                let status = match &*source {
-                    crate::agents::AgentError::PreinstallRequired { .. } => {
-                        StatusCode::SERVICE_UNAVAILABLE
-                    }
-                    _ => StatusCode::BAD_GATEWAY,
-                };
-                Problem::new(status, detail)
-                    .title("Agent Unavailable")
-                    .with("serverId", server_id)
-                    .with("agent", agent)
-            }
+                server_id, source, ..
+            } => agent_problem(&source).with("serverId", server_id),
             E::Spawn {
                 server_id, agent, ..
             } => Problem::new(StatusCode::BAD_GATEWAY, detail)
@@ -197,6 +189,37 @@ impl From<crate::acp::AcpError> for Problem {
                 .with("serverId", server_id),
             E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
             E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
+        }
+    }
+}
+
+impl From<crate::agents::AgentError> for Problem {
+    fn from(e: crate::agents::AgentError) -> Self {
+        agent_problem(&e)
+    }
+}
+
+/// Agent errors: unknown → 400; not installed under `--require-preinstall` → 409 naming the
+/// install command (the request is valid but conflicts with the operator's policy); a failed
+/// install → 502 with the reason; an unusable pin → 400.
+fn agent_problem(e: &crate::agents::AgentError) -> Problem {
+    use crate::agents::AgentError;
+    let detail = e.to_string();
+    match e {
+        AgentError::Unknown { agent } => Problem::bad_request(detail)
+            .title("Unknown Agent")
+            .with("agent", agent.as_str()),
+        AgentError::PreinstallRequired { agent, command } => {
+            Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Not Installed")
+                .with("agent", agent.as_str())
+                .with("installCommand", command.as_str())
+        }
+        AgentError::InstallFailed { agent, .. } => Problem::new(StatusCode::BAD_GATEWAY, detail)
+            .title("Agent Install Failed")
+            .with("agent", agent.as_str()),
+        AgentError::InvalidRequest { agent, .. } => {
+            Problem::bad_request(detail).with("agent", agent.as_str())
         }
     }
 }

@@ -1,0 +1,250 @@
+//! The catalog of agents: the built-in `catalog.toml` plus the operator's agents file, parsed and
+//! checked once at start-up. A bad agents file is a start-up error that names the problem.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+const BUILTIN: &str = include_str!("catalog.toml");
+
+/// One agent the daemon can run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDef {
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The id in the ACP registry; `None` = only the fallback (or a user command).
+    #[serde(default)]
+    pub registry_id: Option<String>,
+    #[serde(default)]
+    pub native: Option<String>,
+    /// Commands on PATH that count as an operator-installed copy (provenance `local`).
+    #[serde(default)]
+    pub local_bins: Vec<String>,
+    #[serde(default)]
+    pub local_args: Vec<String>,
+    #[serde(default)]
+    pub credentials_env: Vec<String>,
+    /// Relative to HOME.
+    #[serde(default)]
+    pub credentials_files: Vec<String>,
+    #[serde(default)]
+    pub platforms: Vec<String>,
+    #[serde(default)]
+    pub fallback: Option<Fallback>,
+    #[serde(default)]
+    pub native_npm: Option<NpmPackage>,
+    /// Variables set for every launch of a catalog agent, whatever its source.
+    #[serde(default)]
+    pub launch_env: BTreeMap<String, String>,
+    /// A user agent: the command to run (absolute, or looked up on PATH).
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+impl AgentDef {
+    /// A user agent runs the operator's command as is and is never installed.
+    pub fn is_user(&self) -> bool {
+        self.command.is_some()
+    }
+}
+
+/// The pinned source used when the registry cannot be used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Fallback {
+    Npm {
+        /// An npm package name, or a path / URL of a package tarball (then `version` is a label).
+        package: String,
+        version: String,
+        /// The command in `node_modules/.bin`; default: the package's own bin.
+        #[serde(default)]
+        bin: Option<String>,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    Binary {
+        /// `http(s)://` or `file://` URL of an archive or a raw executable.
+        url: String,
+        #[serde(default)]
+        sha256: Option<String>,
+        /// Path of the executable inside the unpacked archive.
+        cmd: String,
+        version: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpmPackage {
+    pub package: String,
+    pub version: String,
+    #[serde(default)]
+    pub bin: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    agent: Vec<AgentDef>,
+}
+
+/// Every known agent, in catalog order (built-ins first, then the agents file).
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub agents: Vec<AgentDef>,
+}
+
+impl Catalog {
+    /// The built-in catalog, overlaid with the agents file when one is configured. An entry of the
+    /// file with a built-in id replaces the built-in entry.
+    pub fn load(agents_file: Option<&Path>) -> anyhow::Result<Catalog> {
+        let builtin: File = toml::from_str(BUILTIN)
+            .map_err(|e| anyhow::anyhow!("the built-in agent catalog is invalid: {e}"))?;
+        let mut agents = builtin.agents_checked("built-in catalog")?;
+        if let Some(path) = agents_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the agents file {}: {e}", path.display())
+            })?;
+            let file: File = toml::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("agents file {}: {e}", path.display()))?;
+            let origin = format!("agents file {}", path.display());
+            for def in file.agents_checked(&origin)? {
+                match agents.iter_mut().find(|a| a.id == def.id) {
+                    Some(existing) => *existing = def,
+                    None => agents.push(def),
+                }
+            }
+        }
+        Ok(Catalog { agents })
+    }
+
+    pub fn get(&self, id: &str) -> Option<&AgentDef> {
+        self.agents.iter().find(|a| a.id == id)
+    }
+}
+
+impl File {
+    fn agents_checked(self, origin: &str) -> anyhow::Result<Vec<AgentDef>> {
+        let mut seen = std::collections::HashSet::new();
+        for def in &self.agent {
+            let bad = |why: &str| anyhow::anyhow!("{origin}: agent `{}`: {why}", def.id);
+            if !valid_id(&def.id) {
+                return Err(bad(
+                    "the id must be 1-64 characters of a-z, 0-9, `-`, `_` or `.`, not starting with `.`",
+                ));
+            }
+            if def.id == "mock" {
+                return Err(bad(
+                    "`mock` is the built-in mock agent and cannot be redefined",
+                ));
+            }
+            if !seen.insert(def.id.clone()) {
+                return Err(bad("defined twice"));
+            }
+            match &def.command {
+                Some(cmd) => {
+                    if cmd.trim().is_empty() {
+                        return Err(bad("`command` is empty"));
+                    }
+                    if def.registry_id.is_some() || def.fallback.is_some() {
+                        return Err(bad(
+                            "a user agent (`command`) cannot also have `registry_id` or `fallback`",
+                        ));
+                    }
+                }
+                None => {
+                    if def.registry_id.is_none() && def.fallback.is_none() {
+                        return Err(bad(
+                            "nothing to run: give `command`, `registry_id` or a `fallback`",
+                        ));
+                    }
+                    if !def.args.is_empty() || !def.env.is_empty() {
+                        return Err(bad(
+                            "`args` and `env` belong to user agents (with `command`)",
+                        ));
+                    }
+                }
+            }
+            if let Some(Fallback::Binary {
+                sha256: Some(h), ..
+            }) = &def.fallback
+            {
+                if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(bad("fallback sha256 must be 64 hex digits"));
+                }
+            }
+        }
+        Ok(self.agent)
+    }
+}
+
+/// Ids end up in paths (`<data-dir>/agents/<id>`), so they are kept to a safe alphabet.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_catalog_has_every_contract_agent() {
+        let c = Catalog::load(None).unwrap();
+        for id in [
+            "claude", "codex", "opencode", "gemini", "amp", "pi", "cursor",
+        ] {
+            let def = c.get(id).unwrap_or_else(|| panic!("{id} missing"));
+            assert!(def.registry_id.is_some(), "{id} has no registry id");
+        }
+        for id in ["claude", "codex", "opencode", "gemini", "pi"] {
+            assert!(matches!(
+                c.get(id).unwrap().fallback,
+                Some(Fallback::Npm { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn agents_file_adds_and_rejects() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("agents.toml");
+        std::fs::write(
+            &p,
+            "[[agent]]\nid = \"inhouse\"\ncommand = \"/bin/cat\"\nargs = [\"-u\"]\n",
+        )
+        .unwrap();
+        let c = Catalog::load(Some(&p)).unwrap();
+        assert!(c.get("inhouse").unwrap().is_user());
+
+        std::fs::write(&p, "[[agent]]\nid = \"x\"\n").unwrap();
+        let e = Catalog::load(Some(&p)).unwrap_err().to_string();
+        assert!(e.contains("nothing to run"), "{e}");
+
+        std::fs::write(&p, "[[agent]]\nid = \"../x\"\ncommand = \"a\"\n").unwrap();
+        let e = Catalog::load(Some(&p)).unwrap_err().to_string();
+        assert!(e.contains("the id must be"), "{e}");
+
+        std::fs::write(&p, "[[agent]]\nid = \"y\"\ncommand = \"a\"\ncolor = 1\n").unwrap();
+        let e = Catalog::load(Some(&p)).unwrap_err().to_string();
+        assert!(e.contains("color"), "{e}");
+    }
+}
