@@ -518,11 +518,7 @@ impl Config {
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
-        // Keys a flag or the environment overrode were never taken from the file, yet they are
-        // known settings (e.g. `host` in the file, SANDBOX_AGENT_HOST in a unit's environment).
-        let known = <crate::cli::ServerArgs as clap::Args>::augment_args(clap::Command::new("k"));
-        let is_setting = |key: &str| known.get_arguments().any(|a| a.get_id().as_str() == key);
-        for key in file.map.keys().filter(|k| !is_setting(k)) {
+        for key in file.map.keys() {
             errors.push(format!(
                 "config file {}: unknown key `{key}`",
                 file_path.display()
