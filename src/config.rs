@@ -71,6 +71,18 @@ pub struct Config {
     /// The daemon's environment at start-up, minus everything an agent must never see.
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
+    pub agent_cgroups: AgentCgroups,
+}
+
+/// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCgroups {
+    /// v1 controllers when mounted, else the v2 hierarchy, else none.
+    Auto,
+    V1,
+    V2,
+    /// No cgroups; rlimits only.
+    Off,
 }
 
 impl fmt::Debug for Config {
@@ -519,6 +531,18 @@ impl Config {
             "info".to_string()
         );
         let init = flag!(init);
+        let agent_cgroups = setting!(
+            agent_cgroups,
+            "agent-cgroups",
+            |s: &str| match s.trim().to_ascii_lowercase().as_str() {
+                "auto" => Ok(AgentCgroups::Auto),
+                "v1" => Ok(AgentCgroups::V1),
+                "v2" => Ok(AgentCgroups::V2),
+                "off" | "none" => Ok(AgentCgroups::Off),
+                _ => Err(format!("`{s}` is not one of auto, v1, v2, off")),
+            },
+            AgentCgroups::Auto
+        );
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
@@ -636,6 +660,7 @@ impl Config {
             init,
             agent_base_env,
             systemd,
+            agent_cgroups,
         })
     }
 
