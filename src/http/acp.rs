@@ -1,9 +1,255 @@
-//! Routes of this feature.
+//! `/v1/acp` and `/v1/acp/{serverId}` (spec 002 §3): content negotiation, envelope parsing and SSE
+//! framing on the HTTP side of the proxy; everything else is `acp::AcpService`.
+
+use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
 
-use super::AppState;
+use super::{AppState, Problem};
+use crate::acp::events::KEEPALIVE_FRAME;
+use crate::acp::{self, AcpError, Delivered, Kind, Next, Subscription};
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
+    Router::new().route("/v1/acp", get(list)).route(
+        "/v1/acp/{server_id}",
+        get(stream).post(post_message).delete(delete),
+    )
+}
+
+async fn list(State(st): State<AppState>) -> Response {
+    axum::Json(json!({ "servers": st.acp.list() })).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct PostQuery {
+    agent: Option<String>,
+}
+
+async fn post_message(
+    State(st): State<AppState>,
+    Path(server_id): Path<String>,
+    Query(query): Query<PostQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = acp::validate_server_id(&server_id) {
+        return Problem::from(e).into_response();
+    }
+    if !is_json_content_type(&headers) {
+        return Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "POST a JSON-RPC object with Content-Type: application/json",
+        )
+        .with("serverId", server_id)
+        .into_response();
+    }
+    if !accepts(&headers, "application", "json") {
+        return Problem::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "the answer is application/json, which the Accept header excludes",
+        )
+        .with("serverId", server_id)
+        .into_response();
+    }
+    let envelope = match acp::jsonrpc::parse_envelope(body) {
+        Ok(e) => e,
+        Err(e) => {
+            return Problem::from(AcpError::from(e))
+                .with("serverId", server_id)
+                .into_response();
+        }
+    };
+    let prefer = Prefer::parse(&headers);
+    let jsonrpc_errors = prefer.jsonrpc_errors || st.config.jsonrpc_errors;
+    let raw_id = match (&envelope.kind, jsonrpc_errors) {
+        (Kind::Request { raw_id, .. }, true) => Some(raw_id.clone()),
+        _ => None,
+    };
+    let agent = query.agent.as_deref().filter(|a| !a.is_empty());
+    match st
+        .acp
+        .post(&server_id, agent, envelope, prefer.respond_async)
+        .await
+    {
+        Ok(Delivered::Response(line)) => {
+            let mut resp = Response::new(Body::from(line));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Ok(Delivered::Accepted) => StatusCode::ACCEPTED.into_response(),
+        Err(e) => {
+            let problem = Problem::from(e);
+            match raw_id {
+                Some(id) if problem.status.is_server_error() => {
+                    // The npm SDK treats a non-2xx answer as fatal but handles a JSON-RPC error.
+                    let body = json!({
+                        "jsonrpc": "2.0",
+                        "id": id,
+                        "error": {
+                            "code": -32603,
+                            "message": problem.title,
+                            "data": problem.body(),
+                        }
+                    });
+                    tracing::warn!(server_id, status = problem.status.as_u16(),
+                        detail = %problem.detail, "request failed; answered as a JSON-RPC error");
+                    axum::Json(body).into_response()
+                }
+                _ => problem.into_response(),
+            }
+        }
+    }
+}
+
+async fn stream(
+    State(st): State<AppState>,
+    Path(server_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = acp::validate_server_id(&server_id) {
+        return Problem::from(e).into_response();
+    }
+    if !accepts(&headers, "text", "event-stream") {
+        return Problem::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "the stream is text/event-stream, which the Accept header excludes",
+        )
+        .with("serverId", server_id)
+        .into_response();
+    }
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+            Some(n) => Some(n),
+            None => {
+                return Problem::bad_request("Last-Event-ID must be a non-negative integer")
+                    .with("serverId", server_id)
+                    .into_response();
+            }
+        },
+    };
+    let sub = match st.acp.subscribe(&server_id, last_event_id) {
+        Ok(s) => s,
+        Err(e) => return Problem::from(e).into_response(),
+    };
+    let body = Body::from_stream(sse_frames(sub, st.config.keepalive, st.shutdown.clone()));
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Proxies in front of the sandbox must not buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// The frames of one subscription, a keepalive comment whenever `keepalive` passes without one,
+/// ending when the log ends, the subscriber is cut off, or the daemon shuts down.
+fn sse_frames(
+    sub: Subscription,
+    keepalive: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
+    let keepalive = keepalive.max(Duration::from_millis(10));
+    let next_ka = tokio::time::Instant::now() + keepalive;
+    futures_util::stream::unfold(
+        Some((sub, next_ka, shutdown)),
+        move |state| async move {
+            let (sub, mut next_ka, shutdown) = state?;
+            let frame = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return None,
+                next = sub.next() => match next {
+                    Next::Frames(b) => b,
+                    Next::End => return None,
+                    Next::CutOff => {
+                        tracing::info!("an SSE subscriber fell behind and was disconnected");
+                        return None;
+                    }
+                },
+                _ = tokio::time::sleep_until(next_ka) => Bytes::from_static(KEEPALIVE_FRAME),
+            };
+            next_ka = tokio::time::Instant::now() + keepalive;
+            Some((Ok(frame), Some((sub, next_ka, shutdown))))
+        },
+    )
+}
+
+async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Response {
+    if let Err(e) = acp::validate_server_id(&server_id) {
+        return Problem::from(e).into_response();
+    }
+    st.acp.delete(&server_id);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn is_json_content_type(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// True when the Accept header (absent means anything) admits `kind/sub`.
+fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
+    let mut values = headers.get_all(header::ACCEPT).iter().peekable();
+    if values.peek().is_none() {
+        return true;
+    }
+    values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                let p = p.trim();
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            if refused {
+                return false;
+            }
+            let (t, s) = media.split_once('/').unwrap_or((media, ""));
+            (t == "*" && s == "*")
+                || (t.eq_ignore_ascii_case(kind) && (s == "*" || s.eq_ignore_ascii_case(sub)))
+        })
+}
+
+/// The `Prefer` preferences this API honours (RFC 7240).
+#[derive(Default)]
+struct Prefer {
+    respond_async: bool,
+    jsonrpc_errors: bool,
+}
+
+impl Prefer {
+    fn parse(headers: &HeaderMap) -> Prefer {
+        let mut p = Prefer::default();
+        for v in headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()) {
+            for pref in v.split(',') {
+                let name = pref.split([';', '=']).next().unwrap_or("").trim();
+                if name.eq_ignore_ascii_case("respond-async") {
+                    p.respond_async = true;
+                } else if name.eq_ignore_ascii_case("jsonrpc-errors") {
+                    p.jsonrpc_errors = true;
+                }
+            }
+        }
+        p
+    }
 }

@@ -102,3 +102,101 @@ impl IntoResponse for Problem {
         resp
     }
 }
+
+/// The last `max` bytes of `s`, cut at a line start when one is near (for `stderrTail`).
+fn tail(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    let t = &s[cut..];
+    match t.find('\n') {
+        Some(nl) if nl + 1 < t.len() && nl < 256 => &t[nl + 1..],
+        _ => t,
+    }
+}
+
+impl From<crate::acp::AcpError> for Problem {
+    fn from(e: crate::acp::AcpError) -> Self {
+        use crate::acp::AcpError as E;
+        let detail = e.to_string();
+        match e {
+            E::InvalidServerId { server_id } => {
+                Problem::bad_request(detail).with("serverId", server_id)
+            }
+            E::MissingAgent { server_id } => Problem::bad_request(detail).with("serverId", server_id),
+            E::UnknownAgent { agent } => Problem::bad_request(detail)
+                .title("Unknown Agent")
+                .with("agent", agent),
+            E::AgentMismatch {
+                server_id,
+                bound,
+                requested,
+            } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Mismatch")
+                .with("serverId", server_id)
+                .with("agent", bound)
+                .with("requestedAgent", requested),
+            E::NotFound { server_id } => Problem::not_found(detail).with("serverId", server_id),
+            E::DuplicateId { server_id, id } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Duplicate Request Id")
+                .with("serverId", server_id)
+                .with("id", serde_json::from_str::<Value>(&id).unwrap_or(Value::String(id))),
+            E::AgentGone {
+                server_id,
+                agent,
+                ended,
+            } => {
+                let exit = ended.exit.clone();
+                Problem::new(StatusCode::BAD_GATEWAY, detail)
+                    .title("Agent Gone")
+                    .with("serverId", server_id)
+                    .with("agent", agent)
+                    .with("exitCode", exit.as_ref().and_then(|x| x.code))
+                    .with("signal", exit.as_ref().and_then(|x| x.signal))
+                    .with(
+                        "exitReason",
+                        exit.as_ref()
+                            .map(|x| serde_json::to_value(x.reason).unwrap_or(Value::Null)),
+                    )
+                    .with("stderrTail", tail(&ended.stderr_tail, 4096))
+            }
+            E::Timeout { server_id, timeout } => {
+                Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
+                    .title("Agent Timeout")
+                    .with("serverId", server_id)
+                    .with("timeoutMs", timeout.as_millis() as u64)
+            }
+            E::Launch {
+                server_id,
+                agent,
+                source,
+            } => {
+                let status = match &*source {
+                    crate::agents::AgentError::PreinstallRequired { .. } => {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    }
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                Problem::new(status, detail)
+                    .title("Agent Unavailable")
+                    .with("serverId", server_id)
+                    .with("agent", agent)
+            }
+            E::Spawn {
+                server_id, agent, ..
+            } => Problem::new(StatusCode::BAD_GATEWAY, detail)
+                .title("Agent Start Failed")
+                .with("serverId", server_id)
+                .with("agent", agent),
+            E::Gone { server_id } => Problem::new(StatusCode::GONE, detail)
+                .title("Agent Exited")
+                .with("serverId", server_id),
+            E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
+            E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The event log of one serverId: every agent→client message that is not a POST's answer gets the
+//! next id (from 1, strictly increasing), is kept in a ring bounded by count and bytes, and is
+//! queued to every subscriber. **Invariant:** a push is in the ring and in every live subscriber's
+//! queue before `push` returns; a subscriber whose queue outgrows its bound is cut off, so no
+//! subscriber ever slows the reader or another subscriber, and memory stays bounded.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::Notify;
+
+/// The SSE frame of a keepalive comment.
+pub const KEEPALIVE_FRAME: &[u8] = b": keepalive\n\n";
+
+/// Limits of one log; a subscriber may queue at most twice as much before it is cut off.
+#[derive(Debug, Clone, Copy)]
+pub struct LogLimits {
+    pub max_events: usize,
+    pub max_bytes: usize,
+}
+
+struct Retained {
+    id: u64,
+    /// The complete SSE frame (`event: message\nid: N\ndata: …\n\n`).
+    frame: Bytes,
+}
+
+struct LogState {
+    ring: VecDeque<Retained>,
+    ring_bytes: usize,
+    next_id: u64,
+    closed: bool,
+    subscribers: Vec<Arc<Queue>>,
+}
+
+/// One serverId's event log. Cheap operations under one short mutex; never awaits while locked.
+pub struct EventLog {
+    limits: LogLimits,
+    state: Mutex<LogState>,
+}
+
+/// What `subscribe` found.
+pub enum Subscribe {
+    Live(Subscription),
+    /// The log is closed (the agent is gone) and nothing is left to deliver after the given id.
+    NothingLeft,
+}
+
+impl EventLog {
+    pub fn new(limits: LogLimits) -> Self {
+        EventLog {
+            limits,
+            state: Mutex::new(LogState {
+                ring: VecDeque::new(),
+                ring_bytes: 0,
+                next_id: 1,
+                closed: false,
+                subscribers: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        // A panic while holding this lock would be a bug in this file; recover the data anyway
+        // rather than poisoning every later request of the instance.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends one message (a single-line JSON object) and queues it to every subscriber.
+    /// Returns its id. A closed log drops the message (the instance is gone).
+    pub fn push(&self, json_line: &[u8]) -> u64 {
+        let mut st = self.lock();
+        if st.closed {
+            return 0;
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let frame = message_frame(id, json_line);
+        st.ring_bytes += frame.len();
+        st.ring.push_back(Retained {
+            id,
+            frame: frame.clone(),
+        });
+        // The newest event always stays, even when it alone is over the byte bound, so that a
+        // subscriber arriving late still sees the last thing the agent said.
+        while st.ring.len() > 1
+            && (st.ring.len() > self.limits.max_events || st.ring_bytes > self.limits.max_bytes)
+        {
+            let old = st.ring.pop_front().expect("ring is not empty");
+            st.ring_bytes -= old.frame.len();
+        }
+        let limits = self.limits;
+        st.subscribers.retain(|q| q.offer(&frame, limits));
+        id
+    }
+
+    /// The id of the last event pushed (0 before the first).
+    pub fn last_id(&self) -> u64 {
+        self.lock().next_id - 1
+    }
+
+    pub fn subscriber_count(&self) -> usize {
+        self.lock().subscribers.len()
+    }
+
+    /// Ends every subscription once its queue is drained; later pushes are dropped.
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        for q in st.subscribers.drain(..) {
+            q.close(false);
+        }
+    }
+
+    /// Registers a subscriber that first receives the retained events after `after` (preceded by
+    /// a `gap` event when some of them were evicted), then every new event.
+    pub fn subscribe(self: &Arc<Self>, after: u64) -> Subscribe {
+        let mut st = self.lock();
+        let first_kept = st.ring.front().map_or(st.next_id, |r| r.id);
+        let mut replay = VecDeque::new();
+        let mut bytes = 0;
+        if after + 1 < first_kept && after + 1 < st.next_id {
+            let gap = gap_frame(after + 1, first_kept - 1);
+            bytes += gap.len();
+            replay.push_back(gap);
+        }
+        for r in st.ring.iter().filter(|r| r.id > after) {
+            bytes += r.frame.len();
+            replay.push_back(r.frame.clone());
+        }
+        if st.closed && replay.is_empty() {
+            return Subscribe::NothingLeft;
+        }
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState {
+                frames: replay,
+                bytes,
+                closed: st.closed,
+                cut: false,
+            }),
+            notify: Notify::new(),
+        });
+        if !st.closed {
+            st.subscribers.push(queue.clone());
+        }
+        Subscribe::Live(Subscription {
+            log: self.clone(),
+            queue,
+        })
+    }
+
+    fn unsubscribe(&self, queue: &Arc<Queue>) {
+        self.lock().subscribers.retain(|q| !Arc::ptr_eq(q, queue));
+    }
+}
+
+/// `event: message`, the id, the JSON on one line.
+fn message_frame(id: u64, json_line: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(json_line.len() + 40);
+    b.extend_from_slice(b"event: message\nid: ");
+    b.extend_from_slice(id.to_string().as_bytes());
+    b.extend_from_slice(b"\ndata: ");
+    b.extend_from_slice(json_line);
+    b.extend_from_slice(b"\n\n");
+    b.freeze()
+}
+
+fn gap_frame(from: u64, to: u64) -> Bytes {
+    Bytes::from(format!(
+        "event: gap\ndata: {{\"from\":{from},\"to\":{to}}}\n\n"
+    ))
+}
+
+struct QueueState {
+    frames: VecDeque<Bytes>,
+    bytes: usize,
+    closed: bool,
+    /// Closed because the subscriber fell behind: it ends at once, without draining.
+    cut: bool,
+}
+
+/// A subscriber's bounded queue of frames.
+struct Queue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a frame; false (and the queue is cut off) when the subscriber is too far behind.
+    fn offer(&self, frame: &Bytes, limits: LogLimits) -> bool {
+        let mut q = self.lock();
+        if q.closed {
+            return false;
+        }
+        // Twice the ring's bounds: a new subscriber's replay (at most one ring) leaves it as
+        // much room again for live events before it counts as behind.
+        if q.frames.len() >= limits.max_events.saturating_mul(2)
+            || q.bytes + frame.len() > limits.max_bytes.saturating_mul(2)
+        {
+            q.closed = true;
+            q.cut = true;
+            q.frames.clear();
+            q.bytes = 0;
+            drop(q);
+            self.notify.notify_one();
+            return false;
+        }
+        q.bytes += frame.len();
+        q.frames.push_back(frame.clone());
+        drop(q);
+        self.notify.notify_one();
+        true
+    }
+
+    fn close(&self, cut: bool) {
+        let mut q = self.lock();
+        q.closed = true;
+        if cut {
+            q.cut = true;
+            q.frames.clear();
+        }
+        drop(q);
+        self.notify.notify_one();
+    }
+}
+
+/// One reader of the log. Dropping it unsubscribes.
+pub struct Subscription {
+    log: Arc<EventLog>,
+    queue: Arc<Queue>,
+}
+
+/// What a subscription yields next.
+pub enum Next {
+    /// One or more whole SSE frames, concatenated.
+    Frames(Bytes),
+    /// Everything was delivered and the log is closed.
+    End,
+    /// The subscriber fell behind and was cut off.
+    CutOff,
+}
+
+impl Subscription {
+    /// Waits for frames; several queued frames come back as one chunk (at most ~64 KiB unless a
+    /// single frame is larger), which keeps the per-event cost of a fast stream low.
+    pub async fn next(&self) -> Next {
+        loop {
+            {
+                let mut q = self.queue.lock();
+                if q.cut {
+                    return Next::CutOff;
+                }
+                if let Some(first) = q.frames.pop_front() {
+                    q.bytes -= first.len();
+                    if q.frames.is_empty() || first.len() >= 64 * 1024 {
+                        return Next::Frames(first);
+                    }
+                    let mut chunk = BytesMut::with_capacity(first.len() * (q.frames.len() + 1));
+                    chunk.extend_from_slice(&first);
+                    while let Some(f) = q.frames.front() {
+                        if chunk.len() + f.len() > 64 * 1024 {
+                            break;
+                        }
+                        let f = q.frames.pop_front().expect("front exists");
+                        q.bytes -= f.len();
+                        chunk.extend_from_slice(&f);
+                    }
+                    return Next::Frames(chunk.freeze());
+                }
+                if q.closed {
+                    return Next::End;
+                }
+            }
+            self.queue.notify.notified().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.log.unsubscribe(&self.queue);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(max_events: usize, max_bytes: usize) -> Arc<EventLog> {
+        Arc::new(EventLog::new(LogLimits {
+            max_events,
+            max_bytes,
+        }))
+    }
+
+    async fn drain(sub: &Subscription) -> String {
+        let mut out = String::new();
+        loop {
+            match sub.next().await {
+                Next::Frames(b) => out.push_str(std::str::from_utf8(&b).unwrap()),
+                Next::End => return out,
+                Next::CutOff => return out + "<cut>",
+            }
+        }
+    }
+
+    fn check(after: u64, pushed: &[&str], limits: (usize, usize), expected: &str) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let l = log(limits.0, limits.1);
+        for p in pushed {
+            l.push(p.as_bytes());
+        }
+        l.close();
+        let got = match l.subscribe(after) {
+            Subscribe::Live(s) => rt.block_on(drain(&s)),
+            Subscribe::NothingLeft => "<nothing>".to_string(),
+        };
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn replay_and_gap() {
+        check(0, &[], (10, 1000), "<nothing>");
+        check(
+            0,
+            &["{}", "{\"a\":1}"],
+            (10, 1000),
+            "event: message\nid: 1\ndata: {}\n\nevent: message\nid: 2\ndata: {\"a\":1}\n\n",
+        );
+        check(1, &["{}", "{}"], (10, 1000), "event: message\nid: 2\ndata: {}\n\n");
+        check(2, &["{}", "{}"], (10, 1000), "<nothing>");
+        check(
+            0,
+            &["{}", "{}", "{}"],
+            (1, 1000),
+            "event: gap\ndata: {\"from\":1,\"to\":2}\n\nevent: message\nid: 3\ndata: {}\n\n",
+        );
+        check(
+            1,
+            &["{}", "{}", "{}"],
+            (1, 1000),
+            "event: gap\ndata: {\"from\":2,\"to\":2}\n\nevent: message\nid: 3\ndata: {}\n\n",
+        );
+        // The byte bound evicts too, but always keeps the newest event.
+        check(
+            0,
+            &["{\"long\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}", "{}"],
+            (10, 10),
+            "event: gap\ndata: {\"from\":1,\"to\":1}\n\nevent: message\nid: 2\ndata: {}\n\n",
+        );
+    }
+
+    #[test]
+    fn slow_subscriber_is_cut_off_others_continue() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let l = log(4, 1 << 20);
+        let (Subscribe::Live(slow), Subscribe::Live(fast)) = (l.subscribe(0), l.subscribe(0))
+        else {
+            panic!("open log")
+        };
+        for i in 0..10 {
+            l.push(b"{}");
+            if i < 9 {
+                assert!(matches!(rt.block_on(fast.next()), Next::Frames(_)));
+            }
+        }
+        assert!(matches!(rt.block_on(slow.next()), Next::CutOff));
+        assert_eq!(l.subscriber_count(), 1);
+        l.close();
+        let rest = rt.block_on(drain(&fast));
+        assert_eq!(rest, "event: message\nid: 10\ndata: {}\n\n");
+    }
+}

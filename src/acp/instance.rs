@@ -1,0 +1,578 @@
+//! One serverId: its agent process, the stdin writer task, the stdout reader task, the pending
+//! requests and the event log. **Invariant:** every line the agent writes is either handed to the
+//! one POST waiting for it or appended to the event log (nothing is lost), in the order written;
+//! once the agent is gone every waiting POST learns it at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::{mpsc, oneshot};
+
+use super::events::{EventLog, LogLimits};
+use super::jsonrpc::{AgentLine, IdKey, classify_agent_line};
+use super::{AcpError, Ended};
+use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
+
+/// `starting` until the process runs, `exited` once it is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Starting,
+    Running,
+    Exited,
+}
+
+/// A line for the agent's stdin and what to tell when it was written (or could not be).
+struct WriteJob {
+    line: Bytes,
+    done: Done,
+}
+
+enum Done {
+    /// A request: on failure its pending entry is dropped, which wakes its POST.
+    Request(IdKey),
+    /// A notification or response: the POST waits for this acknowledgement.
+    Ack(oneshot::Sender<()>),
+}
+
+/// The live process: set once, read lock-free on every POST.
+struct Running {
+    handle: AgentHandle,
+    writer: mpsc::Sender<WriteJob>,
+}
+
+#[derive(Default)]
+struct Pending {
+    waiters: HashMap<IdKey, oneshot::Sender<Bytes>>,
+    /// Set (under this lock) when the agent is gone, so no POST registers after the drain.
+    ended: Option<Arc<Ended>>,
+}
+
+pub struct AcpInstance {
+    pub server_id: String,
+    pub agent: String,
+    pub created_at_ms: u64,
+    pub events: Arc<EventLog>,
+    pending: Mutex<Pending>,
+    running: OnceLock<Running>,
+    /// Serializes the start so that concurrent first POSTs start one process.
+    start_lock: tokio::sync::Mutex<Option<AcpError>>,
+    /// Set by DELETE (under this lock) so that a start in progress does not spawn afterwards.
+    detached: Mutex<bool>,
+    invalid_lines: AtomicU64,
+    finished: AtomicBool,
+    /// Resolves when the reader has recorded how the agent ended.
+    ended_rx: tokio::sync::watch::Receiver<bool>,
+    ended_tx: tokio::sync::watch::Sender<bool>,
+}
+
+/// What a POST of one envelope produced.
+pub enum Delivered {
+    /// The agent's response line.
+    Response(Bytes),
+    /// Written; nothing to wait for (or the caller asked not to wait).
+    Accepted,
+}
+
+impl AcpInstance {
+    pub fn new(server_id: String, agent: String, limits: LogLimits) -> Self {
+        let created_at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
+        AcpInstance {
+            server_id,
+            agent,
+            created_at_ms,
+            events: Arc::new(EventLog::new(limits)),
+            pending: Mutex::new(Pending::default()),
+            running: OnceLock::new(),
+            start_lock: tokio::sync::Mutex::new(None),
+            detached: Mutex::new(false),
+            invalid_lines: AtomicU64::new(0),
+            finished: AtomicBool::new(false),
+            ended_rx,
+            ended_tx,
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self) -> Status {
+        if self.finished.load(Ordering::Acquire) {
+            Status::Exited
+        } else if self.running.get().is_some() {
+            Status::Running
+        } else {
+            Status::Starting
+        }
+    }
+
+    pub fn handle(&self) -> Option<&AgentHandle> {
+        self.running.get().map(|r| &r.handle)
+    }
+
+    pub fn ended(&self) -> Option<Arc<Ended>> {
+        self.pending().ended.clone()
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.pending().waiters.len()
+    }
+
+    pub fn invalid_lines(&self) -> u64 {
+        self.invalid_lines.load(Ordering::Relaxed)
+    }
+
+    pub fn is_started(&self) -> bool {
+        self.running.get().is_some()
+    }
+
+    /// Starts the process once; concurrent callers wait for the first and share its outcome.
+    /// `prepare` runs at most once per instance (it may install the agent, which takes long);
+    /// `spawn` runs under the detach lock, so a DELETE either sees the process or prevents it.
+    pub async fn ensure_started<P>(
+        self: &Arc<Self>,
+        prepare: P,
+        spawn: impl FnOnce(SpawnSpec) -> Result<AgentProcess, AcpError>,
+        max_line: usize,
+    ) -> Result<(), AcpError>
+    where
+        P: std::future::Future<Output = Result<SpawnSpec, AcpError>>,
+    {
+        if self.running.get().is_some() {
+            return Ok(());
+        }
+        let mut failed = self.start_lock.lock().await;
+        if self.running.get().is_some() {
+            return Ok(());
+        }
+        if let Some(e) = &*failed {
+            return Err(e.clone());
+        }
+        // `prepare` may be cancelled at any await (client gone); nothing has been spawned yet
+        // then, and the next POST prepares again.
+        let spec = match prepare.await {
+            Ok(s) => s,
+            Err(e) => {
+                *failed = Some(e.clone());
+                return Err(e);
+            }
+        };
+        let detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
+        if *detached {
+            return Err(AcpError::NotFound {
+                server_id: self.server_id.clone(),
+            });
+        }
+        let process = match spawn(spec) {
+            Ok(p) => p,
+            Err(e) => {
+                *failed = Some(e.clone());
+                return Err(e);
+            }
+        };
+        // The tasks are registered right after the spawn, with no await in between, so a
+        // process never exists without its reader and writer.
+        let (tx, rx) = mpsc::channel(1024);
+        let handle = process.handle.clone();
+        let _ = self.running.set(Running {
+            handle: handle.clone(),
+            writer: tx,
+        });
+        drop(detached);
+        tokio::spawn(write_loop(self.clone(), process.stdin, rx));
+        tokio::spawn(read_loop(self.clone(), process.stdout, handle, max_line));
+        Ok(())
+    }
+
+    /// Marks the instance deleted; returns the handle to stop if a process was started.
+    pub fn detach(&self) -> Option<AgentHandle> {
+        let mut d = self.detached.lock().unwrap_or_else(|e| e.into_inner());
+        *d = true;
+        self.running.get().map(|r| r.handle.clone())
+    }
+
+    /// Writes one envelope and, for a request, waits for its response up to `timeout`.
+    /// With `wait == false` a request is written and answered `Accepted`; its response then
+    /// goes to the event log.
+    pub async fn deliver(
+        &self,
+        line: Bytes,
+        request: Option<IdKey>,
+        wait: bool,
+        timeout: Duration,
+    ) -> Result<Delivered, AcpError> {
+        let running = self.running.get().ok_or_else(|| self.gone_error())?;
+        match request {
+            Some(key) => {
+                let rx = {
+                    let mut p = self.pending();
+                    if let Some(ended) = &p.ended {
+                        return Err(self.gone(ended.clone()));
+                    }
+                    if p.waiters.contains_key(&key) {
+                        return Err(AcpError::DuplicateId {
+                            server_id: self.server_id.clone(),
+                            id: key.0.to_string(),
+                        });
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    p.waiters.insert(key.clone(), tx);
+                    rx
+                };
+                let job = WriteJob {
+                    line,
+                    done: Done::Request(key.clone()),
+                };
+                if running.writer.send(job).await.is_err() {
+                    self.pending().waiters.remove(&key);
+                    return Err(self.gone_error());
+                }
+                if !wait {
+                    // Dropping the receiver routes the response to the event log.
+                    return Ok(Delivered::Accepted);
+                }
+                match tokio::time::timeout(timeout, rx).await {
+                    Ok(Ok(response)) => Ok(Delivered::Response(response)),
+                    Ok(Err(_)) => Err(self.gone_error()),
+                    Err(_) => Err(AcpError::Timeout {
+                        server_id: self.server_id.clone(),
+                        timeout,
+                    }),
+                }
+            }
+            None => {
+                if let Some(ended) = self.ended() {
+                    return Err(self.gone(ended));
+                }
+                let (tx, rx) = oneshot::channel();
+                let job = WriteJob {
+                    line,
+                    done: Done::Ack(tx),
+                };
+                if running.writer.send(job).await.is_err() {
+                    return Err(self.gone_error());
+                }
+                match rx.await {
+                    Ok(()) => Ok(Delivered::Accepted),
+                    Err(_) => Err(self.gone_error()),
+                }
+            }
+        }
+    }
+
+    fn gone(&self, ended: Arc<Ended>) -> AcpError {
+        AcpError::AgentGone {
+            server_id: self.server_id.clone(),
+            agent: self.agent.clone(),
+            ended,
+        }
+    }
+
+    /// The error for a POST whose agent can no longer answer: how it ended when that is known,
+    /// else that its stdin is closed.
+    fn gone_error(&self) -> AcpError {
+        match self.ended() {
+            Some(e) => self.gone(e),
+            None => self.gone(Arc::new(Ended {
+                exit: None,
+                stderr_tail: self.handle().map(|h| h.stderr_tail()).unwrap_or_default(),
+                detail: "the agent's stdin is closed".to_string(),
+            })),
+        }
+    }
+
+    /// Resolves once the agent is gone and every waiter has been failed.
+    pub async fn wait_ended(&self) {
+        let mut rx = self.ended_rx.clone();
+        let _ = rx.wait_for(|e| *e).await;
+    }
+
+    fn on_line(&self, line: Bytes) {
+        match classify_agent_line(&line) {
+            Some(AgentLine::Response(key)) => {
+                let waiter = self.pending().waiters.remove(&key);
+                match waiter {
+                    Some(tx) => {
+                        if let Err(line) = tx.send(line) {
+                            // Its POST is gone (timeout, client disconnect, respond-async):
+                            // the answer is not lost, it goes to the stream.
+                            self.events.push(&line);
+                        }
+                    }
+                    None => {
+                        self.events.push(&line);
+                    }
+                }
+            }
+            Some(AgentLine::Message) => {
+                self.events.push(&line);
+            }
+            None => self.invalid_line(&line, "not a JSON object"),
+        }
+    }
+
+    fn invalid_line(&self, line: &[u8], why: &str) {
+        self.invalid_lines.fetch_add(1, Ordering::Relaxed);
+        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+        tracing::warn!(
+            server_id = %self.server_id,
+            agent = %self.agent,
+            pid = self.handle().map(|h| h.pid()),
+            bytes = line.len(),
+            line = %shown,
+            "dropped an agent stdout line: {why}"
+        );
+    }
+
+    /// Records how the agent ended, fails every waiting POST, ends the streams.
+    fn finish(&self, exit: Option<ExitInfo>, detail: String) {
+        let ended = Arc::new(Ended {
+            exit,
+            stderr_tail: self.handle().map(|h| h.stderr_tail()).unwrap_or_default(),
+            detail,
+        });
+        let waiters = {
+            let mut p = self.pending();
+            p.ended = Some(ended);
+            std::mem::take(&mut p.waiters)
+        };
+        // Dropping the senders wakes every waiting POST, which then reads `ended`.
+        drop(waiters);
+        self.finished.store(true, Ordering::Release);
+        self.events.close();
+        let _ = self.ended_tx.send(true);
+    }
+}
+
+async fn write_loop(inst: Arc<AcpInstance>, mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriteJob>) {
+    let mut jobs = Vec::with_capacity(64);
+    let mut buf = Vec::with_capacity(64 * 1024);
+    while rx.recv_many(&mut jobs, 64).await > 0 {
+        buf.clear();
+        for j in &jobs {
+            buf.extend_from_slice(&j.line);
+            buf.push(b'\n');
+        }
+        match stdin.write_all(&buf).await {
+            Ok(()) => {
+                for j in jobs.drain(..) {
+                    if let Done::Ack(tx) = j.done {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
+                    "cannot write to the agent's stdin");
+                let mut p = inst.pending();
+                for j in jobs.drain(..) {
+                    if let Done::Request(key) = j.done {
+                        p.waiters.remove(&key);
+                    }
+                }
+                break;
+            }
+        }
+        if buf.capacity() > 1 << 20 {
+            buf = Vec::with_capacity(64 * 1024);
+        }
+    }
+    // Dropping the receiver makes every later send fail, which its POST answers with 502.
+}
+
+async fn read_loop(inst: Arc<AcpInstance>, stdout: ChildStdout, handle: AgentHandle, max_line: usize) {
+    let mut reader = LineReader::new(stdout, max_line);
+    let mut exit: Option<ExitInfo> = None;
+    let mut drain_until = tokio::time::Instant::now();
+    let mut detail = String::new();
+    loop {
+        tokio::select! {
+            biased;
+            line = reader.next_line() => match line {
+                Ok(Some(Line::Data(l))) => inst.on_line(l),
+                Ok(Some(Line::TooLong(prefix))) => inst.invalid_line(&prefix, "longer than the maximum line length"),
+                Ok(None) => break,
+                Err(e) => {
+                    detail = format!("cannot read the agent's stdout: {e}");
+                    break;
+                }
+            },
+            info = handle.wait(), if exit.is_none() => {
+                exit = Some(info);
+                // The agent is gone; what it wrote before is still in the pipe. Read on until
+                // EOF, but not forever: a grandchild that escaped may hold the pipe open.
+                drain_until = tokio::time::Instant::now() + Duration::from_millis(500);
+            }
+            _ = tokio::time::sleep_until(drain_until), if exit.is_some() => break,
+        }
+    }
+    let exit = match exit {
+        Some(e) => Some(e),
+        None => match tokio::time::timeout(Duration::from_secs(1), handle.wait()).await {
+            Ok(e) => Some(e),
+            Err(_) => {
+                // Stdout closed but the process lives on: it can never answer again.
+                if detail.is_empty() {
+                    detail = "the agent closed its stdout".to_string();
+                }
+                inst.finish(None, detail.clone());
+                handle.stop(Duration::from_secs(5)).await;
+                return;
+            }
+        },
+    };
+    if detail.is_empty() {
+        detail = describe_exit(exit.as_ref());
+    }
+    inst.finish(exit, detail);
+}
+
+fn describe_exit(exit: Option<&ExitInfo>) -> String {
+    match exit {
+        Some(ExitInfo {
+            code: Some(code), ..
+        }) => format!("the agent exited with code {code}"),
+        Some(ExitInfo {
+            signal: Some(sig), ..
+        }) => format!("the agent was killed by signal {sig}"),
+        _ => "the agent exited".to_string(),
+    }
+}
+
+enum Line {
+    Data(Bytes),
+    /// The first bytes of a line over the maximum (the rest was discarded unread).
+    TooLong(Bytes),
+}
+
+/// Splits a byte stream into lines without ever holding more than `max` bytes of one line.
+struct LineReader<R> {
+    inner: R,
+    buf: BytesMut,
+    max: usize,
+    /// Bytes of `buf` already searched for a newline.
+    scanned: usize,
+    /// Discarding the rest of an oversize line; holds its first bytes for the log.
+    skipping: Option<Bytes>,
+}
+
+impl<R: AsyncRead + Unpin> LineReader<R> {
+    fn new(inner: R, max: usize) -> Self {
+        LineReader {
+            inner,
+            buf: BytesMut::with_capacity(64 * 1024),
+            max: max.max(1),
+            scanned: 0,
+            skipping: None,
+        }
+    }
+
+    /// The next line (without its newline), or `None` at end of stream. Cancel-safe: all state
+    /// lives in `self`.
+    async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+        loop {
+            if let Some(pos) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
+                let end = self.scanned + pos;
+                let mut line = self.buf.split_to(end + 1);
+                self.scanned = 0;
+                if let Some(prefix) = self.skipping.take() {
+                    return Ok(Some(Line::TooLong(prefix)));
+                }
+                line.truncate(end);
+                if line.len() > self.max {
+                    line.truncate(200);
+                    return Ok(Some(Line::TooLong(line.freeze())));
+                }
+                if line.last() == Some(&b'\r') {
+                    line.truncate(end - 1);
+                }
+                if line.is_empty() {
+                    continue;
+                }
+                return Ok(Some(Line::Data(sanitize(line))));
+            }
+            self.scanned = self.buf.len();
+            if self.buf.len() > self.max {
+                if self.skipping.is_none() {
+                    self.skipping = Some(Bytes::copy_from_slice(
+                        &self.buf[..self.buf.len().min(200)],
+                    ));
+                }
+                self.buf.clear();
+                self.scanned = 0;
+            }
+            if self.buf.capacity() - self.buf.len() < 4096 {
+                self.buf.reserve(64 * 1024);
+            }
+            let n = self.inner.read_buf(&mut self.buf).await?;
+            if n == 0 {
+                if let Some(prefix) = self.skipping.take() {
+                    self.buf.clear();
+                    return Ok(Some(Line::TooLong(prefix)));
+                }
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                // A last line without its newline still counts.
+                let line = self.buf.split();
+                self.scanned = 0;
+                return Ok(Some(Line::Data(sanitize(line))));
+            }
+        }
+    }
+}
+
+/// A CR inside a line can only be JSON whitespace, but SSE treats it as a line break: fold it.
+fn sanitize(mut line: BytesMut) -> Bytes {
+    if memchr::memchr(b'\r', &line).is_some() {
+        for b in line.iter_mut() {
+            if *b == b'\r' {
+                *b = b' ';
+            }
+        }
+    }
+    line.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(input: &[u8], max: usize, expected: &[&str]) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut r = LineReader::new(input, max);
+        let mut got = Vec::new();
+        rt.block_on(async {
+            while let Some(l) = r.next_line().await.unwrap() {
+                got.push(match l {
+                    Line::Data(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Line::TooLong(_) => "<too long>".to_string(),
+                });
+            }
+        });
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn lines() {
+        check(b"{}\n{\"a\":1}\n", 100, &["{}", "{\"a\":1}"]);
+        check(b"{}\r\n\n{}", 100, &["{}", "{}"]);
+        check(b"{\"a\":\r1}\n", 100, &["{\"a\": 1}"]);
+        let long = format!("{{\"x\":\"{}\"}}\n{{}}\n", "y".repeat(300_000));
+        check(long.as_bytes(), 1000, &["<too long>", "{}"]);
+        check(b"0123456789\n{}\n", 5, &["<too long>", "{}"]);
+        check(b"0123456789", 5, &["<too long>"]);
+    }
+}

@@ -1,0 +1,313 @@
+//! serverId → instance, with lazy creation (the first POST names the agent; concurrent first
+//! POSTs share one instance and one process) and detaching (DELETE, shutdown). **Invariant:** a
+//! detached instance is never reachable again, and its stop runs in a task that `stop_all` awaits.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::events::{LogLimits, Subscribe, Subscription};
+use super::instance::{AcpInstance, Delivered, Status};
+use super::jsonrpc::{Envelope, Kind};
+use super::{AcpError, Deps};
+use crate::agents::{AgentError, Agents};
+use crate::config::Config;
+use crate::supervisor::{AgentHandle, ExitReason, SpawnSpec, Supervisor};
+
+/// The proxy: every live serverId and the stops still running.
+pub struct AcpService {
+    deps: Deps,
+    limits: LogLimits,
+    instances: Mutex<BTreeMap<String, Arc<AcpInstance>>>,
+    stops: Mutex<Vec<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+/// One row of `GET /v1/acp`.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerInfo {
+    pub server_id: String,
+    pub agent: String,
+    pub created_at_ms: u64,
+    pub status: Status,
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub exit_reason: Option<ExitReason>,
+    pub last_event_id: u64,
+    pub subscribers: usize,
+    pub pending_requests: usize,
+    pub invalid_stdout_lines: u64,
+    pub rss_bytes: Option<u64>,
+    pub cpu_ms: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+impl AcpService {
+    pub fn new(
+        config: Arc<Config>,
+        supervisor: Arc<Supervisor>,
+        agents: Arc<Agents>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let limits = LogLimits {
+            max_events: config.event_buffer.max(1),
+            max_bytes: usize::try_from(config.event_buffer_bytes).unwrap_or(usize::MAX),
+        };
+        AcpService {
+            deps: Deps {
+                config,
+                supervisor,
+                agents,
+                shutdown,
+            },
+            limits,
+            instances: Mutex::new(BTreeMap::new()),
+            stops: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn instances(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<AcpInstance>>> {
+        self.instances.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, server_id: &str) -> Option<Arc<AcpInstance>> {
+        self.instances().get(server_id).cloned()
+    }
+
+    /// Finds the instance, or creates it when `agent` names a known agent.
+    fn find_or_create(
+        &self,
+        server_id: &str,
+        agent: Option<&str>,
+    ) -> Result<Arc<AcpInstance>, AcpError> {
+        if let Some(inst) = self.get(server_id) {
+            return check_agent(inst, agent);
+        }
+        let Some(agent) = agent else {
+            return Err(AcpError::MissingAgent {
+                server_id: server_id.to_string(),
+            });
+        };
+        if !self.deps.agents.is_known(agent) {
+            return Err(AcpError::UnknownAgent {
+                agent: agent.to_string(),
+            });
+        }
+        let mut map = self.instances();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(AcpError::ShuttingDown);
+        }
+        // Another first POST may have created it since the lookup above.
+        if let Some(inst) = map.get(server_id) {
+            return check_agent(inst.clone(), Some(agent));
+        }
+        let inst = Arc::new(AcpInstance::new(
+            server_id.to_string(),
+            agent.to_string(),
+            self.limits,
+        ));
+        map.insert(server_id.to_string(), inst.clone());
+        Ok(inst)
+    }
+
+    /// Delivers one envelope to `server_id`, starting its agent first if needed.
+    /// `respond_async`: a request is answered `Accepted` once written; its response goes to SSE.
+    pub async fn post(
+        &self,
+        server_id: &str,
+        agent: Option<&str>,
+        envelope: Envelope,
+        respond_async: bool,
+    ) -> Result<Delivered, AcpError> {
+        let inst = self.find_or_create(server_id, agent)?;
+        if !inst.is_started() {
+            self.start(&inst).await?;
+        }
+        let (key, wait) = match envelope.kind {
+            Kind::Request { key, .. } => (Some(key), !respond_async),
+            Kind::Notification | Kind::Response => (None, false),
+        };
+        inst.deliver(envelope.line, key, wait, self.deps.config.request_timeout)
+            .await
+    }
+
+    async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {
+        let agents: &Agents = &self.deps.agents;
+        let supervisor: &Supervisor = &self.deps.supervisor;
+        let work_dir = self.deps.config.work_dir.clone();
+        let (server_id, agent) = (inst.server_id.clone(), inst.agent.clone());
+        let prepare = async {
+            let launch = agents.prepare_launch(&agent).await.map_err(|e| match e {
+                AgentError::Unknown { agent } => AcpError::UnknownAgent { agent },
+                other => AcpError::Launch {
+                    server_id: server_id.clone(),
+                    agent: agent.clone(),
+                    source: Arc::new(other),
+                },
+            })?;
+            Ok(SpawnSpec {
+                program: launch.program,
+                args: launch.args,
+                env: launch.env,
+                cwd: work_dir,
+                server_id: server_id.clone(),
+                agent: agent.clone(),
+            })
+        };
+        let spawn = |spec: SpawnSpec| {
+            supervisor.spawn(spec).map_err(|e| AcpError::Spawn {
+                server_id: server_id.clone(),
+                agent: agent.clone(),
+                source: Arc::new(e),
+            })
+        };
+        let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
+        let result = inst.ensure_started(prepare, spawn, max_line).await;
+        if let Err(e) = &result {
+            tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
+                "cannot start the agent");
+            // A failed start leaves nothing behind: the next first POST tries again.
+            let mut map = self.instances();
+            if map
+                .get(&inst.server_id)
+                .is_some_and(|cur| Arc::ptr_eq(cur, inst))
+            {
+                map.remove(&inst.server_id);
+            }
+        } else {
+            tracing::info!(server_id = %inst.server_id, agent = %inst.agent,
+                pid = inst.handle().map(|h| h.pid()), "agent started");
+        }
+        result
+    }
+
+    /// A new SSE subscription: retained events after `last_event_id` (all when `None`), then live.
+    pub fn subscribe(
+        &self,
+        server_id: &str,
+        last_event_id: Option<u64>,
+    ) -> Result<Subscription, AcpError> {
+        let inst = self.get(server_id).ok_or_else(|| AcpError::NotFound {
+            server_id: server_id.to_string(),
+        })?;
+        match inst.events.subscribe(last_event_id.unwrap_or(0)) {
+            Subscribe::Live(s) => Ok(s),
+            Subscribe::NothingLeft => Err(AcpError::Gone {
+                server_id: server_id.to_string(),
+            }),
+        }
+    }
+
+    /// Detaches `server_id` (idempotent) and stops its agent in the background.
+    pub fn delete(&self, server_id: &str) {
+        let inst = self.instances().remove(server_id);
+        if let Some(inst) = inst {
+            tracing::info!(server_id, agent = %inst.agent, "ACP server deleted");
+            let grace = self.deps.config.agent_grace;
+            self.stop_detached(inst, grace);
+        }
+    }
+
+    fn stop_detached(&self, inst: Arc<AcpInstance>, grace: Duration) {
+        let handle = inst.detach();
+        // Its streams end now: nobody can reach this serverId any more.
+        inst.events.close();
+        let Some(handle) = handle else { return };
+        let task = tokio::spawn(stop_instance(inst, handle, grace));
+        let mut stops = self.stops.lock().unwrap_or_else(|e| e.into_inner());
+        stops.retain(|t| !t.is_finished());
+        stops.push(task);
+    }
+
+    /// Every instance, sorted by serverId.
+    pub fn list(&self) -> Vec<ServerInfo> {
+        let all: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
+        all.iter().map(|i| info(i)).collect()
+    }
+
+    /// How many instances of `agent` have a live process.
+    pub fn running_count(&self, agent: &str) -> usize {
+        self.instances()
+            .values()
+            .filter(|i| i.agent == agent && i.status() == Status::Running)
+            .count()
+    }
+
+    /// The token that ends SSE streams at shutdown.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.deps.shutdown
+    }
+
+    /// Refuses new instances, stops every agent (TERM, grace, KILL) and waits for every stop,
+    /// DELETEs before included, until `deadline`.
+    pub async fn stop_all(&self, deadline: tokio::time::Instant) {
+        self.closed.store(true, Ordering::Release);
+        let all: Vec<Arc<AcpInstance>> = std::mem::take(&mut *self.instances())
+            .into_values()
+            .collect();
+        // Leave a fifth of the remaining time for the KILL and the reaping after the grace.
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let grace = self.deps.config.agent_grace.min(remaining * 4 / 5);
+        for inst in all {
+            self.stop_detached(inst, grace);
+        }
+        let stops = std::mem::take(&mut *self.stops.lock().unwrap_or_else(|e| e.into_inner()));
+        let all_done = futures_util::future::join_all(stops);
+        if tokio::time::timeout_at(deadline, all_done).await.is_err() {
+            tracing::warn!("some agents were still stopping at the end of the shutdown grace");
+        }
+    }
+}
+
+fn check_agent(inst: Arc<AcpInstance>, agent: Option<&str>) -> Result<Arc<AcpInstance>, AcpError> {
+    match agent {
+        Some(a) if a != inst.agent => Err(AcpError::AgentMismatch {
+            server_id: inst.server_id.clone(),
+            bound: inst.agent.clone(),
+            requested: a.to_string(),
+        }),
+        _ => Ok(inst),
+    }
+}
+
+async fn stop_instance(inst: Arc<AcpInstance>, handle: AgentHandle, grace: Duration) {
+    let exit = handle.stop(grace).await;
+    // The reader records the exit and fails whatever still waited.
+    inst.wait_ended().await;
+    tracing::info!(server_id = %inst.server_id, agent = %inst.agent, pid = handle.pid(),
+        reason = ?exit.reason, code = exit.code, signal = exit.signal, "agent stopped");
+}
+
+fn info(i: &AcpInstance) -> ServerInfo {
+    let ended = i.ended();
+    let exit = ended.as_ref().and_then(|e| e.exit.clone());
+    let status = i.status();
+    let stats = match (status, i.handle()) {
+        (Status::Running, Some(h)) => Some(h.stats()),
+        _ => None,
+    };
+    ServerInfo {
+        server_id: i.server_id.clone(),
+        agent: i.agent.clone(),
+        created_at_ms: i.created_at_ms,
+        status,
+        pid: i.handle().map(|h| h.pid()),
+        exit_code: exit.as_ref().and_then(|e| e.code),
+        signal: exit.as_ref().and_then(|e| e.signal),
+        exit_reason: exit.as_ref().map(|e| e.reason),
+        last_event_id: i.events.last_id(),
+        subscribers: i.events.subscriber_count(),
+        pending_requests: i.pending_count(),
+        invalid_stdout_lines: i.invalid_lines(),
+        rss_bytes: stats.as_ref().map(|s| s.rss_bytes),
+        cpu_ms: stats.as_ref().map(|s| s.cpu_ms),
+        processes: stats.as_ref().map(|s| s.processes),
+    }
+}
