@@ -2,4 +2,5 @@
 //! talks HTTP to it on loopback.
 
 mod lifecycle;
+mod supervisor;
 mod support;
