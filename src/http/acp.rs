@@ -164,27 +164,24 @@ fn sse_frames(
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
     let keepalive = keepalive.max(Duration::from_millis(10));
     let next_ka = tokio::time::Instant::now() + keepalive;
-    futures_util::stream::unfold(
-        Some((sub, next_ka, shutdown)),
-        move |state| async move {
-            let (sub, mut next_ka, shutdown) = state?;
-            let frame = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return None,
-                next = sub.next() => match next {
-                    Next::Frames(b) => b,
-                    Next::End => return None,
-                    Next::CutOff => {
-                        tracing::info!("an SSE subscriber fell behind and was disconnected");
-                        return None;
-                    }
-                },
-                _ = tokio::time::sleep_until(next_ka) => Bytes::from_static(KEEPALIVE_FRAME),
-            };
-            next_ka = tokio::time::Instant::now() + keepalive;
-            Some((Ok(frame), Some((sub, next_ka, shutdown))))
-        },
-    )
+    futures_util::stream::unfold(Some((sub, next_ka, shutdown)), move |state| async move {
+        let (sub, mut next_ka, shutdown) = state?;
+        let frame = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            next = sub.next() => match next {
+                Next::Frames(b) => b,
+                Next::End => return None,
+                Next::CutOff => {
+                    tracing::info!("an SSE subscriber fell behind and was disconnected");
+                    return None;
+                }
+            },
+            _ = tokio::time::sleep_until(next_ka) => Bytes::from_static(KEEPALIVE_FRAME),
+        };
+        next_ka = tokio::time::Instant::now() + keepalive;
+        Some((Ok(frame), Some((sub, next_ka, shutdown))))
+    })
 }
 
 async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Response {
@@ -240,7 +237,11 @@ struct Prefer {
 impl Prefer {
     fn parse(headers: &HeaderMap) -> Prefer {
         let mut p = Prefer::default();
-        for v in headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()) {
+        for v in headers
+            .get_all("prefer")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+        {
             for pref in v.split(',') {
                 let name = pref.split([';', '=']).next().unwrap_or("").trim();
                 if name.eq_ignore_ascii_case("respond-async") {
