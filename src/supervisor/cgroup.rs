@@ -296,12 +296,24 @@ impl Cgroups {
     }
 
     /// Best-effort removal of our own `d…` directories (at shutdown, once every agent is gone).
+    /// The shared `sandbox-agent` directory goes too when no other daemon uses it, so nothing
+    /// of ours is left in a cgroup someone else may want to remove.
     pub fn remove_own(&self) {
         for h in &self.hierarchies {
             if let Err(e) = fs::remove_dir(&h.dir)
                 && e.kind() != io::ErrorKind::NotFound
             {
                 tracing::debug!(dir = %h.dir.display(), error = %e, "cgroup not removed");
+                continue;
+            }
+            let Some(subtree) = h.dir.parent() else {
+                continue;
+            };
+            if let Ok(f) = File::open(subtree)
+                && let Ok(_guard) = Flock::lock(f, FlockArg::LockExclusive)
+            {
+                // Fails (busy) while another daemon's directory is in it; that is fine.
+                let _ = fs::remove_dir(subtree);
             }
         }
     }
@@ -321,21 +333,7 @@ fn claim(
     enable: &[&'static str],
 ) -> io::Result<Hierarchy> {
     let subtree = own.join(SUBTREE);
-    match fs::create_dir(&subtree) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(io::Error::new(
-                e.kind(),
-                format!("create {}: {e}", subtree.display()),
-            ));
-        }
-    }
-    if version == Version::V2 {
-        enable_controllers(&subtree, enable);
-    }
-    let guard = Flock::lock(File::open(&subtree)?, FlockArg::LockExclusive)
-        .map_err(|(_, e)| io::Error::from(e))?;
+    let guard = lock_subtree(&subtree, version, enable)?;
     clear_leftovers(&subtree);
     let dir = subtree.join(name);
     fs::create_dir(&dir)?;
@@ -351,6 +349,47 @@ fn claim(
         dir,
         _lock: lock,
     })
+}
+
+/// Creates `subtree` if needed and takes its flock. A daemon that stops removes the subtree when
+/// it is empty (under the same lock), so after the lock is ours the directory is checked to be the
+/// one on disk; if it was removed meanwhile, start over.
+fn lock_subtree(
+    subtree: &Path,
+    version: Version,
+    enable: &[&'static str],
+) -> io::Result<Flock<File>> {
+    use std::os::unix::fs::MetadataExt;
+    for _ in 0..20 {
+        match fs::create_dir(subtree) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("create {}: {e}", subtree.display()),
+                ));
+            }
+        }
+        if version == Version::V2 {
+            enable_controllers(subtree, enable);
+        }
+        let guard = match File::open(subtree) {
+            Ok(f) => {
+                Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let locked = guard.metadata()?.ino();
+        if fs::metadata(subtree).is_ok_and(|m| m.ino() == locked) {
+            return Ok(guard);
+        }
+    }
+    Err(io::Error::other(format!(
+        "{} keeps disappearing",
+        subtree.display()
+    )))
 }
 
 /// Kills and removes every `d…` directory whose daemon is gone (its flock can be taken).
@@ -745,5 +784,37 @@ mod tests {
         let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
         assert_eq!(parse_keyed(v2, "oom_kill"), Some(1));
         assert_eq!(parse_keyed(v2, "absent"), None);
+    }
+
+    #[test]
+    fn daemons_starting_and_stopping_side_by_side_never_trip_over_each_other() {
+        if Cgroups::setup(Mode::Auto).hierarchies.is_empty() {
+            eprintln!("SKIPPED: cgroups are not writable here");
+            return;
+        }
+        let limits = Limits {
+            memory_max: Some(64 << 20),
+            pids_max: Some(10),
+            cpu_max: None,
+        };
+        let workers: Vec<_> = (0..8)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    for round in 0..5 {
+                        let cg = Cgroups::setup(Mode::Auto);
+                        assert!(cg.enabled(), "worker {i} round {round}");
+                        let (agent, applied) =
+                            cg.create(&format!("w{i}"), &limits).expect("agent cgroup");
+                        assert!(applied.pids);
+                        assert!(agent.path().is_some_and(Path::exists));
+                        assert!(agent.remove_dirs());
+                        cg.remove_own();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
     }
 }
