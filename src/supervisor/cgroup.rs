@@ -438,8 +438,9 @@ fn clear_leftovers(subtree: &Path) {
     }
 }
 
-/// v2: makes the wanted controllers available beneath `own` (respecting "no internal
-/// processes": if we are alone in our group we move into `<own>/sandbox-agent.daemon` first).
+/// v2: makes the wanted controllers available beneath `own`, respecting "no internal
+/// processes": if our group holds only us (and our own init parent, when we run as PID 1's
+/// child), those move into the leaf `<own>/sandbox-agent.daemon` first.
 fn setup_v2(own: &Path, name: &str) -> io::Result<Hierarchy> {
     let available = read_words(&own.join("cgroup.controllers"));
     let wanted: Vec<&'static str> = WANTED
@@ -448,14 +449,20 @@ fn setup_v2(own: &Path, name: &str) -> io::Result<Hierarchy> {
         .filter(|c| available.iter().any(|a| a == c))
         .collect();
     let missing = enable_controllers(own, &wanted);
-    if !missing.is_empty() && alone_in(own) {
+    if !missing.is_empty()
+        && let Some(ours) = only_ours(own)
+    {
         let leaf = own.join(format!("{SUBTREE}.daemon"));
         match fs::create_dir(&leaf) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())?;
+        for pid in &ours {
+            if let Err(e) = write_file(&leaf.join("cgroup.procs"), pid) {
+                tracing::warn!(pid, leaf = %leaf.display(), error = %e, "cannot move into the leaf cgroup");
+            }
+        }
         tracing::info!(leaf = %leaf.display(), "moved the daemon into a leaf cgroup so agent groups can have controllers");
         enable_controllers(own, &wanted);
     }
@@ -467,6 +474,19 @@ fn setup_v2(own: &Path, name: &str) -> io::Result<Hierarchy> {
     claim(own, name, Version::V2, &effective)
 }
 
+/// The processes of `dir` when every one is us or our parent running the same executable (our
+/// own init); `None` when anyone else is there (they are not ours to move).
+fn only_ours(dir: &Path) -> Option<Vec<String>> {
+    let me = std::process::id().to_string();
+    let parent = nix::unistd::getppid().to_string();
+    let exe = |pid: &str| fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let procs = read_words(&dir.join("cgroup.procs"));
+    let ours = procs
+        .iter()
+        .all(|p| *p == me || (*p == parent && exe(p).is_some() && exe(p) == exe(&me)));
+    ours.then_some(procs)
+}
+
 /// Writes `+c` for each controller to `dir/cgroup.subtree_control`; returns those that failed.
 fn enable_controllers(dir: &Path, controllers: &[&'static str]) -> Vec<&'static str> {
     let path = dir.join("cgroup.subtree_control");
@@ -475,12 +495,6 @@ fn enable_controllers(dir: &Path, controllers: &[&'static str]) -> Vec<&'static 
         .copied()
         .filter(|c| write_file(&path, &format!("+{c}")).is_err())
         .collect()
-}
-
-fn alone_in(dir: &Path) -> bool {
-    let me = std::process::id().to_string();
-    let procs = read_words(&dir.join("cgroup.procs"));
-    procs.len() == 1 && procs[0] == me
 }
 
 fn read_words(path: &Path) -> Vec<String> {

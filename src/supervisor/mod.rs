@@ -489,10 +489,13 @@ impl Drop for Supervisor {
 /// Kills every live agent process group and everything in the daemon's agent cgroups at once
 /// (used when a second stop signal arrives and the process is about to exit).
 pub fn emergency_kill_all() {
-    let handles: Vec<AgentHandle> = match LIVE.try_lock() {
-        Ok(l) => l.values().cloned().collect(),
-        Err(_) => Vec::new(),
-    };
+    // Held only for map updates, never across an await: taking it here cannot stall.
+    let handles: Vec<AgentHandle> = LIVE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
     for h in &handles {
         let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
         if let Some(cg) = &h.inner.cgroup {
@@ -500,9 +503,11 @@ pub fn emergency_kill_all() {
         }
     }
     // Also whatever the registry could not show (lock held, or an agent being spawned).
-    if let Ok(dirs) = OWN_CGROUPS.try_lock() {
-        cgroup::kill_beneath(&dirs);
-    }
+    let dirs = OWN_CGROUPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    cgroup::kill_beneath(&dirs);
 }
 
 /// Registers a new agent (called by `spawn`).
