@@ -256,10 +256,6 @@ async fn agent_ignoring_term_is_killed_after_the_grace_period() {
         204,
         "DELETE answers before the stop ends"
     );
-    assert!(
-        pid_alive(pid),
-        "SIGTERM is ignored, so the agent lives on for the grace period"
-    );
     eventually(Duration::from_secs(10), "agent killed", || {
         (!pid_alive(pid)).then_some(())
     });
