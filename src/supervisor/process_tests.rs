@@ -231,3 +231,29 @@ async fn stop_all_stops_every_agent_in_parallel() {
         assert_eq!(h.exit().map(|i| i.reason), Some(ExitReason::Forced));
     }
 }
+
+#[tokio::test]
+async fn spawn_failures_name_their_cause_and_leave_no_cgroup() {
+    let sup = supervisor(|_| {});
+    let mut spec = sh("true", "bad-cwd");
+    spec.cwd = "/nonexistent/sandbox-agent-test".into();
+    let err = sup.spawn(spec).err().expect("spawn fails").to_string();
+    assert!(err.contains("working directory"), "{err}");
+    let mut spec = sh("true", "bad-program");
+    spec.program = "/nonexistent/agent".into();
+    let err = sup.spawn(spec).err().expect("spawn fails").to_string();
+    assert!(err.contains("/nonexistent/agent"), "{err}");
+    assert!(sup.live().is_empty());
+    for dir in sup.cgroups.own_dirs() {
+        let agents: Vec<_> = std::fs::read_dir(&dir)
+            .expect("own cgroup dir")
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .collect();
+        assert!(
+            agents.is_empty(),
+            "cgroups left in {}: {agents:?}",
+            dir.display()
+        );
+    }
+}

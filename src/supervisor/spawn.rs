@@ -24,6 +24,13 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
         .user
         .clone()
         .map_err(|e| fail(std::io::Error::other(e)))?;
+    // Otherwise a missing directory reads as a missing program.
+    if !spec.cwd.is_dir() {
+        return Err(fail(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("working directory {} does not exist", spec.cwd.display()),
+        )));
+    }
     let (cgroup, applied) = if sup.cgroups.enabled() {
         match sup.cgroups.create(&spec.server_id, &sup.limits) {
             Ok((cg, applied)) => (Some(cg), applied),
