@@ -2,5 +2,6 @@
 //! talks HTTP to it on loopback.
 
 mod lifecycle;
+mod mock_agent;
 mod supervisor;
 mod support;
