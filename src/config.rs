@@ -713,4 +713,29 @@ mod tests {
         assert!(pass_matches(&["LC_*".to_string()], "LC_ALL"));
         assert!(!pass_matches(&["PATH".to_string()], "PATHX"));
     }
+
+    #[test]
+    fn agent_cgroups_modes() {
+        assert_eq!(Config::defaults().agent_cgroups, AgentCgroups::Auto);
+        for (raw, mode) in [
+            ("v1", AgentCgroups::V1),
+            ("V2", AgentCgroups::V2),
+            ("off", AgentCgroups::Off),
+        ] {
+            let args = ServerArgs {
+                agent_cgroups: Some(raw.into()),
+                ..ServerArgs::default()
+            };
+            let config = Config::load_with_env(&args, Vec::new()).expect("valid");
+            assert_eq!(config.agent_cgroups, mode);
+        }
+        let bad = ServerArgs {
+            agent_cgroups: Some("v3".into()),
+            ..ServerArgs::default()
+        };
+        let err = Config::load_with_env(&bad, Vec::new())
+            .err()
+            .expect("rejected");
+        assert!(err.to_string().contains("agent-cgroups"), "{err}");
+    }
 }

@@ -27,7 +27,6 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 
-pub use cgroup::SUBTREE as CGROUP_SUBTREE;
 pub use limits::Limits;
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
 
