@@ -733,9 +733,7 @@ mod tests {
             agent_cgroups: Some("v3".into()),
             ..ServerArgs::default()
         };
-        let err = Config::load_with_env(&bad, Vec::new())
-            .err()
-            .expect("rejected");
+        let err = Config::load_with_env(&bad, Vec::new()).expect_err("rejected");
         assert!(err.to_string().contains("agent-cgroups"), "{err}");
     }
 }
