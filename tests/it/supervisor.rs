@@ -351,8 +351,8 @@ async fn agent_environment_has_no_token_no_notify_socket_and_no_extra_fds() {
 
 #[tokio::test]
 async fn agent_stderr_goes_to_the_log_never_to_the_stream() {
-    let d = Daemon::start();
-    start_agent(&d, "noisy").await;
+    let d = Daemon::builder().args(["--log-format", "json"]).start();
+    let pid = start_agent(&d, "noisy").await;
     let marker = "stderr-marker-5f2c";
     let (status, _) = prompt(&d, "noisy", 2, &format!("/stderr {marker}")).await;
     assert_eq!(status, 200);
@@ -363,20 +363,15 @@ async fn agent_stderr_goes_to_the_log_never_to_the_stream() {
         !stream.contains(marker),
         "stderr reached the stream:\n{stream}"
     );
-    let line = eventually(Duration::from_secs(5), "stderr line in the log", || {
+    let entry: Value = eventually(Duration::from_secs(5), "stderr line in the log", || {
         d.stderr()
             .lines()
-            .find(|l| l.contains(marker))
-            .map(str::to_owned)
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["line"] == marker)
     });
-    assert!(
-        line.contains("server_id=\"noisy\"") || line.contains("server_id=noisy"),
-        "{line}"
-    );
-    assert!(
-        line.contains("agent=\"mock\"") || line.contains("agent=mock"),
-        "{line}"
-    );
+    assert_eq!(entry["server_id"], "noisy", "{entry}");
+    assert_eq!(entry["agent"], "mock", "{entry}");
+    assert_eq!(entry["pid"], pid, "{entry}");
 }
 
 #[tokio::test]
