@@ -127,7 +127,9 @@ impl From<crate::acp::AcpError> for Problem {
             E::InvalidServerId { server_id } => {
                 Problem::bad_request(detail).with("serverId", server_id)
             }
-            E::MissingAgent { server_id } => Problem::bad_request(detail).with("serverId", server_id),
+            E::MissingAgent { server_id } => {
+                Problem::bad_request(detail).with("serverId", server_id)
+            }
             E::UnknownAgent { agent } => Problem::bad_request(detail)
                 .title("Unknown Agent")
                 .with("agent", agent),
@@ -144,7 +146,10 @@ impl From<crate::acp::AcpError> for Problem {
             E::DuplicateId { server_id, id } => Problem::new(StatusCode::CONFLICT, detail)
                 .title("Duplicate Request Id")
                 .with("serverId", server_id)
-                .with("id", serde_json::from_str::<Value>(&id).unwrap_or(Value::String(id))),
+                .with(
+                    "id",
+                    serde_json::from_str::<Value>(&id).unwrap_or(Value::String(id)),
+                ),
             E::AgentGone {
                 server_id,
                 agent,
@@ -164,12 +169,10 @@ impl From<crate::acp::AcpError> for Problem {
                     )
                     .with("stderrTail", tail(&ended.stderr_tail, 4096))
             }
-            E::Timeout { server_id, timeout } => {
-                Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
-                    .title("Agent Timeout")
-                    .with("serverId", server_id)
-                    .with("timeoutMs", timeout.as_millis() as u64)
-            }
+            E::Timeout { server_id, timeout } => Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
+                .title("Agent Timeout")
+                .with("serverId", server_id)
+                .with("timeoutMs", timeout.as_millis() as u64),
             E::Launch {
                 server_id,
                 agent,
