@@ -86,12 +86,14 @@ pub async fn forward(mut stderr: ChildStderr, tail: Arc<Mutex<Tail>>, fields: Fi
 fn log_line(f: &Fields, line: &[u8]) {
     let line = String::from_utf8_lossy(line);
     let line = line.trim_end_matches('\r');
+    // The line is the message itself, so `journalctl` and plain-text logs show it as is; the
+    // target tells agent output from our own.
     tracing::info!(
+        target: "sandbox_agent::agent_stderr",
         server_id = f.server_id.as_str(),
         agent = f.agent.as_str(),
         pid = f.pid,
-        line,
-        "agent stderr"
+        "{line}"
     );
 }
 

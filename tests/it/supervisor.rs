@@ -367,11 +367,12 @@ async fn agent_stderr_goes_to_the_log_never_to_the_stream() {
         d.stderr()
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|e| e["line"] == marker)
+            .find(|e| e["message"] == marker)
     });
     assert_eq!(entry["server_id"], "noisy", "{entry}");
     assert_eq!(entry["agent"], "mock", "{entry}");
     assert_eq!(entry["pid"], pid, "{entry}");
+    assert_eq!(entry["target"], "sandbox_agent::agent_stderr", "{entry}");
 }
 
 #[tokio::test]
