@@ -334,7 +334,12 @@ mod tests {
             (10, 1000),
             "event: message\nid: 1\ndata: {}\n\nevent: message\nid: 2\ndata: {\"a\":1}\n\n",
         );
-        check(1, &["{}", "{}"], (10, 1000), "event: message\nid: 2\ndata: {}\n\n");
+        check(
+            1,
+            &["{}", "{}"],
+            (10, 1000),
+            "event: message\nid: 2\ndata: {}\n\n",
+        );
         check(2, &["{}", "{}"], (10, 1000), "<nothing>");
         check(
             0,

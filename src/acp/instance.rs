@@ -354,7 +354,11 @@ impl AcpInstance {
     }
 }
 
-async fn write_loop(inst: Arc<AcpInstance>, mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriteJob>) {
+async fn write_loop(
+    inst: Arc<AcpInstance>,
+    mut stdin: ChildStdin,
+    mut rx: mpsc::Receiver<WriteJob>,
+) {
     let mut jobs = Vec::with_capacity(64);
     let mut buf = Vec::with_capacity(64 * 1024);
     while rx.recv_many(&mut jobs, 64).await > 0 {
@@ -390,7 +394,12 @@ async fn write_loop(inst: Arc<AcpInstance>, mut stdin: ChildStdin, mut rx: mpsc:
     // Dropping the receiver makes every later send fail, which its POST answers with 502.
 }
 
-async fn read_loop(inst: Arc<AcpInstance>, stdout: ChildStdout, handle: AgentHandle, max_line: usize) {
+async fn read_loop(
+    inst: Arc<AcpInstance>,
+    stdout: ChildStdout,
+    handle: AgentHandle,
+    max_line: usize,
+) {
     let mut reader = LineReader::new(stdout, max_line);
     let mut exit: Option<ExitInfo> = None;
     let mut drain_until = tokio::time::Instant::now();
@@ -504,9 +513,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             self.scanned = self.buf.len();
             if self.buf.len() > self.max {
                 if self.skipping.is_none() {
-                    self.skipping = Some(Bytes::copy_from_slice(
-                        &self.buf[..self.buf.len().min(200)],
-                    ));
+                    self.skipping =
+                        Some(Bytes::copy_from_slice(&self.buf[..self.buf.len().min(200)]));
                 }
                 self.buf.clear();
                 self.scanned = 0;

@@ -173,7 +173,10 @@ mod tests {
             Ok(("request", Some("0"))),
         );
         check(r#"{"id":"a","method":"x"}"#, Ok(("request", Some("\"a\""))));
-        check(r#"{"id":"\u0041","method":"x"}"#, Ok(("request", Some("\"A\""))));
+        check(
+            r#"{"id":"\u0041","method":"x"}"#,
+            Ok(("request", Some("\"A\""))),
+        );
         check(r#"{"id":1.5,"method":"x"}"#, Ok(("request", Some("1.5"))));
         check(r#"{"method":"x"}"#, Ok(("notification", None)));
         check(r#"{"method":"x","id":null}"#, Ok(("notification", None)));
@@ -200,7 +203,10 @@ mod tests {
     #[test]
     fn agent_lines() {
         let key = |s: &str| AgentLine::Response(IdKey(s.into()));
-        assert_eq!(classify_agent_line(br#"{"id":7,"result":{}}"#), Some(key("7")));
+        assert_eq!(
+            classify_agent_line(br#"{"id":7,"result":{}}"#),
+            Some(key("7"))
+        );
         assert_eq!(
             classify_agent_line(br#"{"id":"x","error":{}}"#),
             Some(key("\"x\""))

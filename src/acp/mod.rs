@@ -35,7 +35,9 @@ pub struct Ended {
 pub enum AcpError {
     #[error("invalid serverId `{server_id}`: use 1-128 characters of A-Z a-z 0-9 . _ -")]
     InvalidServerId { server_id: String },
-    #[error("serverId `{server_id}` does not exist; its first POST must name the agent (?agent=<id>)")]
+    #[error(
+        "serverId `{server_id}` does not exist; its first POST must name the agent (?agent=<id>)"
+    )]
     MissingAgent { server_id: String },
     #[error("unknown agent `{agent}`")]
     UnknownAgent { agent: String },

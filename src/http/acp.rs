@@ -142,7 +142,12 @@ async fn stream(
         Ok(s) => s,
         Err(e) => return Problem::from(e).into_response(),
     };
-    let body = Body::from_stream(sse_frames(sub, st.config.keepalive, st.shutdown.clone()));
+    let body = Body::from_stream(sse_frames(
+        sub,
+        server_id,
+        st.config.keepalive,
+        st.shutdown.clone(),
+    ));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
     h.insert(
@@ -159,15 +164,16 @@ async fn stream(
 /// ending when the log ends, the subscriber is cut off, or the daemon shuts down.
 fn sse_frames(
     sub: Subscription,
+    server_id: String,
     keepalive: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
     let keepalive = keepalive.max(Duration::from_millis(10));
     let next_ka = tokio::time::Instant::now() + keepalive;
     futures_util::stream::unfold(
-        Some((sub, next_ka, shutdown)),
+        Some((sub, next_ka, shutdown, server_id)),
         move |state| async move {
-            let (sub, mut next_ka, shutdown) = state?;
+            let (sub, mut next_ka, shutdown, server_id) = state?;
             let frame = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return None,
@@ -175,14 +181,14 @@ fn sse_frames(
                     Next::Frames(b) => b,
                     Next::End => return None,
                     Next::CutOff => {
-                        tracing::info!("an SSE subscriber fell behind and was disconnected");
+                        tracing::info!(%server_id, "an SSE subscriber fell behind and was disconnected");
                         return None;
                     }
                 },
                 _ = tokio::time::sleep_until(next_ka) => Bytes::from_static(KEEPALIVE_FRAME),
             };
             next_ka = tokio::time::Instant::now() + keepalive;
-            Some((Ok(frame), Some((sub, next_ka, shutdown))))
+            Some((Ok(frame), Some((sub, next_ka, shutdown, server_id))))
         },
     )
 }
@@ -240,7 +246,11 @@ struct Prefer {
 impl Prefer {
     fn parse(headers: &HeaderMap) -> Prefer {
         let mut p = Prefer::default();
-        for v in headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()) {
+        for v in headers
+            .get_all("prefer")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+        {
             for pref in v.split(',') {
                 let name = pref.split([';', '=']).next().unwrap_or("").trim();
                 if name.eq_ignore_ascii_case("respond-async") {

@@ -1,7 +1,10 @@
 //! The one integration-test binary: every module starts the real daemon through `support` and
 //! talks HTTP to it on loopback.
 
+mod acp;
 mod agents;
 mod lifecycle;
+mod mock_agent;
 mod packaging;
+mod supervisor;
 mod support;
