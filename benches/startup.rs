@@ -27,7 +27,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn get(addr: &str, path: &str) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = Vec::new();
     s.read_to_end(&mut out).unwrap();
     assert!(out.starts_with(b"HTTP/1.1 200"));
@@ -41,7 +45,9 @@ fn main() {
     for i in 0..RUNS {
         let sock = dir.path().join(format!("n{i}.sock"));
         let notify = UnixDatagram::bind(&sock).unwrap();
-        notify.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        notify
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let started = Instant::now();
         let mut child = Command::new(BIN)
             .args(["server", "--port", "0", "--log-level", "warn"])

@@ -90,7 +90,9 @@ pub struct Agents {
     catalog: Catalog,
     /// One lock per agent id: concurrent installs of one agent wait for the first.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    client: reqwest::Client,
+    /// Built on first use: a machine without CA certificates must still start the daemon (and
+    /// run local or pre-installed agents); only a download then fails, with the reason.
+    client: std::sync::OnceLock<Result<reqwest::Client, String>>,
 }
 
 const MOCK: &str = "mock";
@@ -98,19 +100,28 @@ const MOCK: &str = "mock";
 impl Agents {
     pub fn new(config: Arc<Config>) -> anyhow::Result<Self> {
         let catalog = Catalog::load(config.agents_file.as_deref())?;
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(15))
-            // A stalled transfer fails instead of hanging an install (and the POST waiting on it).
-            .read_timeout(Duration::from_secs(60))
-            .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")))
-            .build()?;
         Ok(Agents {
             config,
             catalog,
             locks: Mutex::new(HashMap::new()),
-            client,
+            client: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The HTTP client for registry look-ups and downloads.
+    fn http(&self) -> Result<&reqwest::Client, String> {
+        let built = self.client.get_or_init(|| {
+            crate::install_crypto_provider();
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(15))
+                // A stalled transfer fails instead of hanging an install (and the POST waiting
+                // on it).
+                .read_timeout(Duration::from_secs(60))
+                .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .map_err(|e| format!("cannot set up HTTPS (are CA certificates installed?): {e}"))
+        });
+        built.as_ref().map_err(Clone::clone)
     }
 
     /// True for every agent id the daemon knows (catalog, agents file, `mock`).
@@ -466,7 +477,11 @@ impl Agents {
                 "reading the ACP registry {}",
                 self.config.acp_registry_url
             ));
-            match registry::fetch(&self.client, &self.config.acp_registry_url).await {
+            let fetched = match self.http() {
+                Ok(client) => registry::fetch(client, &self.config.acp_registry_url).await,
+                Err(e) => Err(e),
+            };
+            match fetched {
                 Err(e) => {
                     tracing::warn!(agent = %def.id, error = %e, "the ACP registry is unreachable; using the pinned fallback");
                     progress.step(&format!(
@@ -638,7 +653,7 @@ impl Agents {
                 install::check_supported(&url)?;
                 progress.step(&format!("downloading {url}"));
                 let mut file =
-                    install::download(&self.client, &url, sha256.as_deref(), dir, progress).await?;
+                    install::download(self.http()?, &url, sha256.as_deref(), dir, progress).await?;
                 let program_in_staging = {
                     let staging_path = staging.path.clone();
                     let url = url.clone();

@@ -45,7 +45,7 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
     let shutdown = CancellationToken::new();
     let state = AppState::build(config.clone(), shutdown.clone())
         .await
-        .map_err(|e| StartError::Config(e.to_string()))?;
+        .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());
 
     let server_shutdown = shutdown.clone();

@@ -141,7 +141,7 @@ journal_ok ctl-textlog.service && fail "control: text logs lack fields" "predica
   ok "control: text logs lack fields"
 # The agent's stderr line, tagged with the serverId it belongs to.
 if journalctl -u sandbox-agent -o json --no-pager | grep '"SERVER_ID":"pkg-test-1"' |
-  grep '"LINE":"hello-from-the-agent"' | grep -q '"PRIORITY":"5"'; then
+  grep '"MESSAGE":"hello-from-the-agent"' | grep -q '"PRIORITY":"5"'; then
   ok "journal carries the agent's serverId"
 else fail "journal carries the agent's serverId" "$(journalctl -u sandbox-agent -o json --no-pager | grep -i server | tail -3)"; fi
 
