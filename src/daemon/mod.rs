@@ -129,7 +129,7 @@ async fn probe(addr: SocketAddr) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: sandbox-agent-watchdog\r\nConnection: close\r\n\r\n")
         .await?;
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).await?;

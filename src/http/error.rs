@@ -90,7 +90,13 @@ impl Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::warn!(status = self.status.as_u16(), detail = %self.detail, "request failed");
+            let server_id = self.extra.get("serverId").and_then(|v| v.as_str());
+            tracing::warn!(
+                status = self.status.as_u16(),
+                detail = %self.detail,
+                server_id,
+                "request failed"
+            );
         }
         let body = serde_json::to_vec(&self.body()).unwrap_or_default();
         let mut resp = (self.status, body).into_response();

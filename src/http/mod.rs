@@ -160,11 +160,18 @@ async fn problem_safety_net(State(state): State<AppState>, req: Request, next: N
 async fn log_request(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    // The watchdog's own self-probe would otherwise log a line every few seconds.
+    let probe = req
+        .headers()
+        .get(header::USER_AGENT)
+        .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
     let started = Instant::now();
     let resp = next.run(req).await;
     let status = resp.status().as_u16();
     let latency_us = started.elapsed().as_micros() as u64;
-    if status >= 500 {
+    if probe {
+        tracing::debug!(%method, path, status, latency_us, "request");
+    } else if status >= 500 {
         tracing::warn!(%method, path, status, latency_us, "request");
     } else {
         tracing::info!(%method, path, status, latency_us, "request");
