@@ -458,16 +458,10 @@ pub async fn npm_install(
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("PATH", path)
-        .current_dir(dest)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| format!("cannot run npm: {e}"))?;
-    let out = match tokio::time::timeout(NPM_TIMEOUT, child.wait_with_output()).await {
-        Ok(r) => r.map_err(|e| format!("npm failed: {e}"))?,
-        Err(_) => return Err(format!("npm install did not finish within {NPM_TIMEOUT:?}")),
-    };
+        .current_dir(dest);
+    let out = crate::supervisor::run_to_completion(cmd, NPM_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(12).collect();

@@ -11,6 +11,7 @@ mod limits;
 mod spawn;
 mod stats;
 mod stderr;
+mod tool;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -29,6 +30,7 @@ use crate::config::Config;
 
 pub use limits::Limits;
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
+pub use tool::{ToolError, run_to_completion};
 
 /// What to run, and the labels its log lines carry.
 #[derive(Debug, Clone)]
