@@ -423,6 +423,21 @@ fn main() {
         .unwrap_or(20_000);
     let dur = Duration::from_secs(5);
     let stream_n: u64 = 100_000;
+    // For profiling: `ACP_BENCH_PROFILE=<port>` only drives HTTP c=1 against a running daemon.
+    if let Some(port) = std::env::var("ACP_BENCH_PROFILE")
+        .ok()
+        .and_then(|p| p.parse().ok())
+    {
+        let (h1, e) = http_c1(port, n);
+        println!(
+            "HTTP c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+            us(h1.p50),
+            us(h1.p99)
+        );
+        let (h32, e) = http_concurrent(port, 32, dur);
+        println!("HTTP c=32 {h32:.0} req/s errors {e}");
+        return;
+    }
 
     let (pipe1, e1) = pipe_c1(n);
     let (pipe32, e2) = pipe_concurrent(32, dur);
