@@ -176,6 +176,88 @@ fn pipe_stream(n: u64) -> f64 {
     n as f64 / el.as_secs_f64()
 }
 
+/// The same pipe driven the way an async proxy must drive it (tokio, one reader task matching
+/// answers to waiters by id, a lock around stdin): what any async proxy pays before HTTP.
+fn pipe_async(n: u64, inflight: u64, dur: Duration) -> (Latency, f64, u64) {
+    use std::collections::HashMap;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut child = tokio::process::Command::new(BIN)
+            .arg("mock-agent")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = Arc::new(tokio::sync::Mutex::new(child.stdin.take().unwrap()));
+        let waiters: Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Vec<u8>>>>> =
+            Arc::default();
+        let w2 = waiters.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stdout).split(b'\n');
+            while let Ok(Some(line)) = lines.next_segment().await {
+                if let Some(id) = answer_id(&line)
+                    && let Some(tx) = w2.lock().unwrap().remove(&id)
+                {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let call = move |id: u64| {
+            let (stdin, waiters) = (stdin.clone(), waiters.clone());
+            async move {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                waiters.lock().unwrap().insert(id, tx);
+                let line = echo_line(id) + "\n";
+                stdin.lock().await.write_all(line.as_bytes()).await.unwrap();
+                let answer = rx.await.unwrap();
+                answer_id(&answer) == Some(id)
+            }
+        };
+        let mut lat = Vec::new();
+        let mut errors = 0;
+        for id in 0..n + 1000 {
+            let t = Instant::now();
+            if !call(id).await {
+                errors += 1;
+            }
+            if id >= 1000 {
+                lat.push(t.elapsed());
+            }
+        }
+        let done = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..inflight)
+            .map(|t| {
+                let (call, done) = (call.clone(), done.clone());
+                tokio::spawn(async move {
+                    let mut bad = 0;
+                    let mut i = 0;
+                    while start.elapsed() < dur {
+                        if !call(10_000_000 + t * 100_000_000 + i).await {
+                            bad += 1;
+                        }
+                        i += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    bad
+                })
+            })
+            .collect();
+        for t in tasks {
+            errors += t.await.unwrap();
+        }
+        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        (summarize(lat), rate, errors)
+    })
+}
+
 // ---------- the daemon ----------
 
 struct Daemon {
@@ -268,6 +350,11 @@ impl Conn {
         self.read_response()
     }
 
+    fn get(&mut self, path: &str) -> (u16, Vec<u8>) {
+        write!(self.w, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        self.read_response()
+    }
+
     fn read_response(&mut self) -> (u16, Vec<u8>) {
         let mut line = String::new();
         self.r.read_line(&mut line).unwrap();
@@ -351,6 +438,41 @@ fn http_concurrent(port: u16, conns: u64, dur: Duration) -> (f64, u64) {
     (
         done.load(Ordering::Relaxed) as f64 / el.as_secs_f64(),
         errors.load(Ordering::Relaxed),
+    )
+}
+
+/// `GET /v1/health` at c=1 (p50) and c=`conns` (req/s): the HTTP stack's own ceiling here.
+fn http_health(port: u16, n: u64, conns: u64, dur: Duration) -> (Latency, f64) {
+    let mut c = Conn::open(port);
+    let mut lat = Vec::new();
+    for i in 0..n + 1000 {
+        let t = Instant::now();
+        let (st, _) = c.get("/v1/health");
+        assert_eq!(st, 200);
+        if i >= 1000 {
+            lat.push(t.elapsed());
+        }
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conns)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::open(port);
+                while start.elapsed() < dur {
+                    c.get("/v1/health");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    (
+        summarize(lat),
+        done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
     )
 }
 
@@ -442,9 +564,11 @@ fn main() {
     let (pipe1, e1) = pipe_c1(n);
     let (pipe32, e2) = pipe_concurrent(32, dur);
     let pipe_rate = pipe_stream(stream_n);
+    let (apipe1, apipe32, e5) = pipe_async(n, 32, dur);
 
     let d = Daemon::start(&[]);
     // A first request starts the agent; warm the daemon up before measuring.
+    let (health1, health32) = http_health(d.port, n, 32, dur);
     let (h1, e3) = http_c1(d.port, n);
     let (h32, e4) = http_concurrent(d.port, 32, dur);
     let (s1, all1) = http_stream(d.port, "stream1", 1, stream_n);
@@ -459,14 +583,25 @@ fn main() {
     );
     println!("direct pipe    c=32 {pipe32:9.0} req/s                 errors {e2}");
     println!(
-        "HTTP (daemon)  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e3}   p50 ratio {:.2}x pipe",
-        us(h1.p50),
-        us(h1.p99),
-        us(h1.p50) / us(pipe1.p50)
+        "async pipe     c=1  p50 {:7.1} us  p99 {:7.1} us   c=32 {apipe32:.0} req/s   errors {e5}",
+        us(apipe1.p50),
+        us(apipe1.p99)
     );
     println!(
-        "HTTP (daemon)  c=32 {h32:9.0} req/s                 errors {e4}   ratio {:.2}x pipe",
-        h32 / pipe32
+        "HTTP (daemon)  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e3}   p50 {:.2}x pipe, {:.2}x async pipe",
+        us(h1.p50),
+        us(h1.p99),
+        us(h1.p50) / us(pipe1.p50),
+        us(h1.p50) / us(apipe1.p50)
+    );
+    println!(
+        "HTTP (daemon)  c=32 {h32:9.0} req/s                 errors {e4}   {:.2}x pipe, {:.2}x async pipe",
+        h32 / pipe32,
+        h32 / apipe32
+    );
+    println!(
+        "GET /v1/health c=1  p50 {:7.1} us  c=32 {health32:.0} req/s   (HTTP alone, no agent)",
+        us(health1.p50)
     );
     println!("direct pipe    /stream {stream_n}: {pipe_rate:9.0} events/s");
     println!(
