@@ -213,4 +213,9 @@ pub struct ServerArgs {
     /// Act as init: reap every orphan and forward signals (automatic when running as PID 1)
     #[arg(long, env = "SANDBOX_AGENT_INIT")]
     pub init: bool,
+
+    /// Agent cgroups: auto (v1 controllers if mounted, else v2), v1, v2, or off (rlimits only)
+    /// [default: auto]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_CGROUPS", value_name = "MODE")]
+    pub agent_cgroups: Option<String>,
 }

@@ -71,6 +71,18 @@ pub struct Config {
     /// The daemon's environment at start-up, minus everything an agent must never see.
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
+    pub agent_cgroups: AgentCgroups,
+}
+
+/// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCgroups {
+    /// v1 controllers when mounted, else the v2 hierarchy, else none.
+    Auto,
+    V1,
+    V2,
+    /// No cgroups; rlimits only.
+    Off,
 }
 
 impl fmt::Debug for Config {
@@ -519,6 +531,18 @@ impl Config {
             "info".to_string()
         );
         let init = flag!(init);
+        let agent_cgroups = setting!(
+            agent_cgroups,
+            "agent-cgroups",
+            |s: &str| match s.trim().to_ascii_lowercase().as_str() {
+                "auto" => Ok(AgentCgroups::Auto),
+                "v1" => Ok(AgentCgroups::V1),
+                "v2" => Ok(AgentCgroups::V2),
+                "off" | "none" => Ok(AgentCgroups::Off),
+                _ => Err(format!("`{s}` is not one of auto, v1, v2, off")),
+            },
+            AgentCgroups::Auto
+        );
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
@@ -636,6 +660,7 @@ impl Config {
             init,
             agent_base_env,
             systemd,
+            agent_cgroups,
         })
     }
 
@@ -687,5 +712,28 @@ mod tests {
         assert!(pass_matches(&pass, "ANTHROPIC_API_KEY"));
         assert!(pass_matches(&["LC_*".to_string()], "LC_ALL"));
         assert!(!pass_matches(&["PATH".to_string()], "PATHX"));
+    }
+
+    #[test]
+    fn agent_cgroups_modes() {
+        assert_eq!(Config::defaults().agent_cgroups, AgentCgroups::Auto);
+        for (raw, mode) in [
+            ("v1", AgentCgroups::V1),
+            ("V2", AgentCgroups::V2),
+            ("off", AgentCgroups::Off),
+        ] {
+            let args = ServerArgs {
+                agent_cgroups: Some(raw.into()),
+                ..ServerArgs::default()
+            };
+            let config = Config::load_with_env(&args, Vec::new()).expect("valid");
+            assert_eq!(config.agent_cgroups, mode);
+        }
+        let bad = ServerArgs {
+            agent_cgroups: Some("v3".into()),
+            ..ServerArgs::default()
+        };
+        let err = Config::load_with_env(&bad, Vec::new()).expect_err("rejected");
+        assert!(err.to_string().contains("agent-cgroups"), "{err}");
     }
 }

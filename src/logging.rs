@@ -49,7 +49,6 @@ pub fn init(config: &Config) {
                             .with_field_prefix(None),
                     )
                     .init();
-                return;
             }
             Err(e) => {
                 eprintln!("sandbox-agent: journald unavailable ({e}); logging text to stderr");

@@ -67,3 +67,67 @@ pub fn ignore_sigterm() -> io::Result<()> {
         .map(|_| ())
         .map_err(io::Error::from)
 }
+
+/// What an agent's child process does between fork and exec, prepared entirely before the fork
+/// (the child allocates nothing).
+pub struct ChildSetup {
+    /// Open `cgroup.procs` files; the child writes "0" to each to join before anything else runs,
+    /// so no grandchild can start outside the cgroup.
+    pub cgroup_procs: Vec<RawFd>,
+    /// `(resource, limit)` pairs set as both soft and hard limit.
+    pub rlimits: Vec<(nix::sys::resource::Resource, u64)>,
+    /// uid, gid and supplementary groups to switch to (last, after joining the cgroups).
+    pub user: Option<(nix::unistd::Uid, nix::unistd::Gid, Vec<nix::unistd::Gid>)>,
+}
+
+/// Registers the agent's child setup: new session, cgroups, rlimits, close-on-exec on every
+/// inherited descriptor, then the agent user.
+pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
+    // SAFETY: the closure only makes async-signal-safe system calls (setsid, write, setrlimit,
+    // close_range, setgroups, setgid, setuid) on data prepared before the fork; it allocates
+    // nothing (error values carry a plain errno). The cgroup fds stay open in the parent until
+    // `spawn` has returned, so they are valid in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            for fd in &setup.cgroup_procs {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for (resource, limit) in &setup.rlimits {
+                nix::sys::resource::setrlimit(*resource, *limit, *limit)
+                    .map_err(io::Error::from)?;
+            }
+            // Descriptors a parent of ours leaked to us without close-on-exec must not reach the
+            // agent. Marking (not closing) keeps std's exec-error pipe working. Old kernels
+            // without close_range(2) keep the inherited set.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if let Some((uid, gid, groups)) = &setup.user {
+                nix::unistd::setgroups(groups).map_err(io::Error::from)?;
+                nix::unistd::setgid(*gid).map_err(io::Error::from)?;
+                nix::unistd::setuid(*uid).map_err(io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Clock ticks per second (the unit of CPU times in `/proc/<pid>/stat`).
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions and touches no memory of ours.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 { v as u64 } else { 100 }
+}
+
+/// The memory page size in bytes.
+pub fn page_size() -> u64 {
+    // SAFETY: as above.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 { v as u64 } else { 4096 }
+}

@@ -62,6 +62,8 @@ impl AppState {
     /// Stops every agent (TERM, grace, KILL) before `deadline`.
     pub async fn stop_all(&self, deadline: tokio::time::Instant) {
         self.acp.stop_all(deadline).await;
+        // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
+        self.supervisor.stop_all(deadline).await;
     }
 }
 

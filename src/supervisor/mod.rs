@@ -1,12 +1,21 @@
-//! Every child process the daemon owns: spawning agents in their own process group (and cgroup),
-//! keeping their stderr apart from the protocol channel, stopping whole process trees, reaping.
-//! Knows nothing of ACP. Only this module spawns, signals or waits on processes.
+//! Every child process the daemon owns: spawning agents in their own session (process group) and
+//! cgroup, keeping their stderr apart from the protocol channel, stopping whole process trees,
+//! reaping. Knows nothing of ACP. Only this module spawns, signals or waits on processes.
 //!
-//! **Invariant:** once an `AgentProcess` exists, its whole tree is stopped by `AgentHandle::stop`
-//! (or by the daemon's shutdown) and nothing of it outlives the daemon's stop.
+//! **Invariant:** once an `AgentProcess` exists, its whole tree is stopped by `AgentHandle::stop`,
+//! by its own exit (the rest of its tree is killed), or by the daemon's shutdown, and nothing of
+//! it outlives the daemon's stop; the exit is published only once the tree is gone.
 
+mod cgroup;
+mod limits;
+mod spawn;
+mod stats;
+mod stderr;
+
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,15 +23,20 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::Config;
+
+pub use limits::Limits;
+pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
 
 /// What to run, and the labels its log lines carry.
 #[derive(Debug, Clone)]
 pub struct SpawnSpec {
     pub program: PathBuf,
     pub args: Vec<OsString>,
-    /// Added on top of the daemon's filtered environment (`Config::agent_base_env`).
+    /// Added on top of the daemon's filtered environment (`Config::agent_base_env`) and the
+    /// configured extra variables (`--agent-env`); may set HOME and TMPDIR per agent.
     pub env: Vec<(OsString, OsString)>,
     pub cwd: PathBuf,
     pub server_id: String,
@@ -55,6 +69,18 @@ pub enum ExitReason {
     Forced,
 }
 
+impl ExitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitReason::Exited => "exited",
+            ExitReason::Crashed => "crashed",
+            ExitReason::Oom => "oom",
+            ExitReason::Graceful => "graceful",
+            ExitReason::Forced => "forced",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExitInfo {
     pub reason: ExitReason,
@@ -62,7 +88,7 @@ pub struct ExitInfo {
     pub signal: Option<i32>,
 }
 
-/// Process figures for the listing.
+/// Process figures for the listing, summed over the agent's processes.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessStats {
@@ -79,11 +105,32 @@ pub struct AgentProcess {
     pub handle: AgentHandle,
 }
 
+/// Who ends the agent's life: set once, under the lock, by whoever comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// `stop` was called; it does the clean-up and publishes.
+    Stopping,
+    /// The top process ended by itself; the reaper does the clean-up and publishes.
+    SelfExit,
+}
+
+/// The top process's raw wait status: (exit code, signal).
+type RawStatus = (Option<i32>, Option<i32>);
+
 struct HandleInner {
     pid: u32,
-    exit: watch::Receiver<Option<ExitInfo>>,
-    stopping: Mutex<bool>,
-    stderr_tail: Arc<Mutex<String>>,
+    server_id: String,
+    agent: String,
+    cgroup: Option<cgroup::AgentCgroup>,
+    status: watch::Receiver<Option<RawStatus>>,
+    exit: watch::Sender<Option<ExitInfo>>,
+    phase: Mutex<Phase>,
+    stderr_tail: Arc<Mutex<stderr::Tail>>,
+    /// Awaited (bounded) before the exit is published, so the tail holds the last words.
+    stderr_reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The owning supervisor's live set (this entry is removed on publish).
+    registry: Registry,
 }
 
 /// Cheap to clone; every clone controls the same process tree.
@@ -92,168 +139,435 @@ pub struct AgentHandle {
     inner: Arc<HandleInner>,
 }
 
+/// Agents whose exit is not yet published, by pid.
+type Registry = Arc<Mutex<BTreeMap<u32, AgentHandle>>>;
+
+/// Every live agent of every supervisor in the process, for `emergency_kill_all`.
+static LIVE: Mutex<BTreeMap<u32, AgentHandle>> = Mutex::new(BTreeMap::new());
+/// The daemon's own cgroup directories, for `emergency_kill_all`.
+static OWN_CGROUPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
 impl AgentHandle {
     pub fn pid(&self) -> u32 {
         self.inner.pid
     }
 
-    /// How it ended, once it has.
+    pub fn server_id(&self) -> &str {
+        &self.inner.server_id
+    }
+
+    pub fn agent(&self) -> &str {
+        &self.inner.agent
+    }
+
+    /// The agent's cgroup directory (the one its processes are listed from), if it has one.
+    pub fn cgroup_path(&self) -> Option<&Path> {
+        self.inner.cgroup.as_ref().and_then(|c| c.path())
+    }
+
+    /// How it ended, once it has (and its whole tree is gone).
     pub fn exit(&self) -> Option<ExitInfo> {
         self.inner.exit.borrow().clone()
     }
 
-    /// Resolves when the agent's top process has ended (and its group has been cleared).
+    /// Resolves when the agent has ended and its process group and cgroup have been cleared.
     pub async fn wait(&self) -> ExitInfo {
-        let mut rx = self.inner.exit.clone();
+        let mut rx = self.inner.exit.subscribe();
         loop {
             if let Some(info) = rx.borrow_and_update().clone() {
                 return info;
             }
-            if rx.changed().await.is_err() {
-                return rx.borrow().clone().unwrap_or(ExitInfo {
-                    reason: ExitReason::Forced,
-                    code: None,
-                    signal: None,
-                });
-            }
+            // The sender lives in `inner`, which we hold: `changed` cannot fail.
+            let _ = rx.changed().await;
         }
     }
 
-    /// TERM to the process group, up to `grace`, then KILL; returns how it ended. Idempotent.
+    /// TERM to the process group, up to `grace` for the whole tree to go, then KILL the group and
+    /// everything left in the cgroup; returns how it ended. Idempotent. The stop runs in its own
+    /// task, so it completes even if the caller stops waiting.
     pub async fn stop(&self, grace: Duration) -> ExitInfo {
-        *self.inner.stopping.lock().expect("stopping lock") = true;
-        let pgid = Pid::from_raw(self.inner.pid as i32);
-        if self.exit().is_none() {
-            let _ = killpg(pgid, Signal::SIGTERM);
-            if let Ok(info) = tokio::time::timeout(grace, self.wait()).await {
-                return info;
+        let first = {
+            let mut phase = self.inner.phase.lock().expect("phase lock");
+            if *phase == Phase::Running {
+                *phase = Phase::Stopping;
+                true
+            } else {
+                false
             }
-            let _ = killpg(pgid, Signal::SIGKILL);
+        };
+        if first {
+            tokio::spawn(self.inner.clone().run_stop(grace));
         }
         self.wait().await
     }
 
-    /// The last lines the agent wrote to stderr (at most 64 KiB kept).
+    /// The last bytes the agent wrote to stderr (at most 64 KiB are kept).
     pub fn stderr_tail(&self) -> String {
-        self.inner.stderr_tail.lock().expect("stderr lock").clone()
+        self.stderr_excerpt(STDERR_TAIL_BYTES)
     }
 
-    pub fn stats(&self) -> ProcessStats {
-        ProcessStats::default()
-    }
-}
-
-/// Owns the cgroup parent and the set of live agent process groups.
-pub struct Supervisor {
-    base_env: Vec<(OsString, OsString)>,
-}
-
-impl Supervisor {
-    pub fn new(config: &Config) -> Self {
-        Supervisor {
-            base_env: config.agent_base_env.clone(),
+    /// At most `max` bytes of the end of stderr, starting at a line start when one is in reach
+    /// (for error bodies: "the last few KiB").
+    pub fn stderr_excerpt(&self, max: usize) -> String {
+        let text = self
+            .inner
+            .stderr_tail
+            .lock()
+            .expect("stderr lock")
+            .text(max);
+        match text.find('\n') {
+            Some(i) if i + 1 < text.len() && text.len() >= max => text[i + 1..].to_string(),
+            _ => text,
         }
     }
 
-    /// Starts an agent in its own session and process group with piped stdio.
-    pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
-        use std::process::Stdio;
-        use tokio::io::AsyncBufReadExt;
-        let mut cmd = tokio::process::Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .env_clear()
-            .envs(self.base_env.iter().map(|(k, v)| (k, v)))
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&spec.cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(false);
-        crate::sys::pre_exec(&mut cmd, || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
-        let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
-            program: spec.program.clone(),
-            source,
-        })?;
-        let pid = child.id().unwrap_or(0);
-        let stdin = child.stdin.take().expect("stdin is piped");
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let stderr_tail = Arc::new(Mutex::new(String::new()));
-        let tail = stderr_tail.clone();
-        let (server_id, agent) = (spec.server_id.clone(), spec.agent.clone());
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(server_id, agent, pid, line, "agent stderr");
-                let mut t = tail.lock().expect("stderr lock");
-                t.push_str(&line);
-                t.push('\n');
-                if t.len() > 64 * 1024 {
-                    let cut = t.len() - 64 * 1024;
-                    let cut = (cut..t.len())
-                        .find(|i| t.is_char_boundary(*i))
-                        .unwrap_or(t.len());
-                    t.drain(..cut);
-                }
-            }
-        });
-        let (tx, rx) = watch::channel(None);
-        let inner = Arc::new(HandleInner {
-            pid,
-            exit: rx,
-            stopping: Mutex::new(false),
-            stderr_tail,
-        });
-        let handle = AgentHandle { inner };
-        let h = handle.clone();
-        tokio::spawn(async move {
-            use std::os::unix::process::ExitStatusExt;
-            let status = child.wait().await;
-            // The top process is gone; nothing of its group may outlive it.
-            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            let stopping = *h.inner.stopping.lock().expect("stopping lock");
-            let info = match status {
-                Ok(st) => match (st.code(), st.signal()) {
-                    (_, Some(sig)) if stopping && sig == Signal::SIGKILL as i32 => ExitInfo {
-                        reason: ExitReason::Forced,
-                        code: None,
-                        signal: Some(sig),
-                    },
-                    (code, sig) if stopping => ExitInfo {
-                        reason: ExitReason::Graceful,
-                        code,
-                        signal: sig,
-                    },
-                    (Some(code), _) => ExitInfo {
-                        reason: ExitReason::Exited,
-                        code: Some(code),
-                        signal: None,
-                    },
-                    (None, sig) => ExitInfo {
-                        reason: ExitReason::Crashed,
-                        code: None,
-                        signal: sig,
-                    },
-                },
-                Err(_) => ExitInfo {
-                    reason: ExitReason::Crashed,
-                    code: None,
-                    signal: None,
-                },
-            };
-            let _ = tx.send(Some(info));
-        });
-        Ok(AgentProcess {
-            stdin,
-            stdout,
-            handle,
-        })
+    /// rss, cpu time, process count and open fds of the agent's processes (its cgroup, or its
+    /// process group without one). Zero once it has ended.
+    pub fn stats(&self) -> ProcessStats {
+        if self.exit().is_some() {
+            return ProcessStats::default();
+        }
+        let pids = match &self.inner.cgroup {
+            Some(cg) => cg.tracked_pids(),
+            None => stats::group_members(self.inner.pid as i32),
+        };
+        stats::collect(&pids)
     }
 }
 
-/// Kills every live agent process group at once (used when a second stop signal arrives and the
-/// process is about to exit without a graceful stop).
-pub fn emergency_kill_all() {}
+impl HandleInner {
+    fn pgid(&self) -> Pid {
+        Pid::from_raw(self.pid as i32)
+    }
+
+    /// True when the top process is reaped and its process group is empty: everything that got
+    /// our TERM has gone. (Processes that left the group never got it; `clear` kills them.)
+    fn group_gone(&self) -> bool {
+        self.status.borrow().is_some() && killpg(self.pgid(), None).is_err()
+    }
+
+    async fn top_status(&self) -> RawStatus {
+        let mut rx = self.status.clone();
+        loop {
+            if let Some(s) = *rx.borrow_and_update() {
+                return s;
+            }
+            if rx.changed().await.is_err() {
+                return rx.borrow().unwrap_or((None, None));
+            }
+        }
+    }
+
+    /// KILL the group and everything in the cgroup until it is empty, then remove the cgroup.
+    async fn clear(self: &Arc<Self>) {
+        let _ = killpg(self.pgid(), Signal::SIGKILL);
+        let Some(cg) = &self.cgroup else { return };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            cg.kill_all();
+            if cg.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                tracing::error!(
+                    server_id = self.server_id,
+                    agent = self.agent,
+                    pid = self.pid,
+                    remaining = ?cg.pids(),
+                    "processes survive SIGKILL in the agent's cgroup; leaving it"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let me = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(cg) = &me.cgroup {
+                cg.remove_dirs();
+            }
+        })
+        .await;
+    }
+
+    async fn run_stop(self: Arc<Self>, grace: Duration) {
+        let _ = killpg(self.pgid(), Signal::SIGTERM);
+        let graceful = tokio::time::timeout(grace, async {
+            self.top_status().await;
+            while !self.group_gone() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .is_ok();
+        if !graceful {
+            tracing::info!(
+                server_id = self.server_id,
+                agent = self.agent,
+                pid = self.pid,
+                ?grace,
+                "agent still running after the grace period; killing it"
+            );
+        }
+        self.clear().await;
+        let (code, signal) = self.top_status().await;
+        let reason = if graceful {
+            ExitReason::Graceful
+        } else {
+            ExitReason::Forced
+        };
+        self.publish(ExitInfo {
+            reason,
+            code,
+            signal,
+        })
+        .await;
+    }
+
+    /// Called by the reaper when the top process has ended.
+    async fn on_top_exit(self: Arc<Self>, status: RawStatus) {
+        let self_exit = {
+            let mut phase = self.phase.lock().expect("phase lock");
+            if *phase == Phase::Running {
+                *phase = Phase::SelfExit;
+                true
+            } else {
+                false
+            }
+        };
+        if !self_exit {
+            return; // `run_stop` publishes
+        }
+        let oom = self.cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0);
+        self.clear().await;
+        self.publish(classify(status, oom)).await;
+    }
+
+    async fn publish(&self, info: ExitInfo) {
+        let reader = self
+            .stderr_reader
+            .lock()
+            .expect("stderr reader lock")
+            .take();
+        if let Some(reader) = reader {
+            // The tree is gone, so EOF is near; a process outside any cgroup may still hold the
+            // pipe, hence the bound.
+            let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+        }
+        let level_warn = matches!(info.reason, ExitReason::Crashed | ExitReason::Oom);
+        let reason = info.reason.as_str();
+        if level_warn {
+            tracing::warn!(
+                server_id = self.server_id,
+                agent = self.agent,
+                pid = self.pid,
+                reason,
+                code = info.code,
+                signal = info.signal,
+                "agent ended"
+            );
+        } else {
+            tracing::info!(
+                server_id = self.server_id,
+                agent = self.agent,
+                pid = self.pid,
+                reason,
+                code = info.code,
+                signal = info.signal,
+                "agent ended"
+            );
+        }
+        LIVE.lock().expect("registry lock").remove(&self.pid);
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .remove(&self.pid);
+        self.exit.send_replace(Some(info));
+    }
+}
+
+/// How an agent that ended by itself ended.
+fn classify((code, signal): RawStatus, oom: bool) -> ExitInfo {
+    let reason = if oom && code != Some(0) {
+        ExitReason::Oom
+    } else if signal.is_some() || code.is_none() {
+        ExitReason::Crashed
+    } else {
+        ExitReason::Exited
+    };
+    ExitInfo {
+        reason,
+        code,
+        signal,
+    }
+}
+
+/// Owns the agents' cgroup subtree, their limits and environment.
+pub struct Supervisor {
+    base_env: Vec<(OsString, OsString)>,
+    limits: Limits,
+    user: Result<Option<limits::AgentUser>, String>,
+    cgroups: cgroup::Cgroups,
+    agent_grace: Duration,
+    live: Registry,
+}
+
+impl Supervisor {
+    /// Sets up the cgroup subtree (clearing what a previous daemon killed with SIGKILL left
+    /// behind) and resolves the agent user.
+    pub fn new(config: &Config) -> Self {
+        let mut base_env = config.agent_base_env.clone();
+        base_env.extend(
+            config
+                .agent_env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        let user = limits::resolve_user(config.agent_user.as_deref());
+        if let Err(e) = &user {
+            tracing::error!(error = e, "agents cannot start until --agent-user is fixed");
+        }
+        let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
+        OWN_CGROUPS
+            .lock()
+            .expect("cgroups lock")
+            .extend(cgroups.own_dirs());
+        Supervisor {
+            base_env,
+            limits: Limits::from_config(config),
+            user,
+            cgroups,
+            agent_grace: config.agent_grace,
+            live: Registry::default(),
+        }
+    }
+
+    /// True when agents get their own cgroups (else only process groups and rlimits).
+    pub fn cgroups_enabled(&self) -> bool {
+        self.cgroups.enabled()
+    }
+
+    /// Starts an agent in its own session, process group and cgroup, with piped stdio.
+    pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
+        spawn::spawn(self, spec)
+    }
+
+    /// Every agent of this supervisor that has not ended yet.
+    pub fn live(&self) -> Vec<AgentHandle> {
+        self.live
+            .lock()
+            .expect("registry lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Stops every live agent in parallel (TERM, then KILL what is left shortly before
+    /// `deadline`, at most the agent grace period), then removes the daemon's cgroups.
+    pub async fn stop_all(&self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Leave room after the KILL for reaping and cgroup removal.
+        let grace = self.agent_grace.min(
+            left.saturating_sub(left / 10)
+                .saturating_sub(Duration::from_millis(100)),
+        );
+        let handles = self.live();
+        if !handles.is_empty() {
+            tracing::info!(agents = handles.len(), ?grace, "stopping every agent");
+        }
+        futures_util::future::join_all(handles.iter().map(|h| h.stop(grace))).await;
+        self.cgroups.remove_own();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.cgroups.remove_own();
+    }
+}
+
+/// Kills every live agent process group and everything in the daemon's agent cgroups at once
+/// (used when a second stop signal arrives and the process is about to exit).
+pub fn emergency_kill_all() {
+    // Held only for map updates, never across an await: taking it here cannot stall.
+    let handles: Vec<AgentHandle> = LIVE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    for h in &handles {
+        let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
+        if let Some(cg) = &h.inner.cgroup {
+            cg.kill_all();
+        }
+    }
+    // Also whatever the registry could not show (lock held, or an agent being spawned).
+    let dirs = OWN_CGROUPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    cgroup::kill_beneath(&dirs);
+}
+
+/// Registers a new agent (called by `spawn`).
+fn register(handle: &AgentHandle) {
+    LIVE.lock()
+        .expect("registry lock")
+        .insert(handle.inner.pid, handle.clone());
+    handle
+        .inner
+        .registry
+        .lock()
+        .expect("registry lock")
+        .insert(handle.inner.pid, handle.clone());
+}
+
+/// Set once a limit fallback has been announced, so the log says it once.
+static FALLBACK_ANNOUNCED: AtomicBool = AtomicBool::new(false);
+
+fn announce_fallback(what: &str) {
+    if !FALLBACK_ANNOUNCED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            what,
+            "agent memory limit enforced with RLIMIT_DATA (per process) instead of a cgroup"
+        );
+    }
+}
+
+#[cfg(test)]
+mod process_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_exits_are_classified() {
+        assert_eq!(classify((Some(0), None), false).reason, ExitReason::Exited);
+        assert_eq!(classify((Some(3), None), false).reason, ExitReason::Exited);
+        assert_eq!(
+            classify((None, Some(11)), false).reason,
+            ExitReason::Crashed
+        );
+        assert_eq!(classify((None, Some(9)), true).reason, ExitReason::Oom);
+        // A clean exit is not an OOM even if something in the group was OOM-killed.
+        assert_eq!(classify((Some(0), None), true).reason, ExitReason::Exited);
+        assert_eq!(classify((None, None), false).reason, ExitReason::Crashed);
+    }
+
+    #[test]
+    fn exit_reasons_serialize_as_the_contract_says() {
+        for r in [
+            ExitReason::Exited,
+            ExitReason::Crashed,
+            ExitReason::Oom,
+            ExitReason::Graceful,
+            ExitReason::Forced,
+        ] {
+            assert_eq!(
+                serde_json::to_value(r).expect("serializes"),
+                serde_json::Value::String(r.as_str().to_string())
+            );
+        }
+    }
+}

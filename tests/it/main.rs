@@ -3,4 +3,6 @@
 
 mod acp;
 mod lifecycle;
+mod mock_agent;
+mod supervisor;
 mod support;

@@ -1,0 +1,834 @@
+//! cgroups for agents, written by hand (a few files per group). Every group lives beneath the
+//! daemon's own cgroup, in `<own>/sandbox-agent/d<pid>-<nonce>/a<n>-<serverId>`, never at a
+//! hierarchy root. The daemon holds an flock on its `d…` directory for its whole life, so a later
+//! daemon can tell leftovers of a dead one (lock free) from a live neighbour's (lock held).
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::limits::Limits;
+use crate::config::AgentCgroups as Mode;
+
+/// Name of the subtree every daemon creates beneath its own cgroup.
+pub const SUBTREE: &str = "sandbox-agent";
+
+/// The controllers we set limits with.
+const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// One mounted hierarchy, as `/proc/self/mountinfo` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub point: PathBuf,
+    /// The part of the hierarchy mounted there (`/` unless bind-mounted from a sub-group).
+    pub root: String,
+    pub version: Version,
+    /// v1 only: the controllers of this hierarchy.
+    pub options: Vec<String>,
+}
+
+/// Parses `/proc/self/mountinfo`, keeping cgroup mounts.
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let left: Vec<&str> = left.split(' ').collect();
+        let right: Vec<&str> = right.split(' ').collect();
+        if left.len() < 5 || right.len() < 3 {
+            continue;
+        }
+        let version = match right[0] {
+            "cgroup" => Version::V1,
+            "cgroup2" => Version::V2,
+            _ => continue,
+        };
+        out.push(Mount {
+            point: PathBuf::from(unescape(left[4])),
+            root: unescape(left[3]),
+            version,
+            options: right[2].split(',').map(str::to_owned).collect(),
+        });
+    }
+    out
+}
+
+/// mountinfo escapes spaces and a few other bytes as `\ooo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&String::from_utf8_lossy(&b[i + 1..i + 4]), 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Our cgroup path in a hierarchy, from `/proc/self/cgroup`: the v2 line (`0::`) or the v1 line
+/// naming `controller`.
+pub fn own_path(proc_self_cgroup: &str, version: Version, controller: &str) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (id, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = match version {
+            Version::V2 => id == "0" && ctrls.is_empty(),
+            Version::V1 => ctrls.split(',').any(|c| c == controller),
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+/// Where our own group of a hierarchy is on disk.
+pub fn own_dir(mount: &Mount, own: &str) -> PathBuf {
+    let rel = own
+        .strip_prefix(mount.root.trim_end_matches('/'))
+        .unwrap_or(own);
+    mount.point.join(rel.trim_start_matches('/'))
+}
+
+/// One hierarchy the daemon uses, with its locked `d…` directory.
+#[derive(Debug)]
+struct Hierarchy {
+    version: Version,
+    /// The wanted controllers effective for groups we create here.
+    controllers: Vec<&'static str>,
+    dir: PathBuf,
+    /// Holds the flock that marks `dir` as owned by a live daemon.
+    _lock: Flock<File>,
+}
+
+/// The daemon's cgroup setup: zero hierarchies means "no cgroups, rlimits only".
+#[derive(Debug)]
+pub struct Cgroups {
+    hierarchies: Vec<Hierarchy>,
+    next: AtomicU64,
+}
+
+/// One agent's groups (one per hierarchy; the first is used to list its processes).
+#[derive(Debug)]
+pub struct AgentCgroup {
+    dirs: Vec<(PathBuf, Version, Vec<&'static str>)>,
+}
+
+/// Which limits took effect in an agent's cgroup.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Applied {
+    pub memory: bool,
+    pub pids: bool,
+    pub cpu: bool,
+}
+
+impl Cgroups {
+    /// No cgroups at all.
+    pub fn none() -> Self {
+        Cgroups {
+            hierarchies: Vec::new(),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.hierarchies.is_empty()
+    }
+
+    /// Finds the hierarchies, creates our subtree beneath our own cgroup, clears leftovers of
+    /// daemons that died without stopping their agents, and logs what limits can be enforced.
+    pub fn setup(mode: Mode) -> Self {
+        if mode == Mode::Off {
+            tracing::info!("cgroups disabled by configuration; agent limits use rlimits only");
+            return Self::none();
+        }
+        let mounts = fs::read_to_string("/proc/self/mountinfo")
+            .map(|t| parse_mountinfo(&t))
+            .unwrap_or_default();
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let v1: Vec<&Mount> = mounts
+            .iter()
+            .filter(|m| {
+                m.version == Version::V1 && WANTED.iter().any(|c| m.options.iter().any(|o| o == c))
+            })
+            .collect();
+        let v2 = mounts.iter().find(|m| m.version == Version::V2);
+        let use_v1 = match mode {
+            Mode::V1 => true,
+            Mode::V2 => false,
+            _ => !v1.is_empty(),
+        };
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64 & 0xffff_ffff)
+            .unwrap_or(0);
+        let name = format!("d{}-{nonce:08x}", std::process::id());
+        let mut hierarchies = Vec::new();
+        let mut problems = Vec::new();
+        if use_v1 {
+            let mut seen = BTreeSet::new();
+            for m in &v1 {
+                if !seen.insert(m.point.clone()) {
+                    continue;
+                }
+                let controllers: Vec<&'static str> = WANTED
+                    .iter()
+                    .copied()
+                    .filter(|c| m.options.iter().any(|o| o == c))
+                    .collect();
+                let Some(path) = own_path(&own, Version::V1, controllers[0]) else {
+                    continue;
+                };
+                match claim(&own_dir(m, &path), &name, Version::V1, &[]) {
+                    Ok(h) => hierarchies.push(Hierarchy { controllers, ..h }),
+                    Err(e) => problems.push(format!("{}: {e}", m.point.display())),
+                }
+            }
+        } else if let Some(m) = v2
+            && let Some(path) = own_path(&own, Version::V2, "")
+        {
+            let own_dir = own_dir(m, &path);
+            match setup_v2(&own_dir, &name) {
+                Ok(h) => hierarchies.push(h),
+                Err(e) => problems.push(format!("{}: {e}", m.point.display())),
+            }
+        }
+        if hierarchies.is_empty() {
+            let why = if problems.is_empty() {
+                "no cgroup hierarchy found".to_string()
+            } else {
+                problems.join("; ")
+            };
+            tracing::warn!(
+                reason = why,
+                "cgroups are not writable; agents run without cgroups (memory capped per process with RLIMIT_DATA, no pids or cpu limit, setsid escapees cannot be tracked)"
+            );
+            return Self::none();
+        }
+        for p in &problems {
+            tracing::warn!(problem = p, "a cgroup hierarchy is not usable");
+        }
+        let effective: BTreeSet<&str> = hierarchies
+            .iter()
+            .flat_map(|h| h.controllers.iter().copied())
+            .collect();
+        for c in WANTED {
+            if !effective.contains(c) {
+                tracing::warn!(
+                    controller = c,
+                    "cgroup controller not available to us; its limit is not enforced"
+                );
+            }
+        }
+        tracing::info!(
+            version = if hierarchies[0].version == Version::V1 { "v1" } else { "v2" },
+            dirs = ?hierarchies.iter().map(|h| h.dir.display().to_string()).collect::<Vec<_>>(),
+            controllers = ?effective,
+            "agent cgroups ready"
+        );
+        Cgroups {
+            hierarchies,
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Creates the agent's groups and writes its limits, reading each back.
+    pub fn create(&self, server_id: &str, limits: &Limits) -> io::Result<(AgentCgroup, Applied)> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let label: String = server_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect();
+        let name = format!("a{n}-{label}");
+        let mut dirs = Vec::new();
+        let mut applied = Applied::default();
+        for h in &self.hierarchies {
+            let dir = h.dir.join(&name);
+            if let Err(e) = fs::create_dir(&dir) {
+                let cg = AgentCgroup { dirs };
+                cg.remove_dirs();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("create {}: {e}", dir.display()),
+                ));
+            }
+            for c in &h.controllers {
+                let ok = match *c {
+                    "memory" => set_memory(&dir, h.version, limits.memory_max),
+                    "pids" => set_pids(&dir, limits.pids_max),
+                    "cpu" => set_cpu(&dir, h.version, limits.cpu_max),
+                    _ => true,
+                };
+                match *c {
+                    "memory" => applied.memory |= ok,
+                    "pids" => applied.pids |= ok,
+                    _ => applied.cpu |= ok,
+                }
+            }
+            dirs.push((dir, h.version, h.controllers.clone()));
+        }
+        Ok((AgentCgroup { dirs }, applied))
+    }
+
+    /// Best-effort removal of our own `d…` directories (at shutdown, once every agent is gone).
+    /// The shared `sandbox-agent` directory goes too when no other daemon uses it, so nothing
+    /// of ours is left in a cgroup someone else may want to remove.
+    pub fn remove_own(&self) {
+        for h in &self.hierarchies {
+            if let Err(e) = fs::remove_dir(&h.dir)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::debug!(dir = %h.dir.display(), error = %e, "cgroup not removed");
+                continue;
+            }
+            let Some(subtree) = h.dir.parent() else {
+                continue;
+            };
+            if let Ok(f) = File::open(subtree)
+                && let Ok(_guard) = Flock::lock(f, FlockArg::LockExclusive)
+            {
+                // Fails (busy) while another daemon's directory is in it; that is fine.
+                let _ = fs::remove_dir(subtree);
+            }
+        }
+    }
+
+    /// The daemon's `d…` directories (for the emergency kill).
+    pub fn own_dirs(&self) -> Vec<PathBuf> {
+        self.hierarchies.iter().map(|h| h.dir.clone()).collect()
+    }
+}
+
+/// Creates `<own>/sandbox-agent/<name>` and locks it; clears dead daemons' leftovers on the way.
+/// The subtree's own flock serialises this between daemons starting side by side.
+fn claim(
+    own: &Path,
+    name: &str,
+    version: Version,
+    enable: &[&'static str],
+) -> io::Result<Hierarchy> {
+    let subtree = own.join(SUBTREE);
+    let guard = lock_subtree(&subtree, version, enable)?;
+    clear_leftovers(&subtree);
+    let dir = subtree.join(name);
+    fs::create_dir(&dir)?;
+    if version == Version::V2 {
+        enable_controllers(&dir, enable);
+    }
+    let lock = Flock::lock(File::open(&dir)?, FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| io::Error::from(e))?;
+    drop(guard);
+    Ok(Hierarchy {
+        version,
+        controllers: enable.to_vec(),
+        dir,
+        _lock: lock,
+    })
+}
+
+/// Creates `subtree` if needed and takes its flock. A daemon that stops removes the subtree when
+/// it is empty (under the same lock), so after the lock is ours the directory is checked to be the
+/// one on disk; if it was removed meanwhile, start over.
+fn lock_subtree(
+    subtree: &Path,
+    version: Version,
+    enable: &[&'static str],
+) -> io::Result<Flock<File>> {
+    use std::os::unix::fs::MetadataExt;
+    for _ in 0..20 {
+        match fs::create_dir(subtree) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("create {}: {e}", subtree.display()),
+                ));
+            }
+        }
+        if version == Version::V2 {
+            enable_controllers(subtree, enable);
+        }
+        let guard = match File::open(subtree) {
+            Ok(f) => {
+                Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let locked = guard.metadata()?.ino();
+        if fs::metadata(subtree).is_ok_and(|m| m.ino() == locked) {
+            return Ok(guard);
+        }
+    }
+    Err(io::Error::other(format!(
+        "{} keeps disappearing",
+        subtree.display()
+    )))
+}
+
+/// Kills and removes every `d…` directory whose daemon is gone (its flock can be taken).
+fn clear_leftovers(subtree: &Path) {
+    let Ok(entries) = fs::read_dir(subtree) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !dir.is_dir() || !entry.file_name().to_string_lossy().starts_with('d') {
+            continue;
+        }
+        let Ok(file) = File::open(&dir) else { continue };
+        let Ok(_lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+            continue; // a live daemon owns it
+        };
+        let mut killed = 0;
+        let mut groups = 0;
+        for sub in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = sub.path();
+            if !p.is_dir() {
+                continue;
+            }
+            groups += 1;
+            let cg = AgentCgroup {
+                dirs: vec![(p.clone(), Version::V1, Vec::new())],
+            };
+            for _ in 0..200 {
+                let n = cg.kill_all();
+                killed += n;
+                if cg.is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            cg.remove_dirs();
+        }
+        let removed = fs::remove_dir(&dir).is_ok();
+        tracing::warn!(
+            dir = %dir.display(),
+            agent_cgroups = groups,
+            processes_killed = killed,
+            removed,
+            "cleared leftovers of a previous daemon that did not stop its agents"
+        );
+    }
+}
+
+/// v2: makes the wanted controllers available beneath `own`, respecting "no internal
+/// processes": if our group holds only us (and our own init parent, when we run as PID 1's
+/// child), those move into the leaf `<own>/sandbox-agent.daemon` first.
+fn setup_v2(own: &Path, name: &str) -> io::Result<Hierarchy> {
+    let available = read_words(&own.join("cgroup.controllers"));
+    let wanted: Vec<&'static str> = WANTED
+        .iter()
+        .copied()
+        .filter(|c| available.iter().any(|a| a == c))
+        .collect();
+    let missing = enable_controllers(own, &wanted);
+    if !missing.is_empty()
+        && let Some(ours) = only_ours(own)
+    {
+        let leaf = own.join(format!("{SUBTREE}.daemon"));
+        match fs::create_dir(&leaf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        for pid in &ours {
+            if let Err(e) = write_file(&leaf.join("cgroup.procs"), pid) {
+                tracing::warn!(pid, leaf = %leaf.display(), error = %e, "cannot move into the leaf cgroup");
+            }
+        }
+        tracing::info!(leaf = %leaf.display(), "moved the daemon into a leaf cgroup so agent groups can have controllers");
+        enable_controllers(own, &wanted);
+    }
+    let enabled = read_words(&own.join("cgroup.subtree_control"));
+    let effective: Vec<&'static str> = wanted
+        .into_iter()
+        .filter(|c| enabled.iter().any(|e| e == c))
+        .collect();
+    claim(own, name, Version::V2, &effective)
+}
+
+/// The processes of `dir` when every one is us or our parent running the same executable (our
+/// own init); `None` when anyone else is there (they are not ours to move).
+fn only_ours(dir: &Path) -> Option<Vec<String>> {
+    let me = std::process::id().to_string();
+    let parent = nix::unistd::getppid().to_string();
+    let exe = |pid: &str| fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let procs = read_words(&dir.join("cgroup.procs"));
+    let ours = procs
+        .iter()
+        .all(|p| *p == me || (*p == parent && exe(p).is_some() && exe(p) == exe(&me)));
+    ours.then_some(procs)
+}
+
+/// Writes `+c` for each controller to `dir/cgroup.subtree_control`; returns those that failed.
+fn enable_controllers(dir: &Path, controllers: &[&'static str]) -> Vec<&'static str> {
+    let path = dir.join("cgroup.subtree_control");
+    controllers
+        .iter()
+        .copied()
+        .filter(|c| write_file(&path, &format!("+{c}")).is_err())
+        .collect()
+}
+
+fn read_words(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .map(|t| t.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    let mut f = OpenOptions::new().write(true).open(path)?;
+    f.write_all(value.as_bytes())
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Warns once per limit kind when a limit did not take.
+fn not_applied(what: &'static str, flag: &AtomicBool, path: &Path, detail: String) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!(limit = what, file = %path.display(), detail, "agent limit did not take effect (reported once)");
+    } else {
+        tracing::debug!(limit = what, file = %path.display(), detail, "agent limit did not take effect");
+    }
+}
+
+static MEMORY_WARNED: AtomicBool = AtomicBool::new(false);
+static PIDS_WARNED: AtomicBool = AtomicBool::new(false);
+static CPU_WARNED: AtomicBool = AtomicBool::new(false);
+
+fn set_memory(dir: &Path, version: Version, max: Option<u64>) -> bool {
+    let Some(max) = max else { return true };
+    let file = dir.join(match version {
+        Version::V1 => "memory.limit_in_bytes",
+        Version::V2 => "memory.max",
+    });
+    if let Err(e) = write_file(&file, &max.to_string()) {
+        not_applied("memory", &MEMORY_WARNED, &file, e.to_string());
+        return false;
+    }
+    // Without this the limit only pushes the agent into swap instead of stopping it.
+    let _ = match version {
+        Version::V1 => write_file(&dir.join("memory.memsw.limit_in_bytes"), &max.to_string()),
+        Version::V2 => write_file(&dir.join("memory.swap.max"), "0"),
+    };
+    let page = crate::sys::page_size();
+    match read_u64(&file) {
+        // The kernel rounds the limit down to whole pages.
+        Some(v) if v <= max && v + page > max => true,
+        other => {
+            not_applied(
+                "memory",
+                &MEMORY_WARNED,
+                &file,
+                format!("wrote {max}, read back {other:?}"),
+            );
+            false
+        }
+    }
+}
+
+fn set_pids(dir: &Path, max: Option<u64>) -> bool {
+    let Some(max) = max else { return true };
+    let file = dir.join("pids.max");
+    if let Err(e) = write_file(&file, &max.to_string()) {
+        not_applied("pids", &PIDS_WARNED, &file, e.to_string());
+        return false;
+    }
+    match read_u64(&file) {
+        Some(v) if v == max => true,
+        other => {
+            not_applied(
+                "pids",
+                &PIDS_WARNED,
+                &file,
+                format!("wrote {max}, read back {other:?}"),
+            );
+            false
+        }
+    }
+}
+
+/// CPU limit in cores, as a CFS quota over a 100 ms period.
+fn set_cpu(dir: &Path, version: Version, cores: Option<f64>) -> bool {
+    let Some(cores) = cores else { return true };
+    const PERIOD: u64 = 100_000;
+    let quota = ((cores * PERIOD as f64).round() as u64).max(1000);
+    let (file, value) = match version {
+        Version::V1 => {
+            let _ = write_file(&dir.join("cpu.cfs_period_us"), &PERIOD.to_string());
+            (dir.join("cpu.cfs_quota_us"), quota.to_string())
+        }
+        Version::V2 => (dir.join("cpu.max"), format!("{quota} {PERIOD}")),
+    };
+    if let Err(e) = write_file(&file, &value) {
+        not_applied("cpu", &CPU_WARNED, &file, e.to_string());
+        return false;
+    }
+    let back = fs::read_to_string(&file).unwrap_or_default();
+    if back.split_whitespace().next() == Some(&quota.to_string()) {
+        true
+    } else {
+        not_applied(
+            "cpu",
+            &CPU_WARNED,
+            &file,
+            format!("wrote {value}, read back {}", back.trim()),
+        );
+        false
+    }
+}
+
+impl AgentCgroup {
+    /// Opens every group's `cgroup.procs` for writing (close-on-exec), for the child to join.
+    pub fn open_procs(&self) -> io::Result<Vec<File>> {
+        self.dirs
+            .iter()
+            .map(|(d, _, _)| OpenOptions::new().write(true).open(d.join("cgroup.procs")))
+            .collect()
+    }
+
+    /// The tracking group's directory.
+    pub fn path(&self) -> Option<&Path> {
+        self.dirs.first().map(|(d, _, _)| d.as_path())
+    }
+
+    /// Every process in any of the agent's groups.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut all = BTreeSet::new();
+        for (d, _, _) in &self.dirs {
+            for w in read_words(&d.join("cgroup.procs")) {
+                if let Ok(p) = w.parse::<i32>() {
+                    all.insert(p);
+                }
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// Processes of the tracking group only (cheaper, for figures).
+    pub fn tracked_pids(&self) -> Vec<i32> {
+        self.path()
+            .map(|d| {
+                read_words(&d.join("cgroup.procs"))
+                    .iter()
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pids().is_empty()
+    }
+
+    /// SIGKILLs everything in the groups once; returns how many processes were signalled.
+    /// Uses `cgroup.kill` on v2 where the kernel has it (atomic, fork bombs included).
+    pub fn kill_all(&self) -> usize {
+        for (d, v, _) in &self.dirs {
+            if *v == Version::V2 {
+                let _ = write_file(&d.join("cgroup.kill"), "1");
+            }
+        }
+        let pids = self.pids();
+        for p in &pids {
+            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+        }
+        pids.len()
+    }
+
+    /// How many times the kernel's OOM killer struck in the memory group.
+    pub fn oom_kills(&self) -> u64 {
+        for (d, v, ctrls) in &self.dirs {
+            if !ctrls.contains(&"memory") {
+                continue;
+            }
+            let (file, key) = match v {
+                Version::V1 => ("memory.oom_control", "oom_kill"),
+                Version::V2 => ("memory.events", "oom_kill"),
+            };
+            let text = fs::read_to_string(d.join(file)).unwrap_or_default();
+            return parse_keyed(&text, key).unwrap_or(0);
+        }
+        0
+    }
+
+    /// Removes the (empty) groups, retrying briefly: the kernel may still be releasing them.
+    pub fn remove_dirs(&self) -> bool {
+        let mut all = true;
+        for (d, _, _) in &self.dirs {
+            let mut ok = false;
+            for _ in 0..50 {
+                match fs::remove_dir(d) {
+                    Ok(()) => {
+                        ok = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        ok = true;
+                        break;
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+            if !ok {
+                tracing::warn!(dir = %d.display(), "agent cgroup could not be removed");
+            }
+            all &= ok;
+        }
+        all
+    }
+}
+
+/// Kills everything in every agent group beneath our `d…` directories (emergency exit).
+pub fn kill_beneath(dirs: &[PathBuf]) {
+    for d in dirs {
+        for sub in fs::read_dir(d).into_iter().flatten().flatten() {
+            let cg = AgentCgroup {
+                dirs: vec![(sub.path(), Version::V1, Vec::new())],
+            };
+            let _ = write_file(&sub.path().join("cgroup.kill"), "1");
+            cg.kill_all();
+        }
+    }
+}
+
+/// Reads `key N` out of a flat keyed file (`memory.events`, `memory.oom_control`).
+pub fn parse_keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 /docker/abc /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+50 23 0:40 / /mnt/with\\040space rw - ext4 /dev/sda rw
+";
+
+    #[test]
+    fn mountinfo_keeps_cgroup_mounts_with_their_controllers() {
+        let m = parse_mountinfo(MOUNTINFO);
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0].point, PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"));
+        assert!(m[0].options.iter().any(|o| o == "cpuacct"));
+        assert_eq!(m[1].root, "/docker/abc");
+        assert_eq!(m[3].version, Version::V2);
+    }
+
+    #[test]
+    fn mountinfo_unescapes_octal() {
+        assert_eq!(unescape("/mnt/with\\040space"), "/mnt/with space");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    #[test]
+    fn own_path_per_version_and_controller() {
+        let text = "9:name=systemd:/\n8:pids:/user.slice\n2:cpu,cpuacct:/x\n4:memory:/process_api/07b9\n0::/system.slice/sa.service\n";
+        assert_eq!(
+            own_path(text, Version::V1, "memory").as_deref(),
+            Some("/process_api/07b9")
+        );
+        assert_eq!(own_path(text, Version::V1, "cpu").as_deref(), Some("/x"));
+        assert_eq!(
+            own_path(text, Version::V1, "cpuacct").as_deref(),
+            Some("/x")
+        );
+        assert_eq!(
+            own_path(text, Version::V2, "").as_deref(),
+            Some("/system.slice/sa.service")
+        );
+        assert_eq!(own_path("4:memory:/a\n", Version::V2, ""), None);
+    }
+
+    #[test]
+    fn own_dir_strips_the_mount_root_of_a_bind_mounted_hierarchy() {
+        let m = parse_mountinfo(MOUNTINFO);
+        assert_eq!(
+            own_dir(&m[1], "/docker/abc/inner"),
+            PathBuf::from("/sys/fs/cgroup/memory/inner")
+        );
+        assert_eq!(own_dir(&m[2], "/"), PathBuf::from("/sys/fs/cgroup/pids"));
+        assert_eq!(
+            own_dir(&m[2], "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/pids/a/b")
+        );
+    }
+
+    #[test]
+    fn keyed_files() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(parse_keyed(v1, "oom_kill"), Some(3));
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(parse_keyed(v2, "oom_kill"), Some(1));
+        assert_eq!(parse_keyed(v2, "absent"), None);
+    }
+
+    #[test]
+    fn daemons_starting_and_stopping_side_by_side_never_trip_over_each_other() {
+        if Cgroups::setup(Mode::Auto).hierarchies.is_empty() {
+            eprintln!("SKIPPED: cgroups are not writable here");
+            return;
+        }
+        let limits = Limits {
+            memory_max: Some(64 << 20),
+            pids_max: Some(10),
+            cpu_max: None,
+        };
+        let workers: Vec<_> = (0..8)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    for round in 0..5 {
+                        let cg = Cgroups::setup(Mode::Auto);
+                        assert!(cg.enabled(), "worker {i} round {round}");
+                        let (agent, applied) =
+                            cg.create(&format!("w{i}"), &limits).expect("agent cgroup");
+                        assert!(applied.pids);
+                        assert!(agent.path().is_some_and(Path::exists));
+                        assert!(agent.remove_dirs());
+                        cg.remove_own();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! What an agent may use: the configured limits, the rlimits that stand in for a memory cgroup
+//! that is missing, and the user an agent runs as. RLIMIT_AS and RLIMIT_NPROC are never used: the
+//! first breaks Node (it reserves large address ranges), the second counts the whole user.
+
+use nix::sys::resource::Resource;
+use nix::unistd::{Gid, Uid, User};
+
+use crate::config::Config;
+
+use super::cgroup::Applied;
+
+/// The per-agent limits from the config (`None`: unlimited).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub memory_max: Option<u64>,
+    pub pids_max: Option<u64>,
+    /// In cores (1.5 = one and a half CPUs).
+    pub cpu_max: Option<f64>,
+}
+
+impl Limits {
+    pub fn from_config(config: &Config) -> Self {
+        Limits {
+            memory_max: config.agent_memory_max,
+            pids_max: config.agent_pids_max,
+            cpu_max: config.agent_cpu_max,
+        }
+    }
+
+    /// rlimits for what the cgroup did not enforce. Only memory has a per-process stand-in
+    /// (RLIMIT_DATA: heap and private writable mappings, not address space reservations).
+    pub fn fallback_rlimits(&self, applied: Applied) -> Vec<(Resource, u64)> {
+        let mut out = Vec::new();
+        if let Some(max) = self.memory_max
+            && !applied.memory
+        {
+            out.push((Resource::RLIMIT_DATA, max));
+        }
+        out
+    }
+}
+
+/// The user agents run as: uid, gid and supplementary groups.
+pub type AgentUser = (Uid, Gid, Vec<Gid>);
+
+/// Resolves `--agent-user` (a name or a numeric uid). Only meaningful when we are root; otherwise
+/// the setting is ignored with a warning (an unprivileged process cannot switch users).
+pub fn resolve_user(spec: Option<&str>) -> Result<Option<AgentUser>, String> {
+    let Some(spec) = spec.filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    if !Uid::effective().is_root() {
+        tracing::warn!(
+            user = spec,
+            "--agent-user is ignored: the daemon does not run as root"
+        );
+        return Ok(None);
+    }
+    let user = match spec.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+        Err(_) => User::from_name(spec),
+    }
+    .map_err(|e| format!("cannot look up agent user `{spec}`: {e}"))?
+    .ok_or_else(|| format!("agent user `{spec}` does not exist"))?;
+    let name = std::ffi::CString::new(user.name.clone())
+        .map_err(|_| format!("agent user `{spec}` has an invalid name"))?;
+    let groups = nix::unistd::getgrouplist(&name, user.gid).unwrap_or_else(|_| vec![user.gid]);
+    Ok(Some((user.uid, user.gid, groups)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_falls_back_to_rlimit_data_only_when_the_cgroup_did_not_take_it() {
+        let l = Limits {
+            memory_max: Some(64 << 20),
+            pids_max: Some(20),
+            cpu_max: Some(1.0),
+        };
+        let none = Applied::default();
+        assert_eq!(
+            l.fallback_rlimits(none),
+            vec![(Resource::RLIMIT_DATA, 64 << 20)]
+        );
+        let all = Applied {
+            memory: true,
+            pids: true,
+            cpu: true,
+        };
+        assert!(l.fallback_rlimits(all).is_empty());
+        let unlimited = Limits {
+            memory_max: None,
+            ..l
+        };
+        assert!(unlimited.fallback_rlimits(none).is_empty());
+    }
+
+    #[test]
+    fn unknown_agent_user_is_an_error_as_root() {
+        if !Uid::effective().is_root() {
+            return;
+        }
+        assert!(resolve_user(Some("no-such-user-sandbox-agent")).is_err());
+        let root = resolve_user(Some("0"))
+            .expect("uid 0 exists")
+            .expect("some");
+        assert!(root.0.is_root());
+        assert_eq!(resolve_user(None), Ok(None));
+    }
+}

@@ -1,0 +1,148 @@
+//! Starting one agent: its cgroup and limits first, then the process in a new session with a
+//! clean environment, piped stdio and nothing else inherited; the child joins the cgroup before
+//! exec, so nothing it starts can be outside it. Then the stderr reader and the reaper.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use super::stderr::{self, Fields, Tail};
+use super::{
+    AgentHandle, AgentProcess, HandleInner, Phase, SpawnError, SpawnSpec, Supervisor,
+    announce_fallback, register,
+};
+
+pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
+    let fail = |source: std::io::Error| SpawnError::Exec {
+        program: spec.program.clone(),
+        source,
+    };
+    let user = sup
+        .user
+        .clone()
+        .map_err(|e| fail(std::io::Error::other(e)))?;
+    // Otherwise a missing directory reads as a missing program.
+    if !spec.cwd.is_dir() {
+        return Err(fail(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("working directory {} does not exist", spec.cwd.display()),
+        )));
+    }
+    let (cgroup, applied) = if sup.cgroups.enabled() {
+        match sup.cgroups.create(&spec.server_id, &sup.limits) {
+            Ok((cg, applied)) => (Some(cg), applied),
+            Err(e) => {
+                tracing::warn!(server_id = spec.server_id, agent = spec.agent, error = %e, "cannot create the agent's cgroup; starting it without one");
+                (None, Default::default())
+            }
+        }
+    } else {
+        (None, Default::default())
+    };
+    let procs_files = match cgroup.as_ref().map(|c| c.open_procs()).transpose() {
+        Ok(files) => files.unwrap_or_default(),
+        Err(e) => {
+            if let Some(cg) = &cgroup {
+                cg.remove_dirs();
+            }
+            return Err(fail(e));
+        }
+    };
+    let rlimits = sup.limits.fallback_rlimits(applied);
+    if !rlimits.is_empty() {
+        announce_fallback("memory");
+    }
+
+    let mut cmd = tokio::process::Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(sup.base_env.iter().map(|(k, v)| (k, v)))
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    crate::sys::agent_child_setup(
+        &mut cmd,
+        crate::sys::ChildSetup {
+            cgroup_procs: procs_files.iter().map(|f| f.as_raw_fd()).collect(),
+            rlimits,
+            user,
+        },
+    );
+    let spawned = cmd.spawn();
+    // The child has joined (or failed); our copies of the cgroup.procs files go now.
+    drop(procs_files);
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(cg) = &cgroup {
+                cg.remove_dirs();
+            }
+            return Err(fail(e));
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    let stdin = child.stdin.take().expect("stdin is piped");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr_pipe = child.stderr.take().expect("stderr is piped");
+
+    let tail = Arc::new(Mutex::new(Tail::default()));
+    let stderr_task = tokio::spawn(stderr::forward(
+        stderr_pipe,
+        tail.clone(),
+        Fields {
+            server_id: spec.server_id.clone(),
+            agent: spec.agent.clone(),
+            pid,
+        },
+    ));
+    let (status_tx, status_rx) = watch::channel(None);
+    let inner = Arc::new(HandleInner {
+        pid,
+        server_id: spec.server_id.clone(),
+        agent: spec.agent.clone(),
+        cgroup,
+        status: status_rx,
+        exit: watch::channel(None).0,
+        phase: Mutex::new(Phase::Running),
+        stderr_tail: tail,
+        stderr_reader: Mutex::new(Some(stderr_task)),
+        registry: sup.live.clone(),
+    });
+    let handle = AgentHandle {
+        inner: inner.clone(),
+    };
+    register(&handle);
+    tracing::info!(
+        server_id = spec.server_id,
+        agent = spec.agent,
+        pid,
+        program = %spec.program.display(),
+        cgroup = inner.cgroup.as_ref().and_then(|c| c.path()).map(|p| p.display().to_string()),
+        "agent started"
+    );
+
+    tokio::spawn(async move {
+        let status = match child.wait().await {
+            Ok(st) => (st.code(), st.signal()),
+            Err(e) => {
+                tracing::error!(pid, error = %e, "cannot wait for the agent");
+                (None, None)
+            }
+        };
+        // The stop path waits on this; the self-exit path uses it right away.
+        let _ = status_tx.send(Some(status));
+        inner.on_top_exit(status).await;
+    });
+
+    Ok(AgentProcess {
+        stdin,
+        stdout,
+        handle,
+    })
+}

@@ -1,0 +1,526 @@
+//! Agent supervision through the real daemon: limits (pids, memory), stopping whole trees
+//! (setsid escapees, TERM-ignoring agents), daemon shutdown with many agents, clean environment,
+//! stderr kept off the protocol, and leftovers of a SIGKILLed daemon. Agents are the built-in
+//! mock (`?agent=mock`); processes are checked in /proc. Cgroup cases skip where the daemon
+//! reports no usable controller (not root, or cgroups not delegated).
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, eventually, eventually_async, is_root, pid_alive, skip};
+
+/// Sends one JSON-RPC request to `server_id` (creating it with the mock agent); (status, body).
+async fn rpc(d: &Daemon, server_id: &str, id: u64, method: &str, params: Value) -> (u16, Value) {
+    let resp = d
+        .client()
+        .post(d.url(&format!("/v1/acp/{server_id}?agent=mock")))
+        .json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+        .send()
+        .await
+        .expect("POST reaches the daemon");
+    let status = resp.status().as_u16();
+    let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// Runs a mock prompt and returns the POST's (status, body).
+async fn prompt(d: &Daemon, server_id: &str, id: u64, text: &str) -> (u16, Value) {
+    rpc(
+        d,
+        server_id,
+        id,
+        "session/prompt",
+        json!({"sessionId": "mock-1", "prompt": [{"type": "text", "text": text}]}),
+    )
+    .await
+}
+
+/// Starts an agent and opens a session; returns its pid from the listing.
+async fn start_agent(d: &Daemon, server_id: &str) -> u32 {
+    let (status, body) = rpc(
+        d,
+        server_id,
+        1,
+        "session/new",
+        json!({"cwd": "/", "mcpServers": []}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    server(d, server_id).await["pid"]
+        .as_u64()
+        .expect("listing has the pid") as u32
+}
+
+/// The listing row of `server_id` (Null when not listed).
+async fn server(d: &Daemon, server_id: &str) -> Value {
+    let list: Value = d
+        .client()
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .expect("GET /v1/acp")
+        .json()
+        .await
+        .expect("listing is JSON");
+    list["servers"]
+        .as_array()
+        .and_then(|s| s.iter().find(|e| e["serverId"] == server_id).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// Reads the SSE stream of `server_id` until `needle` appears; returns everything read.
+async fn sse_until(d: &Daemon, server_id: &str, needle: &str) -> String {
+    let mut resp = d
+        .client()
+        .get(d.url(&format!("/v1/acp/{server_id}")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("GET stream");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut seen = String::new();
+    let read = async {
+        while let Some(chunk) = resp.chunk().await.expect("stream reads") {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains(needle) {
+                return;
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .is_err()
+    {
+        panic!("`{needle}` not on the stream of {server_id}; got:\n{seen}");
+    }
+    seen
+}
+
+/// The number after `prefix` in `text` (e.g. "orphan pid 1234").
+fn number_after(text: &str, prefix: &str) -> u64 {
+    let at = text
+        .find(prefix)
+        .unwrap_or_else(|| panic!("`{prefix}` in {text}"))
+        + prefix.len();
+    text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .expect("a number")
+}
+
+/// True when the daemon's start-up log says agent cgroups carry `controller`; else prints why
+/// the test is skipped.
+fn cgroup_controller_or_skip(d: &Daemon, controller: &str) -> bool {
+    if !is_root() {
+        skip("needs root for cgroups");
+        return false;
+    }
+    let log = eventually(Duration::from_secs(5), "cgroup set-up in the log", || {
+        let log = d.stderr();
+        (log.contains("agent cgroups ready") || log.contains("cgroups are not writable"))
+            .then_some(log)
+    });
+    let ready = log
+        .lines()
+        .find(|l| l.contains("agent cgroups ready"))
+        .unwrap_or("");
+    if ready.contains(&format!("\"{controller}\"")) {
+        true
+    } else {
+        skip(&format!(
+            "the daemon has no usable `{controller}` cgroup controller here"
+        ));
+        false
+    }
+}
+
+fn session_of(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(") ")?.1;
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[tokio::test]
+async fn fork_bomb_is_capped_by_the_pids_limit_while_the_daemon_and_other_agents_stay_healthy() {
+    let d = Daemon::builder().args(["--agent-pids-max", "20"]).start();
+    if !cgroup_controller_or_skip(&d, "pids") {
+        return;
+    }
+    start_agent(&d, "bomb").await;
+    start_agent(&d, "bystander").await;
+    let (status, body) = prompt(&d, "bomb", 2, "/fork 200").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["stopReason"], "end_turn");
+    let stream = sse_until(&d, "bomb", "forked ").await;
+    let forked = number_after(&stream, "forked ");
+    assert!(forked < 20, "the pids limit let {forked} children start");
+    let procs = server(&d, "bomb").await["processes"]
+        .as_u64()
+        .expect("processes");
+    assert!(procs <= 20, "{procs} processes in a cgroup capped at 20");
+    // The daemon and the other agent are unaffected; the capped agent itself still answers.
+    let health = d
+        .client()
+        .get(d.url("/v1/health"))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(health.status().as_u16(), 200);
+    for id in ["bystander", "bomb"] {
+        let (status, body) = rpc(&d, id, 3, "_mock/echo", json!({"still": "here"})).await;
+        assert_eq!((status, &body["result"]), (200, &json!({"still": "here"})));
+    }
+    let (status, body) = prompt(&d, "bystander", 4, "/fork 5").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        sse_until(&d, "bystander", "forked 5 of 5")
+            .await
+            .contains("forked 5 of 5")
+    );
+}
+
+#[tokio::test]
+async fn memory_hog_is_killed_and_reported_as_oom() {
+    let d = Daemon::builder()
+        .args(["--agent-memory-max", "64M"])
+        .start();
+    if !cgroup_controller_or_skip(&d, "memory") {
+        return;
+    }
+    let pid = start_agent(&d, "hog").await;
+    let (status, body) = prompt(&d, "hog", 2, "/alloc 512").await;
+    assert_eq!(status, 502, "the agent died under the limit: {body}");
+    let row = eventually_async(Duration::from_secs(10), "hog listed as exited", || async {
+        let row = server(&d, "hog").await;
+        (row["status"] == "exited").then_some(row)
+    })
+    .await;
+    assert_eq!(row["exitReason"], "oom", "{row}");
+    assert_eq!(row["signal"], 9, "{row}");
+    assert!(!pid_alive(pid));
+    // A normal agent next to it is fine.
+    start_agent(&d, "calm").await;
+    let (status, _) = prompt(&d, "calm", 2, "/alloc 8").await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn setsid_orphan_is_gone_after_delete() {
+    let d = Daemon::start();
+    if !cgroup_controller_or_skip(&d, "pids") {
+        return;
+    }
+    let pid = start_agent(&d, "orphaner").await;
+    let (status, body) = prompt(&d, "orphaner", 2, "/spawn-orphan").await;
+    assert_eq!(status, 200, "{body}");
+    let orphan = number_after(
+        &sse_until(&d, "orphaner", "orphan pid ").await,
+        "orphan pid ",
+    ) as u32;
+    assert!(pid_alive(orphan));
+    assert_ne!(
+        session_of(orphan),
+        session_of(pid),
+        "the orphan left the agent's session"
+    );
+    let resp = d
+        .client()
+        .delete(d.url("/v1/acp/orphaner"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(resp.status().as_u16(), 204);
+    eventually(Duration::from_secs(10), "agent and orphan gone", || {
+        (!pid_alive(pid) && !pid_alive(orphan)).then_some(())
+    });
+}
+
+#[tokio::test]
+async fn agent_ignoring_term_is_killed_after_the_grace_period() {
+    let d = Daemon::builder().args(["--agent-grace", "1s"]).start();
+    let pid = start_agent(&d, "stubborn").await;
+    let (status, _) = prompt(&d, "stubborn", 2, "/ignore-term").await;
+    assert_eq!(status, 200);
+    let resp = d
+        .client()
+        .delete(d.url("/v1/acp/stubborn"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(
+        resp.status().as_u16(),
+        204,
+        "DELETE answers before the stop ends"
+    );
+    eventually(Duration::from_secs(10), "agent killed", || {
+        (!pid_alive(pid)).then_some(())
+    });
+    eventually(Duration::from_secs(5), "exit reason in the log", || {
+        d.stderr()
+            .lines()
+            .find(|l| l.contains("agent ended") && l.contains(&format!("pid={pid}")))
+            .map(|l| assert!(l.contains("reason=\"forced\""), "{l}"))
+    });
+}
+
+#[tokio::test]
+async fn agent_exit_reasons_are_listed() {
+    let d = Daemon::start();
+    start_agent(&d, "crasher").await;
+    let (status, _) = prompt(&d, "crasher", 2, "/crash 7").await;
+    assert_eq!(status, 502);
+    let row = eventually_async(Duration::from_secs(10), "crasher exited", || async {
+        let row = server(&d, "crasher").await;
+        (row["status"] == "exited").then_some(row)
+    })
+    .await;
+    assert_eq!(
+        (&row["exitReason"], &row["exitCode"]),
+        (&json!("exited"), &json!(7)),
+        "{row}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_with_20_running_agents_stops_them_all_and_exits_0() {
+    let grace = Duration::from_secs(2);
+    let mut d = Daemon::builder()
+        .args(["--shutdown-grace", "2s", "--agent-grace", "1s"])
+        .start();
+    let mut pids = Vec::new();
+    for i in 0..20 {
+        let id = format!("agent-{i}");
+        pids.push(start_agent(&d, &id).await);
+        // Half of them make it hard: ignore TERM, or leave a child behind.
+        let text = if i % 2 == 0 {
+            "/ignore-term"
+        } else {
+            "/fork 2"
+        };
+        let (status, _) = prompt(&d, &id, 2, text).await;
+        assert_eq!(status, 200);
+    }
+    for p in pids.clone() {
+        pids.extend(crate::support::children_of(p));
+    }
+    assert!(pids.len() >= 30 && pids.iter().all(|p| pid_alive(*p)));
+    let code = d.stop(grace + Duration::from_secs(1));
+    assert_eq!(code, 0, "stderr:\n{}", d.stderr());
+    let left: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(
+        left.is_empty(),
+        "agent processes outlived the daemon: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn agent_environment_has_no_token_no_notify_socket_and_no_extra_fds() {
+    let d = Daemon::builder()
+        .token("tok-7d1e-secret")
+        .env("SANDBOX_AGENT_ACP_REGISTRY_URL", "http://127.0.0.1:9/none")
+        .env("KEEP_ME", "kept")
+        .start();
+    let pid = start_agent(&d, "env").await;
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("read environ");
+    let vars: Vec<String> = environ
+        .split(|b| *b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    assert!(vars.iter().any(|v| v == "KEEP_ME=kept"), "{vars:?}");
+    for v in &vars {
+        assert!(!v.contains("tok-7d1e-secret"), "token leaked: {v}");
+        assert!(!v.starts_with("NOTIFY_SOCKET="), "{v}");
+        assert!(!v.starts_with("SANDBOX_AGENT_"), "{v}");
+        assert!(
+            !v.starts_with("LISTEN_") && !v.starts_with("WATCHDOG_"),
+            "{v}"
+        );
+    }
+    let mut fds: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort();
+    assert_eq!(fds, vec![0, 1, 2], "the agent inherited descriptors");
+}
+
+#[tokio::test]
+async fn agent_stderr_goes_to_the_log_never_to_the_stream() {
+    let d = Daemon::builder().args(["--log-format", "json"]).start();
+    let pid = start_agent(&d, "noisy").await;
+    let marker = "stderr-marker-5f2c";
+    let (status, _) = prompt(&d, "noisy", 2, &format!("/stderr {marker}")).await;
+    assert_eq!(status, 200);
+    let (status, _) = prompt(&d, "noisy", 3, "after the noise").await;
+    assert_eq!(status, 200);
+    let stream = sse_until(&d, "noisy", "after the noise").await;
+    assert!(
+        !stream.contains(marker),
+        "stderr reached the stream:\n{stream}"
+    );
+    let entry: Value = eventually(Duration::from_secs(5), "stderr line in the log", || {
+        d.stderr()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["message"] == marker)
+    });
+    assert_eq!(entry["server_id"], "noisy", "{entry}");
+    assert_eq!(entry["agent"], "mock", "{entry}");
+    assert_eq!(entry["pid"], pid, "{entry}");
+    assert_eq!(entry["target"], "sandbox_agent::agent_stderr", "{entry}");
+}
+
+#[tokio::test]
+async fn restart_after_sigkill_clears_the_dead_daemons_agents() {
+    let first = Daemon::builder().expect_exit(None).start();
+    if !cgroup_controller_or_skip(&first, "pids") {
+        return;
+    }
+    let pid = start_agent(&first, "left-behind").await;
+    let (status, _) = prompt(&first, "left-behind", 2, "/spawn-orphan").await;
+    assert_eq!(status, 200);
+    let orphan = number_after(
+        &sse_until(&first, "left-behind", "orphan pid ").await,
+        "orphan pid ",
+    ) as u32;
+    let (status, _) = prompt(&first, "left-behind", 3, "/fork 3").await;
+    assert_eq!(status, 200);
+    let mut left = crate::support::children_of(pid);
+    left.push(orphan);
+    assert!(left.len() >= 4, "{left:?}");
+    first.signal(Signal::SIGKILL);
+    eventually(Duration::from_secs(5), "first daemon dead", || {
+        (!pid_alive(first.pid())).then_some(())
+    });
+    // Nothing stopped them: the daemon died without a word (the mock itself ends on stdin EOF).
+    assert!(left.iter().all(|p| pid_alive(*p)), "{left:?}");
+    drop(first);
+    let second = Daemon::start();
+    eventually(Duration::from_secs(10), "leftovers killed", || {
+        left.iter().all(|p| !pid_alive(*p)).then_some(())
+    });
+    drop(second);
+}
+
+#[tokio::test]
+async fn without_cgroups_memory_is_capped_per_process_and_the_log_says_so_once() {
+    let d = Daemon::builder()
+        .args(["--agent-cgroups", "off", "--agent-memory-max", "64M"])
+        .start();
+    start_agent(&d, "first").await;
+    start_agent(&d, "second").await;
+    let (status, body) = prompt(&d, "second", 2, "/alloc 512").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body["stderrTail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("memory allocation"),
+        "{body}"
+    );
+    let row = eventually_async(Duration::from_secs(10), "second exited", || async {
+        let row = server(&d, "second").await;
+        (row["status"] == "exited").then_some(row)
+    })
+    .await;
+    assert_eq!(
+        (&row["exitReason"], &row["signal"]),
+        (&json!("crashed"), &json!(6)),
+        "{row}"
+    );
+    // Small allocations still work under the cap.
+    let (status, _) = prompt(&d, "first", 2, "/alloc 8").await;
+    assert_eq!(status, 200);
+    let log = d.stderr();
+    assert_eq!(log.matches("RLIMIT_DATA").count(), 1, "{log}");
+}
+
+#[tokio::test]
+async fn v2_hierarchy_tracks_the_tree_and_reports_missing_controllers() {
+    if !is_root() || !std::path::Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists() {
+        skip("needs root and a hybrid cgroup2 mount at /sys/fs/cgroup/unified");
+        return;
+    }
+    let d = Daemon::builder().args(["--agent-cgroups", "v2"]).start();
+    let log = eventually(Duration::from_secs(5), "cgroup set-up", || {
+        let log = d.stderr();
+        log.contains("agent cgroups ready").then_some(log)
+    });
+    let controllers =
+        std::fs::read_to_string("/sys/fs/cgroup/unified/cgroup.controllers").unwrap_or_default();
+    if !controllers.contains("pids") {
+        assert!(
+            log.contains("not enforced") && log.contains("controller=\"pids\""),
+            "a v2 group without the pids controller must be reported:\n{log}"
+        );
+    }
+    let pid = start_agent(&d, "v2").await;
+    let (status, _) = prompt(&d, "v2", 2, "/spawn-orphan").await;
+    assert_eq!(status, 200);
+    let orphan = number_after(&sse_until(&d, "v2", "orphan pid ").await, "orphan pid ") as u32;
+    let resp = d
+        .client()
+        .delete(d.url("/v1/acp/v2"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(resp.status().as_u16(), 204);
+    eventually(Duration::from_secs(10), "agent and orphan gone", || {
+        (!pid_alive(pid) && !pid_alive(orphan)).then_some(())
+    });
+}
+
+#[tokio::test]
+async fn agents_run_as_the_configured_user() {
+    if !is_root() {
+        skip("needs root to switch the agent user");
+        return;
+    }
+    let d = Daemon::builder().args(["--agent-user", "nobody"]).start();
+    // The agent user must be able to enter its working directory.
+    for dir in [d.dir.path().to_path_buf(), d.work_dir()] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let pid = start_agent(&d, "as-nobody").await;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Uid:"), vec!["65534"; 4], "{status}");
+    assert_eq!(field("Gid:"), vec!["65534"; 4], "{status}");
+    assert!(!field("Groups:").contains(&"0".to_string()), "{status}");
+}
+
+#[tokio::test]
+async fn a_second_stop_signal_kills_every_agent_at_once() {
+    let mut d = Daemon::builder()
+        .args(["--shutdown-grace", "60s", "--agent-grace", "60s"])
+        .start();
+    let pid = start_agent(&d, "stubborn").await;
+    let (status, _) = prompt(&d, "stubborn", 2, "/ignore-term").await;
+    assert_eq!(status, 200);
+    let (status, _) = prompt(&d, "stubborn", 3, "/fork 2").await;
+    assert_eq!(status, 200);
+    let mut tree = crate::support::children_of(pid);
+    tree.push(pid);
+    d.signal(Signal::SIGTERM);
+    d.wait_notify("STOPPING=1", Duration::from_secs(5));
+    // The graceful stop would wait a minute for this agent; a second signal cuts it short.
+    assert!(pid_alive(pid));
+    d.signal(Signal::SIGTERM);
+    let code = d.stop(Duration::from_secs(10));
+    assert_eq!(code, 128 + 15);
+    eventually(Duration::from_secs(5), "agent tree killed", || {
+        tree.iter().all(|p| !pid_alive(*p)).then_some(())
+    });
+}
