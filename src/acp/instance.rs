@@ -58,6 +58,9 @@ struct Stdin {
     scratch: Vec<u8>,
 }
 
+/// How much of the agent's stderr a 502 carries ("the last few KiB").
+const STDERR_EXCERPT: usize = 4096;
+
 /// Writes of at most this many bytes to a pipe are atomic: all or nothing (POSIX `PIPE_BUF`).
 const PIPE_BUF: usize = 4096;
 
@@ -315,7 +318,10 @@ impl AcpInstance {
             Some(e) => self.gone(e),
             None => self.gone(Arc::new(Ended {
                 exit: None,
-                stderr_tail: self.handle().map(|h| h.stderr_tail()).unwrap_or_default(),
+                stderr_tail: self
+                    .handle()
+                    .map(|h| h.stderr_excerpt(STDERR_EXCERPT))
+                    .unwrap_or_default(),
                 detail: "the agent's stdin is closed".to_string(),
             })),
         }
@@ -370,7 +376,10 @@ impl AcpInstance {
     fn finish(&self, exit: Option<ExitInfo>, detail: String) {
         let ended = Arc::new(Ended {
             exit,
-            stderr_tail: self.handle().map(|h| h.stderr_tail()).unwrap_or_default(),
+            stderr_tail: self
+                .handle()
+                .map(|h| h.stderr_excerpt(STDERR_EXCERPT))
+                .unwrap_or_default(),
             detail,
         });
         let waiters = {

@@ -615,28 +615,45 @@ async fn sse_framing_is_exact() {
         sse.read_chunk(SECS5).await;
     }
     let text = sse.text();
-    let expected_data = json!({
-        "jsonrpc": "2.0",
-        "method": "session/update",
-        "params": {
-            "sessionId": session,
-            "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hello there"}}
-        }
-    });
-    let first_end = text.find("\n\n").unwrap() + 2;
-    let first = &text[..first_end];
-    let data_line = first
-        .strip_prefix("event: message\nid: 1\ndata: ")
-        .and_then(|r| r.strip_suffix("\n\n"))
-        .unwrap_or_else(|| panic!("bad frame {first:?}"));
-    assert!(!data_line.contains('\n') && !data_line.contains('\r'));
-    assert_eq!(
-        serde_json::from_str::<Value>(data_line).unwrap(),
-        expected_data
-    );
+    // What the agent itself writes for the same prompt, straight from its stdout: the frame must
+    // carry exactly those bytes.
+    let agent_line = {
+        use std::io::{BufRead, Write};
+        let mut mock = std::process::Command::new(crate::support::BIN)
+            .arg("mock-agent")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = mock.stdin.take().unwrap();
+        let new = request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        );
+        let msg = prompt(json!(2), &session, "hello there");
+        writeln!(stdin, "{new}\n{msg}").unwrap();
+        let mut out = std::io::BufReader::new(mock.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap(); // the session/new answer
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        drop(stdin);
+        mock.wait().unwrap();
+        line.trim_end_matches('\n').to_string()
+    };
+    assert!(agent_line.contains("agent_message_chunk"), "{agent_line}");
+    let expected = format!("event: message\nid: 1\ndata: {agent_line}\n\n: keepalive\n\n");
     assert!(
-        text[first_end..].starts_with(": keepalive\n\n"),
-        "a keepalive comment follows: {text:?}"
+        text.starts_with(&expected),
+        "got {text:?}\nwanted it to start with {expected:?}"
+    );
+    // After the event, nothing but keepalive comments.
+    assert!(
+        text[expected.len()..]
+            .split_inclusive("\n\n")
+            .all(|c| c == ": keepalive\n\n" || ": keepalive\n\n".starts_with(c)),
+        "{text:?}"
     );
     // The POST's own response never appears on the stream.
     assert!(!text.contains("end_turn"));
