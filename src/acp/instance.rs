@@ -1,5 +1,6 @@
-//! One serverId: its agent process, the stdin writer task, the stdout reader task, the pending
-//! requests and the event log. **Invariant:** every line the agent writes is either handed to the
+//! One serverId: its agent process, the way to its stdin (a POST writes directly when nothing is
+//! queued, else a writer task keeps order), the stdout reader task, the pending requests and the
+//! event log. **Invariant:** every line the agent writes is either handed to the
 //! one POST waiting for it or appended to the event log (nothing is lost), in the order written;
 //! once the agent is gone every waiting POST learns it at once.
 
@@ -11,7 +12,6 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{ChildStdin, ChildStdout};
-
 use tokio::sync::{mpsc, oneshot};
 
 use super::events::{EventLog, LogLimits};
@@ -80,6 +80,8 @@ pub struct AcpInstance {
     pub agent: String,
     pub created_at_ms: u64,
     pub events: Arc<EventLog>,
+    /// How long an agent that closed its stdout gets to exit after SIGTERM.
+    grace: Duration,
     pending: Mutex<Pending>,
     running: OnceLock<Running>,
     /// Serializes the start so that concurrent first POSTs start one process.
@@ -102,7 +104,7 @@ pub enum Delivered {
 }
 
 impl AcpInstance {
-    pub fn new(server_id: String, agent: String, limits: LogLimits) -> Self {
+    pub fn new(server_id: String, agent: String, limits: LogLimits, grace: Duration) -> Self {
         let created_at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -113,6 +115,7 @@ impl AcpInstance {
             agent,
             created_at_ms,
             events: Arc::new(EventLog::new(limits)),
+            grace,
             pending: Mutex::new(Pending::default()),
             running: OnceLock::new(),
             start_lock: tokio::sync::Mutex::new(None),
@@ -560,7 +563,7 @@ async fn read_loop(
                     detail = "the agent closed its stdout".to_string();
                 }
                 inst.finish(None, detail.clone());
-                handle.stop(Duration::from_secs(5)).await;
+                handle.stop(inst.grace).await;
                 return;
             }
         },
