@@ -1239,3 +1239,48 @@ async fn npm_acp_http_client_drives_the_mock_agent() {
     // Its disconnect() DELETEd the serverId.
     assert!(listing(&d).await.is_empty());
 }
+
+#[tokio::test]
+async fn large_messages_round_trip_in_both_directions() {
+    let d = Daemon::start();
+    start_session(&d, "big").await;
+    // Lines over the pipe's atomic size go through the writer task; small ones racing with them
+    // must still each get their own answer.
+    let big = "x".repeat(1 << 20);
+    let calls = (0..12).map(|i| {
+        let d = &d;
+        let payload = if i % 3 == 0 {
+            big.clone()
+        } else {
+            format!("small {i}")
+        };
+        async move {
+            let a = post(
+                d,
+                "/v1/acp/big",
+                request(json!(100 + i), "_mock/echo", json!({"p": payload})),
+            )
+            .await;
+            assert_eq!(a.status, 200);
+            let body = a.json();
+            assert_eq!(body["id"], 100 + i);
+            assert_eq!(body["result"]["p"].as_str().unwrap(), payload);
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    // A notification carrying a large body is written whole as well.
+    let a = post(
+        &d,
+        "/v1/acp/big",
+        json!({"jsonrpc":"2.0","method":"_mock/ignored","params":{"p": big}}),
+    )
+    .await;
+    assert_eq!(a.status, 202);
+    let a = post(
+        &d,
+        "/v1/acp/big",
+        request(json!(1), "_mock/echo", json!("after")),
+    )
+    .await;
+    assert_eq!(a.json()["result"], "after");
+}
