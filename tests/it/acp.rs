@@ -1140,16 +1140,40 @@ async fn jsonrpc_errors_turn_failures_into_json_rpc_error_objects() {
     assert_eq!(body["error"]["data"]["exitCode"], 9);
 }
 
-#[tokio::test]
-async fn shutdown_ends_streams_and_stops_agents() {
-    let mut d = Daemon::start();
-    start_session(&d, "bye").await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_waiting_posts_ends_streams_and_stops_agents() {
+    let d = Daemon::start();
+    let session = start_session(&d, "bye").await;
     let pid = server_info(&d, "bye").await.unwrap()["pid"]
         .as_u64()
         .unwrap() as u32;
     let mut sse = Sse::open(&d, "bye", None).await;
-    let code = d.stop(Duration::from_secs(15));
-    assert_eq!(code, 0);
+    let (client, url) = (d.client(), d.url("/v1/acp/bye"));
+    let body = prompt(json!(2), &session, "/hang").to_string();
+    let waiting = tokio::spawn(async move {
+        let r = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("an answer, not a dropped connection");
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap())
+    });
+    eventually_async(SECS5, "the prompt pending", || async {
+        let s = server_info(&d, "bye").await?;
+        (s["pendingRequests"] == 1).then_some(())
+    })
+    .await;
+    let mut d = d;
+    let (code, d) = tokio::task::spawn_blocking(move || (d.stop(Duration::from_secs(15)), d))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{}", d.stderr());
+    let (status, problem) = waiting.await.unwrap();
+    assert_eq!(status, 502, "{problem}");
+    assert_eq!(problem["exitReason"], "graceful");
     sse.wait_end(SECS5).await;
     assert!(!pid_alive(pid), "the agent was stopped with the daemon");
 }
