@@ -1,10 +1,11 @@
 //! The event log of one serverId: every agent→client message that is not a POST's answer gets the
 //! next id (from 1, strictly increasing), is kept in a ring bounded by count and bytes, and is
 //! queued to every subscriber. **Invariant:** a push is in the ring and in every live subscriber's
-//! queue before `push` returns; a subscriber whose queue outgrows its bound is cut off, so no
+//! queue before `push` returns (subscribers are woken in batches by `wake`); a subscriber whose queue outgrows its bound is cut off, so no
 //! subscriber ever slows the reader or another subscriber, and memory stays bounded.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -67,8 +68,9 @@ impl EventLog {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Appends one message (a single-line JSON object) and queues it to every subscriber.
-    /// Returns its id. A closed log drops the message (the instance is gone).
+    /// Appends one message (a single-line JSON object) and queues it to every subscriber
+    /// (`wake` then wakes them). Returns its id. A closed log drops the message (the instance is
+    /// gone).
     pub fn push(&self, json_line: &[u8]) -> u64 {
         let mut st = self.lock();
         if st.closed {
@@ -93,6 +95,15 @@ impl EventLog {
         let limits = self.limits;
         st.subscribers.retain(|q| q.offer(&frame, limits));
         id
+    }
+
+    /// Wakes every subscriber that has frames it was not yet woken for. The reader calls this
+    /// before it waits for more agent output and before it hands a response to its POST.
+    pub fn wake(&self) {
+        let st = self.lock();
+        for q in &st.subscribers {
+            q.wake();
+        }
     }
 
     /// The id of the last event pushed (0 before the first).
@@ -140,6 +151,7 @@ impl EventLog {
                 cut: false,
             }),
             notify: Notify::new(),
+            unwoken: AtomicBool::new(false),
         });
         if !st.closed {
             st.subscribers.push(queue.clone());
@@ -184,6 +196,8 @@ struct QueueState {
 struct Queue {
     state: Mutex<QueueState>,
     notify: Notify,
+    /// Frames were queued since the last wake-up.
+    unwoken: AtomicBool,
 }
 
 impl Queue {
@@ -213,8 +227,16 @@ impl Queue {
         q.bytes += frame.len();
         q.frames.push_back(frame.clone());
         drop(q);
-        self.notify.notify_one();
+        // The wake-up is deferred to `EventLog::wake`, so that a burst of events costs each
+        // subscriber one wake-up (and one socket write) instead of one per event.
+        self.unwoken.store(true, Ordering::Release);
         true
+    }
+
+    fn wake(&self) {
+        if self.unwoken.swap(false, Ordering::AcqRel) {
+            self.notify.notify_one();
+        }
     }
 
     fn close(&self, cut: bool) {
@@ -374,6 +396,7 @@ mod tests {
         };
         for i in 0..10 {
             l.push(b"{}");
+            l.wake();
             if i < 9 {
                 assert!(matches!(rt.block_on(fast.next()), Next::Frames(_)));
             }

@@ -1,5 +1,6 @@
-//! One serverId: its agent process, the stdin writer task, the stdout reader task, the pending
-//! requests and the event log. **Invariant:** every line the agent writes is either handed to the
+//! One serverId: its agent process, the way to its stdin (a POST writes directly when nothing is
+//! queued, else a writer task keeps order), the stdout reader task, the pending requests and the
+//! event log. **Invariant:** every line the agent writes is either handed to the
 //! one POST waiting for it or appended to the event log (nothing is lost), in the order written;
 //! once the agent is gone every waiting POST learns it at once.
 
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 
@@ -44,6 +45,27 @@ enum Done {
 struct Running {
     handle: AgentHandle,
     writer: mpsc::Sender<WriteJob>,
+    stdin: Arc<Mutex<Stdin>>,
+}
+
+/// The agent's stdin, shared by the POSTs' fast path and the writer task.
+struct Stdin {
+    pipe: ChildStdin,
+    /// Lines are queued to (or being written by) the writer task: later lines must queue too,
+    /// so that they stay in order.
+    backlog: bool,
+    broken: bool,
+    scratch: Vec<u8>,
+}
+
+/// How much of the agent's stderr a 502 carries ("the last few KiB").
+const STDERR_EXCERPT: usize = 4096;
+
+/// Writes of at most this many bytes to a pipe are atomic: all or nothing (POSIX `PIPE_BUF`).
+const PIPE_BUF: usize = 4096;
+
+fn lock_stdin(m: &Mutex<Stdin>) -> std::sync::MutexGuard<'_, Stdin> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Default)]
@@ -58,6 +80,8 @@ pub struct AcpInstance {
     pub agent: String,
     pub created_at_ms: u64,
     pub events: Arc<EventLog>,
+    /// How long an agent that closed its stdout gets to exit after SIGTERM.
+    grace: Duration,
     pending: Mutex<Pending>,
     running: OnceLock<Running>,
     /// Serializes the start so that concurrent first POSTs start one process.
@@ -80,7 +104,7 @@ pub enum Delivered {
 }
 
 impl AcpInstance {
-    pub fn new(server_id: String, agent: String, limits: LogLimits) -> Self {
+    pub fn new(server_id: String, agent: String, limits: LogLimits, grace: Duration) -> Self {
         let created_at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -91,6 +115,7 @@ impl AcpInstance {
             agent,
             created_at_ms,
             events: Arc::new(EventLog::new(limits)),
+            grace,
             pending: Mutex::new(Pending::default()),
             running: OnceLock::new(),
             start_lock: tokio::sync::Mutex::new(None),
@@ -184,12 +209,27 @@ impl AcpInstance {
         // process never exists without its reader and writer.
         let (tx, rx) = mpsc::channel(1024);
         let handle = process.handle.clone();
+        let stdin = Arc::new(Mutex::new(Stdin {
+            pipe: process.stdin,
+            backlog: false,
+            broken: false,
+            scratch: Vec::with_capacity(PIPE_BUF),
+        }));
         let _ = self.running.set(Running {
             handle: handle.clone(),
             writer: tx,
+            stdin: stdin.clone(),
         });
         drop(detached);
-        tokio::spawn(write_loop(self.clone(), process.stdin, rx));
+        // The writer holds only a weak reference and watches for the end, so that neither an exited
+        // nor a deleted instance is kept alive by its own writer (which owns the channel's
+        // receiver while the instance owns the sender).
+        tokio::spawn(write_loop(
+            Arc::downgrade(self),
+            self.ended_rx.clone(),
+            stdin,
+            rx,
+        ));
         tokio::spawn(read_loop(self.clone(), process.stdout, handle, max_line));
         Ok(())
     }
@@ -229,11 +269,10 @@ impl AcpInstance {
                     p.waiters.insert(key.clone(), tx);
                     rx
                 };
-                let job = WriteJob {
-                    line,
-                    done: Done::Request(key.clone()),
-                };
-                if running.writer.send(job).await.is_err() {
+                if send_line(running, line, Done::Request(key.clone()))
+                    .await
+                    .is_err()
+                {
                     self.pending().waiters.remove(&key);
                     return Err(self.gone_error());
                 }
@@ -255,16 +294,13 @@ impl AcpInstance {
                     return Err(self.gone(ended));
                 }
                 let (tx, rx) = oneshot::channel();
-                let job = WriteJob {
-                    line,
-                    done: Done::Ack(tx),
-                };
-                if running.writer.send(job).await.is_err() {
-                    return Err(self.gone_error());
-                }
-                match rx.await {
-                    Ok(()) => Ok(Delivered::Accepted),
-                    Err(_) => Err(self.gone_error()),
+                match send_line(running, line, Done::Ack(tx)).await {
+                    Err(()) => Err(self.gone_error()),
+                    Ok(Sent::Written) => Ok(Delivered::Accepted),
+                    Ok(Sent::Queued) => match rx.await {
+                        Ok(()) => Ok(Delivered::Accepted),
+                        Err(_) => Err(self.gone_error()),
+                    },
                 }
             }
         }
@@ -285,7 +321,10 @@ impl AcpInstance {
             Some(e) => self.gone(e),
             None => self.gone(Arc::new(Ended {
                 exit: None,
-                stderr_tail: self.handle().map(|h| h.stderr_tail()).unwrap_or_default(),
+                stderr_tail: self
+                    .handle()
+                    .map(|h| h.stderr_excerpt(STDERR_EXCERPT))
+                    .unwrap_or_default(),
                 detail: "the agent's stdin is closed".to_string(),
             })),
         }
@@ -303,6 +342,8 @@ impl AcpInstance {
                 let waiter = self.pending().waiters.remove(&key);
                 match waiter {
                     Some(tx) => {
+                        // Whatever the agent said before this answer reaches the streams first.
+                        self.events.wake();
                         if let Err(line) = tx.send(line) {
                             // Its POST is gone (timeout, client disconnect, respond-async):
                             // the answer is not lost, it goes to the stream.
@@ -338,7 +379,10 @@ impl AcpInstance {
     fn finish(&self, exit: Option<ExitInfo>, detail: String) {
         let ended = Arc::new(Ended {
             exit,
-            stderr_tail: self.handle().map(|h| h.stderr_tail()).unwrap_or_default(),
+            stderr_tail: self
+                .handle()
+                .map(|h| h.stderr_excerpt(STDERR_EXCERPT))
+                .unwrap_or_default(),
             detail,
         });
         let waiters = {
@@ -354,28 +398,107 @@ impl AcpInstance {
     }
 }
 
+enum Sent {
+    Written,
+    /// Handed to the writer task, which reports through the job's `Done`.
+    Queued,
+}
+
+/// Writes one line. The fast path writes it from the caller's task at once when nothing is
+/// queued and it fits one atomic pipe write (a cancelled POST can never leave half a line); else
+/// it goes to the writer task, which waits for room in the pipe.
+async fn send_line(running: &Running, line: Bytes, done: Done) -> Result<Sent, ()> {
+    let job = {
+        let mut st = lock_stdin(&running.stdin);
+        if st.broken {
+            return Err(());
+        }
+        let mut job = WriteJob { line, done };
+        if !st.backlog && job.line.len() < PIPE_BUF {
+            let st = &mut *st;
+            st.scratch.clear();
+            st.scratch.extend_from_slice(&job.line);
+            st.scratch.push(b'\n');
+            match nix::unistd::write(&st.pipe, &st.scratch) {
+                Ok(n) if n == st.scratch.len() => return Ok(Sent::Written),
+                // Not expected below PIPE_BUF; queue the rest (its newline is added back).
+                Ok(n) => {
+                    job.line = Bytes::copy_from_slice(&st.scratch[n..st.scratch.len() - 1]);
+                }
+                Err(nix::errno::Errno::EAGAIN) => {}
+                Err(_) => {
+                    st.broken = true;
+                    return Err(());
+                }
+            }
+        }
+        // Queued under the lock, so the writer cannot declare the backlog empty in between.
+        st.backlog = true;
+        match running.writer.try_send(job) {
+            Ok(()) => return Ok(Sent::Queued),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(()),
+            Err(mpsc::error::TrySendError::Full(job)) => job,
+        }
+    };
+    // The queue is full (the agent reads slowly): wait for room, outside the lock.
+    running.writer.send(job).await.map_err(|_| ())?;
+    Ok(Sent::Queued)
+}
+
+/// Writes all of `buf`, taking the stdin lock only for each attempt (never across an await).
+async fn write_all_shared(stdin: &Mutex<Stdin>, buf: &[u8]) -> std::io::Result<()> {
+    use tokio::io::AsyncWrite;
+    let mut off = 0;
+    while off < buf.len() {
+        let n = std::future::poll_fn(|cx| {
+            let mut st = lock_stdin(stdin);
+            std::pin::Pin::new(&mut st.pipe).poll_write(cx, &buf[off..])
+        })
+        .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        off += n;
+    }
+    Ok(())
+}
+
 async fn write_loop(
-    inst: Arc<AcpInstance>,
-    mut stdin: ChildStdin,
+    inst: std::sync::Weak<AcpInstance>,
+    mut ended: tokio::sync::watch::Receiver<bool>,
+    stdin: Arc<Mutex<Stdin>>,
     mut rx: mpsc::Receiver<WriteJob>,
 ) {
     let mut jobs = Vec::with_capacity(64);
     let mut buf = Vec::with_capacity(64 * 1024);
-    while rx.recv_many(&mut jobs, 64).await > 0 {
+    loop {
+        let n = tokio::select! {
+            n = rx.recv_many(&mut jobs, 64) => n,
+            _ = ended.wait_for(|e| *e) => 0,
+        };
+        if n == 0 {
+            break;
+        }
         buf.clear();
         for j in &jobs {
             buf.extend_from_slice(&j.line);
             buf.push(b'\n');
         }
-        match stdin.write_all(&buf).await {
+        match write_all_shared(&stdin, &buf).await {
             Ok(()) => {
                 for j in jobs.drain(..) {
                     if let Done::Ack(tx) = j.done {
                         let _ = tx.send(());
                     }
                 }
+                let mut st = lock_stdin(&stdin);
+                if rx.is_empty() {
+                    st.backlog = false;
+                }
             }
             Err(e) => {
+                lock_stdin(&stdin).broken = true;
+                let Some(inst) = inst.upgrade() else { break };
                 tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
                     "cannot write to the agent's stdin");
                 let mut p = inst.pending();
@@ -391,6 +514,7 @@ async fn write_loop(
             buf = Vec::with_capacity(64 * 1024);
         }
     }
+    lock_stdin(&stdin).broken = true;
     // Dropping the receiver makes every later send fail, which its POST answers with 502.
 }
 
@@ -405,6 +529,10 @@ async fn read_loop(
     let mut drain_until = tokio::time::Instant::now();
     let mut detail = String::new();
     loop {
+        if !reader.has_line() {
+            // About to wait for the agent: let the subscribers have what this burst produced.
+            inst.events.wake();
+        }
         tokio::select! {
             biased;
             line = reader.next_line() => match line {
@@ -435,7 +563,7 @@ async fn read_loop(
                     detail = "the agent closed its stdout".to_string();
                 }
                 inst.finish(None, detail.clone());
-                handle.stop(Duration::from_secs(5)).await;
+                handle.stop(inst.grace).await;
                 return;
             }
         },
@@ -484,6 +612,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             scanned: 0,
             skipping: None,
         }
+    }
+
+    /// True when a complete line is already buffered (the next call will not wait).
+    fn has_line(&self) -> bool {
+        memchr::memchr(b'\n', &self.buf[self.scanned..]).is_some()
     }
 
     /// The next line (without its newline), or `None` at end of stream. Cancel-safe: all state

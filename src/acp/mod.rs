@@ -26,6 +26,7 @@ pub use registry::{AcpService, ServerInfo};
 #[derive(Debug, Clone)]
 pub struct Ended {
     pub exit: Option<ExitInfo>,
+    /// The last few KiB of the agent's stderr.
     pub stderr_tail: String,
     /// One sentence for the problem's `detail`.
     pub detail: String,

@@ -112,6 +112,7 @@ impl AcpService {
             server_id.to_string(),
             agent.to_string(),
             self.limits,
+            self.deps.config.agent_grace,
         ));
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)

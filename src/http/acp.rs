@@ -263,3 +263,55 @@ impl Prefer {
         p
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn check_accept(accept: Option<&'static str>, json: bool, sse: bool) {
+        let h = headers(&accept.map(|a| vec![("accept", a)]).unwrap_or_default());
+        assert_eq!(accepts(&h, "application", "json"), json, "{accept:?} json");
+        assert_eq!(accepts(&h, "text", "event-stream"), sse, "{accept:?} sse");
+    }
+
+    #[test]
+    fn accept_ranges() {
+        check_accept(None, true, true);
+        check_accept(Some("*/*"), true, true);
+        check_accept(Some("application/json"), true, false);
+        check_accept(Some("text/event-stream"), false, true);
+        check_accept(Some("text/*"), false, true);
+        check_accept(Some("application/json, text/event-stream"), true, true);
+        check_accept(Some("Application/JSON;q=0.5"), true, false);
+        check_accept(Some("application/json;q=0, */*;q=0"), false, false);
+        check_accept(Some("text/html"), false, false);
+    }
+
+    #[test]
+    fn content_type_and_prefer() {
+        assert!(is_json_content_type(&headers(&[(
+            "content-type",
+            "application/json; charset=utf-8"
+        )])));
+        assert!(!is_json_content_type(&headers(&[(
+            "content-type",
+            "application/jsonl"
+        )])));
+        assert!(!is_json_content_type(&headers(&[])));
+        let p = Prefer::parse(&headers(&[("prefer", "wait=5, Respond-Async")]));
+        assert!(p.respond_async && !p.jsonrpc_errors);
+        let p = Prefer::parse(&headers(&[
+            ("prefer", "return=minimal"),
+            ("prefer", "jsonrpc-errors"),
+        ]));
+        assert!(!p.respond_async && p.jsonrpc_errors);
+    }
+}

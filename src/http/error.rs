@@ -109,22 +109,6 @@ impl IntoResponse for Problem {
     }
 }
 
-/// The last `max` bytes of `s`, cut at a line start when one is near (for `stderrTail`).
-fn tail(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut cut = s.len() - max;
-    while !s.is_char_boundary(cut) {
-        cut += 1;
-    }
-    let t = &s[cut..];
-    match t.find('\n') {
-        Some(nl) if nl + 1 < t.len() && nl < 256 => &t[nl + 1..],
-        _ => t,
-    }
-}
-
 impl From<crate::acp::AcpError> for Problem {
     fn from(e: crate::acp::AcpError) -> Self {
         use crate::acp::AcpError as E;
@@ -173,7 +157,7 @@ impl From<crate::acp::AcpError> for Problem {
                         exit.as_ref()
                             .map(|x| serde_json::to_value(x.reason).unwrap_or(Value::Null)),
                     )
-                    .with("stderrTail", tail(&ended.stderr_tail, 4096))
+                    .with("stderrTail", ended.stderr_tail.as_str())
             }
             E::Timeout { server_id, timeout } => Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
                 .title("Agent Timeout")

@@ -615,28 +615,45 @@ async fn sse_framing_is_exact() {
         sse.read_chunk(SECS5).await;
     }
     let text = sse.text();
-    let expected_data = json!({
-        "jsonrpc": "2.0",
-        "method": "session/update",
-        "params": {
-            "sessionId": session,
-            "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hello there"}}
-        }
-    });
-    let first_end = text.find("\n\n").unwrap() + 2;
-    let first = &text[..first_end];
-    let data_line = first
-        .strip_prefix("event: message\nid: 1\ndata: ")
-        .and_then(|r| r.strip_suffix("\n\n"))
-        .unwrap_or_else(|| panic!("bad frame {first:?}"));
-    assert!(!data_line.contains('\n') && !data_line.contains('\r'));
-    assert_eq!(
-        serde_json::from_str::<Value>(data_line).unwrap(),
-        expected_data
-    );
+    // What the agent itself writes for the same prompt, straight from its stdout: the frame must
+    // carry exactly those bytes.
+    let agent_line = {
+        use std::io::{BufRead, Write};
+        let mut mock = std::process::Command::new(crate::support::BIN)
+            .arg("mock-agent")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = mock.stdin.take().unwrap();
+        let new = request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        );
+        let msg = prompt(json!(2), &session, "hello there");
+        writeln!(stdin, "{new}\n{msg}").unwrap();
+        let mut out = std::io::BufReader::new(mock.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap(); // the session/new answer
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        drop(stdin);
+        mock.wait().unwrap();
+        line.trim_end_matches('\n').to_string()
+    };
+    assert!(agent_line.contains("agent_message_chunk"), "{agent_line}");
+    let expected = format!("event: message\nid: 1\ndata: {agent_line}\n\n: keepalive\n\n");
     assert!(
-        text[first_end..].starts_with(": keepalive\n\n"),
-        "a keepalive comment follows: {text:?}"
+        text.starts_with(&expected),
+        "got {text:?}\nwanted it to start with {expected:?}"
+    );
+    // After the event, nothing but keepalive comments.
+    assert!(
+        text[expected.len()..]
+            .split_inclusive("\n\n")
+            .all(|c| c == ": keepalive\n\n" || ": keepalive\n\n".starts_with(c)),
+        "{text:?}"
     );
     // The POST's own response never appears on the stream.
     assert!(!text.contains("end_turn"));
@@ -716,7 +733,7 @@ fn rss_kib(pid: u32) -> u64 {
 #[tokio::test]
 async fn slow_subscriber_is_cut_off_while_another_keeps_receiving() {
     let d = Daemon::builder()
-        .args(["--event-buffer", "100000", "--event-buffer-bytes", "2M"])
+        .args(["--event-buffer", "100000", "--event-buffer-bytes", "4M"])
         .start();
     let session = start_session(&d, "slow").await;
     let stalled = Sse::open(&d, "slow", None).await;
@@ -728,7 +745,7 @@ async fn slow_subscriber_is_cut_off_while_another_keeps_receiving() {
     .await;
     let rss_before = rss_kib(d.pid());
     // ~30 MB of events: far more than the socket buffers and the stalled subscriber's queue
-    // (twice the ring's 2 MB).
+    // (twice the ring's 4 MB).
     let n = 150_000;
     let post_prompt = post(
         &d,
@@ -764,6 +781,7 @@ async fn slow_subscriber_is_cut_off_while_another_keeps_receiving() {
     let info = server_info(&d, "slow").await.unwrap();
     assert_eq!(info["subscribers"], 1, "the stalled subscriber was cut off");
     let grown = rss_kib(d.pid()).saturating_sub(rss_before);
+    eprintln!("daemon RSS grew by {grown} KiB while streaming ~30 MB");
     assert!(grown < 40 * 1024, "daemon RSS grew by {grown} KiB");
     drop(stalled);
 }
@@ -1122,16 +1140,40 @@ async fn jsonrpc_errors_turn_failures_into_json_rpc_error_objects() {
     assert_eq!(body["error"]["data"]["exitCode"], 9);
 }
 
-#[tokio::test]
-async fn shutdown_ends_streams_and_stops_agents() {
-    let mut d = Daemon::start();
-    start_session(&d, "bye").await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_waiting_posts_ends_streams_and_stops_agents() {
+    let d = Daemon::start();
+    let session = start_session(&d, "bye").await;
     let pid = server_info(&d, "bye").await.unwrap()["pid"]
         .as_u64()
         .unwrap() as u32;
     let mut sse = Sse::open(&d, "bye", None).await;
-    let code = d.stop(Duration::from_secs(15));
-    assert_eq!(code, 0);
+    let (client, url) = (d.client(), d.url("/v1/acp/bye"));
+    let body = prompt(json!(2), &session, "/hang").to_string();
+    let waiting = tokio::spawn(async move {
+        let r = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("an answer, not a dropped connection");
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap())
+    });
+    eventually_async(SECS5, "the prompt pending", || async {
+        let s = server_info(&d, "bye").await?;
+        (s["pendingRequests"] == 1).then_some(())
+    })
+    .await;
+    let mut d = d;
+    let (code, d) = tokio::task::spawn_blocking(move || (d.stop(Duration::from_secs(15)), d))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{}", d.stderr());
+    let (status, problem) = waiting.await.unwrap();
+    assert_eq!(status, 502, "{problem}");
+    assert_eq!(problem["exitReason"], "graceful");
     sse.wait_end(SECS5).await;
     assert!(!pid_alive(pid), "the agent was stopped with the daemon");
 }
@@ -1220,4 +1262,49 @@ async fn npm_acp_http_client_drives_the_mock_agent() {
     assert_eq!(seen["permissionRequests"], 1);
     // Its disconnect() DELETEd the serverId.
     assert!(listing(&d).await.is_empty());
+}
+
+#[tokio::test]
+async fn large_messages_round_trip_in_both_directions() {
+    let d = Daemon::start();
+    start_session(&d, "big").await;
+    // Lines over the pipe's atomic size go through the writer task; small ones racing with them
+    // must still each get their own answer.
+    let big = "x".repeat(1 << 20);
+    let calls = (0..12).map(|i| {
+        let d = &d;
+        let payload = if i % 3 == 0 {
+            big.clone()
+        } else {
+            format!("small {i}")
+        };
+        async move {
+            let a = post(
+                d,
+                "/v1/acp/big",
+                request(json!(100 + i), "_mock/echo", json!({"p": payload})),
+            )
+            .await;
+            assert_eq!(a.status, 200);
+            let body = a.json();
+            assert_eq!(body["id"], 100 + i);
+            assert_eq!(body["result"]["p"].as_str().unwrap(), payload);
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    // A notification carrying a large body is written whole as well.
+    let a = post(
+        &d,
+        "/v1/acp/big",
+        json!({"jsonrpc":"2.0","method":"_mock/ignored","params":{"p": big}}),
+    )
+    .await;
+    assert_eq!(a.status, 202);
+    let a = post(
+        &d,
+        "/v1/acp/big",
+        request(json!(1), "_mock/echo", json!("after")),
+    )
+    .await;
+    assert_eq!(a.json()["result"], "after");
 }

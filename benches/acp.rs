@@ -1,0 +1,617 @@
+//! Benchmark of the ACP proxy against the built-in mock agent (not a test: it prints figures).
+//! Measures the physical limit (a direct pipe to `sandbox-agent mock-agent`), the HTTP round
+//! trip through the release daemon at concurrency 1 and 32, and SSE delivery of `/stream N`.
+//! Run: `cargo bench --bench acp` (builds the release daemon; log level warn).
+//! Every answer's id is checked; any error or wrong id is counted and reported.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
+
+fn echo_line(id: u64) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"_mock/echo","params":{{"n":{id}}}}}"#)
+}
+
+/// The `"id":N` of an answer, found without a JSON parser (the mock writes keys sorted).
+fn answer_id(line: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(line).ok()?;
+    let i = s.find("\"id\":")? + 5;
+    let rest = &s[i..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+}
+
+fn summarize(mut v: Vec<Duration>) -> Latency {
+    v.sort();
+    Latency {
+        p50: percentile(&v, 0.50),
+        p99: percentile(&v, 0.99),
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+// ---------- the direct pipe ----------
+
+fn spawn_mock() -> Child {
+    Command::new(BIN)
+        .arg("mock-agent")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn mock-agent")
+}
+
+fn pipe_c1(n: u64) -> (Latency, u64) {
+    let mut child = spawn_mock();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = Vec::new();
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut errors = 0;
+    for id in 0..n + 1000 {
+        let msg = echo_line(id) + "\n";
+        let t = Instant::now();
+        stdin.write_all(msg.as_bytes()).unwrap();
+        line.clear();
+        stdout.read_until(b'\n', &mut line).unwrap();
+        let took = t.elapsed();
+        if answer_id(&line) != Some(id) {
+            errors += 1;
+        }
+        if id >= 1000 {
+            lat.push(took);
+        }
+    }
+    drop(stdin);
+    let _ = child.wait();
+    (summarize(lat), errors)
+}
+
+/// `inflight` requests outstanding at all times for `dur`; returns (req/s, errors).
+fn pipe_concurrent(inflight: u64, dur: Duration) -> (f64, u64) {
+    let mut child = spawn_mock();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(inflight as usize);
+    let writer = std::thread::spawn(move || {
+        let mut stdin = stdin;
+        let mut next = 0u64;
+        // Each answered id releases one more request.
+        for _ in 0..inflight {
+            stdin
+                .write_all((echo_line(next) + "\n").as_bytes())
+                .unwrap();
+            next += 1;
+        }
+        while rx.recv().is_ok() {
+            if stdin
+                .write_all((echo_line(next) + "\n").as_bytes())
+                .is_err()
+            {
+                break;
+            }
+            next += 1;
+        }
+    });
+    let d2 = done.clone();
+    let reader = std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = Vec::new();
+        let mut errors = 0u64;
+        let mut seen = std::collections::HashSet::new();
+        let start = Instant::now();
+        while start.elapsed() < dur {
+            line.clear();
+            if r.read_until(b'\n', &mut line).unwrap() == 0 {
+                break;
+            }
+            match answer_id(&line) {
+                Some(id) if seen.insert(id) => {}
+                _ => errors += 1,
+            }
+            d2.fetch_add(1, Ordering::Relaxed);
+            if tx.send(0).is_err() {
+                break;
+            }
+        }
+        (start.elapsed(), errors)
+    });
+    let (elapsed, errors) = reader.join().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = writer.join();
+    (
+        done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        errors,
+    )
+}
+
+fn pipe_stream(n: u64) -> f64 {
+    let mut child = spawn_mock();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let prompt = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{{"sessionId":"s","prompt":[{{"type":"text","text":"/stream {n}"}}]}}}}"#
+    );
+    let t = Instant::now();
+    stdin.write_all((prompt + "\n").as_bytes()).unwrap();
+    let mut line = Vec::new();
+    let mut got = 0;
+    loop {
+        line.clear();
+        if stdout.read_until(b'\n', &mut line).unwrap() == 0 {
+            break;
+        }
+        if line.windows(11).any(|w| w == b"stopReason\"") {
+            break;
+        }
+        got += 1;
+    }
+    let el = t.elapsed();
+    assert_eq!(got, n);
+    drop(stdin);
+    let _ = child.wait();
+    n as f64 / el.as_secs_f64()
+}
+
+/// The same pipe driven the way an async proxy must drive it (tokio, one reader task matching
+/// answers to waiters by id, a lock around stdin): what any async proxy pays before HTTP.
+fn pipe_async(n: u64, inflight: u64, dur: Duration) -> (Latency, f64, u64) {
+    use std::collections::HashMap;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut child = tokio::process::Command::new(BIN)
+            .arg("mock-agent")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = Arc::new(tokio::sync::Mutex::new(child.stdin.take().unwrap()));
+        let waiters: Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Vec<u8>>>>> =
+            Arc::default();
+        let w2 = waiters.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stdout).split(b'\n');
+            while let Ok(Some(line)) = lines.next_segment().await {
+                if let Some(id) = answer_id(&line)
+                    && let Some(tx) = w2.lock().unwrap().remove(&id)
+                {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let call = move |id: u64| {
+            let (stdin, waiters) = (stdin.clone(), waiters.clone());
+            async move {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                waiters.lock().unwrap().insert(id, tx);
+                let line = echo_line(id) + "\n";
+                stdin.lock().await.write_all(line.as_bytes()).await.unwrap();
+                let answer = rx.await.unwrap();
+                answer_id(&answer) == Some(id)
+            }
+        };
+        let mut lat = Vec::new();
+        let mut errors = 0;
+        for id in 0..n + 1000 {
+            let t = Instant::now();
+            if !call(id).await {
+                errors += 1;
+            }
+            if id >= 1000 {
+                lat.push(t.elapsed());
+            }
+        }
+        let done = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..inflight)
+            .map(|t| {
+                let (call, done) = (call.clone(), done.clone());
+                tokio::spawn(async move {
+                    let mut bad = 0;
+                    let mut i = 0;
+                    while start.elapsed() < dur {
+                        if !call(10_000_000 + t * 100_000_000 + i).await {
+                            bad += 1;
+                        }
+                        i += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    bad
+                })
+            })
+            .collect();
+        for t in tasks {
+            errors += t.await.unwrap();
+        }
+        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        (summarize(lat), rate, errors)
+    })
+}
+
+// ---------- the daemon ----------
+
+struct Daemon {
+    child: Child,
+    port: u16,
+    _dir: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A scratch directory removed on drop (the bench has no dev-dependency on tempfile).
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Daemon {
+    fn start(extra: &[&str]) -> Daemon {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("acp-bench-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(dir.join("work")).unwrap();
+        let child = Command::new(BIN)
+            .arg("server")
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--log-level", "warn", "--no-token"])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--work-dir")
+            .arg(dir.join("work"))
+            .args(extra)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn daemon");
+        let d = Daemon {
+            child,
+            port,
+            _dir: tempdir::Dir(dir),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 keep-alive client, so that the figures measure the daemon, not a client
+/// library.
+struct Conn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Conn {
+    fn open(port: u16) -> Conn {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_nodelay(true).unwrap();
+        Conn {
+            r: BufReader::new(s.try_clone().unwrap()),
+            w: s,
+        }
+    }
+
+    /// POSTs `body`; returns (status, body).
+    fn post(&mut self, path: &str, body: &str, extra: &str) -> (u16, Vec<u8>) {
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+            body.len()
+        );
+        self.w.write_all(req.as_bytes()).unwrap();
+        self.read_response()
+    }
+
+    fn get(&mut self, path: &str) -> (u16, Vec<u8>) {
+        write!(self.w, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        self.read_response()
+    }
+
+    fn read_response(&mut self) -> (u16, Vec<u8>) {
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        let status: u16 = line.split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0);
+        let mut len = 0usize;
+        loop {
+            line.clear();
+            self.r.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; len];
+        self.r.read_exact(&mut body).unwrap();
+        (status, body)
+    }
+}
+
+fn bootstrap(port: u16, server: &str) {
+    let mut c = Conn::open(port);
+    let (st, _) = c.post(
+        &format!("/v1/acp/{server}?agent=mock"),
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#,
+        "",
+    );
+    assert_eq!(st, 200);
+}
+
+fn http_c1(port: u16, n: u64) -> (Latency, u64) {
+    bootstrap(port, "c1");
+    let mut c = Conn::open(port);
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut errors = 0;
+    for id in 1..=n + 1000 {
+        let body = echo_line(id);
+        let t = Instant::now();
+        let (st, resp) = c.post("/v1/acp/c1", &body, "");
+        let took = t.elapsed();
+        if st != 200 || answer_id(&resp) != Some(id) {
+            errors += 1;
+        }
+        if id > 1000 {
+            lat.push(took);
+        }
+    }
+    (summarize(lat), errors)
+}
+
+fn http_concurrent(port: u16, conns: u64, dur: Duration) -> (f64, u64) {
+    bootstrap(port, "c32");
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conns)
+        .map(|t| {
+            let (done, errors) = (done.clone(), errors.clone());
+            std::thread::spawn(move || {
+                let mut c = Conn::open(port);
+                let mut i = 0u64;
+                while start.elapsed() < dur {
+                    let id = t * 100_000_000 + i + 1;
+                    i += 1;
+                    let (st, resp) = c.post("/v1/acp/c32", &echo_line(id), "");
+                    if st != 200 || answer_id(&resp) != Some(id) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let el = start.elapsed();
+    (
+        done.load(Ordering::Relaxed) as f64 / el.as_secs_f64(),
+        errors.load(Ordering::Relaxed),
+    )
+}
+
+/// `GET /v1/health` at c=1 (p50) and c=`conns` (req/s): the HTTP stack's own ceiling here.
+fn http_health(port: u16, n: u64, conns: u64, dur: Duration) -> (Latency, f64) {
+    let mut c = Conn::open(port);
+    let mut lat = Vec::new();
+    for i in 0..n + 1000 {
+        let t = Instant::now();
+        let (st, _) = c.get("/v1/health");
+        assert_eq!(st, 200);
+        if i >= 1000 {
+            lat.push(t.elapsed());
+        }
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conns)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::open(port);
+                while start.elapsed() < dur {
+                    c.get("/v1/health");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    (
+        summarize(lat),
+        done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
+    )
+}
+
+/// `/stream n` delivered to `subs` SSE subscribers; returns the events/s each subscriber saw
+/// (slowest one) and whether every subscriber got every event.
+fn http_stream(port: u16, server: &str, subs: usize, n: u64) -> (f64, bool) {
+    bootstrap(port, server);
+    let last = format!("id: {n}\n").into_bytes();
+    let ready = Arc::new(std::sync::Barrier::new(subs + 1));
+    let start = Arc::new(Mutex::new(None::<Instant>));
+    let readers: Vec<_> = (0..subs)
+        .map(|_| {
+            let (ready, start, last) = (ready.clone(), start.clone(), last.clone());
+            let server = server.to_string();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                write!(
+                    s,
+                    "GET /v1/acp/{server} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n"
+                )
+                .unwrap();
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut tail: Vec<u8> = Vec::new();
+                let mut first = true;
+                loop {
+                    let k = s.read(&mut buf).unwrap_or(0);
+                    if first {
+                        first = false;
+                        ready.wait();
+                    }
+                    if k == 0 {
+                        return None;
+                    }
+                    // Keep only a short tail so the search stays O(new bytes).
+                    tail.extend_from_slice(&buf[..k]);
+                    if tail.windows(last.len()).any(|w| w == last.as_slice()) {
+                        let t0 = start.lock().unwrap().expect("started");
+                        return Some(t0.elapsed());
+                    }
+                    let keep = tail.len().saturating_sub(last.len());
+                    tail.drain(..keep);
+                }
+            })
+        })
+        .collect();
+    ready.wait();
+    *start.lock().unwrap() = Some(Instant::now());
+    let mut c = Conn::open(port);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{{"sessionId":"s","prompt":[{{"type":"text","text":"/stream {n}"}}]}}}}"#
+    );
+    let (st, _) = c.post(&format!("/v1/acp/{server}"), &body, "");
+    assert_eq!(st, 200);
+    let mut slowest = Duration::ZERO;
+    let mut all = true;
+    for r in readers {
+        match r.join().unwrap() {
+            Some(t) => slowest = slowest.max(t),
+            None => all = false,
+        }
+    }
+    (n as f64 / slowest.as_secs_f64(), all)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing to parse.
+    let n: u64 = std::env::var("ACP_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let dur = Duration::from_secs(5);
+    let stream_n: u64 = 100_000;
+    // For profiling: `ACP_BENCH_PROFILE=<port>` only drives HTTP c=1 against a running daemon.
+    if let Some(port) = std::env::var("ACP_BENCH_PROFILE")
+        .ok()
+        .and_then(|p| p.parse().ok())
+    {
+        let (h1, e) = http_c1(port, n);
+        println!(
+            "HTTP c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+            us(h1.p50),
+            us(h1.p99)
+        );
+        let (h32, e) = http_concurrent(port, 32, dur);
+        println!("HTTP c=32 {h32:.0} req/s errors {e}");
+        return;
+    }
+
+    let (pipe1, e1) = pipe_c1(n);
+    let (pipe32, e2) = pipe_concurrent(32, dur);
+    let pipe_rate = pipe_stream(stream_n);
+    let (apipe1, apipe32, e5) = pipe_async(n, 32, dur);
+
+    let d = Daemon::start(&[]);
+    // A first request starts the agent; warm the daemon up before measuring.
+    let (health1, health32) = http_health(d.port, n, 32, dur);
+    let (h1, e3) = http_c1(d.port, n);
+    let (h32, e4) = http_concurrent(d.port, 32, dur);
+    let (s1, all1) = http_stream(d.port, "stream1", 1, stream_n);
+    let (s8, all8) = http_stream(d.port, "stream8", 8, stream_n);
+    drop(d);
+
+    println!("ACP proxy benchmark (mock agent, _mock/echo; {n} round trips at c=1, 5 s at c=32)");
+    println!(
+        "direct pipe    c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e1}",
+        us(pipe1.p50),
+        us(pipe1.p99)
+    );
+    println!("direct pipe    c=32 {pipe32:9.0} req/s                 errors {e2}");
+    println!(
+        "async pipe     c=1  p50 {:7.1} us  p99 {:7.1} us   c=32 {apipe32:.0} req/s   errors {e5}",
+        us(apipe1.p50),
+        us(apipe1.p99)
+    );
+    println!(
+        "HTTP (daemon)  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e3}   p50 {:.2}x pipe, {:.2}x async pipe",
+        us(h1.p50),
+        us(h1.p99),
+        us(h1.p50) / us(pipe1.p50),
+        us(h1.p50) / us(apipe1.p50)
+    );
+    println!(
+        "HTTP (daemon)  c=32 {h32:9.0} req/s                 errors {e4}   {:.2}x pipe, {:.2}x async pipe",
+        h32 / pipe32,
+        h32 / apipe32
+    );
+    println!(
+        "GET /v1/health c=1  p50 {:7.1} us  c=32 {health32:.0} req/s   (HTTP alone, no agent)",
+        us(health1.p50)
+    );
+    println!("direct pipe    /stream {stream_n}: {pipe_rate:9.0} events/s");
+    println!(
+        "SSE, 1 sub     /stream {stream_n}: {s1:9.0} events/s per subscriber ({:.2}x pipe){}",
+        s1 / pipe_rate,
+        if all1 { "" } else { "  SUBSCRIBER CUT OFF" }
+    );
+    println!(
+        "SSE, 8 subs    /stream {stream_n}: {s8:9.0} events/s per subscriber ({:.2}x pipe){}",
+        s8 / pipe_rate,
+        if all8 { "" } else { "  SUBSCRIBER CUT OFF" }
+    );
+}
