@@ -121,6 +121,21 @@ struct SkillSource {
     subpath: Option<String>,
 }
 
+/// Deserialises `v`, naming the offending field in the error (`sources[0].type: …`).
+fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(v.clone()).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        ConfigError::InvalidEntry {
+            reason: if at == "." {
+                inner.to_string()
+            } else {
+                format!("{at}: {inner}")
+            },
+        }
+    })
+}
+
 /// Checks an entry body against the contract's shape; the reason names the offending field.
 pub fn validate(kind: ConfigKind, raw: &[u8]) -> Result<Value, ConfigError> {
     let invalid = |reason: String| ConfigError::InvalidEntry { reason };
@@ -131,8 +146,7 @@ pub fn validate(kind: ConfigKind, raw: &[u8]) -> Result<Value, ConfigError> {
     }
     match kind {
         ConfigKind::Mcp => {
-            let e: McpEntry =
-                serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
+            let e: McpEntry = typed(&value)?;
             match e {
                 McpEntry::Local { command, .. } => {
                     let empty = match &command {
@@ -158,8 +172,7 @@ pub fn validate(kind: ConfigKind, raw: &[u8]) -> Result<Value, ConfigError> {
             }
         }
         ConfigKind::Skills => {
-            let e: SkillsEntry =
-                serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
+            let e: SkillsEntry = typed(&value)?;
             for (i, s) in e.sources.iter().enumerate() {
                 if s.kind.trim().is_empty() || s.source.trim().is_empty() {
                     return Err(invalid(format!(

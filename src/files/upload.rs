@@ -141,7 +141,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
         .into()
     };
     let mkstage = |holder: &OwnedFd, name: &OsStr| -> Result<OwnedFd, FileError> {
-        nix::sys::stat::mkdirat(holder.as_fd(), name, Mode::from_bits_truncate(0o700))
+        nix::sys::stat::mkdirat(holder.as_fd(), name, Mode::from_bits_truncate(0o777))
             .map_err(|e| FileError::from_errno("mkdir", &dest.abs, e))?;
         nix::fcntl::openat(
             holder.as_fd(),
