@@ -644,7 +644,21 @@ async fn upload_batch_refuses_hostile_entries_and_writes_nothing() {
         };
         let (s, v) = upload(&d, "dest", body, "application/x-tar").await;
         assert!(s == 400 || s == 409, "{what}: {s} {v}");
-        assert!(v["detail"].is_string(), "{what}: {v}");
+        let expected = match what {
+            "absolute path" => "absolute paths",
+            "dotdot path" => "`..`",
+            "character device" | "fifo" => "device nodes",
+            "absolute symlink" => "absolute symlink",
+            "write through an archive symlink" => "crosses a symlink",
+            "write through a destination symlink" => "crosses a symlink in the destination",
+            "hard link out" | "hard link absolute" => "hard link target leaves",
+            "hard link to nothing extracted" => "not an earlier file",
+            "file over a directory" => "a directory exists",
+            "truncated archive" => "malformed",
+            _ => "symlink target leaves the destination",
+        };
+        let detail = v["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(expected), "{what}: {v}");
         assert_eq!(walk(&d.work_dir()), before, "{what}: the disk changed");
     }
     assert!(!Path::new("/tmp/sa-evil").exists());
@@ -714,32 +728,31 @@ async fn fs_root_confines_every_endpoint_including_symlinks() {
     std::os::unix::fs::symlink(&secret, root.join("abs-out")).unwrap();
     std::os::unix::fs::symlink("../secret", root.join("rel-out")).unwrap();
     std::os::unix::fs::symlink("inside", root.join("rel-in")).unwrap();
-    let d = Daemon::builder()
-        .arg("--fs-root")
-        .arg(&root)
-        .arg("--work-dir")
-        .arg(&root)
-        .start();
+    // The harness's work dir lies outside this root, so every path here is absolute.
+    let d = Daemon::builder().arg("--fs-root").arg(&root).start();
+    let r_ = root.display().to_string();
+    let u = |q: &str| d.url(&q.replace("R/", &format!("{r_}/")));
     let c = d.client();
     let forbidden = [
-        c.get(d.url("/v1/fs/file?path=/etc/hostname")),
-        c.get(d.url("/v1/fs/file?path=../secret/s.txt")),
-        c.get(d.url("/v1/fs/file?path=abs-out/s.txt")),
-        c.get(d.url("/v1/fs/file?path=rel-out/s.txt")),
-        c.get(d.url("/v1/fs/entries?path=rel-out")),
-        c.get(d.url("/v1/fs/stat?path=abs-out")),
-        c.put(d.url("/v1/fs/file?path=rel-out/new.txt")).body("x"),
-        c.put(d.url("/v1/fs/file?path=abs-out/sub/new.txt"))
-            .body("x"),
-        c.post(d.url("/v1/fs/mkdir?path=rel-out/dir")),
-        c.delete(d.url("/v1/fs/entry?path=rel-out/s.txt")),
-        c.post(d.url("/v1/fs/move"))
-            .json(&json!({"from":"rel-out/s.txt","to":"stolen"})),
-        c.post(d.url("/v1/fs/move"))
-            .json(&json!({"from":"inside/ok.txt","to":"abs-out/ok.txt"})),
-        c.post(d.url("/v1/fs/upload-batch?path=rel-out"))
+        c.get(u("/v1/fs/file?path=/etc/hostname")),
+        c.get(u("/v1/fs/file?path=hello.txt")),
+        c.get(u("/v1/fs/file?path=R/../secret/s.txt")),
+        c.get(u("/v1/fs/file?path=R/abs-out/s.txt")),
+        c.get(u("/v1/fs/file?path=R/rel-out/s.txt")),
+        c.get(u("/v1/fs/entries?path=R/rel-out")),
+        c.get(u("/v1/fs/stat?path=R/abs-out")),
+        c.put(u("/v1/fs/file?path=R/rel-out/new.txt")).body("x"),
+        c.put(u("/v1/fs/file?path=R/abs-out/sub/new.txt")).body("x"),
+        c.post(u("/v1/fs/mkdir?path=R/rel-out/dir")),
+        c.delete(u("/v1/fs/entry?path=R/rel-out/s.txt")),
+        c.post(u("/v1/fs/move"))
+            .json(&json!({"from":format!("{r_}/rel-out/s.txt"),"to":format!("{r_}/stolen")})),
+        c.post(u("/v1/fs/move")).json(
+            &json!({"from":format!("{r_}/inside/ok.txt"),"to":format!("{r_}/abs-out/ok.txt")}),
+        ),
+        c.post(u("/v1/fs/upload-batch?path=R/rel-out"))
             .body(finish(Vec::new())),
-        c.get(d.url(&format!(
+        c.get(u(&format!(
             "/v1/config/mcp?directory={}&mcpName=x",
             secret.display()
         ))),
@@ -758,18 +771,20 @@ async fn fs_root_confines_every_endpoint_including_symlinks() {
         std::fs::read_to_string(secret.join("s.txt")).unwrap(),
         "secret"
     );
+    assert!(root.join("inside/ok.txt").exists());
     // Symlinks that stay beneath the root work; the root itself is listable.
     let r = c
-        .get(d.url("/v1/fs/file?path=rel-in/ok.txt"))
+        .get(u("/v1/fs/file?path=R/rel-in/ok.txt"))
         .send()
         .await
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "ok");
-    let (s, _) = get_json(&d, &format!("/v1/fs/entries?path={}", root.display())).await;
+    let (s, v) = get_json(&d, &format!("/v1/fs/entries?path={r_}")).await;
     assert_eq!(s, 200);
+    assert_eq!(v.as_array().unwrap().len(), 4);
     // Deleting the link removes the link, not what it points to.
     let r = c
-        .delete(d.url("/v1/fs/entry?path=abs-out"))
+        .delete(u("/v1/fs/entry?path=R/abs-out"))
         .send()
         .await
         .unwrap();
