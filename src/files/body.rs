@@ -22,9 +22,12 @@ pub enum Chunk {
 
 /// In-flight chunks between the two sides; with [`BATCH`] this bounds buffered memory to a few
 /// MiB per request.
-pub const CHANNEL_CHUNKS: usize = 8;
+pub const CHANNEL_CHUNKS: usize = 4;
 /// Small frames are coalesced up to this size so the writer makes few large `write` calls.
-const BATCH: usize = 256 * 1024;
+const BATCH: usize = 512 << 10;
+/// Frames at least this large go to the writer as they are (hyper's frames are usually a few
+/// hundred KiB); copying them would cost more than the extra `write` call.
+const PASS_THROUGH: usize = 64 << 10;
 
 /// Why pumping stopped early.
 pub enum PumpEnd {
@@ -49,9 +52,13 @@ pub async fn pump(
                 return Err(PumpEnd::Failed(FileError::TooLarge { limit }));
             }
         }
-        let out = if pending.is_empty() && frame.len() >= BATCH {
+        let out = if pending.is_empty() && frame.len() >= PASS_THROUGH {
             frame
         } else {
+            if pending.capacity() == 0 {
+                // A fresh buffer per batch: growing one by doubling would fragment the heap.
+                pending.reserve(BATCH);
+            }
             pending.extend_from_slice(&frame);
             if pending.len() < BATCH {
                 continue;

@@ -17,6 +17,9 @@ use tokio::sync::mpsc;
 use super::body::{self, CHANNEL_CHUNKS, Chunk, PumpEnd};
 use super::{BodyStream, FileError, FileService, WriteOutcome, blocking, shown};
 
+/// How much written data may accumulate before its writeback is started.
+const WRITEBACK_STEP: u64 = 8 << 20;
+
 /// A temporary name in `dir`, removed on drop unless `keep` was called.
 pub(super) struct TempEntry<'a> {
     pub dir: &'a OwnedFd,
@@ -143,12 +146,19 @@ fn write_blocking(
     }
     let mut rx = rx;
     let mut n: u64 = 0;
+    let mut flushed: u64 = 0;
     loop {
         match rx.blocking_recv() {
             Some(Chunk::Data(b)) => {
                 file.write_all(&b)
                     .map_err(|e| FileError::from_io("write", &target.abs, e))?;
                 n += b.len() as u64;
+                // Keep writeback running behind the incoming body instead of leaving a whole
+                // file of dirty pages to the final fsync.
+                if n - flushed >= WRITEBACK_STEP {
+                    let _ = crate::sys::start_writeback(file.as_fd(), flushed, n - flushed);
+                    flushed = n;
+                }
             }
             Some(Chunk::End) => break,
             // The request ended without its body: drop the temporary, keep the old file.
