@@ -52,18 +52,67 @@ fn rss_mark(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:")
 }
 
-/// Runs `ours` and `theirs` alternately (the machine is shared, so noise hits both alike) and
-/// keeps the best time of each.
+/// Outcome of a [`duel`]: best wall time and mean CPU seconds per run of each side.
+struct Duel {
+    ours: Duration,
+    theirs: Duration,
+    ours_cpu: f64,
+    theirs_cpu: f64,
+}
+
+/// Runs `ours` and `theirs` alternately (the machine is shared, so noise hits both alike),
+/// keeping the best wall time of each and the mean CPU time (`*_cpu` read cumulative seconds of
+/// whoever does the work: the daemon, nginx, or this process's children).
 fn duel(
     mut ours: impl FnMut() -> Duration,
+    ours_cpu: impl Fn() -> f64,
     mut theirs: impl FnMut() -> Duration,
-) -> (Duration, Duration) {
-    let (mut a, mut b) = (Duration::MAX, Duration::MAX);
-    for _ in 0..RUNS {
-        a = a.min(ours());
-        b = b.min(theirs());
+    theirs_cpu: impl Fn() -> f64,
+) -> Duel {
+    let runs = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(RUNS);
+    let mut d = Duel {
+        ours: Duration::MAX,
+        theirs: Duration::MAX,
+        ours_cpu: 0.0,
+        theirs_cpu: 0.0,
+    };
+    for _ in 0..runs {
+        let c = ours_cpu();
+        d.ours = d.ours.min(ours());
+        d.ours_cpu += (ours_cpu() - c) / runs as f64;
+        let c = theirs_cpu();
+        d.theirs = d.theirs.min(theirs());
+        d.theirs_cpu += (theirs_cpu() - c) / runs as f64;
     }
-    (a, b)
+    d
+}
+
+/// Cumulative user+system CPU seconds of `pid`.
+fn proc_cpu(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest: Vec<&str> = s
+        .rsplit_once(") ")
+        .map(|(_, r)| r.split(' ').collect())
+        .unwrap_or_default();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| rest.get(i)?.parse::<f64>().ok())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    ticks / hz as f64
+}
+
+/// Cumulative user+system CPU seconds of this process's waited-for children (dd, tar).
+fn children_cpu() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    t(u.user_time()) + t(u.system_time())
 }
 
 /// Lets writeback of earlier runs finish so it does not slow the next measurement.
@@ -246,8 +295,10 @@ fn main() {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let big_q = format!("{api}/v1/fs/file?path={}", big.display());
     println!("# Filesystem benchmark (best of {RUNS}, alternating runs)");
-    println!("| operation | sandbox-agent | alternative | ratio | daemon peak RSS growth (MiB) |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| operation | sandbox-agent | alternative | ratio | CPU per run (ours / theirs) | daemon peak RSS growth (MiB) |"
+    );
+    println!("|---|---|---|---|---|---|");
 
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let want = |what: &str| only.is_empty() || only.split(',').any(|w| w == what);
@@ -261,18 +312,25 @@ fn main() {
             d
         };
         let base_rss = rss_mark(pid);
-        let (ours, theirs) = if nginx.is_some() {
-            let (a, b) = duel(|| get(&big_q), || get(&nginx_url));
-            (a, Some(b))
-        } else {
-            (duel(|| get(&big_q), || Duration::ZERO).0, None)
+        let nginx_pid = nginx.as_ref().map(|n| n.0.id());
+        let d = match nginx_pid {
+            Some(np) => duel(
+                || get(&big_q),
+                || proc_cpu(pid),
+                || get(&nginx_url),
+                || proc_cpu(np),
+            ),
+            None => duel(|| get(&big_q), || proc_cpu(pid), || Duration::ZERO, || 0.0),
         };
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
+        let theirs = nginx_pid.map(|_| mib_s(GIB, d.theirs));
         print_row(
             "GET 1 GiB",
-            mib_s(GIB, ours),
-            theirs.map(|t| mib_s(GIB, t)),
+            "MiB/s",
+            mib_s(GIB, d.ours),
+            theirs,
             "nginx sendfile",
+            &d,
             rss,
         );
     }
@@ -282,7 +340,7 @@ fn main() {
         let dst = root.join("put.bin");
         settle();
         let base_rss = rss_mark(pid);
-        let (ours, theirs) = duel(
+        let d = duel(
             || {
                 let _ = std::fs::remove_file(&dst);
                 settle();
@@ -291,6 +349,7 @@ fn main() {
                 assert_eq!(std::fs::metadata(&dst).unwrap().len(), GIB);
                 d
             },
+            || proc_cpu(pid),
             || {
                 let _ = std::fs::remove_file(&dst);
                 settle();
@@ -299,13 +358,17 @@ fn main() {
                     .arg(format!("of={}", dst.display()))
                     .args(["bs=1M", "conv=fsync", "status=none"]))
             },
+            children_cpu,
         );
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
+        let (ours, theirs) = (mib_s(GIB, d.ours), mib_s(GIB, d.theirs));
         print_row(
             "PUT 1 GiB",
-            mib_s(GIB, ours),
-            Some(mib_s(GIB, theirs)),
+            "MiB/s",
+            ours,
+            Some(theirs),
             "dd bs=1M conv=fsync",
+            &d,
             rss,
         );
         let _ = std::fs::remove_file(&dst);
@@ -316,7 +379,7 @@ fn main() {
         let out = root.join("out");
         settle();
         let base_rss = rss_mark(pid);
-        let (ours, theirs) = duel(
+        let d = duel(
             || {
                 let _ = std::fs::remove_dir_all(&out);
                 settle();
@@ -331,6 +394,7 @@ fn main() {
                 );
                 d
             },
+            || proc_cpu(pid),
             || {
                 let _ = std::fs::remove_dir_all(&out);
                 std::fs::create_dir_all(&out).unwrap();
@@ -341,16 +405,22 @@ fn main() {
                     .arg("-C")
                     .arg(&out))
             },
+            children_cpu,
         );
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
-        let files_s = |d: Duration| 10_000.0 / d.as_secs_f64();
-        println!(
-            "| upload-batch 10,000 files ({:.1} MiB tar) | {:.0} files/s | {:.0} files/s (tar -x) | {:.2}x | {:.1} |",
-            tar_len as f64 / (1 << 20) as f64,
-            files_s(ours),
-            files_s(theirs),
-            theirs.as_secs_f64() / ours.as_secs_f64(),
-            rss as f64 / 1024.0
+        let files_s = |t: Duration| 10_000.0 / t.as_secs_f64();
+        let what = format!(
+            "upload-batch 10,000 files ({:.1} MiB tar)",
+            tar_len as f64 / (1 << 20) as f64
+        );
+        print_row(
+            &what,
+            "files/s",
+            files_s(d.ours),
+            Some(files_s(d.theirs)),
+            "tar -x",
+            &d,
+            rss,
         );
     }
     drop(nginx);
@@ -373,16 +443,25 @@ fn walk_count(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
-fn print_row(what: &str, ours: f64, theirs: Option<f64>, vs: &str, rss_kib: u64) {
-    match theirs {
-        Some(t) => println!(
-            "| {what} | {ours:.0} MiB/s | {t:.0} MiB/s ({vs}) | {:.2}x | {:.1} |",
-            ours / t,
-            rss_kib as f64 / 1024.0
-        ),
-        None => println!(
-            "| {what} | {ours:.0} MiB/s | skipped ({vs}) | - | {:.1} |",
-            rss_kib as f64 / 1024.0
-        ),
-    }
+fn print_row(
+    what: &str,
+    unit: &str,
+    ours: f64,
+    theirs: Option<f64>,
+    vs: &str,
+    d: &Duel,
+    rss_kib: u64,
+) {
+    let ratio = theirs
+        .map(|t| format!("{:.2}x", ours / t))
+        .unwrap_or_else(|| "-".into());
+    let theirs = theirs
+        .map(|t| format!("{t:.0} {unit}"))
+        .unwrap_or_else(|| "skipped".into());
+    println!(
+        "| {what} | {ours:.0} {unit} | {theirs} ({vs}) | {ratio} | {:.2} s / {:.2} s | {:.1} |",
+        d.ours_cpu,
+        d.theirs_cpu,
+        rss_kib as f64 / 1024.0
+    );
 }
