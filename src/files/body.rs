@@ -107,7 +107,12 @@ impl Read for ChannelReader {
             match self.rx.blocking_recv() {
                 Some(Chunk::Data(b)) => self.cur = b,
                 Some(Chunk::End) => self.done = true,
-                None => return Err(io::Error::other("the request body ended early")),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the request body ended early",
+                    ));
+                }
             }
         }
         let n = buf.len().min(self.cur.len());

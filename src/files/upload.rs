@@ -81,8 +81,9 @@ struct Staging {
     fd: OwnedFd,
     /// The destination when it already exists (merge), else where to rename the staging dir.
     target: Target,
-    /// The topmost ancestor of the destination we created, removed again on failure.
-    created: Option<(OwnedFd, OsString)>,
+    /// Ancestors of the destination this upload created: an existing directory and the chain
+    /// below it, removed again (only while empty) on failure.
+    created: Option<(OwnedFd, PathBuf)>,
     committed: bool,
 }
 
@@ -95,8 +96,14 @@ impl Drop for Staging {
     fn drop(&mut self) {
         let _ = remove_tree(&self.holder, &self.name);
         if !self.committed {
-            if let Some((dir, name)) = &self.created {
-                let _ = remove_tree(dir, name);
+            if let Some((dir, chain)) = &self.created {
+                // rmdir, deepest first: a directory someone else put files in meanwhile stays.
+                let mut p = chain.clone();
+                while !p.as_os_str().is_empty()
+                    && nix::unistd::unlinkat(dir.as_fd(), &p, UnlinkatFlags::RemoveDir).is_ok()
+                {
+                    p.pop();
+                }
             }
         }
     }
@@ -130,16 +137,18 @@ fn beneath_no_symlinks() -> ResolveFlag {
     ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS
 }
 
+/// A fresh hidden name for a staging directory (unique per daemon and upload).
+fn stage_name() -> OsString {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        ".sandbox-agent-upload-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+    .into()
+}
+
 fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError> {
-    let stage_name = |_: ()| -> OsString {
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        format!(
-            ".sandbox-agent-upload-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        )
-        .into()
-    };
     let mkstage = |holder: &OwnedFd, name: &OsStr| -> Result<OwnedFd, FileError> {
         nix::sys::stat::mkdirat(holder.as_fd(), name, Mode::from_bits_truncate(0o777))
             .map_err(|e| FileError::from_errno("mkdir", &dest.abs, e))?;
@@ -157,7 +166,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
             let holder = dest_fd
                 .try_clone()
                 .map_err(|e| FileError::from_io("open", &dest.abs, e))?;
-            let name = stage_name(());
+            let name = stage_name();
             let fd = mkstage(&holder, &name)?;
             Ok(Staging {
                 holder,
@@ -170,17 +179,19 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
         }
         Err(FileError::NotFound { .. }) => {
             let (parent_rel, dname) = dest.split()?;
-            // Remember the first missing ancestor so a failed upload removes what it created.
+            // Remember the ancestors this upload creates so a failure removes them again.
             let mut created = None;
             let mut prefix = PathBuf::new();
-            for c in parent_rel.components() {
+            let comps: Vec<_> = parent_rel.components().collect();
+            for (i, c) in comps.iter().enumerate() {
                 prefix.push(c.as_os_str());
                 if let Err(Errno::ENOENT) = policy.open_rel(&prefix, DIR) {
                     let up = prefix.parent().unwrap_or(Path::new("")).to_path_buf();
                     let fd = policy
                         .open_rel(&up, DIR)
                         .map_err(|e| FileError::from_errno("open", &dest.abs, e))?;
-                    created = Some((fd, c.as_os_str().to_os_string()));
+                    let chain: PathBuf = comps[i..].iter().map(|c| c.as_os_str()).collect();
+                    created = Some((fd, chain));
                     break;
                 }
             }
@@ -189,7 +200,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
             let holder = parent
                 .try_clone()
                 .map_err(|e| FileError::from_io("open", &dest.abs, e))?;
-            let name = stage_name(());
+            let name = stage_name();
             let fd = mkstage(&holder, &name)?;
             Ok(Staging {
                 holder,
@@ -372,7 +383,9 @@ fn extract(
     let mut cached: Option<(PathBuf, OwnedFd)> = None;
     let mut buf = vec![0u8; 256 * 1024];
     let bad = |e: io::Error| {
-        if e.to_string().contains("ended early") {
+        // The tar reader wraps errors but keeps their kind; this one is the body's, not the
+        // archive's (see `ChannelReader`).
+        if e.kind() == io::ErrorKind::ConnectionAborted {
             FileError::Body(e)
         } else {
             FileError::BadArchive(e)
@@ -534,7 +547,7 @@ fn extract(
                 CopyError::Read(e) => bad(e),
                 CopyError::Write(e) => FileError::from_io("write", &dest.abs.join(&rel), e),
             })?;
-            if let Ok(Some(t)) = entry.header().mtime().map(Some) {
+            if let Ok(t) = entry.header().mtime() {
                 let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(t));
             }
         }

@@ -791,3 +791,37 @@ async fn fs_root_confines_every_endpoint_including_symlinks() {
     assert_eq!(r.status(), 200);
     assert!(secret.join("s.txt").exists());
 }
+
+#[tokio::test]
+async fn upload_batch_aborted_half_way_leaves_nothing_behind() {
+    use std::io::Read;
+    let d = Daemon::start();
+    let mut t = Vec::new();
+    for i in 0..40 {
+        entry(&mut t, &format!("d/f{i}"), b'0', "", &pattern(100_000, i));
+    }
+    let tar = finish(t);
+    let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/fs/upload-batch?path=new/dest HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-tar\r\nContent-Length: {}\r\n\r\n",
+        tar.len()
+    )
+    .unwrap();
+    s.write_all(&tar[..tar.len() / 2]).unwrap();
+    // Extraction is under way once the staging directory has files in it.
+    eventually(Duration::from_secs(10), "staged entries", || {
+        walk(&d.work_dir())
+            .iter()
+            .any(|p| p.to_string_lossy().contains(".sandbox-agent-upload-") && p.ends_with("f3"))
+            .then_some(())
+    });
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    let _ = s.read_to_end(&mut Vec::new());
+    eventually(
+        Duration::from_secs(10),
+        "the staging directory to go",
+        || leftovers(&d.work_dir()).is_empty().then_some(()),
+    );
+    assert!(!d.path("new").exists(), "created parents are removed too");
+}
