@@ -65,6 +65,53 @@ fn mtime(st: &FileStat) -> Option<String> {
     rfc3339(t.ok_or_else(|| std::io::Error::other("mtime")))
 }
 
+/// Moves a regular file to another filesystem with the guarantees of a PUT: copied into a
+/// temporary beside the destination, fsynced, renamed into place, then the source unlinked.
+fn copy_across(
+    (sdir, sname, ddir, dname): (&OwnedFd, &OsStr, &OwnedFd, &OsStr),
+    sst: &FileStat,
+    flags: RenameFlags,
+    from: &std::path::Path,
+    to: &std::path::Path,
+) -> Result<(), FileError> {
+    let src = nix::fcntl::openat(
+        sdir.as_fd(),
+        sname,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| FileError::from_errno("open", from, e))?;
+    let mut src = std::fs::File::from(src);
+    let temp = super::write::TempEntry::new(ddir, "move");
+    let out = nix::fcntl::openat(
+        ddir.as_fd(),
+        temp.name.as_os_str(),
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(sst.st_mode & 0o7777),
+    )
+    .map_err(|e| FileError::from_errno("create", to, e))?;
+    let mut out = std::fs::File::from(out);
+    std::io::copy(&mut src, &mut out).map_err(|e| FileError::from_io("copy", to, e))?;
+    if let Ok(m) = src.metadata().and_then(|m| m.modified()) {
+        let _ = out.set_modified(m);
+    }
+    out.sync_all()
+        .map_err(|e| FileError::from_io("fsync", to, e))?;
+    drop(out);
+    nix::fcntl::renameat2(
+        ddir.as_fd(),
+        temp.name.as_os_str(),
+        ddir.as_fd(),
+        dname,
+        flags,
+    )
+    .map_err(|e| FileError::from_errno("move", to, e))?;
+    temp.keep();
+    let _ = nix::unistd::fsync(ddir.as_fd());
+    nix::unistd::unlinkat(sdir.as_fd(), sname, UnlinkatFlags::NoRemoveDir)
+        .map_err(|e| FileError::from_errno("remove", from, e))
+}
+
 impl FileService {
     /// Lists a directory (sorted by name). A symlink is described by what it points to when that
     /// stays beneath the root, else as the link itself.
@@ -175,7 +222,8 @@ impl FileService {
         let policy = self.policy.clone();
         blocking(move || {
             let (sdir, sname) = policy.open_parent(&src, false)?;
-            let sst = lstat_at(&sdir, &sname).map_err(|e| FileError::from_errno("stat", &src.abs, e))?;
+            let sst =
+                lstat_at(&sdir, &sname).map_err(|e| FileError::from_errno("stat", &src.abs, e))?;
             let (ddir, dname) = policy.open_parent(&dst, true)?;
             match lstat_at(&ddir, &dname) {
                 Ok(_) if !overwrite => return Err(FileError::AlreadyExists { path: dst.abs }),
@@ -201,20 +249,32 @@ impl FileService {
             } else {
                 RenameFlags::RENAME_NOREPLACE
             };
-            nix::fcntl::renameat2(sdir.as_fd(), sname.as_os_str(), ddir.as_fd(), dname.as_os_str(), flags)
-                .map_err(|e| match e {
-                    Errno::EXDEV => FileError::Invalid {
-                        reason: format!(
-                            "{} and {} are on different filesystems; moving across filesystems is not supported",
-                            src.abs.display(),
-                            dst.abs.display()
-                        ),
-                    },
-                    Errno::EINVAL => FileError::Invalid {
-                        reason: format!("cannot move {} into itself", src.abs.display()),
-                    },
-                    e => FileError::from_errno("move", &dst.abs, e),
-                })?;
+            let moved = nix::fcntl::renameat2(
+                sdir.as_fd(),
+                sname.as_os_str(),
+                ddir.as_fd(),
+                dname.as_os_str(),
+                flags,
+            );
+            // Across filesystems a regular file is copied, then the source removed.
+            if moved == Err(Errno::EXDEV) && kind(&sst) == SFlag::S_IFREG {
+                let ends = (&sdir, sname.as_os_str(), &ddir, dname.as_os_str());
+                copy_across(ends, &sst, flags, &src.abs, &dst.abs)?;
+                return Ok((shown(&src.abs), shown(&dst.abs)));
+            }
+            moved.map_err(|e| match e {
+                Errno::EXDEV => FileError::Invalid {
+                    reason: format!(
+                        "{} and {} are on different filesystems; only regular files move across",
+                        src.abs.display(),
+                        dst.abs.display()
+                    ),
+                },
+                Errno::EINVAL => FileError::Invalid {
+                    reason: format!("cannot move {} into itself", src.abs.display()),
+                },
+                e => FileError::from_errno("move", &dst.abs, e),
+            })?;
             Ok((shown(&src.abs), shown(&dst.abs)))
         })
         .await

@@ -85,7 +85,7 @@ impl FileError {
             },
             Errno::EEXIST => FileError::AlreadyExists { path },
             Errno::ENOTEMPTY => FileError::NotEmpty { path },
-            Errno::ENOSPC | Errno::EDQUOT => FileError::NoSpace { path },
+            Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG => FileError::NoSpace { path },
             Errno::ENAMETOOLONG | Errno::ELOOP | Errno::EINVAL => FileError::Invalid {
                 reason: format!("{}: {}", path.display(), e.desc()),
             },

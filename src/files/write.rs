@@ -103,7 +103,8 @@ impl FileService {
         let (tx, rx) = mpsc::channel::<Chunk>(CHANNEL_CHUNKS);
         let policy = self.policy.clone();
         let abs = target.abs.clone();
-        let writer = tokio::task::spawn_blocking(move || write_blocking(&policy, &target, rx));
+        let writer =
+            tokio::task::spawn_blocking(move || write_blocking(&policy, &target, rx, declared));
         let pumped = body::pump(body, tx, limit).await;
         let written = writer.await.unwrap_or_else(|e| {
             Err(FileError::Io {
@@ -129,6 +130,7 @@ fn write_blocking(
     policy: &super::PathPolicy,
     target: &super::SandboxPath,
     rx: mpsc::Receiver<Chunk>,
+    declared: Option<u64>,
 ) -> Result<u64, FileError> {
     let (dir, name) = policy.open_parent(target, true)?;
     let mode = existing_mode(&dir, &name, &target.abs)?;
@@ -143,6 +145,22 @@ fn write_blocking(
     let mut file = std::fs::File::from(fd);
     if let Some(mode) = mode {
         let _ = nix::sys::stat::fchmod(file.as_fd(), mode);
+    }
+    // Reserve the declared size up front: a body that cannot fit is refused (507) before it is
+    // received, and the blocks are allocated in one go. KEEP_SIZE leaves the length to the data.
+    if let Some(len) = declared.filter(|&l| l > 0) {
+        match nix::fcntl::fallocate(
+            file.as_fd(),
+            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            0,
+            len.min(i64::MAX as u64) as i64,
+        ) {
+            Err(e @ (Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG)) => {
+                return Err(FileError::from_errno("allocate", &target.abs, e));
+            }
+            // Filesystems without fallocate simply allocate as the data arrives.
+            _ => {}
+        }
     }
     let mut rx = rx;
     let mut n: u64 = 0;
@@ -193,6 +211,7 @@ impl FileService {
         data: Vec<u8>,
     ) -> Result<(), FileError> {
         let policy = self.policy.clone();
+        let len = data.len() as u64;
         blocking(move || {
             let (tx, rx) = mpsc::channel::<Chunk>(2);
             tx.try_send(Chunk::Data(data.into()))
@@ -201,7 +220,7 @@ impl FileService {
                     reason: "internal channel full".into(),
                 })?;
             drop(tx);
-            write_blocking(&policy, &path, rx).map(|_| ())
+            write_blocking(&policy, &path, rx, Some(len)).map(|_| ())
         })
         .await
     }

@@ -264,7 +264,17 @@ async fn put_on_a_full_disk_is_507_and_keeps_the_old_file() {
         .start();
     let target = format!("{}/f", mnt.path().display());
     assert_eq!(put(&d, &target, "old").await.status(), 200);
+    // Declared length: refused by the up-front reservation.
     let r = put(&d, &target, vec![9u8; 3 << 20]).await;
+    assert_eq!(r.status(), 507, "{:?}", r.text().await);
+    // Chunked: the disk fills while the body streams.
+    let chunks = (0..48).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![9u8; 64 << 10])));
+    let r = put(
+        &d,
+        &target,
+        reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)),
+    )
+    .await;
     assert_eq!(r.status(), 507, "{:?}", r.text().await);
     // Look through the daemon's own mount namespace.
     let seen = PathBuf::from(format!("/proc/{}/root{}", d.pid(), mnt.path().display()));
@@ -824,4 +834,42 @@ async fn upload_batch_aborted_half_way_leaves_nothing_behind() {
         "the upload's directories to go",
         || (leftovers(&d.work_dir()).is_empty() && !d.path("new").exists()).then_some(()),
     );
+}
+
+#[tokio::test]
+async fn move_of_a_file_across_filesystems_copies_then_removes_the_source() {
+    use std::os::unix::fs::MetadataExt;
+    let shm = Path::new("/dev/shm");
+    let d = Daemon::start();
+    let same_fs = std::fs::metadata(shm)
+        .map(|m| m.dev() == std::fs::metadata(d.work_dir()).unwrap().dev())
+        .unwrap_or(true);
+    if same_fs {
+        return skip("no /dev/shm on another filesystem than the work dir");
+    }
+    let src = tempfile::tempdir_in(shm).unwrap();
+    let from = src.path().join("a.bin");
+    let data = pattern(3 << 20, 11);
+    std::fs::write(&from, &data).unwrap();
+    let c = d.client();
+    let r = c
+        .post(d.url("/v1/fs/move"))
+        .json(&json!({"from": from, "to": "moved/a.bin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert_eq!(std::fs::read(d.path("moved/a.bin")).unwrap(), data);
+    assert!(!from.exists());
+    assert!(leftovers(&d.work_dir()).is_empty());
+    // Directories do not move across filesystems: a clear 400, nothing touched.
+    std::fs::create_dir_all(src.path().join("dir")).unwrap();
+    let r = c
+        .post(d.url("/v1/fs/move"))
+        .json(&json!({"from": src.path().join("dir"), "to": "dir"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(src.path().join("dir").is_dir());
 }
