@@ -148,18 +148,16 @@ fn write_blocking(
     }
     // Reserve the declared size up front: a body that cannot fit is refused (507) before it is
     // received, and the blocks are allocated in one go. KEEP_SIZE leaves the length to the data.
+    // Filesystems without fallocate (EOPNOTSUPP) simply allocate as the data arrives.
     if let Some(len) = declared.filter(|&l| l > 0) {
-        match nix::fcntl::fallocate(
+        let reserved = nix::fcntl::fallocate(
             file.as_fd(),
             nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
             0,
             len.min(i64::MAX as u64) as i64,
-        ) {
-            Err(e @ (Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG)) => {
-                return Err(FileError::from_errno("allocate", &target.abs, e));
-            }
-            // Filesystems without fallocate simply allocate as the data arrives.
-            _ => {}
+        );
+        if let Err(e @ (Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG)) = reserved {
+            return Err(FileError::from_errno("allocate", &target.abs, e));
         }
     }
     let mut rx = rx;
