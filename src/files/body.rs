@@ -36,9 +36,41 @@ pub enum PumpEnd {
     Failed(FileError),
 }
 
+/// After an early answer (limit exceeded, the writer failed or needs no more), the rest of the
+/// body is read and discarded up to this much, so that a client still sending gets to read the
+/// answer instead of a connection reset (what nginx calls a lingering close).
+const LINGER_BYTES: u64 = 64 << 20;
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Forwards `body` into `tx`, then sends `End`. Counts bytes against `limit`.
 pub async fn pump(
     mut body: BodyStream,
+    tx: mpsc::Sender<Chunk>,
+    limit: Option<u64>,
+) -> Result<u64, PumpEnd> {
+    let res = forward(&mut body, tx, limit).await;
+    if matches!(
+        res,
+        Err(PumpEnd::ReceiverGone) | Err(PumpEnd::Failed(FileError::TooLarge { .. }))
+    ) {
+        let mut drained = 0u64;
+        let _ = tokio::time::timeout(LINGER_TIME, async {
+            while let Some(Ok(frame)) = body.next().await {
+                drained += frame.len() as u64;
+                if drained > LINGER_BYTES {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    res
+}
+
+/// The forwarding loop of [`pump`]; dropping `tx` on any early return tells the writer to
+/// abandon its work.
+async fn forward(
+    body: &mut BodyStream,
     tx: mpsc::Sender<Chunk>,
     limit: Option<u64>,
 ) -> Result<u64, PumpEnd> {

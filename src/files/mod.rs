@@ -199,8 +199,4 @@ impl FileService {
     pub fn policy(&self) -> &std::sync::Arc<PathPolicy> {
         &self.policy
     }
-
-    pub fn upload_limit(&self) -> Option<u64> {
-        self.upload_limit
-    }
 }

@@ -80,10 +80,6 @@ impl PathPolicy {
         })
     }
 
-    pub fn confined(&self) -> bool {
-        self.confined
-    }
-
     /// Lexical step only: anchors `input` at the work dir, drops `.` components and checks that
     /// the result starts with the root. `..` is left for the kernel, which resolves it beneath
     /// the root (so `/root/../etc` is refused there, not guessed at here).
@@ -187,10 +183,6 @@ impl PathPolicy {
             }
         }
         Ok(fd)
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
     }
 }
 
