@@ -669,6 +669,25 @@ mod tests {
         );
     }
 
+    fn check_entry(raw: &str, expected: Result<&str, &str>) {
+        let got = entry_path(Path::new(raw), raw).map_err(|e| e.to_string());
+        match (got, expected) {
+            (Ok(p), Ok(e)) => assert_eq!(p, Path::new(e), "{raw}"),
+            (Err(m), Err(e)) => assert!(m.contains(e), "{raw}: {m}"),
+            (got, expected) => panic!("{raw}: got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn entry_paths_keep_only_normal_components() {
+        check_entry("a/b", Ok("a/b"));
+        check_entry("./a/./b/", Ok("a/b"));
+        check_entry("./", Ok(""));
+        check_entry("/etc/passwd", Err("absolute"));
+        check_entry("a/../../x", Err("`..`"));
+        check_entry("..", Err("`..`"));
+    }
+
     #[test]
     fn symlink_targets_are_checked_from_the_link_directory() {
         check("", "a", true);

@@ -320,6 +320,15 @@ async fn every_contract_status_is_answered() {
             "{path}"
         );
     }
+    // A fifo is refused at once rather than blocking the request on open or read.
+    nix::unistd::mkfifo(
+        &d.path("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let r = c.get(d.url("/v1/fs/file?path=pipe")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    std::fs::remove_file(d.path("pipe")).unwrap();
     // PUT onto a directory, or below a file.
     assert_eq!(put(&d, "dir", "x").await.status(), 400);
     assert_eq!(put(&d, "b.txt/x", "x").await.status(), 400);
