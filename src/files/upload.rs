@@ -512,7 +512,8 @@ fn extract(
                     )
                 })?;
             match lkind(&tfd, tname) {
-                Ok(SFlag::S_IFDIR) | Err(_) => {
+                // A hard link to a symlink would re-read its relative target from a new directory.
+                Ok(SFlag::S_IFDIR) | Ok(SFlag::S_IFLNK) | Err(_) => {
                     return Err(unsafe_entry(
                         &shown_name,
                         "its hard link target is not an earlier file of the archive",

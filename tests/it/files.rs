@@ -637,6 +637,13 @@ async fn upload_batch_refuses_hostile_entries_and_writes_nothing() {
             entry(&mut t, "h", b'1', "/etc/passwd", b"");
             t
         }),
+        ("hard link to a symlink", {
+            let mut t = Vec::new();
+            entry(&mut t, "a/b/", b'5', "", b"");
+            entry(&mut t, "a/b/l", b'2', "../x", b"");
+            entry(&mut t, "h", b'1', "a/b/l", b"");
+            t
+        }),
         ("hard link to nothing extracted", {
             let mut t = Vec::new();
             entry(&mut t, "h", b'1', "keep.txt", b"");
@@ -671,7 +678,7 @@ async fn upload_batch_refuses_hostile_entries_and_writes_nothing() {
             "write through an archive symlink" => "crosses a symlink",
             "write through a destination symlink" => "crosses a symlink in the destination",
             "hard link out" | "hard link absolute" => "hard link target leaves",
-            "hard link to nothing extracted" => "not an earlier file",
+            "hard link to nothing extracted" | "hard link to a symlink" => "not an earlier file",
             "file over a directory" => "a directory exists",
             "truncated archive" => "malformed",
             _ => "symlink target leaves the destination",
