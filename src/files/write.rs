@@ -59,7 +59,8 @@ impl Drop for TempEntry<'_> {
     }
 }
 
-/// The mode an existing regular file has, so a rewrite keeps it (executables stay executable).
+/// The permission bits of an existing regular file, so a rewrite keeps them (executables stay
+/// executable). setuid/setgid/sticky are dropped: new content must not inherit a privilege.
 fn existing_mode(
     dir: &OwnedFd,
     name: &OsStr,
@@ -75,7 +76,7 @@ fn existing_mode(
                 });
             }
             if kind == SFlag::S_IFREG {
-                Ok(Some(Mode::from_bits_truncate(st.st_mode & 0o7777)))
+                Ok(Some(Mode::from_bits_truncate(st.st_mode & 0o777)))
             } else {
                 Ok(None)
             }
