@@ -889,3 +889,21 @@ async fn move_of_a_file_across_filesystems_copies_then_removes_the_source() {
     assert_eq!(r.status(), 400);
     assert!(src.path().join("dir").is_dir());
 }
+
+#[tokio::test]
+async fn put_keeps_the_permission_bits_of_the_file_it_replaces_but_not_setuid() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start();
+    std::fs::write(d.path("run.sh"), "old").unwrap();
+    std::fs::set_permissions(d.path("run.sh"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+    assert_eq!(put(&d, "run.sh", "#!/bin/sh\n").await.status(), 200);
+    let mode = std::fs::metadata(d.path("run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o750);
+    assert_eq!(
+        std::fs::read_to_string(d.path("run.sh")).unwrap(),
+        "#!/bin/sh\n"
+    );
+}
