@@ -131,3 +131,24 @@ pub fn page_size() -> u64 {
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if v > 0 { v as u64 } else { 4096 }
 }
+
+/// Starts writeback of `len` bytes at `offset` without waiting for it, so that a final `fsync`
+/// of a large streamed file has little left to do (the disk works while the body arrives).
+pub fn start_writeback(fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on a descriptor the caller keeps open for the duration of the
+    // call (it is borrowed); no memory is shared with the kernel.
+    let r = unsafe {
+        libc::sync_file_range(
+            fd.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -1,11 +1,202 @@
-//! The host filesystem service behind /v1/fs.
+//! The host filesystem service behind /v1/fs (no HTTP here). Invariants: every path goes through
+//! [`PathPolicy`] (work-dir anchoring, fs-root confinement by the kernel); blocking file work runs
+//! on the blocking pool; a write or an upload is visible completely or not at all.
+
+mod body;
+mod entries;
+mod path;
+mod read;
+mod upload;
+mod write;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use nix::errno::Errno;
+use serde::Serialize;
 
 use crate::config::Config;
+pub use body::BodyStream;
+pub use path::{PathPolicy, SandboxPath};
+pub use read::{OpenedFile, stream_range};
+pub use upload::Compression;
 
-pub struct FileService {}
+/// Everything the filesystem endpoints can fail with; `http/error.rs` maps it to a status.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{}: no such file or directory", path.display())]
+    NotFound { path: PathBuf },
+    #[error("{}: outside the filesystem root", path.display())]
+    OutsideRoot { path: PathBuf },
+    #[error("{}: permission denied", path.display())]
+    PermissionDenied { path: PathBuf },
+    #[error("{}: {expected}", path.display())]
+    WrongKind {
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("{}: already exists", path.display())]
+    AlreadyExists { path: PathBuf },
+    #[error("{}: directory is not empty", path.display())]
+    NotEmpty { path: PathBuf },
+    #[error("{reason}")]
+    Invalid { reason: String },
+    #[error("the body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("the archive has more than the limit of {limit} entries")]
+    TooManyEntries { limit: u64 },
+    #[error("archive entry {entry:?} refused: {reason}")]
+    UnsafeEntry { entry: String, reason: String },
+    #[error("archive entry {entry:?} conflicts with the destination: {reason}")]
+    EntryConflict { entry: String, reason: String },
+    #[error("the archive is malformed: {0}")]
+    BadArchive(#[source] io::Error),
+    #[error("{}: no space left on device", path.display())]
+    NoSpace { path: PathBuf },
+    #[error("range not satisfiable for a file of {size} bytes")]
+    RangeNotSatisfiable { size: u64 },
+    #[error("reading the request body failed: {0}")]
+    Body(#[source] io::Error),
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl FileError {
+    /// Maps a system error on `path` to the variant a client can act on.
+    pub fn from_errno(op: &'static str, path: &Path, e: Errno) -> Self {
+        let path = path.to_path_buf();
+        match e {
+            Errno::ENOENT => FileError::NotFound { path },
+            Errno::EXDEV if op == "open" => FileError::OutsideRoot { path },
+            Errno::EACCES | Errno::EPERM => FileError::PermissionDenied { path },
+            Errno::ENOTDIR => FileError::WrongKind {
+                path,
+                expected: "not a directory",
+            },
+            Errno::EISDIR => FileError::WrongKind {
+                path,
+                expected: "is a directory",
+            },
+            Errno::EEXIST => FileError::AlreadyExists { path },
+            Errno::ENOTEMPTY => FileError::NotEmpty { path },
+            Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG => FileError::NoSpace { path },
+            Errno::ENAMETOOLONG | Errno::ELOOP | Errno::EINVAL => FileError::Invalid {
+                reason: format!("{}: {}", path.display(), e.desc()),
+            },
+            e => FileError::Io {
+                op,
+                path,
+                source: io::Error::from(e),
+            },
+        }
+    }
+
+    pub fn from_io(op: &'static str, path: &Path, e: io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(n) => Self::from_errno(op, path, Errno::from_raw(n)),
+            None => FileError::Io {
+                op,
+                path: path.to_path_buf(),
+                source: e,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryType {
+    File,
+    Directory,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsEntry {
+    pub name: String,
+    pub path: String,
+    pub entry_type: EntryType,
+    pub size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsStat {
+    pub path: String,
+    pub entry_type: EntryType,
+    pub size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteOutcome {
+    pub path: String,
+    pub bytes_written: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UploadOutcome {
+    pub paths: Vec<String>,
+    pub truncated: bool,
+}
+
+/// How many extracted paths an upload answer lists.
+pub const UPLOAD_PATHS_SHOWN: usize = 1024;
+
+fn rfc3339(t: io::Result<SystemTime>) -> Option<String> {
+    t.ok()
+        .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+}
+
+fn shown(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// Runs blocking filesystem work on the blocking pool (never on a reactor thread).
+async fn blocking<T, F>(f: F) -> Result<T, FileError>
+where
+    F: FnOnce() -> Result<T, FileError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(FileError::Io {
+            op: "run blocking task",
+            path: PathBuf::new(),
+            source: io::Error::other(e.to_string()),
+        })
+    })
+}
+
+pub struct FileService {
+    policy: std::sync::Arc<PathPolicy>,
+    upload_limit: Option<u64>,
+    upload_max_entries: u64,
+}
 
 impl FileService {
-    pub fn new(_config: &Config) -> Self {
-        FileService {}
+    /// Opens the filesystem root once; failing here means the configured root vanished.
+    pub fn new(config: &Config) -> io::Result<Self> {
+        Ok(FileService {
+            policy: std::sync::Arc::new(PathPolicy::new(
+                config.work_dir.clone(),
+                config.fs_root.clone(),
+            )?),
+            upload_limit: config.upload_limit,
+            upload_max_entries: config.upload_max_entries,
+        })
+    }
+
+    pub fn policy(&self) -> &std::sync::Arc<PathPolicy> {
+        &self.policy
     }
 }

@@ -213,3 +213,51 @@ fn agent_problem(e: &crate::agents::AgentError) -> Problem {
         }
     }
 }
+
+impl From<crate::files::FileError> for Problem {
+    fn from(e: crate::files::FileError) -> Self {
+        use crate::files::FileError as E;
+        let detail = e.to_string();
+        match e {
+            E::NotFound { .. } => Problem::not_found(detail),
+            E::OutsideRoot { .. } | E::PermissionDenied { .. } => {
+                Problem::new(StatusCode::FORBIDDEN, detail)
+            }
+            E::WrongKind { .. } | E::Invalid { .. } | E::UnsafeEntry { .. } | E::BadArchive(_) => {
+                Problem::bad_request(detail)
+            }
+            E::Body(_) => Problem::bad_request(detail),
+            E::AlreadyExists { .. } | E::NotEmpty { .. } | E::EntryConflict { .. } => {
+                Problem::new(StatusCode::CONFLICT, detail)
+            }
+            E::TooLarge { limit } => Problem::payload_too_large(limit),
+            E::TooManyEntries { limit } => {
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
+            }
+            E::NoSpace { .. } => Problem::new(StatusCode::INSUFFICIENT_STORAGE, detail),
+            E::RangeNotSatisfiable { size } => {
+                let mut p = Problem::new(StatusCode::RANGE_NOT_SATISFIABLE, detail);
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    p.headers.push((header::CONTENT_RANGE, v));
+                }
+                p
+            }
+            E::Io { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+        }
+    }
+}
+
+impl From<crate::config_store::ConfigError> for Problem {
+    fn from(e: crate::config_store::ConfigError) -> Self {
+        use crate::config_store::ConfigError as E;
+        let detail = e.to_string();
+        match e {
+            E::MissingParam(_) | E::InvalidEntry { .. } | E::NotADirectory { .. } => {
+                Problem::bad_request(detail)
+            }
+            E::NotFound { .. } => Problem::not_found(detail),
+            E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            E::File(f) => Problem::from(f),
+        }
+    }
+}

@@ -1,9 +1,279 @@
-//! Routes of this feature.
+//! `/v1/fs/*`: translates HTTP (query, headers, streamed bodies, byte ranges) into calls on
+//! [`FileService`](crate::files::FileService). Bodies of PUT and upload-batch are streamed, so the
+//! JSON body limit is disabled on those routes and the upload limit is enforced by the service.
 
+use std::io;
+
+use axum::Json;
 use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use futures_util::TryStreamExt;
+use serde::Deserialize;
+use serde_json::json;
 
-use super::AppState;
+use super::{AppState, Problem};
+use crate::files::{BodyStream, Compression, FileError, stream_range};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
+        .route("/v1/fs/entries", get(list))
+        .route(
+            "/v1/fs/file",
+            get(read_file)
+                .put(write_file)
+                .layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/fs/entry", delete(delete_entry))
+        .route("/v1/fs/mkdir", post(mkdir))
+        .route("/v1/fs/move", post(move_entry))
+        .route("/v1/fs/stat", get(stat))
+        .route(
+            "/v1/fs/upload-batch",
+            post(upload_batch).layer(DefaultBodyLimit::disable()),
+        )
+}
+
+#[derive(Deserialize)]
+struct PathQuery {
+    path: String,
+}
+
+#[derive(Deserialize)]
+struct OptionalPathQuery {
+    path: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct DeleteQuery {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveBody {
+    from: String,
+    to: String,
+    #[serde(default)]
+    overwrite: Option<bool>,
+}
+
+fn body_stream(body: Body) -> BodyStream {
+    Box::pin(body.into_data_stream().map_err(io::Error::other))
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn list(
+    State(s): State<AppState>,
+    Query(q): Query<OptionalPathQuery>,
+) -> Result<Response, Problem> {
+    let entries = s.files.list(q.path.as_deref().unwrap_or(".")).await?;
+    Ok(Json(entries).into_response())
+}
+
+async fn stat(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<Response, Problem> {
+    Ok(Json(s.files.stat(&q.path).await?).into_response())
+}
+
+async fn mkdir(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<Response, Problem> {
+    let path = s.files.mkdir(&q.path).await?;
+    Ok(Json(json!({ "path": path })).into_response())
+}
+
+async fn delete_entry(
+    State(s): State<AppState>,
+    Query(q): Query<DeleteQuery>,
+) -> Result<Response, Problem> {
+    let path = s.files.delete(&q.path, q.recursive).await?;
+    Ok(Json(json!({ "path": path })).into_response())
+}
+
+async fn move_entry(
+    State(s): State<AppState>,
+    Json(b): Json<MoveBody>,
+) -> Result<Response, Problem> {
+    let (from, to) = s
+        .files
+        .rename(&b.from, &b.to, b.overwrite.unwrap_or(false))
+        .await?;
+    Ok(Json(json!({ "from": from, "to": to })).into_response())
+}
+
+async fn write_file(
+    State(s): State<AppState>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let out = s
+        .files
+        .write_file(&q.path, body_stream(body), declared_length(&headers))
+        .await?;
+    Ok(Json(out).into_response())
+}
+
+async fn upload_batch(
+    State(s): State<AppState>,
+    Query(q): Query<OptionalPathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let is = |name: header::HeaderName, what: &[&str]| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                let v = v
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase();
+                what.contains(&v.as_str())
+            })
+            .unwrap_or(false)
+    };
+    let compression = if is(
+        header::CONTENT_TYPE,
+        &[
+            "application/gzip",
+            "application/x-gzip",
+            "application/x-tar+gzip",
+        ],
+    ) || is(header::CONTENT_ENCODING, &["gzip", "x-gzip"])
+    {
+        Compression::Gzip
+    } else {
+        Compression::Sniff
+    };
+    let out = s
+        .files
+        .upload_batch(
+            q.path.as_deref().unwrap_or("."),
+            body_stream(body),
+            compression,
+            declared_length(&headers),
+        )
+        .await?;
+    Ok(Json(out).into_response())
+}
+
+/// A single satisfiable range `(start, len)`, or `None` to send the whole file. Syntactically
+/// invalid or multi-range headers are ignored (RFC 9110 allows serving the full body).
+fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, FileError> {
+    let Some(spec) = h.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return Ok(None);
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let unsatisfiable = FileError::RangeNotSatisfiable { size };
+    if a.is_empty() {
+        let Ok(n) = b.parse::<u64>() else {
+            return Ok(None);
+        };
+        if n == 0 || size == 0 {
+            return Err(unsatisfiable);
+        }
+        let n = n.min(size);
+        return Ok(Some((size - n, n)));
+    }
+    let Ok(start) = a.parse::<u64>() else {
+        return Ok(None);
+    };
+    let end = if b.is_empty() {
+        u64::MAX
+    } else {
+        match b.parse::<u64>() {
+            Ok(e) if e >= start => e,
+            _ => return Ok(None),
+        }
+    };
+    if start >= size {
+        return Err(unsatisfiable);
+    }
+    let end = end.min(size - 1);
+    Ok(Some((start, end - start + 1)))
+}
+
+async fn read_file(
+    State(s): State<AppState>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let opened = s.files.open_file(&q.path).await?;
+    let size = opened.size;
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(h) => parse_range(h, size)?,
+        None => None,
+    };
+    let (status, start, len) = match range {
+        Some((start, len)) => (StatusCode::PARTIAL_CONTENT, start, len),
+        None => (StatusCode::OK, 0, size),
+    };
+    let mut resp = Response::new(Body::from_stream(stream_range(opened.file, start, len)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if status == StatusCode::PARTIAL_CONTENT {
+        let v = format!("bytes {}-{}/{}", start, start + len - 1, size);
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(header::CONTENT_RANGE, v);
+        }
+    }
+    if let Some(m) = opened
+        .modified
+        .and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok())
+    {
+        h.insert(header::LAST_MODIFIED, m);
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(h: &str, size: u64, expected: Result<Option<(u64, u64)>, ()>) {
+        assert_eq!(
+            parse_range(h, size).map_err(|_| ()),
+            expected,
+            "{h} of {size}"
+        );
+    }
+
+    #[test]
+    fn ranges_follow_rfc_9110() {
+        check("bytes=0-9", 100, Ok(Some((0, 10))));
+        check("bytes=90-", 100, Ok(Some((90, 10))));
+        check("bytes=90-500", 100, Ok(Some((90, 10))));
+        check("bytes=-10", 100, Ok(Some((90, 10))));
+        check("bytes=-500", 100, Ok(Some((0, 100))));
+        check("bytes=100-", 100, Err(()));
+        check("bytes=-0", 100, Err(()));
+        check("bytes=0-", 0, Err(()));
+        check("bytes=5-1", 100, Ok(None));
+        check("bytes=0-1,5-6", 100, Ok(None));
+        check("items=0-1", 100, Ok(None));
+    }
 }

@@ -46,7 +46,7 @@ impl AppState {
             agents.clone(),
             shutdown.clone(),
         ));
-        let files = Arc::new(crate::files::FileService::new(&config));
+        let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         Ok(AppState {
             config,

@@ -3,6 +3,8 @@
 
 mod acp;
 mod agents;
+mod config;
+mod files;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
