@@ -182,10 +182,8 @@ impl AcpService {
             {
                 map.remove(&inst.server_id);
             }
-        } else {
-            tracing::info!(server_id = %inst.server_id, agent = %inst.agent,
-                pid = inst.handle().map(|h| h.pid()), "agent started");
         }
+        // "agent started" is logged once by the supervisor (with program, pid and cgroup).
         result
     }
 
