@@ -951,6 +951,27 @@ mod tests {
     }
 
     #[test]
+    fn zip_entries_in_other_compression_methods_fail_clearly() {
+        use zip::write::SimpleFileOptions;
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .unix_permissions(0o755);
+        w.start_file("pkg/bin/agent", opts).unwrap();
+        w.write_all(b"#!/bin/sh\n").unwrap();
+        let mut bytes = w.finish().unwrap().into_inner();
+        // Claim bzip2 (method 12) in the local and central headers.
+        let local = bytes.windows(4).position(|w| w == b"PK\x03\x04").unwrap();
+        bytes[local + 8..local + 10].copy_from_slice(&12u16.to_le_bytes());
+        let cd = bytes.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+        bytes[cd + 10..cd + 12].copy_from_slice(&12u16.to_le_bytes());
+        let (tmp, r) = unpack_bytes(&bytes, "a.zip");
+        let err = r.unwrap_err();
+        assert!(err.contains("zip"), "{err}");
+        assert!(!tmp.path().join("dest/pkg/bin/agent").exists());
+    }
+
+    #[test]
     fn tar_bz2_unpacks_with_modes() {
         let mut b = tar::Builder::new(bzip2::write::BzEncoder::new(
             Vec::new(),
