@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, Write};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -266,19 +267,9 @@ pub fn archive_kind(url: &str) -> ArchiveKind {
     }
 }
 
-/// Refuses the archive formats the installer does not unpack (kept lean: no zip or bzip2 code).
-pub fn check_supported(url: &str) -> Result<(), String> {
-    match archive_kind(url) {
-        ArchiveKind::Zip | ArchiveKind::TarBz2 => Err(format!(
-            "{url}: this archive format is not supported; only .tar.gz, .tgz, .tar and raw \
-             binaries are"
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Unpacks (or, for a raw binary, copies) `file` into `dest`, then returns the path of `cmd`
-/// inside it, made executable. Refuses absolute paths, `..`, links leaving `dest` and device
+/// inside it, made executable. Refuses absolute paths, `..`, links leaving `dest` (checked per
+/// entry, then again on the unpacked tree so chains of links cannot escape either) and device
 /// nodes; the caller drops the staging directory on error.
 pub fn unpack(
     file: &mut std::fs::File,
@@ -293,7 +284,8 @@ pub fn unpack(
     match archive_kind(url) {
         ArchiveKind::TarGz => unpack_tar(flate2::read::GzDecoder::new(file), dest)?,
         ArchiveKind::Tar => unpack_tar(file, dest)?,
-        ArchiveKind::Zip | ArchiveKind::TarBz2 => check_supported(url)?,
+        ArchiveKind::TarBz2 => unpack_tar(bzip2::read::MultiBzDecoder::new(file), dest)?,
+        ArchiveKind::Zip => unpack_zip(file, dest)?,
         ArchiveKind::Raw => {
             let target = dest.join(&rel_cmd);
             if let Some(parent) = target.parent() {
@@ -303,6 +295,7 @@ pub fn unpack(
             std::io::copy(file, &mut out).map_err(|e| e.to_string())?;
         }
     }
+    check_links(dest, dest)?;
     let program = dest.join(&rel_cmd);
     let meta =
         std::fs::symlink_metadata(&program).map_err(|_| format!("the archive has no `{cmd}`"))?;
@@ -423,6 +416,203 @@ fn stays_inside(base: &Path, target: &Path) -> bool {
                 }
             }
             Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
+}
+
+/// The file-type bits of a unix mode (`S_IFMT`) and the types a zip entry may carry.
+const S_IFMT: u32 = 0o170_000;
+const S_IFREG: u32 = 0o100_000;
+const S_IFDIR: u32 = 0o040_000;
+const S_IFLNK: u32 = 0o120_000;
+/// Zip symlinks store their target as the entry's data; longer targets are refused.
+const MAX_LINK_TARGET: u64 = 4096;
+
+/// Unpacks a zip archive. The zip format keeps its index at the end, so this reads the (seekable)
+/// downloaded file in place rather than a stream; entry data is still copied in chunks.
+fn unpack_zip(file: &mut std::fs::File, dest: &Path) -> Result<(), String> {
+    let mut archive = zip::ZipArchive::new(std::io::BufReader::new(file))
+        .map_err(|e| format!("cannot read the zip archive: {e}"))?;
+    for i in 0..archive.len() {
+        let mut entry = archive
+            .by_index(i)
+            .map_err(|e| format!("cannot read the zip archive: {e}"))?;
+        let name = entry.name().to_string();
+        let raw_path = Path::new(&name);
+        let Some(rel) = safe_relative(raw_path) else {
+            if raw_path.components().all(|c| c == Component::CurDir) {
+                continue;
+            }
+            return Err(format!(
+                "refused: the archive entry `{name}` is an absolute path or climbs out with `..`"
+            ));
+        };
+        let mode = entry.unix_mode();
+        let kind = match mode.map(|m| m & S_IFMT) {
+            Some(S_IFLNK) => S_IFLNK,
+            Some(S_IFDIR) => S_IFDIR,
+            // Archives made without unix attributes carry no type: the trailing `/` decides.
+            None | Some(0) | Some(S_IFREG) if entry.is_dir() => S_IFDIR,
+            None | Some(0) | Some(S_IFREG) => S_IFREG,
+            Some(other) => {
+                return Err(format!(
+                    "refused: the archive entry `{name}` has file type {other:o} (device nodes, \
+                     fifos and other special files are not installed)"
+                ));
+            }
+        };
+        make_dirs_inside(dest, rel.parent().unwrap_or(Path::new("")), &name)?;
+        let target = dest.join(&rel);
+        match kind {
+            S_IFDIR => make_dirs_inside(dest, &rel, &name)?,
+            S_IFLNK => {
+                let mut link = Vec::new();
+                (&mut entry)
+                    .take(MAX_LINK_TARGET + 1)
+                    .read_to_end(&mut link)
+                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
+                if link.is_empty() || link.len() as u64 > MAX_LINK_TARGET {
+                    return Err(format!(
+                        "refused: the link `{name}` has an empty or oversized target"
+                    ));
+                }
+                let link = PathBuf::from(std::ffi::OsString::from_vec(link));
+                if !stays_inside(rel.parent().unwrap_or(Path::new("")), &link) {
+                    return Err(format!(
+                        "refused: the link `{name}` points outside the archive (`{}`)",
+                        link.display()
+                    ));
+                }
+                remove_non_dir(&target, &name)?;
+                std::os::unix::fs::symlink(&link, &target)
+                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
+            }
+            _ => {
+                use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+                // Only the permission bits: no setuid/setgid/sticky from an archive.
+                let perm = mode.map(|m| m & 0o777).filter(|m| *m != 0).unwrap_or(0o644);
+                remove_non_dir(&target, &name)?;
+                let mut out = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(perm)
+                    .open(&target)
+                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
+                std::io::copy(&mut entry, &mut out)
+                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
+                // `mode` above is filtered by the umask; the archive's bits are wanted as-is.
+                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(perm))
+                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates `dest/rel` directory by directory, refusing to pass through anything that is not a
+/// real directory: an entry is never written through a link, so no link can carry it outside.
+fn make_dirs_inside(dest: &Path, rel: &Path, shown: &str) -> Result<(), String> {
+    let mut at = dest.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "refused: the archive entry `{shown}` would be written through a link or \
+                     file"
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&at).map_err(|e| format!("cannot unpack `{shown}`: {e}"))?
+            }
+            Err(e) => return Err(format!("cannot unpack `{shown}`: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// A later entry replaces an earlier file or link of the same name (as with tar); never a
+/// directory.
+fn remove_non_dir(path: &Path, shown: &str) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Err(format!(
+            "refused: the archive entry `{shown}` would replace a directory"
+        )),
+        Ok(_) => std::fs::remove_file(path).map_err(|e| format!("cannot unpack `{shown}`: {e}")),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Checks every symlink below `dir` (a subtree of `root`) once everything is unpacked: each
+/// link is followed through the links it meets, so a chain such as `a -> ..`,
+/// `b -> a/..` that passes the per-entry check is refused too.
+fn check_links(root: &Path, dir: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot check the install: {e}"))?;
+    for e in entries {
+        let e = e.map_err(|e| format!("cannot check the install: {e}"))?;
+        let ft = e
+            .file_type()
+            .map_err(|e| format!("cannot check the install: {e}"))?;
+        let path = e.path();
+        if ft.is_dir() {
+            check_links(root, &path)?;
+        } else if ft.is_symlink() {
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            if !resolves_inside(root, rel) {
+                return Err(format!(
+                    "refused: the link `{}` leads outside the archive",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `root/rel`, following every symlink on the way (at most 40), stays inside `root`.
+/// Missing components are taken lexically, as the kernel would once they exist.
+fn resolves_inside(root: &Path, rel: &Path) -> bool {
+    use std::ffi::OsString;
+    // Pending components, last one first; `..` cannot be a normal name, so it marks a parent.
+    fn push_rev(todo: &mut Vec<OsString>, p: &Path) -> bool {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(s) => todo.push(s.to_owned()),
+                Component::ParentDir => todo.push("..".into()),
+                Component::CurDir => {}
+                Component::RootDir | Component::Prefix(_) => return false,
+            }
+        }
+        true
+    }
+    let mut todo = Vec::new();
+    if !push_rev(&mut todo, rel) {
+        return false;
+    }
+    let mut at: Vec<OsString> = Vec::new();
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        if c == ".." {
+            if at.pop().is_none() {
+                return false;
+            }
+            continue;
+        }
+        at.push(c);
+        let path: PathBuf = std::iter::once(root.as_os_str())
+            .chain(at.iter().map(|s| s.as_os_str()))
+            .collect();
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            hops += 1;
+            let Ok(target) = std::fs::read_link(&path) else {
+                return false;
+            };
+            at.pop();
+            if hops > 40 || !push_rev(&mut todo, &target) {
+                return false;
+            }
         }
     }
     true
@@ -602,7 +792,229 @@ mod tests {
         assert_eq!(archive_kind("https://h/a.tar.gz?x=1"), ArchiveKind::TarGz);
         assert_eq!(archive_kind("https://h/a.tgz"), ArchiveKind::TarGz);
         assert_eq!(archive_kind("https://h/a.zip"), ArchiveKind::Zip);
+        assert_eq!(archive_kind("https://h/a.tar.bz2"), ArchiveKind::TarBz2);
         assert_eq!(archive_kind("https://h/a.tbz2"), ArchiveKind::TarBz2);
+        assert_eq!(archive_kind("https://h/a.tar"), ArchiveKind::Tar);
         assert_eq!(archive_kind("https://h/agent"), ArchiveKind::Raw);
+    }
+
+    enum Z<'a> {
+        File(&'a str, &'a [u8], u32),
+        Dir(&'a str),
+        Link(&'a str, &'a str),
+    }
+
+    fn zip_bytes(items: &[Z]) -> Vec<u8> {
+        use zip::write::SimpleFileOptions;
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        for item in items {
+            match item {
+                Z::File(name, data, mode) => {
+                    w.start_file(*name, opts.unix_permissions(*mode)).unwrap();
+                    w.write_all(data).unwrap();
+                }
+                Z::Dir(name) => w.add_directory(*name, opts).unwrap(),
+                Z::Link(name, target) => w.add_symlink(*name, *target, opts).unwrap(),
+            }
+        }
+        w.finish().unwrap().into_inner()
+    }
+
+    /// Writes `bytes` to a file and unpacks it as `name` into a fresh directory.
+    fn unpack_bytes(bytes: &[u8], name: &str) -> (tempfile::TempDir, Result<PathBuf, String>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let archive = tmp.path().join(name);
+        std::fs::write(&archive, bytes).unwrap();
+        let dest = tmp.path().join("dest");
+        std::fs::create_dir(&dest).unwrap();
+        let mut f = std::fs::File::open(&archive).unwrap();
+        let r = unpack(&mut f, &format!("https://h/{name}"), "pkg/bin/agent", &dest);
+        (tmp, r)
+    }
+
+    fn mode_of(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn zip_unpacks_files_modes_dirs_and_inner_links() {
+        let bytes = zip_bytes(&[
+            Z::Dir("pkg/"),
+            Z::File("pkg/bin/agent", b"#!/bin/sh\n", 0o755),
+            Z::File("pkg/lib/helper", b"x", 0o750),
+            Z::File("pkg/README", b"hello", 0o644),
+            Z::Link("pkg/bin/alias", "agent"),
+            Z::Link("pkg/docs", "../pkg/lib"),
+        ]);
+        let (tmp, r) = unpack_bytes(&bytes, "a.zip");
+        let dest = tmp.path().join("dest");
+        assert_eq!(r.unwrap(), dest.join("pkg/bin/agent"));
+        assert_eq!(mode_of(&dest.join("pkg/bin/agent")), 0o755);
+        assert_eq!(mode_of(&dest.join("pkg/lib/helper")), 0o750);
+        assert_eq!(mode_of(&dest.join("pkg/README")), 0o644);
+        assert_eq!(std::fs::read(dest.join("pkg/README")).unwrap(), b"hello");
+        assert_eq!(
+            std::fs::read_link(dest.join("pkg/bin/alias")).unwrap(),
+            PathBuf::from("agent")
+        );
+        assert_eq!(std::fs::read(dest.join("pkg/docs/helper")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn hostile_zip_entries_are_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        let abs = outside.path().join("abs");
+        let abs = abs.to_str().unwrap();
+        let script: &[u8] = b"#!/bin/sh\n";
+        let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+            (
+                "dotdot",
+                "climbs out",
+                zip_bytes(&[
+                    Z::File("pkg/bin/agent", script, 0o755),
+                    Z::File("../x", b"x", 0o644),
+                ]),
+            ),
+            (
+                "absolute",
+                "absolute path",
+                zip_bytes(&[
+                    Z::File("pkg/bin/agent", script, 0o755),
+                    Z::File(abs, b"x", 0o644),
+                ]),
+            ),
+            (
+                "linkout",
+                "points outside",
+                zip_bytes(&[
+                    Z::File("pkg/bin/agent", script, 0o755),
+                    Z::Link("pkg/out", outside.path().to_str().unwrap()),
+                ]),
+            ),
+            (
+                "linkup",
+                "points outside",
+                zip_bytes(&[
+                    Z::File("pkg/bin/agent", script, 0o755),
+                    Z::Link("pkg/up", "../../etc"),
+                ]),
+            ),
+            // Each link stays inside on its own; followed together they climb out.
+            (
+                "chain",
+                "leads outside",
+                zip_bytes(&[
+                    Z::File("pkg/bin/agent", script, 0o755),
+                    Z::Link("pkg/a", ".."),
+                    Z::Link("pkg/b", "a/../.."),
+                ]),
+            ),
+            // A file written through an (inside) link is refused: links are never traversed.
+            (
+                "through",
+                "written through",
+                zip_bytes(&[
+                    Z::File("pkg/bin/agent", script, 0o755),
+                    Z::Link("pkg/l", "bin"),
+                    Z::File("pkg/l/x", b"x", 0o644),
+                ]),
+            ),
+        ];
+        for (name, why, bytes) in cases {
+            let (tmp, r) = unpack_bytes(&bytes, "a.zip");
+            let err = r.expect_err(name);
+            assert!(
+                err.contains("refused") && err.contains(why),
+                "{name}: {err}"
+            );
+            assert!(!tmp.path().join("x").exists(), "{name}");
+        }
+        assert!(!Path::new(abs).exists());
+    }
+
+    #[test]
+    fn zip_device_nodes_are_refused() {
+        let mut bytes = zip_bytes(&[
+            Z::File("pkg/bin/agent", b"#!/bin/sh\n", 0o755),
+            Z::File("pkg/null", b"", 0o666),
+        ]);
+        // Mark the last central-directory entry a character device: the high 16 bits of its
+        // external attributes (offset 38) hold the unix mode.
+        let cd = bytes.windows(4).rposition(|w| w == b"PK\x01\x02").unwrap();
+        bytes[cd + 38..cd + 42].copy_from_slice(&((0o020_666u32) << 16).to_le_bytes());
+        let (_tmp, r) = unpack_bytes(&bytes, "a.zip");
+        let err = r.unwrap_err();
+        assert!(err.contains("refused") && err.contains("special"), "{err}");
+    }
+
+    #[test]
+    fn zip_entries_in_other_compression_methods_fail_clearly() {
+        use zip::write::SimpleFileOptions;
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .unix_permissions(0o755);
+        w.start_file("pkg/bin/agent", opts).unwrap();
+        w.write_all(b"#!/bin/sh\n").unwrap();
+        let mut bytes = w.finish().unwrap().into_inner();
+        // Claim bzip2 (method 12) in the local and central headers.
+        let local = bytes.windows(4).position(|w| w == b"PK\x03\x04").unwrap();
+        bytes[local + 8..local + 10].copy_from_slice(&12u16.to_le_bytes());
+        let cd = bytes.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+        bytes[cd + 10..cd + 12].copy_from_slice(&12u16.to_le_bytes());
+        let (tmp, r) = unpack_bytes(&bytes, "a.zip");
+        let err = r.unwrap_err();
+        assert!(err.contains("zip"), "{err}");
+        assert!(!tmp.path().join("dest/pkg/bin/agent").exists());
+    }
+
+    #[test]
+    fn tar_bz2_unpacks_with_modes() {
+        let mut b = tar::Builder::new(bzip2::write::BzEncoder::new(
+            Vec::new(),
+            bzip2::Compression::fast(),
+        ));
+        let mut h = tar::Header::new_gnu();
+        let data = b"#!/bin/sh\n";
+        h.set_size(data.len() as u64);
+        h.set_mode(0o755);
+        b.append_data(&mut h, "pkg/bin/agent", &data[..]).unwrap();
+        let bytes = b.into_inner().unwrap().finish().unwrap();
+        for name in ["a.tar.bz2", "a.tbz2"] {
+            let (tmp, r) = unpack_bytes(&bytes, name);
+            let program = r.unwrap();
+            assert_eq!(program, tmp.path().join("dest/pkg/bin/agent"));
+            assert_eq!(std::fs::read(&program).unwrap(), data);
+            assert_eq!(mode_of(&program) & 0o111, 0o111);
+        }
+        // Not bzip2 data under a bzip2 name: a clear error, not a panic.
+        let (_tmp, r) = unpack_bytes(b"not bzip2", "a.tar.bz2");
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn link_chains_are_followed_when_checking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("x/y")).unwrap();
+        std::os::unix::fs::symlink("..", root.join("x/up")).unwrap();
+        std::os::unix::fs::symlink("up/..", root.join("x/bad")).unwrap();
+        std::os::unix::fs::symlink("../up", root.join("x/y/ok")).unwrap();
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        assert!(resolves_inside(root, Path::new("x/up")));
+        assert!(resolves_inside(root, Path::new("x/y/ok")));
+        assert!(resolves_inside(root, Path::new("x/y/ok/x/y")));
+        assert!(!resolves_inside(root, Path::new("x/up/..")));
+        assert!(!resolves_inside(root, Path::new("x/bad")));
+        assert!(
+            check_links(root, root)
+                .unwrap_err()
+                .contains("leads outside")
+        );
+        assert!(!resolves_inside(root, Path::new("loop")));
+        assert!(resolves_inside(root, Path::new("missing/../x")));
     }
 }

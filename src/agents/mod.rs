@@ -649,8 +649,6 @@ impl Agents {
                 source,
             } => {
                 let final_dir = dir.join(version_dir(&version));
-                // Refuse formats we cannot unpack before downloading anything.
-                install::check_supported(&url)?;
                 progress.step(&format!("downloading {url}"));
                 let mut file =
                     install::download(self.http()?, &url, sha256.as_deref(), dir, progress).await?;

@@ -1,5 +1,5 @@
 //! Agents and their installer, end to end: a loopback ACP registry served by the test (real
-//! registry.json, real .tar.gz archives holding an executable ACP agent), checksums, hostile
+//! registry.json, real .tar.gz/.zip/.tar.bz2 archives holding an executable ACP agent), checksums, hostile
 //! archives, fallback when the registry is down, one download for concurrent installs,
 //! `--require-preinstall`, the CLI, and real agents installed from npm.
 
@@ -95,7 +95,36 @@ enum Item<'a> {
 
 fn tar_gz(items: &[Item]) -> Vec<u8> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut b = tar::Builder::new(gz);
+    tar_into(gz, items).finish().unwrap()
+}
+
+fn tar_bz2(items: &[Item]) -> Vec<u8> {
+    let bz = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::fast());
+    tar_into(bz, items).finish().unwrap()
+}
+
+/// A zip archive; unix modes go into the external attributes, as zip tools on Linux write them.
+fn zip(items: &[Item]) -> Vec<u8> {
+    use zip::write::SimpleFileOptions;
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    for item in items {
+        match item {
+            Item::File(name, data, mode) => {
+                w.start_file(*name, opts.unix_permissions(*mode)).unwrap();
+                w.write_all(data).unwrap();
+            }
+            Item::Symlink(name, target) => w.add_symlink(*name, *target, opts).unwrap(),
+            Item::Hardlink(..) | Item::CharDevice(..) => {
+                panic!("zip archives have no hard links or devices")
+            }
+        }
+    }
+    w.finish().unwrap().into_inner()
+}
+
+fn tar_into<W: Write>(w: W, items: &[Item]) -> W {
+    let mut b = tar::Builder::new(w);
     for item in items {
         let mut h = tar::Header::new_gnu();
         let (name, data): (&str, &[u8]) = match item {
@@ -133,7 +162,7 @@ fn tar_gz(items: &[Item]) -> Vec<u8> {
         h.set_cksum();
         b.append(&h, data).unwrap();
     }
-    b.into_inner().unwrap().finish().unwrap()
+    b.into_inner().unwrap()
 }
 
 /// A shell script that runs the daemon's own mock ACP agent: a real executable ACP agent.
@@ -142,11 +171,15 @@ fn agent_script() -> Vec<u8> {
 }
 
 fn good_archive() -> Vec<u8> {
-    tar_gz(&[
+    tar_gz(&good_items(&agent_script()))
+}
+
+fn good_items(script: &[u8]) -> [Item<'_>; 3] {
+    [
         Item::File("pkg/README", b"test agent\n", 0o644),
-        Item::File("pkg/bin/test-agent", &agent_script(), 0o755),
+        Item::File("pkg/bin/test-agent", script, 0o755),
         Item::Symlink("pkg/bin/alias", "test-agent"),
-    ])
+    ]
 }
 
 fn sha256_hex(b: &[u8]) -> String {
@@ -380,6 +413,105 @@ async fn first_acp_post_installs_lazily() {
 }
 
 #[tokio::test]
+async fn zip_and_tar_bz2_archives_install_and_answer_through_the_proxy() {
+    use std::os::unix::fs::PermissionsExt;
+    let script = agent_script();
+    let [readme, agent, alias] = good_items(&script);
+    let items = [
+        readme,
+        agent,
+        alias,
+        Item::File("pkg/bin/helper", b"#!/bin/sh\n", 0o750),
+    ];
+    let zip_bytes = zip(&items);
+    let bz2_bytes = tar_bz2(&items);
+    // Not the same bytes under another name: these really are zip and bzip2 data.
+    assert_eq!(&zip_bytes[..4], b"PK\x03\x04");
+    assert_eq!(&bz2_bytes[..3], b"BZh");
+    let srv = FileServer::start(vec![
+        ("/dl/agent.zip".into(), zip_bytes.clone(), Duration::ZERO),
+        (
+            "/dl/agent.tar.bz2".into(),
+            bz2_bytes.clone(),
+            Duration::ZERO,
+        ),
+    ]);
+    let reg = registry_json(vec![
+        registry_entry(
+            "zip-acp",
+            "2.0.0",
+            &srv.url("/dl/agent.zip"),
+            Some(&sha256_hex(&zip_bytes)),
+        ),
+        registry_entry(
+            "bz2-acp",
+            "2.1.0",
+            &srv.url("/dl/agent.tar.bz2"),
+            Some(&sha256_hex(&bz2_bytes)),
+        ),
+    ]);
+    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
+    let (_g, file) = agents_file(
+        "[[agent]]\nid = \"zipagent\"\nregistry_id = \"zip-acp\"\n\
+         [[agent]]\nid = \"bz2agent\"\nregistry_id = \"bz2-acp\"\n",
+    );
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/registry.json"))
+        .start();
+    for (agent, version, path) in [
+        ("zipagent", "2.0.0", "/dl/agent.zip"),
+        ("bz2agent", "2.1.0", "/dl/agent.tar.bz2"),
+    ] {
+        // The first POST installs lazily; the installed program answers `initialize`.
+        let server = format!("s-{agent}");
+        let (s, init) = acp_post(&d, &server, Some(agent), initialize(3)).await;
+        assert_eq!(s, 200, "{agent}: {init}");
+        assert_eq!(init["id"], 3, "{agent}: {init}");
+        assert!(
+            init["result"]["protocolVersion"].is_number(),
+            "{agent}: {init}"
+        );
+        assert_eq!(srv.hits(path), 1, "{agent}");
+        let (_, st) = get_json(&d, &format!("/v1/agents/{agent}")).await;
+        assert_eq!(st["installed"], true, "{agent}: {st}");
+        assert_eq!(st["source"], "registry", "{agent}: {st}");
+        assert_eq!(st["version"], version, "{agent}: {st}");
+        let dir = d.data_dir().join("agents").join(agent).join(version);
+        let mode = |p: &str| {
+            std::fs::symlink_metadata(dir.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        // Modes come from the archive (zip: its unix external attributes).
+        assert_eq!(mode("pkg/bin/test-agent"), 0o755, "{agent}");
+        assert_eq!(mode("pkg/bin/helper"), 0o750, "{agent}");
+        assert_eq!(mode("pkg/README"), 0o644, "{agent}");
+        assert_eq!(
+            std::fs::read(dir.join("pkg/README")).unwrap(),
+            b"test agent\n"
+        );
+        assert_eq!(
+            std::fs::read_link(dir.join("pkg/bin/alias")).unwrap(),
+            PathBuf::from("test-agent"),
+            "{agent}"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(d.data_dir().join("agents").join(agent))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{agent}: {leftovers:?}");
+        delete_server(&d, &server).await;
+    }
+}
+
+#[tokio::test]
 async fn wrong_sha256_is_refused_and_leaves_nothing() {
     let archive = good_archive();
     let srv = FileServer::start(vec![("/a.tar.gz".into(), archive, Duration::ZERO)]);
@@ -417,9 +549,10 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
     let abs_name = abs_target.to_str().unwrap().to_string();
     let out_dir = outside.path().to_str().unwrap().to_string();
     let script = agent_script();
-    let cases: Vec<(&str, Vec<u8>)> = vec![
+    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
         (
             "dotdot",
+            "tar.gz",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
                 Item::File("../../../../escaped", b"x", 0o644),
@@ -427,6 +560,7 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         ),
         (
             "absolute",
+            "tar.gz",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
                 Item::File(&abs_name, b"x", 0o644),
@@ -434,6 +568,7 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         ),
         (
             "symlinkout",
+            "tar.gz",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
                 Item::Symlink("pkg/out", &out_dir),
@@ -442,6 +577,7 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         ),
         (
             "symlinkup",
+            "tar.gz",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
                 Item::Symlink("pkg/up", "../../../../../etc"),
@@ -449,6 +585,7 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         ),
         (
             "hardlink",
+            "tar.gz",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
                 Item::Hardlink("pkg/passwd", "/etc/passwd"),
@@ -456,9 +593,51 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         ),
         (
             "device",
+            "tar.gz",
             tar_gz(&[
                 Item::File("pkg/bin/test-agent", &script, 0o755),
                 Item::CharDevice("pkg/null"),
+            ]),
+        ),
+        (
+            "zipdotdot",
+            "zip",
+            zip(&[
+                Item::File("pkg/bin/test-agent", &script, 0o755),
+                Item::File("../../../../escaped", b"x", 0o644),
+            ]),
+        ),
+        (
+            "zipabsolute",
+            "zip",
+            zip(&[
+                Item::File("pkg/bin/test-agent", &script, 0o755),
+                Item::File(&abs_name, b"x", 0o644),
+            ]),
+        ),
+        (
+            "zipsymlinkout",
+            "zip",
+            zip(&[
+                Item::File("pkg/bin/test-agent", &script, 0o755),
+                Item::Symlink("pkg/out", &out_dir),
+                Item::File("pkg/out/through-link", b"x", 0o644),
+            ]),
+        ),
+        (
+            "zipsymlinkup",
+            "zip",
+            zip(&[
+                Item::File("pkg/bin/test-agent", &script, 0o755),
+                Item::Symlink("pkg/up", "../../../../../etc"),
+            ]),
+        ),
+        (
+            "bz2dotdot",
+            "tar.bz2",
+            tar_bz2(&[
+                Item::File("pkg/bin/test-agent", &script, 0o755),
+                Item::File("../../../../escaped", b"x", 0o644),
             ]),
         ),
     ];
@@ -468,15 +647,15 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
     let srv_addr_holder;
     {
         // Registry entries need the archive server's address, so start it first.
-        for (name, bytes) in &cases {
-            routes.push((format!("/{name}.tar.gz"), bytes.clone(), Duration::ZERO));
+        for (name, ext, bytes) in &cases {
+            routes.push((format!("/{name}.{ext}"), bytes.clone(), Duration::ZERO));
         }
         srv_addr_holder = FileServer::start(routes);
-        for (name, bytes) in &cases {
+        for (name, ext, bytes) in &cases {
             entries.push(registry_entry(
                 &format!("{name}-acp"),
                 "1.0.0",
-                &srv_addr_holder.url(&format!("/{name}.tar.gz")),
+                &srv_addr_holder.url(&format!("/{name}.{ext}")),
                 Some(&sha256_hex(bytes)),
             ));
             file_text.push_str(&format!(
@@ -484,17 +663,10 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
             ));
         }
     }
-    // Formats the installer does not take are refused by name, before anything is written.
+    // Distributions the installer does not take are refused by name, before anything is written.
     entries.push(json!({"id": "uvx-acp", "version": "1.0.0",
         "distribution": {"uvx": {"package": "some-agent@1.0.0"}}}));
     file_text.push_str("[[agent]]\nid = \"uvxonly\"\nregistry_id = \"uvx-acp\"\n");
-    entries.push(registry_entry(
-        "zip-acp",
-        "1.0.0",
-        &srv_addr_holder.url("/agent.zip"),
-        None,
-    ));
-    file_text.push_str("[[agent]]\nid = \"ziponly\"\nregistry_id = \"zip-acp\"\n");
     let regsrv = FileServer::start(vec![(
         "/registry.json".into(),
         registry_json(entries),
@@ -507,33 +679,18 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
         .arg("--acp-registry-url")
         .arg(regsrv.url("/registry.json"))
         .start();
-    for (name, _) in &cases {
+    for (name, ext, _) in &cases {
         let (s, body) = post_install(&d, name, json!({})).await;
         assert_eq!(s, 502, "{name}: {body}");
         let detail = body["detail"].as_str().unwrap();
         assert!(detail.contains("refused"), "{name}: {detail}");
         let left = files_below(&d.data_dir().join("agents").join(name));
         assert!(left.is_empty(), "{name} left {left:?}");
-        assert_eq!(
-            srv_addr_holder.hits(&format!("/{name}.tar.gz")),
-            1,
-            "{name}"
-        );
+        assert_eq!(srv_addr_holder.hits(&format!("/{name}.{ext}")), 1, "{name}");
     }
     let (s, body) = post_install(&d, "uvxonly", json!({})).await;
     assert_eq!(s, 502, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("uvx"), "{body}");
-    let (s, body) = post_install(&d, "ziponly", json!({})).await;
-    assert_eq!(s, 502, "{body}");
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("format is not supported"),
-        "{body}"
-    );
-    assert_eq!(srv_addr_holder.hits("/agent.zip"), 0);
-    assert!(files_below(&d.data_dir().join("agents/ziponly")).is_empty());
     assert!(!abs_target.exists());
     assert!(!outside.path().join("through-link").exists());
     assert!(!d.data_dir().join("escaped").exists());
