@@ -16,6 +16,9 @@ use super::registry::error_chain;
 
 /// Downloads larger than this are refused (the biggest agent archives are a few hundred MB).
 pub const MAX_DOWNLOAD: u64 = 2 << 30;
+/// Largest total an archive may unpack to: a small download must not fill the disk
+/// (a decompression bomb).
+pub const MAX_UNPACKED: u64 = 8 << 30;
 /// An npm install that takes longer than this is killed.
 const NPM_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
@@ -341,6 +344,7 @@ fn unpack_tar(reader: impl Read, dest: &Path) -> Result<(), String> {
     let entries = archive
         .entries()
         .map_err(|e| format!("cannot read the archive: {e}"))?;
+    let mut unpacked: u64 = 0;
     for entry in entries {
         let mut entry = entry.map_err(|e| format!("cannot read the archive: {e}"))?;
         let raw_path = entry
@@ -357,6 +361,13 @@ fn unpack_tar(reader: impl Read, dest: &Path) -> Result<(), String> {
                 "refused: the archive entry `{shown}` is an absolute path or climbs out with `..`"
             ));
         };
+        // The header's size is what tar reads for this entry, so the sum is the unpacked total.
+        unpacked = unpacked.saturating_add(entry.header().size().unwrap_or(0));
+        if unpacked > MAX_UNPACKED {
+            return Err(format!(
+                "refused: the archive unpacks to more than {MAX_UNPACKED} bytes"
+            ));
+        }
         let kind = entry.header().entry_type();
         match kind {
             EntryType::Regular | EntryType::Continuous | EntryType::Directory => {}
@@ -434,6 +445,7 @@ const MAX_LINK_TARGET: u64 = 4096;
 fn unpack_zip(file: &mut std::fs::File, dest: &Path) -> Result<(), String> {
     let mut archive = zip::ZipArchive::new(std::io::BufReader::new(file))
         .map_err(|e| format!("cannot read the zip archive: {e}"))?;
+    let mut unpacked: u64 = 0;
     for i in 0..archive.len() {
         let mut entry = archive
             .by_index(i)
@@ -499,8 +511,16 @@ fn unpack_zip(file: &mut std::fs::File, dest: &Path) -> Result<(), String> {
                     .mode(perm)
                     .open(&target)
                     .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
-                std::io::copy(&mut entry, &mut out)
+                // Count what really comes out, not what the entry declares.
+                let budget = MAX_UNPACKED - unpacked;
+                let written = std::io::copy(&mut (&mut entry).take(budget + 1), &mut out)
                     .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
+                unpacked += written;
+                if written > budget {
+                    return Err(format!(
+                        "refused: the archive unpacks to more than {MAX_UNPACKED} bytes"
+                    ));
+                }
                 // `mode` above is filtered by the umask; the archive's bits are wanted as-is.
                 std::fs::set_permissions(&target, std::fs::Permissions::from_mode(perm))
                     .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
@@ -832,6 +852,23 @@ mod tests {
         let mut f = std::fs::File::open(&archive).unwrap();
         let r = unpack(&mut f, &format!("https://h/{name}"), "pkg/bin/agent", &dest);
         (tmp, r)
+    }
+
+    #[test]
+    fn tar_declaring_more_than_the_unpack_cap_is_refused_before_writing() {
+        // A header that claims 9 GiB (the data need not follow: the check comes first).
+        let mut header = tar::Header::new_gnu();
+        header.set_path("pkg/bin/agent").unwrap();
+        header.set_size(9 << 30);
+        header.set_mode(0o755);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_cksum();
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend_from_slice(&[0u8; 1024]);
+        let (tmp, r) = unpack_bytes(&bytes, "bomb.tar");
+        let err = r.unwrap_err();
+        assert!(err.contains("unpacks to more than"), "{err}");
+        assert!(!tmp.path().join("dest/pkg/bin/agent").exists());
     }
 
     fn mode_of(p: &Path) -> u32 {
