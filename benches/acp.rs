@@ -489,9 +489,11 @@ fn http_stream(port: u16, server: &str, subs: usize, n: u64) -> (f64, bool) {
             let server = server.to_string();
             std::thread::spawn(move || {
                 let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                // `connection: close` makes the end of the stream (a cut-off subscriber) close
+                // the socket, which this reader sees; with keep-alive it would wait forever.
                 write!(
                     s,
-                    "GET /v1/acp/{server} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n"
+                    "GET /v1/acp/{server} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\nconnection: close\r\n\r\n"
                 )
                 .unwrap();
                 let mut buf = vec![0u8; 256 * 1024];
@@ -556,8 +558,15 @@ fn main() {
             us(h1.p50),
             us(h1.p99)
         );
-        let (h32, e) = http_concurrent(port, 32, dur);
-        println!("HTTP c=32 {h32:.0} req/s errors {e}");
+        // `ACP_BENCH_SECS=0` skips the c=32 phase (e.g. to count syscalls of c=1 alone).
+        let secs: u64 = std::env::var("ACP_BENCH_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        if secs > 0 {
+            let (h32, e) = http_concurrent(port, 32, Duration::from_secs(secs));
+            println!("HTTP c=32 {h32:.0} req/s errors {e}");
+        }
         return;
     }
 
