@@ -1,22 +1,22 @@
 //! Bearer-token authentication for every `/v1/*` path. The comparison takes the same time
 //! whatever the guess, and the token is never logged.
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{AppState, Problem};
 
-pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(expected) = state.config.token.as_deref() else {
-        return next.run(req).await;
-    };
+/// `None` when the request may go on, else the 401 answer. A plain function called by the one
+/// edge middleware (`super::edge`), not a layer of its own: each `from_fn_with_state` layer
+/// clones the state and its inner service on every request.
+pub fn check_token(state: &AppState, req: &Request) -> Option<Response> {
+    let expected = state.config.token.as_deref()?;
     // Every /v1 path needs the token, routed or not, so that nothing about the surface is
     // visible without it; `/` stays open for probes.
     let path = req.uri().path();
     if path != "/v1" && !path.starts_with("/v1/") {
-        return next.run(req).await;
+        return None;
     }
     let given = req
         .headers()
@@ -28,11 +28,11 @@ pub async fn require_token(State(state): State<AppState>, req: Request, next: Ne
         })
         .map(str::trim);
     match given {
-        Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => {
-            next.run(req).await
-        }
-        Some(_) => unauthorized("the bearer token is not valid"),
-        None => unauthorized("this route needs `Authorization: Bearer <token>`"),
+        Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => None,
+        Some(_) => Some(unauthorized("the bearer token is not valid")),
+        None => Some(unauthorized(
+            "this route needs `Authorization: Bearer <token>`",
+        )),
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -80,15 +80,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            problem_safety_net,
-        ))
-        .layer(middleware::from_fn(log_request))
+        // One layer for auth, the problem+json safety net and the request log (see `edge`).
+        .layer(middleware::from_fn_with_state(state.clone(), edge))
         .with_state(state)
 }
 
@@ -119,10 +112,30 @@ async fn method_not_allowed(req: Request) -> Problem {
     )
 }
 
+/// What every request goes through, outermost first: the request log, the problem+json safety
+/// net, the bearer token. One middleware rather than three layers, because each
+/// `from_fn_with_state` layer clones `AppState` and its inner service on every request.
+async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    // A `Uri` clone shares its bytes; the path is only formatted if a line is logged.
+    let uri = req.uri().clone();
+    // The watchdog's own self-probe would otherwise log a line every few seconds.
+    let probe = req
+        .headers()
+        .get(header::USER_AGENT)
+        .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
+    let started = Instant::now();
+    let resp = match auth::check_token(&state, &req) {
+        Some(refused) => refused,
+        None => problem_safety_net(&state, next.run(req).await).await,
+    };
+    log_request(&method, uri.path(), probe, started, resp.status().as_u16());
+    resp
+}
+
 /// Any error answer that is not already problem+json (an axum extractor rejection, the body
 /// limit, a 405 from the router) is rewritten into one, keeping its status and headers.
-async fn problem_safety_net(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
+async fn problem_safety_net(state: &AppState, resp: Response) -> Response {
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {
         return resp;
@@ -157,17 +170,7 @@ async fn problem_safety_net(State(state): State<AppState>, req: Request, next: N
 
 /// One log line per request: method, path (never the query or headers, so never the token),
 /// status and latency to the response head.
-async fn log_request(req: Request, next: Next) -> Response {
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    // The watchdog's own self-probe would otherwise log a line every few seconds.
-    let probe = req
-        .headers()
-        .get(header::USER_AGENT)
-        .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
-    let started = Instant::now();
-    let resp = next.run(req).await;
-    let status = resp.status().as_u16();
+fn log_request(method: &Method, path: &str, probe: bool, started: Instant, status: u16) {
     let latency_us = started.elapsed().as_micros() as u64;
     if probe {
         tracing::debug!(%method, path, status, latency_us, "request");
@@ -176,5 +179,4 @@ async fn log_request(req: Request, next: Next) -> Response {
     } else {
         tracing::info!(%method, path, status, latency_us, "request");
     }
-    resp
 }
