@@ -285,7 +285,9 @@ impl Daemon {
             .port();
         let dir = std::env::temp_dir().join(format!("acp-bench-{}-{port}", std::process::id()));
         std::fs::create_dir_all(dir.join("work")).unwrap();
-        let child = Command::new(BIN)
+        // `ACP_BENCH_DAEMON=<path>` runs another build of the daemon (A/B comparisons).
+        let bin = std::env::var("ACP_BENCH_DAEMON").unwrap_or_else(|_| BIN.to_string());
+        let child = Command::new(bin)
             .arg("server")
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--log-level", "warn", "--no-token"])
