@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,15 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
     let app = http::router(state.clone());
 
     let server_shutdown = shutdown.clone();
+    // TCP_NODELAY on every connection: hyper writes whole messages (one `writev` per response
+    // head and body, one write per SSE chunk), so Nagle's algorithm can only hold back a small
+    // SSE event behind an unacknowledged one until the client's delayed ACK (up to 40 ms on a
+    // real network; loopback acknowledges at once, so the benchmark cannot show it).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(server_shutdown.cancelled_owned())
