@@ -171,26 +171,15 @@ pub async fn download(
     let mut file = tempfile_like::TempFile::new_in(dir)
         .map_err(|e| format!("cannot create a temporary file in {}: {e}", dir.display()))?;
     let mut hasher = Sha256::new();
-    let mut done: u64 = 0;
     if let Some(path) = url.strip_prefix("file://") {
-        let mut src = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = src
-                .read(&mut buf)
-                .map_err(|e| format!("cannot read {path}: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            done += n as u64;
-            if done > MAX_DOWNLOAD {
-                return Err(format!("{url} is larger than {MAX_DOWNLOAD} bytes"));
-            }
-            hasher.update(&buf[..n]);
-            file.write_all(&buf[..n])
-                .map_err(|e| format!("cannot write the download: {e}"))?;
-        }
+        // Reading, hashing and copying a local file is blocking work, and the daemon runs every
+        // task on one thread: do it on the blocking pool so that requests go on meanwhile.
+        let path = path.to_string();
+        (file, hasher) = tokio::task::spawn_blocking(move || copy_local(&path, file, hasher))
+            .await
+            .map_err(|e| format!("copying {url} failed: {e}"))??;
     } else {
+        let mut done: u64 = 0;
         let resp = client
             .get(url)
             .send()
@@ -232,6 +221,32 @@ pub async fn download(
         }
     }
     Ok(file)
+}
+
+/// The `file://` branch of `download`: copies `path` into `file`, hashing it, within the size cap.
+fn copy_local(
+    path: &str,
+    mut file: tempfile_like::TempFile,
+    mut hasher: Sha256,
+) -> Result<(tempfile_like::TempFile, Sha256), String> {
+    let mut src = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut done: u64 = 0;
+    loop {
+        let n = src
+            .read(&mut buf)
+            .map_err(|e| format!("cannot read {path}: {e}"))?;
+        if n == 0 {
+            return Ok((file, hasher));
+        }
+        done += n as u64;
+        if done > MAX_DOWNLOAD {
+            return Err(format!("file://{path} is larger than {MAX_DOWNLOAD} bytes"));
+        }
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n])
+            .map_err(|e| format!("cannot write the download: {e}"))?;
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -793,6 +808,38 @@ pub mod tempfile_like {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Quiet;
+    impl Progress for Quiet {
+        fn step(&self, _: &str) {}
+    }
+
+    #[tokio::test]
+    async fn file_urls_are_copied_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("agent.bin");
+        std::fs::write(&src, b"hello agent").unwrap();
+        let url = format!("file://{}", src.display());
+        let dl = dir.path().join("dl");
+        crate::install_crypto_provider();
+        let client = reqwest::Client::new();
+        let sha = hex(&Sha256::digest(b"hello agent"));
+        let mut got = download(&client, &url, Some(&sha), &dl, &Quiet)
+            .await
+            .unwrap();
+        let mut text = String::new();
+        got.file.seek(std::io::SeekFrom::Start(0)).unwrap();
+        got.file.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "hello agent");
+        drop(got);
+        let bad = download(&client, &url, Some(&"0".repeat(64)), &dl, &Quiet).await;
+        assert!(bad.err().unwrap().contains("checksum mismatch"));
+        let missing = format!("file://{}", dir.path().join("nope").display());
+        let err = download(&client, &missing, None, &dl, &Quiet).await;
+        assert!(err.err().unwrap().contains("cannot open"));
+        // Neither a failure nor a dropped download leaves a temporary file behind.
+        assert_eq!(std::fs::read_dir(&dl).unwrap().count(), 0);
+    }
 
     #[test]
     fn link_targets_are_resolved_lexically() {
