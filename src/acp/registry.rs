@@ -46,6 +46,7 @@ pub struct ServerInfo {
     pub rss_bytes: Option<u64>,
     pub cpu_ms: Option<u64>,
     pub processes: Option<u64>,
+    pub open_fds: Option<u64>,
 }
 
 impl AcpService {
@@ -308,5 +309,6 @@ fn info(i: &AcpInstance) -> ServerInfo {
         rss_bytes: stats.as_ref().map(|s| s.rss_bytes),
         cpu_ms: stats.as_ref().map(|s| s.cpu_ms),
         processes: stats.as_ref().map(|s| s.processes),
+        open_fds: stats.as_ref().map(|s| s.open_fds),
     }
 }

@@ -1201,9 +1201,15 @@ async fn listing_shows_live_figures() {
     assert!(info["pid"].as_u64().unwrap() > 1);
     assert!(info["createdAtMs"].as_u64().unwrap() > 1_600_000_000_000);
     assert!(info["exitCode"].is_null() && info["exitReason"].is_null());
-    for k in ["rssBytes", "cpuMs", "processes", "signal"] {
+    for k in ["rssBytes", "cpuMs", "processes", "openFds", "signal"] {
         assert!(info.get(k).is_some(), "{k} is listed");
     }
+    // Figures read from /proc for the agent's processes: a live mock has memory, one process at
+    // least, and at least its three stdio descriptors open.
+    assert!(info["rssBytes"].as_u64().unwrap() > 0, "{info}");
+    assert!(info["processes"].as_u64().unwrap() >= 1, "{info}");
+    assert!(info["openFds"].as_u64().unwrap() >= 3, "{info}");
+    assert!(info["cpuMs"].is_u64(), "{info}");
 }
 
 /// The published npm client of this API, unchanged, drives the mock agent end to end.
