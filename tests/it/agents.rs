@@ -1076,6 +1076,49 @@ async fn real_claude_and_codex_from_npm_answer_through_the_proxy() {
     }
 }
 
+/// The registry's `npx` distribution, for real: the registry names an npm package at an exact
+/// version, the installer puts it in the agent's own prefix with npm (no npx at launch), and the
+/// provenance says `registry`.
+#[tokio::test]
+async fn registry_npx_distribution_installs_the_named_package_from_npm() {
+    if !on_path("npm") || !on_path("node") {
+        crate::support::skip("node/npm not installed (CI installs them)");
+        return;
+    }
+    let entry = json!({"id": "claude-acp", "name": "Claude", "version": "0.49.0",
+        "description": "test",
+        "distribution": {"npx": {"package": "@agentclientprotocol/claude-agent-acp@0.49.0"}}});
+    let server = FileServer::start(vec![(
+        "/registry.json".into(),
+        registry_json(vec![entry]),
+        Duration::ZERO,
+    )]);
+    let d = Daemon::builder()
+        .arg("--acp-registry-url")
+        .arg(server.url("/registry.json"))
+        .start();
+    let (s, body) = post_install(&d, "claude", json!({})).await;
+    assert_eq!(s, 200, "{body}\n{}", d.stderr());
+    assert_eq!(body["artifacts"][0]["source"], "registry", "{body}");
+    assert_eq!(body["artifacts"][0]["version"], "0.49.0", "{body}");
+    assert_eq!(server.hits("/registry.json"), 1);
+    let installed = d.data_dir().join("agents/claude");
+    assert!(
+        files_below(&installed)
+            .iter()
+            .any(|p| p.ends_with("node_modules/@agentclientprotocol/claude-agent-acp/package.json")),
+        "the package is installed under {}",
+        installed.display()
+    );
+
+    let (s, init) = acp_post(&d, "npx-claude", Some("claude"), initialize(1)).await;
+    assert_eq!(s, 200, "{init}\n{}", d.stderr());
+    assert!(init["result"]["protocolVersion"].is_number(), "{init}");
+    let (_, st) = get_json(&d, "/v1/agents/claude").await;
+    assert_eq!(st["source"], "registry", "{st}");
+    delete_server(&d, "npx-claude").await;
+}
+
 /// An npm package tarball (`package/…`) whose bin runs the mock agent.
 fn npm_tarball() -> Vec<u8> {
     let pkg = br#"{"name":"test-npm-agent","version":"0.0.1","bin":{"test-npm-agent":"agent.sh"}}"#;
