@@ -27,6 +27,9 @@ async fn list(State(st): State<AppState>) -> Response {
     axum::Json(json!({ "servers": st.acp.list() })).into_response()
 }
 
+/// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).
+const LARGE_ENVELOPE: usize = 256 * 1024;
+
 #[derive(serde::Deserialize)]
 struct PostQuery {
     agent: Option<String>,
@@ -58,7 +61,16 @@ async fn post_message(
         .with("serverId", server_id)
         .into_response();
     }
-    let envelope = match acp::jsonrpc::parse_envelope(body) {
+    // The daemon runs one runtime thread: a large envelope (an image, a big file) is parsed on the
+    // blocking pool so that other requests and streams go on meanwhile.
+    let parsed = if body.len() > LARGE_ENVELOPE {
+        tokio::task::spawn_blocking(move || acp::jsonrpc::parse_envelope(body))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    } else {
+        acp::jsonrpc::parse_envelope(body)
+    };
+    let envelope = match parsed {
         Ok(e) => e,
         Err(e) => {
             return Problem::from(AcpError::from(e))
