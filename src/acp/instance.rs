@@ -336,8 +336,9 @@ impl AcpInstance {
         let _ = rx.wait_for(|e| *e).await;
     }
 
-    fn on_line(&self, line: Bytes) {
-        match classify_agent_line(&line) {
+    /// One stdout line, already classified (see `classify`).
+    fn on_line(&self, line: Bytes, class: Option<AgentLine>) {
+        match class {
             Some(AgentLine::Response(key)) => {
                 let waiter = self.pending().waiters.remove(&key);
                 match waiter {
@@ -518,6 +519,20 @@ async fn write_loop(
     // Dropping the receiver makes every later send fail, which its POST answers with 502.
 }
 
+/// Lines larger than this are classified (parsed) off the runtime thread, which the daemon has
+/// only one of; the reader awaits the result, so the order of lines is kept.
+const LARGE_LINE: usize = 256 * 1024;
+
+async fn classify(line: &Bytes) -> Option<AgentLine> {
+    if line.len() <= LARGE_LINE {
+        return classify_agent_line(line);
+    }
+    let line = line.clone();
+    tokio::task::spawn_blocking(move || classify_agent_line(&line))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 async fn read_loop(
     inst: Arc<AcpInstance>,
     stdout: ChildStdout,
@@ -536,7 +551,10 @@ async fn read_loop(
         tokio::select! {
             biased;
             line = reader.next_line() => match line {
-                Ok(Some(Line::Data(l))) => inst.on_line(l),
+                Ok(Some(Line::Data(l))) => {
+                    let class = classify(&l).await;
+                    inst.on_line(l, class);
+                }
                 Ok(Some(Line::TooLong(prefix))) => inst.invalid_line(&prefix, "longer than the maximum line length"),
                 Ok(None) => break,
                 Err(e) => {
