@@ -99,6 +99,15 @@ async fn sse_until(d: &Daemon, server_id: &str, needle: &str) -> String {
 }
 
 /// The number after `prefix` in `text` (e.g. "orphan pid 1234").
+/// `DELETE /v1/acp/{server_id}`.
+async fn delete(d: &Daemon, server_id: &str) -> reqwest::Response {
+    d.client()
+        .delete(d.url(&format!("/v1/acp/{server_id}")))
+        .send()
+        .await
+        .expect("DELETE")
+}
+
 fn number_after(text: &str, prefix: &str) -> u64 {
     let at = text
         .find(prefix)
@@ -227,12 +236,7 @@ async fn setsid_orphan_is_gone_after_delete() {
         session_of(pid),
         "the orphan left the agent's session"
     );
-    let resp = d
-        .client()
-        .delete(d.url("/v1/acp/orphaner"))
-        .send()
-        .await
-        .expect("DELETE");
+    let resp = delete(&d, "orphaner").await;
     assert_eq!(resp.status().as_u16(), 204);
     eventually(Duration::from_secs(10), "agent and orphan gone", || {
         (!pid_alive(pid) && !pid_alive(orphan)).then_some(())
@@ -245,12 +249,7 @@ async fn agent_ignoring_term_is_killed_after_the_grace_period() {
     let pid = start_agent(&d, "stubborn").await;
     let (status, _) = prompt(&d, "stubborn", 2, "/ignore-term").await;
     assert_eq!(status, 200);
-    let resp = d
-        .client()
-        .delete(d.url("/v1/acp/stubborn"))
-        .send()
-        .await
-        .expect("DELETE");
+    let resp = delete(&d, "stubborn").await;
     assert_eq!(
         resp.status().as_u16(),
         204,
@@ -463,12 +462,7 @@ async fn v2_hierarchy_tracks_the_tree_and_reports_missing_controllers() {
     let (status, _) = prompt(&d, "v2", 2, "/spawn-orphan").await;
     assert_eq!(status, 200);
     let orphan = number_after(&sse_until(&d, "v2", "orphan pid ").await, "orphan pid ") as u32;
-    let resp = d
-        .client()
-        .delete(d.url("/v1/acp/v2"))
-        .send()
-        .await
-        .expect("DELETE");
+    let resp = delete(&d, "v2").await;
     assert_eq!(resp.status().as_u16(), 204);
     eventually(Duration::from_secs(10), "agent and orphan gone", || {
         (!pid_alive(pid) && !pid_alive(orphan)).then_some(())
