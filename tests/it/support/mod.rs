@@ -356,9 +356,28 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Prints why a privileged test is skipped (the test then returns early).
+/// Says why a test is skipped (the test then returns early). A skip must never pass unseen:
+/// with `SANDBOX_AGENT_TESTS_STRICT=1` (set by `.ci/run`, which installs every tool the tests
+/// need) a skip fails the test; otherwise it is printed and appended to
+/// `target/skipped-tests.txt`, which the test runner script prints at the end.
 pub fn skip(reason: &str) {
-    eprintln!("SKIPPED: {reason}");
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_string();
+    if std::env::var_os("SANDBOX_AGENT_TESTS_STRICT").is_some_and(|v| v != "0" && !v.is_empty()) {
+        panic!("{test} would be skipped, but SANDBOX_AGENT_TESTS_STRICT is set: {reason}");
+    }
+    eprintln!("SKIPPED: {test}: {reason}");
+    let report = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(report)
+    {
+        use std::io::Write;
+        let _ = writeln!(f, "{test}: {reason}");
+    }
 }
 
 /// Every pid whose /proc/<pid>/stat says it is a zombie (`Z`), among `pids`.
