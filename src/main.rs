@@ -52,7 +52,8 @@ fn serve(args: &ServerArgs) -> ExitCode {
         }
         parent_init = Some(init_pid);
     }
-    sandbox_agent::logging::init(&config);
+    // Flushes the log queue (bounded wait) when `serve` returns.
+    let _log_guard = sandbox_agent::logging::init(&config);
     sandbox_agent::install_crypto_provider();
     // One thread runs every task: the daemon is I/O-bound (CPU-heavy work such as unpacking
     // archives or writing files goes to `spawn_blocking`), and on the small VMs it targets a

@@ -15,8 +15,9 @@ use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 
 use super::events::{EventLog, LogLimits};
-use super::jsonrpc::{AgentLine, IdKey, classify_agent_line};
+use super::jsonrpc::{AgentLine, BadLine, IdKey, classify_agent_line};
 use super::{AcpError, Ended};
+use crate::logging::RateLimit;
 use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
 
 /// `starting` until the process runs, `exited` once it is gone.
@@ -89,6 +90,9 @@ pub struct AcpInstance {
     /// Set by DELETE (under this lock) so that a start in progress does not spawn afterwards.
     detached: Mutex<bool>,
     invalid_lines: AtomicU64,
+    /// Budget of the "dropped an agent stdout line" warnings: an agent writing garbage in a loop
+    /// must not flood the log (the count above still sees every line).
+    invalid_log: Mutex<RateLimit>,
     finished: AtomicBool,
     /// Resolves when the reader has recorded how the agent ended.
     ended_rx: tokio::sync::watch::Receiver<bool>,
@@ -104,7 +108,13 @@ pub enum Delivered {
 }
 
 impl AcpInstance {
-    pub fn new(server_id: String, agent: String, limits: LogLimits, grace: Duration) -> Self {
+    pub fn new(
+        server_id: String,
+        agent: String,
+        limits: LogLimits,
+        grace: Duration,
+        log_budget: RateLimit,
+    ) -> Self {
         let created_at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -121,6 +131,7 @@ impl AcpInstance {
             start_lock: tokio::sync::Mutex::new(None),
             detached: Mutex::new(false),
             invalid_lines: AtomicU64::new(0),
+            invalid_log: Mutex::new(log_budget),
             finished: AtomicBool::new(false),
             ended_rx,
             ended_tx,
@@ -337,9 +348,9 @@ impl AcpInstance {
     }
 
     /// One stdout line, already classified (see `classify`).
-    fn on_line(&self, line: Bytes, class: Option<AgentLine>) {
+    fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
         match class {
-            Some(AgentLine::Response(key)) => {
+            Ok(AgentLine::Response(key)) => {
                 let waiter = self.pending().waiters.remove(&key);
                 match waiter {
                     Some(tx) => {
@@ -356,15 +367,27 @@ impl AcpInstance {
                     }
                 }
             }
-            Some(AgentLine::Message) => {
+            Ok(AgentLine::Message) => {
                 self.events.push(&line);
             }
-            None => self.invalid_line(&line, "not a JSON object"),
+            Err(why) => self.invalid_line(&line, &why.to_string()),
         }
     }
 
     fn invalid_line(&self, line: &[u8], why: &str) {
         self.invalid_lines.fetch_add(1, Ordering::Relaxed);
+        let (admit, report) = {
+            let mut budget = self.invalid_log.lock().unwrap_or_else(|e| e.into_inner());
+            let admit = budget.admit(line.len().min(200));
+            (admit, budget.take_report(false))
+        };
+        if let Some((lines, _)) = report {
+            tracing::warn!(server_id = %self.server_id, agent = %self.agent,
+                dropped_lines = lines, "{lines} more invalid agent stdout lines were dropped without a log line each");
+        }
+        if !admit {
+            return;
+        }
         let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
         tracing::warn!(
             server_id = %self.server_id,
@@ -523,7 +546,7 @@ async fn write_loop(
 /// only one of; the reader awaits the result, so the order of lines is kept.
 const LARGE_LINE: usize = 256 * 1024;
 
-async fn classify(line: &Bytes) -> Option<AgentLine> {
+async fn classify(line: &Bytes) -> Result<AgentLine, BadLine> {
     if line.len() <= LARGE_LINE {
         return classify_agent_line(line);
     }

@@ -45,6 +45,10 @@ pub enum EnvelopeError {
     Json(String),
     #[error("the object has neither `method` nor `id`, so it is no JSON-RPC message")]
     NoMethodNoId,
+    #[error("the body is not valid UTF-8 (byte {offset})")]
+    InvalidUtf8 { offset: usize },
+    #[error("the body has a lone UTF-16 surrogate escape (`\\u{code:04x}`) at byte {offset}")]
+    LoneSurrogate { offset: usize, code: u16 },
 }
 
 #[derive(Deserialize)]
@@ -74,7 +78,60 @@ impl IdKey {
     }
 }
 
+/// Checks that `text` is valid UTF-8 and that no `\\uXXXX` escape in it denotes a lone UTF-16
+/// surrogate. serde_json skips over members it does not keep (`IgnoredAny`) without checking
+/// either, and an agent handed such bytes may die of them, so both directions check first.
+/// One linear pass without recursion; meant for text that is otherwise valid JSON, where every
+/// backslash is inside a string.
+pub fn check_text(text: &[u8]) -> Result<(), EnvelopeError> {
+    if let Err(e) = std::str::from_utf8(text) {
+        return Err(EnvelopeError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        });
+    }
+    let mut i = 0;
+    // A high surrogate escape seen last (its offset and value): its low half must follow at once.
+    let mut high: Option<(usize, u16)> = None;
+    while let Some(pos) = text.get(i..).and_then(|t| memchr::memchr(b'\\', t)) {
+        let at = i + pos;
+        let is_u = text.get(at + 1) == Some(&b'u');
+        let code = if is_u {
+            text.get(at + 2..at + 6)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u16::from_str_radix(h, 16).ok())
+        } else {
+            None
+        };
+        if let Some((offset, code_hi)) = high.take() {
+            let low_follows =
+                at == offset + 6 && code.is_some_and(|c| (0xDC00..=0xDFFF).contains(&c));
+            if !low_follows {
+                return Err(EnvelopeError::LoneSurrogate {
+                    offset,
+                    code: code_hi,
+                });
+            }
+            i = at + 6;
+            continue;
+        }
+        match code {
+            Some(c @ 0xD800..=0xDBFF) => high = Some((at, c)),
+            Some(c @ 0xDC00..=0xDFFF) => {
+                return Err(EnvelopeError::LoneSurrogate { offset: at, code: c });
+            }
+            _ => {}
+        }
+        // Past the escape: `\\` must not be read as the start of another one.
+        i = if code.is_some() { at + 6 } else { at + 2 };
+    }
+    match high {
+        Some((offset, code)) => Err(EnvelopeError::LoneSurrogate { offset, code }),
+        None => Ok(()),
+    }
+}
+
 /// Classifies a POST body. Line breaks (only possible as whitespace in valid JSON) become spaces.
+/// Only valid UTF-8 JSON without lone surrogate escapes is accepted.
 pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     match first {
@@ -95,6 +152,7 @@ pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
     }
     let members: Members<'_> =
         serde_json::from_slice(&body).map_err(|e| EnvelopeError::Json(e.to_string()))?;
+    check_text(&body)?;
     let kind = match (members.method.is_some(), members.id) {
         (true, Some(id)) => Kind::Request {
             key: IdKey::from_raw(id),
@@ -119,14 +177,32 @@ pub enum AgentLine {
     Message,
 }
 
-/// Classifies one stdout line; `None` when it is not exactly one JSON object.
-pub fn classify_agent_line(line: &[u8]) -> Option<AgentLine> {
-    let first = line.iter().find(|b| !b.is_ascii_whitespace())?;
+/// Why an agent's stdout line is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadLine {
+    #[error("not a JSON object")]
+    NotAnObject,
+    #[error("not valid UTF-8")]
+    InvalidUtf8,
+    #[error("a lone UTF-16 surrogate escape")]
+    LoneSurrogate,
+}
+
+/// Classifies one stdout line: exactly one JSON object, valid UTF-8, no lone surrogate escape.
+pub fn classify_agent_line(line: &[u8]) -> Result<AgentLine, BadLine> {
+    let first = line
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .ok_or(BadLine::NotAnObject)?;
     if *first != b'{' {
-        return None;
+        return Err(BadLine::NotAnObject);
     }
-    let members: Members<'_> = serde_json::from_slice(line).ok()?;
-    Some(match (members.method.is_some(), members.id) {
+    let members: Members<'_> = serde_json::from_slice(line).map_err(|_| BadLine::NotAnObject)?;
+    check_text(line).map_err(|e| match e {
+        EnvelopeError::LoneSurrogate { .. } => BadLine::LoneSurrogate,
+        _ => BadLine::InvalidUtf8,
+    })?;
+    Ok(match (members.method.is_some(), members.id) {
         (false, Some(id)) => AgentLine::Response(IdKey::from_raw(id)),
         _ => AgentLine::Message,
     })
@@ -195,6 +271,38 @@ mod tests {
     }
 
     #[test]
+    fn only_valid_utf8_without_lone_surrogates_is_accepted() {
+        let bad = |b: &[u8]| parse_envelope(Bytes::copy_from_slice(b)).err();
+        assert!(matches!(
+            bad(b"{\"method\":\"x\",\"params\":\"\xff\xfe\"}"),
+            Some(EnvelopeError::InvalidUtf8 { offset: 24 })
+        ));
+        for body in [
+            r#"{"method":"x","params":"\ud800"}"#,
+            r#"{"method":"x","params":"\uDFFF"}"#,
+            r#"{"method":"x","params":"\ud800\u0041"}"#,
+            r#"{"method":"x","params":"\ud800\ud800\udc00"}"#,
+            r#"{"method":"x","params":"\ud800 \udc00"}"#,
+            r#"{"id":"\ud800","method":"x"}"#,
+        ] {
+            assert!(
+                matches!(bad(body.as_bytes()), Some(EnvelopeError::LoneSurrogate { .. })),
+                "{body}"
+            );
+        }
+        for body in [
+            r#"{"method":"x","params":"\ud83d\ude00 \u00e9 é \\ud800 \\"}"#,
+            r#"{"method":"x","params":"\\\ud83d\ude00"}"#,
+            r#"{"method":"x","params":"\\"}"#,
+        ] {
+            assert!(bad(body.as_bytes()).is_none(), "{body}");
+        }
+        assert!(check_text(b"\\").is_ok());
+        assert!(check_text(b"\\u").is_ok());
+        assert!(check_text(b"\\ud8").is_ok());
+    }
+
+    #[test]
     fn pretty_bodies_become_one_line() {
         let e = parse_envelope(Bytes::from_static(b"{\n  \"method\": \"x\"\r\n}\n")).unwrap();
         assert_eq!(&e.line[..], b"{   \"method\": \"x\"  }");
@@ -205,22 +313,33 @@ mod tests {
         let key = |s: &str| AgentLine::Response(IdKey(s.into()));
         assert_eq!(
             classify_agent_line(br#"{"id":7,"result":{}}"#),
-            Some(key("7"))
+            Ok(key("7"))
         );
         assert_eq!(
             classify_agent_line(br#"{"id":"x","error":{}}"#),
-            Some(key("\"x\""))
+            Ok(key("\"x\""))
         );
         assert_eq!(
             classify_agent_line(br#"{"id":1,"method":"session/request_permission"}"#),
-            Some(AgentLine::Message)
+            Ok(AgentLine::Message)
         );
         assert_eq!(
             classify_agent_line(br#"{"method":"session/update"}"#),
-            Some(AgentLine::Message)
+            Ok(AgentLine::Message)
         );
-        assert_eq!(classify_agent_line(b"not json"), None);
-        assert_eq!(classify_agent_line(b"[1]"), None);
-        assert_eq!(classify_agent_line(b"{\"a\":1} trailing"), None);
+        assert_eq!(classify_agent_line(b"not json"), Err(BadLine::NotAnObject));
+        assert_eq!(classify_agent_line(b"[1]"), Err(BadLine::NotAnObject));
+        assert_eq!(
+            classify_agent_line(b"{\"a\":1} trailing"),
+            Err(BadLine::NotAnObject)
+        );
+        assert_eq!(
+            classify_agent_line(b"{\"method\":\"x\",\"params\":\"\xff\xfe\"}"),
+            Err(BadLine::InvalidUtf8)
+        );
+        assert_eq!(
+            classify_agent_line(br#"{"method":"x","params":"\ud800"}"#),
+            Err(BadLine::LoneSurrogate)
+        );
     }
 }

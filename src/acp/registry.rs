@@ -114,6 +114,10 @@ impl AcpService {
             agent.to_string(),
             self.limits,
             self.deps.config.agent_grace,
+            crate::logging::RateLimit::new(
+                self.deps.config.agent_stderr_lines,
+                self.deps.config.agent_stderr_bytes,
+            ),
         ));
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)

@@ -411,6 +411,8 @@ pub struct Supervisor {
     cgroups: cgroup::Cgroups,
     agent_grace: Duration,
     live: Registry,
+    /// Lines and bytes per second of each agent's stderr that reach the log.
+    stderr_budget: (u64, u64),
 }
 
 impl Supervisor {
@@ -440,6 +442,7 @@ impl Supervisor {
             cgroups,
             agent_grace: config.agent_grace,
             live: Registry::default(),
+            stderr_budget: (config.agent_stderr_lines, config.agent_stderr_bytes),
         }
     }
 
