@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 
+use super::caps::{Budget, Reservation};
 use super::events::{EventLog, LogLimits};
 use super::jsonrpc::{AgentLine, BadLine, IdKey, classify_agent_line};
 use super::{AcpError, Ended};
@@ -33,6 +34,20 @@ pub enum Status {
 struct WriteJob {
     line: Bytes,
     done: Done,
+    /// Its bytes in the stdin budgets, given back when the job is written or dropped.
+    _queued: Reservation,
+}
+
+/// The budgets of bytes queued for stdin: this instance's and every instance's together.
+pub struct StdinCaps {
+    pub per_instance: Arc<Budget>,
+    pub total: Arc<Budget>,
+}
+
+/// Why a line could not be handed to the agent.
+enum SendFail {
+    Gone,
+    Full { what: &'static str, limit: u64 },
 }
 
 enum Done {
@@ -85,6 +100,7 @@ pub struct AcpInstance {
     grace: Duration,
     pending: Mutex<Pending>,
     running: OnceLock<Running>,
+    stdin_caps: StdinCaps,
     /// Serializes the start so that concurrent first POSTs start one process.
     start_lock: tokio::sync::Mutex<Option<AcpError>>,
     /// Set by DELETE (under this lock) so that a start in progress does not spawn afterwards.
@@ -114,6 +130,7 @@ impl AcpInstance {
         limits: LogLimits,
         grace: Duration,
         log_budget: RateLimit,
+        stdin_caps: StdinCaps,
     ) -> Self {
         let created_at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -128,6 +145,7 @@ impl AcpInstance {
             grace,
             pending: Mutex::new(Pending::default()),
             running: OnceLock::new(),
+            stdin_caps,
             start_lock: tokio::sync::Mutex::new(None),
             detached: Mutex::new(false),
             invalid_lines: AtomicU64::new(0),
@@ -280,12 +298,11 @@ impl AcpInstance {
                     p.waiters.insert(key.clone(), tx);
                     rx
                 };
-                if send_line(running, line, Done::Request(key.clone()))
-                    .await
-                    .is_err()
+                if let Err(fail) =
+                    send_line(running, &self.stdin_caps, line, Done::Request(key.clone())).await
                 {
                     self.pending().waiters.remove(&key);
-                    return Err(self.gone_error());
+                    return Err(self.send_error(fail));
                 }
                 if !wait {
                     // Dropping the receiver routes the response to the event log.
@@ -305,8 +322,8 @@ impl AcpInstance {
                     return Err(self.gone(ended));
                 }
                 let (tx, rx) = oneshot::channel();
-                match send_line(running, line, Done::Ack(tx)).await {
-                    Err(()) => Err(self.gone_error()),
+                match send_line(running, &self.stdin_caps, line, Done::Ack(tx)).await {
+                    Err(fail) => Err(self.send_error(fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
                         Ok(()) => Ok(Delivered::Accepted),
@@ -314,6 +331,17 @@ impl AcpInstance {
                     },
                 }
             }
+        }
+    }
+
+    fn send_error(&self, fail: SendFail) -> AcpError {
+        match fail {
+            SendFail::Gone => self.gone_error(),
+            SendFail::Full { what, limit } => AcpError::Capacity {
+                what,
+                limit,
+                server_id: Some(self.server_id.clone()),
+            },
         }
     }
 
@@ -431,13 +459,22 @@ enum Sent {
 /// Writes one line. The fast path writes it from the caller's task at once when nothing is
 /// queued and it fits one atomic pipe write (a cancelled POST can never leave half a line); else
 /// it goes to the writer task, which waits for room in the pipe.
-async fn send_line(running: &Running, line: Bytes, done: Done) -> Result<Sent, ()> {
+async fn send_line(
+    running: &Running,
+    caps: &StdinCaps,
+    line: Bytes,
+    done: Done,
+) -> Result<Sent, SendFail> {
     let job = {
         let mut st = lock_stdin(&running.stdin);
         if st.broken {
-            return Err(());
+            return Err(SendFail::Gone);
         }
-        let mut job = WriteJob { line, done };
+        let mut job = WriteJob {
+            line,
+            done,
+            _queued: Reservation::default(),
+        };
         if !st.backlog && job.line.len() < PIPE_BUF {
             let st = &mut *st;
             st.scratch.clear();
@@ -452,20 +489,40 @@ async fn send_line(running: &Running, line: Bytes, done: Done) -> Result<Sent, (
                 Err(nix::errno::Errno::EAGAIN) => {}
                 Err(_) => {
                     st.broken = true;
-                    return Err(());
+                    return Err(SendFail::Gone);
                 }
             }
         }
+        // What waits for the agent is bounded in bytes, per instance and in total; a line that
+        // does not fit is refused at once rather than held.
+        let n = job.line.len() as u64 + 1;
+        let Some(mut queued) = caps.per_instance.try_reserve(n) else {
+            return Err(SendFail::Full {
+                what: "bytes queued for this agent's stdin",
+                limit: caps.per_instance.limit(),
+            });
+        };
+        if !queued.grow(&caps.total, n) {
+            return Err(SendFail::Full {
+                what: "bytes queued for every agent's stdin",
+                limit: caps.total.limit(),
+            });
+        }
+        job._queued = queued;
         // Queued under the lock, so the writer cannot declare the backlog empty in between.
         st.backlog = true;
         match running.writer.try_send(job) {
             Ok(()) => return Ok(Sent::Queued),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendFail::Gone),
             Err(mpsc::error::TrySendError::Full(job)) => job,
         }
     };
     // The queue is full (the agent reads slowly): wait for room, outside the lock.
-    running.writer.send(job).await.map_err(|_| ())?;
+    running
+        .writer
+        .send(job)
+        .await
+        .map_err(|_| SendFail::Gone)?;
     Ok(Sent::Queued)
 }
 
