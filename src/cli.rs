@@ -229,7 +229,11 @@ pub struct ServerArgs {
     pub max_subscribers: Option<String>,
 
     /// Most SSE subscribers of all serverIds together [default: 1024]
-    #[arg(long, env = "SANDBOX_AGENT_MAX_SUBSCRIBERS_TOTAL", value_name = "COUNT")]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_MAX_SUBSCRIBERS_TOTAL",
+        value_name = "COUNT"
+    )]
     pub max_subscribers_total: Option<String>,
 
     /// Bytes queued for one agent's stdin (it reads slower than clients POST) [default: 64M]

@@ -576,15 +576,11 @@ impl Config {
             256 << 20
         );
         let agents_memory_max = setting!(agents_memory_max, "agents-memory-max", parse_size, None);
-        let agents_pids_max = setting!(
-            agents_pids_max,
-            "agents-pids-max",
-            parse_count_or_max,
-            None
-        );
+        let agents_pids_max =
+            setting!(agents_pids_max, "agents-pids-max", parse_count_or_max, None);
         let log_queue_bytes = setting!(log_queue, "log-queue", size_required, 8 << 20);
-        let journal_socket = path!(journal_socket)
-            .unwrap_or_else(|| PathBuf::from("/run/systemd/journal/socket"));
+        let journal_socket =
+            path!(journal_socket).unwrap_or_else(|| PathBuf::from("/run/systemd/journal/socket"));
         let agent_stderr_lines = setting!(
             agent_stderr_lines,
             "agent-stderr-lines",

@@ -153,7 +153,10 @@ fn drain(shared: Arc<Shared>, sink: Sink) {
                 return;
             }
             st.bytes = 0;
-            (std::mem::take(&mut st.records), std::mem::take(&mut st.dropped))
+            (
+                std::mem::take(&mut st.records),
+                std::mem::take(&mut st.dropped),
+            )
         };
         let batch: Vec<Vec<u8>> = batch.into();
         sink.write_batch(&batch);

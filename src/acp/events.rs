@@ -47,7 +47,9 @@ pub enum Subscribe {
     /// The log is closed (the agent is gone) and nothing is left to deliver after the given id.
     NothingLeft,
     /// The given id is beyond the last id this log ever issued (`last`).
-    Ahead { last: u64 },
+    Ahead {
+        last: u64,
+    },
     /// The log already has its most subscribers.
     Full,
 }
@@ -417,8 +419,7 @@ mod tests {
             .build()
             .unwrap();
         let l = log(4, 1 << 20);
-        let (Subscribe::Live(slow), Subscribe::Live(fast)) =
-            (l.subscribe(0, 2), l.subscribe(0, 2))
+        let (Subscribe::Live(slow), Subscribe::Live(fast)) = (l.subscribe(0, 2), l.subscribe(0, 2))
         else {
             panic!("open log")
         };

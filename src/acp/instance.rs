@@ -518,11 +518,7 @@ async fn send_line(
         }
     };
     // The queue is full (the agent reads slowly): wait for room, outside the lock.
-    running
-        .writer
-        .send(job)
-        .await
-        .map_err(|_| SendFail::Gone)?;
+    running.writer.send(job).await.map_err(|_| SendFail::Gone)?;
     Ok(Sent::Queued)
 }
 

@@ -117,7 +117,10 @@ pub fn check_text(text: &[u8]) -> Result<(), EnvelopeError> {
         match code {
             Some(c @ 0xD800..=0xDBFF) => high = Some((at, c)),
             Some(c @ 0xDC00..=0xDFFF) => {
-                return Err(EnvelopeError::LoneSurrogate { offset: at, code: c });
+                return Err(EnvelopeError::LoneSurrogate {
+                    offset: at,
+                    code: c,
+                });
             }
             _ => {}
         }
@@ -286,7 +289,10 @@ mod tests {
             r#"{"id":"\ud800","method":"x"}"#,
         ] {
             assert!(
-                matches!(bad(body.as_bytes()), Some(EnvelopeError::LoneSurrogate { .. })),
+                matches!(
+                    bad(body.as_bytes()),
+                    Some(EnvelopeError::LoneSurrogate { .. })
+                ),
                 "{body}"
             );
         }

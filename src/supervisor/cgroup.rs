@@ -336,8 +336,12 @@ impl Cgroups {
             .map(|h| h.dir.display().to_string())
             .collect();
         if memory_ok && pids_ok {
-            tracing::info!(memory_max = memory, pids_max = pids, ?dirs,
-                "budget of all agents together enforced by their parent cgroup");
+            tracing::info!(
+                memory_max = memory,
+                pids_max = pids,
+                ?dirs,
+                "budget of all agents together enforced by their parent cgroup"
+            );
         } else {
             tracing::warn!(
                 memory_max = memory,

@@ -148,7 +148,9 @@ async fn sse_until(d: &Daemon, server_id: &str, needle: &str) -> String {
     text
 }
 
-const FLOOD: &str = "exec yes 'flood-line: an agent that writes stderr in a loop, as fast as it can' >&2\n";
+/// Writes stderr in a loop, as fast as it can (keeping a copy of its stdout open: an agent that
+/// closes stdout is stopped).
+const FLOOD: &str = "exec 3>&1\nexec yes 'flood-line: an agent that writes stderr in a loop, as fast as it can' >&2\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stderr_flood_with_an_unread_daemon_stderr_never_stalls_requests() {
@@ -308,4 +310,296 @@ async fn agent_lines_with_invalid_utf8_or_lone_surrogates_are_dropped_and_counte
     let s = server(&d, "liar").await.unwrap();
     assert_eq!(s["invalidStdoutLines"], 2, "{s}");
     delete(&d, "liar").await;
+}
+
+/// One raw HTTP/1.1 exchange (for what reqwest would normalise or cannot send); returns the
+/// status line's code and the whole answer.
+fn raw_http(d: &Daemon, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// A `respond-async` request carrying `size` bytes of payload.
+async fn post_big_async(
+    d: &Daemon,
+    server_id: &str,
+    agent: &str,
+    id: u64,
+    size: usize,
+) -> reqwest::Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "_mock/echo", "params": {"pad": "x".repeat(size)}});
+    d.client()
+        .post(d.url(&format!("/v1/acp/{server_id}?agent={agent}")))
+        .header("content-type", "application/json")
+        .header("prefer", "respond-async")
+        .body(body.to_string())
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("POST")
+}
+
+async fn assert_503_capacity(resp: reqwest::Response, capacity: &str) -> Value {
+    assert_eq!(resp.status(), 503);
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    assert_eq!(
+        resp.headers().get("content-type").unwrap(),
+        "application/problem+json"
+    );
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["capacity"].as_str().unwrap().contains(capacity),
+        "{body}"
+    );
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_instances_beyond_the_cap_are_refused_until_one_is_deleted() {
+    let d = Daemon::builder().args(["--max-agents", "3"]).start();
+    for id in ["a", "b", "c"] {
+        let (status, text) = initialize(&d, id, 0).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let resp = d
+        .client()
+        .post(d.url("/v1/acp/d?agent=mock"))
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#)
+        .send()
+        .await
+        .unwrap();
+    let body = assert_503_capacity(resp, "agent instances").await;
+    assert_eq!(body["limit"], 3);
+    assert_eq!(listing(&d).await.len(), 3, "no fourth agent was started");
+    assert!(health_ok(&d).await);
+    delete(&d, "a").await;
+    let (status, text) = initialize(&d, "d", 0).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_subscribers_are_capped_per_server_and_in_total() {
+    let d = Daemon::builder()
+        .args(["--max-subscribers", "2", "--max-subscribers-total", "3"])
+        .args(["--keepalive", "100ms"])
+        .start();
+    for id in ["x", "y"] {
+        let (status, text) = initialize(&d, id, 0).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let open = |id: &'static str| {
+        let req = d
+            .client()
+            .get(d.url(&format!("/v1/acp/{id}")))
+            .header("accept", "text/event-stream");
+        async move { req.send().await.unwrap() }
+    };
+    let x1 = open("x").await;
+    let x2 = open("x").await;
+    assert_eq!((x1.status().as_u16(), x2.status().as_u16()), (200, 200));
+    assert_503_capacity(open("x").await, "of this serverId").await;
+    let y1 = open("y").await;
+    assert_eq!(y1.status(), 200);
+    assert_503_capacity(open("y").await, "of all serverIds").await;
+    assert_eq!(server(&d, "x").await.unwrap()["subscribers"], 2);
+    assert!(health_ok(&d).await);
+    // A subscriber that goes away gives its place back.
+    drop(x1);
+    let y2 = eventually_async(Duration::from_secs(10), "a free subscriber place", || {
+        let req = open("y");
+        async move {
+            let r = req.await;
+            (r.status() == 200).then_some(r)
+        }
+    })
+    .await;
+    drop((x2, y1, y2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_queued_for_an_agent_that_stopped_reading_is_capped_per_agent_and_in_total() {
+    let dir = tempfile::tempdir().unwrap();
+    // Never reads its stdin.
+    let file = agents_file(dir.path(), &[("deaf", "exec sleep 600\n")]);
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .args(["--stdin-queue", "3M", "--stdin-queue-total", "3200K"])
+        .start();
+    const MIB: usize = 1 << 20;
+    // Two fit in one agent's 3 MiB; the third does not.
+    for id in 1..=2 {
+        let r = post_big_async(&d, "a", "deaf", id, MIB).await;
+        assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    }
+    assert_503_capacity(
+        post_big_async(&d, "a", "deaf", 3, MIB).await,
+        "this agent's stdin",
+    )
+    .await;
+    // Another agent: its own queue has room, but not all of them together.
+    let r = post_big_async(&d, "b", "deaf", 1, MIB / 2).await;
+    assert_eq!(r.status(), 202);
+    assert_503_capacity(
+        post_big_async(&d, "b", "deaf", 2, MIB).await,
+        "every agent's stdin",
+    )
+    .await;
+    assert!(health_ok(&d).await);
+    // Deleting the first agent gives its queued bytes back.
+    delete(&d, "a").await;
+    eventually_async(
+        Duration::from_secs(15),
+        "room in the total stdin queue",
+        || async {
+            let r = post_big_async(&d, "b", "deaf", rand_id(), MIB).await;
+            (r.status() == 202).then_some(())
+        },
+    )
+    .await;
+}
+
+fn rand_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1000);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acp_request_bodies_being_received_are_capped_in_total() {
+    use std::io::Write;
+    let d = Daemon::builder()
+        .args(["--acp-inflight-bytes", "4M", "--body-limit", "8M"])
+        .start();
+    let (status, text) = initialize(&d, "m", 0).await;
+    assert_eq!(status, 200, "{text}");
+    // A client that declares 3 MiB and then stalls holds 3 MiB of the budget.
+    let mut stalled = std::net::TcpStream::connect(&d.addr).unwrap();
+    write!(
+        stalled,
+        "POST /v1/acp/m HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"jsonrpc\":\"2.0\",",
+        d.addr,
+        3 << 20
+    )
+    .unwrap();
+    let big = |size: usize| {
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "_mock/echo", "params": {"pad": "x".repeat(size)}});
+        d.client()
+            .post(d.url("/v1/acp/m"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let refused = eventually_async(
+        Duration::from_secs(10),
+        "the stalled body counted",
+        || async {
+            let r = big(2 << 20).await.unwrap();
+            (r.status() == 503).then_some(r)
+        },
+    )
+    .await;
+    assert_503_capacity(refused, "request body bytes").await;
+    // Small requests still get through, and a body over the limit is 413 as before.
+    let (status, text) = initialize(&d, "m", 1).await;
+    assert_eq!(status, 200, "{text}");
+    let too_big = big(9 << 20).await.unwrap();
+    assert_eq!(too_big.status(), 413);
+    assert!(health_ok(&d).await);
+    // The stalled client leaves: its share comes back.
+    drop(stalled);
+    eventually_async(Duration::from_secs(10), "the budget freed", || async {
+        let r = big(2 << 20).await.unwrap();
+        (r.status() == 200).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_event_id_beyond_the_log_is_400_and_never_a_bogus_gap() {
+    let d = Daemon::start();
+    let (status, text) = initialize(&d, "e", 0).await;
+    assert_eq!(status, 200, "{text}");
+    // No event yet: the last id issued is 0.
+    let get = |last: &'static str| {
+        d.client()
+            .get(d.url("/v1/acp/e"))
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last)
+            .send()
+    };
+    for last in ["18446744073709551615", "1"] {
+        let r = get(last).await.unwrap();
+        assert_eq!(r.status(), 400, "Last-Event-ID {last}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["currentLastEventId"], 0, "{body}");
+        assert_eq!(body["lastEventId"], last.parse::<u64>().unwrap(), "{body}");
+    }
+    let r = get("18446744073709551616").await.unwrap();
+    assert_eq!(r.status(), 400, "not a u64");
+    // The current last id itself is fine: nothing missed, no gap.
+    let r = get("0").await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_ids_dot_and_dot_dot_are_refused() {
+    let d = Daemon::start();
+    for id in [".", ".."] {
+        let body =
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
+        let (code, text) = raw_http(
+            &d,
+            &format!(
+                "POST /v1/acp/{id}?agent=mock HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                d.addr,
+                body.len()
+            ),
+        );
+        assert_eq!(code, 400, "{text}");
+        assert!(text.contains("application/problem+json"), "{text}");
+    }
+    assert!(listing(&d).await.is_empty());
+    // `...` is an ordinary name.
+    let (status, text) = initialize(&d, "...", 0).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_closes_its_stdout_is_listed_with_a_real_exit_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = agents_file(dir.path(), &[("mute", "exec >&-\nexec sleep 600\n")]);
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .args(["--agent-grace", "5s"])
+        .start();
+    start_with_notification(&d, "mute", "mute").await;
+    let s = eventually_async(Duration::from_secs(15), "an exit reason", || async {
+        let s = server(&d, "mute").await?;
+        (!s["exitReason"].is_null()).then_some(s)
+    })
+    .await;
+    assert_eq!(s["status"], "exited", "{s}");
+    // `sleep` dies of our SIGTERM within the grace period.
+    assert_eq!(s["exitReason"], "graceful", "{s}");
+    assert_eq!(s["signal"], 15, "{s}");
+    delete(&d, "mute").await;
 }
