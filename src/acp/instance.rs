@@ -695,7 +695,13 @@ struct LineReader<R> {
     scanned: usize,
     /// Discarding the rest of an oversize line; holds its first bytes for the log.
     skipping: Option<Bytes>,
+    /// A large line went through: `buf` may still share its big allocation, which would stay
+    /// with this reader for good; start a fresh buffer before the next read.
+    shrink: bool,
 }
+
+/// Lines at least this long make the reader start a fresh buffer afterwards.
+const SHRINK_AFTER: usize = 1 << 20;
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
     fn new(inner: R, max: usize) -> Self {
@@ -705,6 +711,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             max: max.max(1),
             scanned: 0,
             skipping: None,
+            shrink: false,
         }
     }
 
@@ -725,6 +732,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     return Ok(Some(Line::TooLong(prefix)));
                 }
                 line.truncate(end);
+                self.shrink |= end >= SHRINK_AFTER;
                 if line.len() > self.max {
                     line.truncate(200);
                     return Ok(Some(Line::TooLong(line.freeze())));
@@ -745,6 +753,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 }
                 self.buf.clear();
                 self.scanned = 0;
+                self.shrink = true;
+            }
+            if self.shrink && self.buf.len() <= 64 * 1024 {
+                let mut fresh = BytesMut::with_capacity(64 * 1024);
+                fresh.extend_from_slice(&self.buf);
+                self.buf = fresh;
+                self.shrink = false;
+                // The big line itself is freed once its POST or the event log is done with it.
+                super::caps::trim_soon();
             }
             if self.buf.capacity() - self.buf.len() < 4096 {
                 self.buf.reserve(64 * 1024);
