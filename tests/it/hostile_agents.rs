@@ -659,3 +659,60 @@ async fn memory_goes_back_down_after_a_load_of_large_messages() {
     .await;
     assert!(health_ok(&d).await);
 }
+
+/// A mock session's prompt (session `mock-1` exists after one `session/new`); returns the
+/// POST's status.
+async fn mock_prompt(d: &Daemon, server_id: &str, id: u64, text: &str) -> u16 {
+    post_json(
+        d,
+        &format!("/v1/acp/{server_id}?agent=mock"),
+        json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+               "params": {"sessionId": "mock-1", "prompt": [{"type": "text", "text": text}]}}),
+    )
+    .await
+    .0
+}
+
+/// The number after `forked ` in an SSE text.
+fn forked(text: &str) -> u64 {
+    text.split("forked ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .expect("a fork count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pids_budget_of_all_agents_together_holds_across_agents() {
+    if !crate::support::is_root() {
+        crate::support::skip("needs root for cgroups");
+        return;
+    }
+    let d = Daemon::builder()
+        .args(["--agents-pids-max", "30", "--agent-pids-max", "max"])
+        .start();
+    let log = crate::support::eventually(Duration::from_secs(5), "the budget log line", || {
+        let log = d.stderr();
+        log.contains("budget of all agents together").then_some(log)
+    });
+    if log.contains("NOT") {
+        crate::support::skip("the pids controller is not writable here");
+        return;
+    }
+    let mut counts = Vec::new();
+    for (id, n) in [("p1", 10), ("p2", 40)] {
+        let (status, _, text) = post_json(
+            &d,
+            &format!("/v1/acp/{id}?agent=mock"),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{id}: {text}");
+        assert_eq!(mock_prompt(&d, id, 2, &format!("/fork {n}")).await, 200);
+        counts.push(forked(&sse_until(&d, id, "forked ").await));
+    }
+    // The first fits; the second runs into what is left of the budget (without the budget it
+    // would start all 40: its own limit is off).
+    assert_eq!(counts[0], 10);
+    assert!(counts[0] + counts[1] < 30, "{counts:?}");
+    assert!(health_ok(&d).await);
+}
