@@ -349,3 +349,153 @@ mod tests {
         );
     }
 }
+
+/// Property tests against serde_json's full parser as the oracle: whatever the bytes, the
+/// classification never panics, and it accepts exactly the valid UTF-8 JSON objects without lone
+/// surrogates (`serde_json::Value` refuses those) that are JSON-RPC shaped. A few hundred cases
+/// run with every `cargo test`; `PROPTEST_CASES=200000` runs them longer (docs/acp.md).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// One piece of a JSON string literal's body, escapes included (surrogates on purpose).
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z é😀]{0,3}".prop_map(|s| s),
+            Just("\\\\".to_string()),
+            Just("\\\"".to_string()),
+            Just("\\n".to_string()),
+            Just("\\\\u".to_string()),
+            (0xD7F0u32..0xE010).prop_map(|c| format!("\\u{c:04x}")),
+            any::<u16>().prop_map(|c| format!("\\u{c:04X}")),
+        ]
+    }
+
+    fn string_literal() -> impl Strategy<Value = String> {
+        prop::collection::vec(piece(), 0..6).prop_map(|p| format!("\"{}\"", p.concat()))
+    }
+
+    /// JSON text (objects with distinct keys), built by hand so the escapes stay as generated.
+    fn json_text() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null".to_string()),
+            Just("true".to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            string_literal(),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::btree_map("[a-z]{1,3}", inner, 0..4).prop_map(|m| {
+                    let members: Vec<String> =
+                        m.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", members.join(",\n"))
+                }),
+            ]
+        })
+    }
+
+    /// A message-shaped object: optional `id`, optional `method`, other members.
+    fn message() -> impl Strategy<Value = String> {
+        (
+            prop::option::of(prop_oneof![
+                any::<u32>().prop_map(|n| n.to_string()),
+                string_literal(),
+                Just("null".to_string()),
+            ]),
+            prop::option::of(string_literal()),
+            prop::option::of(json_text()),
+        )
+            .prop_map(|(id, method, params)| {
+                let mut m = vec![r#""jsonrpc":"2.0""#.to_string()];
+                if let Some(id) = id {
+                    m.push(format!("\"id\":{id}"));
+                }
+                if let Some(method) = method {
+                    m.push(format!("\"method\":{method}"));
+                }
+                if let Some(p) = params {
+                    m.push(format!("\"params\":{p}"));
+                }
+                format!("{{{}}}", m.join(","))
+            })
+    }
+
+    /// What the oracle says a body is: `Some((has_method, has_id))` for a valid object.
+    fn oracle(bytes: &[u8]) -> Option<(bool, bool)> {
+        let v: Value = serde_json::from_slice(bytes).ok()?;
+        let o = v.as_object()?;
+        Some((
+            o.contains_key("method"),
+            o.get("id").is_some_and(|id| !id.is_null()),
+        ))
+    }
+
+    proptest! {
+        #[test]
+        fn envelopes_match_the_oracle(text in message()) {
+            let got = parse_envelope(Bytes::from(text.clone()));
+            match oracle(text.as_bytes()) {
+                None => prop_assert!(got.is_err(), "accepted {text:?}"),
+                Some((false, false)) => prop_assert_eq!(got.err(), Some(EnvelopeError::NoMethodNoId)),
+                Some((method, id)) => {
+                    let e = got.map_err(|e| TestCaseError::fail(format!("{e} for {text:?}")))?;
+                    prop_assert!(!e.line.contains(&b'\n') && !e.line.contains(&b'\r'));
+                    prop_assert!(std::str::from_utf8(&e.line).is_ok());
+                    let kind_ok = match e.kind {
+                        Kind::Request { .. } => method && id,
+                        Kind::Notification => method && !id,
+                        Kind::Response => !method && id,
+                    };
+                    prop_assert!(kind_ok, "{text:?}");
+                }
+            }
+        }
+
+        #[test]
+        fn agent_lines_match_the_oracle(text in message()) {
+            let line = text.replace('\n', " ");
+            let got = classify_agent_line(line.as_bytes());
+            match oracle(line.as_bytes()) {
+                None => prop_assert!(got.is_err(), "accepted {line:?}"),
+                Some((method, id)) => {
+                    let want_response = !method && id;
+                    prop_assert_eq!(matches!(got, Ok(AgentLine::Response(_))), want_response);
+                    prop_assert!(got.is_ok());
+                }
+            }
+        }
+
+        #[test]
+        fn surrogate_check_matches_serde(lit in string_literal()) {
+            let serde_ok = serde_json::from_str::<String>(&lit).is_ok();
+            prop_assert_eq!(check_text(lit.as_bytes()).is_ok(), serde_ok, "{}", lit);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = check_text(&bytes);
+            let _ = classify_agent_line(&bytes);
+            if let Ok(e) = parse_envelope(Bytes::from(bytes.clone())) {
+                prop_assert!(oracle(&bytes).is_some());
+                prop_assert!(std::str::from_utf8(&e.line).is_ok());
+            }
+        }
+
+        #[test]
+        fn raw_bytes_inside_strings_are_refused_unless_utf8(
+            prefix in "[a-z]{0,4}",
+            raw in prop::collection::vec(128u8..=255, 1..4),
+        ) {
+            let mut body = format!(r#"{{"method":"x","params":"{prefix}"#).into_bytes();
+            body.extend_from_slice(&raw);
+            body.extend_from_slice(b"\"}");
+            let utf8 = std::str::from_utf8(&body).is_ok();
+            prop_assert_eq!(parse_envelope(Bytes::from(body.clone())).is_ok(), utf8);
+            prop_assert_eq!(classify_agent_line(&body).is_ok(), utf8);
+        }
+    }
+}
