@@ -716,3 +716,49 @@ async fn the_pids_budget_of_all_agents_together_holds_across_agents() {
     assert!(counts[0] + counts[1] < 30, "{counts:?}");
     assert!(health_ok(&d).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cgroups_the_rest_of_the_group_is_killed_after_the_leader_was_reaped() {
+    // Once the leader is reaped its group id may be reused, so the daemon no longer sends
+    // anything to that id: it kills the members it finds in the group instead.
+    let dir = tempfile::tempdir().unwrap();
+    let script = concat!(
+        "sleep 600 &\n",
+        "printf '{\"jsonrpc\":\"2.0\",\"method\":\"child\",\"params\":{\"pid\":%d}}\\n' $!\n",
+        "read _hello\n",
+        "read _go\n",
+        "exit 3\n"
+    );
+    let file = agents_file(dir.path(), &[("leaver", script)]);
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .args(["--agent-cgroups", "off"])
+        .start();
+    start_with_notification(&d, "leaver", "leaver").await;
+    let text = sse_until(&d, "leaver", "\"pid\":").await;
+    let child: u32 = text
+        .split("\"pid\":")
+        .nth(1)
+        .and_then(|t| t.split('}').next()?.trim().parse().ok())
+        .expect("the child's pid");
+    assert!(pid_alive(child));
+    // The script read the first notification; one more line lets it exit by itself.
+    let s = eventually_async(Duration::from_secs(10), "the agent ended", || async {
+        let _ = post_json(
+            &d,
+            "/v1/acp/leaver",
+            json!({"jsonrpc": "2.0", "method": "go"}),
+        )
+        .await;
+        let s = server(&d, "leaver").await?;
+        (s["status"] == "exited").then_some(s)
+    })
+    .await;
+    assert_eq!(s["exitReason"], "exited", "{s}");
+    assert_eq!(s["exitCode"], 3, "{s}");
+    crate::support::eventually(Duration::from_secs(5), "the group member killed", || {
+        (!pid_alive(child)).then_some(())
+    });
+    delete(&d, "leaver").await;
+}
