@@ -31,7 +31,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (the default when no subcommand is given)
     #[command(alias = "serve")]
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// List or install agents
     Agents {
         #[command(subcommand)]
