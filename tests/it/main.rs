@@ -8,5 +8,6 @@ mod files;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
+mod real_agents;
 mod supervisor;
 mod support;

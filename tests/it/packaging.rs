@@ -99,7 +99,11 @@ fn packaged_units_pass_systemd_analyze_verify() {
     assert!(pages.len() > 5, "docs missing from the package: {pages:?}");
     for page in &pages {
         let text = std::fs::read_to_string(page).unwrap();
-        for target in text.split("](").skip(1).filter_map(|rest| rest.split(')').next()) {
+        for target in text
+            .split("](")
+            .skip(1)
+            .filter_map(|rest| rest.split(')').next())
+        {
             let target = target.split('#').next().unwrap_or_default();
             if target.is_empty() || target.contains("://") || !target.ends_with(".md") {
                 continue;
