@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::http::Problem;
+use crate::http::guard::LocalAddr;
 
 /// The connection-level limits (from `Config`).
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +132,7 @@ async fn connection(
     stop: CancellationToken,
 ) {
     let activity = Arc::new(Activity::new());
+    let local = stream.local_addr().ok().map(LocalAddr);
     let io = Tracked {
         inner: stream,
         activity: activity.clone(),
@@ -138,8 +140,11 @@ async fn connection(
     };
     let svc = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |req: Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let guard = activity.request_started();
+            if let Some(local) = local {
+                req.extensions_mut().insert(local);
+            }
             handle(app.clone(), req, guard)
         })
     };
