@@ -9,9 +9,6 @@ use sd_notify::NotifyState;
 
 use crate::config::SystemdEnv;
 
-/// First file descriptor systemd passes (SD_LISTEN_FDS_START).
-const LISTEN_FDS_START: i32 = 3;
-
 pub fn notify_ready(addr: SocketAddr) {
     let status = format!("listening on http://{addr}");
     if let Err(e) = sd_notify::notify(&[NotifyState::Ready, NotifyState::Status(&status)]) {
@@ -77,7 +74,7 @@ pub fn take_activated_listener(
             "socket activation passed several sockets; serving on the first"
         );
     }
-    let listener = crate::sys::tcp_listener_from_fd(LISTEN_FDS_START)?;
+    let listener = crate::sys::take_activated_listener()?;
     listener.set_nonblocking(true)?;
     Ok(Some(listener))
 }
