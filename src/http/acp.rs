@@ -133,7 +133,7 @@ async fn post_message(
 /// Receives a POST body within the body limit (413) and the daemon-wide budget of ACP bodies
 /// being received (`--acp-inflight-bytes`, 503 with `Retry-After`): a declared length is reserved
 /// before anything is read, a chunked body as it arrives, so many slow large uploads cannot
-/// together hold more than the budget.
+/// together hold more than the budget; a body that stalls for `--idle-timeout` is 408.
 async fn read_body(
     st: &AppState,
     headers: &HeaderMap,
@@ -164,9 +164,25 @@ async fn read_body(
         }
         reserved = n;
     }
-    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    // Grown as bytes arrive: a declared length is only a promise.
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
     let mut chunks = body.into_data_stream();
-    while let Some(data) = chunks.next().await {
+    // A client that stops sending mid-body would otherwise hold its share of the budget for good.
+    let idle = st.config.idle_timeout;
+    loop {
+        let next = match tokio::time::timeout(idle, chunks.next()).await {
+            Ok(n) => n,
+            Err(_) => {
+                return Err(Problem::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "no body bytes for {} (--idle-timeout)",
+                        humantime::format_duration(idle)
+                    ),
+                ));
+            }
+        };
+        let Some(data) = next else { break };
         let data = data.map_err(|e| Problem::bad_request(format!("cannot read the body: {e}")))?;
         let total = (buf.len() + data.len()) as u64;
         if total > limit {

@@ -53,6 +53,7 @@ pub struct DaemonBuilder {
     wrapper: Vec<OsString>,
     clear_env: bool,
     stderr_unread: bool,
+    data_dir: Option<PathBuf>,
 }
 
 impl Default for DaemonBuilder {
@@ -65,6 +66,7 @@ impl Default for DaemonBuilder {
             wrapper: Vec::new(),
             clear_env: false,
             stderr_unread: false,
+            data_dir: None,
         }
     }
 }
@@ -86,6 +88,12 @@ impl DaemonBuilder {
 
     pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
         self.envs.push((k.into(), v.into()));
+        self
+    }
+
+    /// Uses this data dir instead of a private one (e.g. an install cache shared by tests).
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
         self
     }
 
@@ -134,6 +142,7 @@ pub struct Daemon {
     stderr_path: PathBuf,
     /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
     pub stderr_pipe: Option<std::io::PipeReader>,
+    data: PathBuf,
 }
 
 impl Daemon {
@@ -162,7 +171,10 @@ impl Daemon {
         } else {
             std::fs::File::create(&stderr_path).unwrap().into()
         };
-        let data = dir.path().join("data");
+        let data = b
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
 
@@ -209,6 +221,7 @@ impl Daemon {
             expect_exit: b.expect_exit,
             stderr_path,
             stderr_pipe,
+            data,
         };
         daemon.addr = daemon.wait_ready();
         daemon
@@ -287,7 +300,7 @@ impl Daemon {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     pub fn stderr(&self) -> String {
