@@ -762,3 +762,50 @@ async fn without_cgroups_the_rest_of_the_group_is_killed_after_the_leader_was_re
     });
     delete(&d, "leaver").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_body_that_stops_arriving_is_408_and_gives_its_share_back() {
+    let d = Daemon::builder()
+        .args(["--idle-timeout", "1s", "--acp-inflight-bytes", "1M"])
+        .start();
+    let (status, text) = initialize(&d, "m", 0).await;
+    assert_eq!(status, 200, "{text}");
+    // Declares the whole budget, sends a few bytes, then nothing.
+    let (code, answer) = tokio::task::spawn_blocking({
+        let addr = d.addr.clone();
+        move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            write!(
+                s,
+                "POST /v1/acp/m HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"jsonrpc\":",
+                1 << 20
+            )
+            .unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let code: u16 = text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            (code, text)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 408, "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    // The budget is whole again: a body of 1 MiB minus a little fits.
+    let pad = "x".repeat((1 << 20) - 200);
+    let (status, _, text) = post_raw(
+        &d,
+        "/v1/acp/m",
+        format!(r#"{{"jsonrpc":"2.0","id":9,"method":"_mock/echo","params":{{"p":"{pad}"}}}}"#)
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
+}
