@@ -141,7 +141,7 @@ pub struct Daemon {
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
     /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
-    pub stderr_pipe: Option<std::io::PipeReader>,
+    pub stderr_pipe: Option<std::os::fd::OwnedFd>,
     data: PathBuf,
 }
 
@@ -165,7 +165,7 @@ impl Daemon {
         let stderr_path = dir.path().join("daemon.stderr");
         let mut stderr_pipe = None;
         let stderr: Stdio = if b.stderr_unread {
-            let (r, w) = std::io::pipe().expect("pipe");
+            let (r, w) = nix::unistd::pipe().expect("pipe");
             stderr_pipe = Some(r);
             w.into()
         } else {
