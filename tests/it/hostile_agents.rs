@@ -809,3 +809,41 @@ async fn an_acp_body_that_stops_arriving_is_408_and_gives_its_share_back() {
     .await;
     assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_budget_of_all_agents_together_stops_a_hog_without_its_own_limit() {
+    if !crate::support::is_root() {
+        crate::support::skip("needs root for cgroups");
+        return;
+    }
+    let d = Daemon::builder()
+        .args(["--agents-memory-max", "96M", "--agent-memory-max", "max"])
+        .start();
+    let log = crate::support::eventually(Duration::from_secs(5), "the budget log line", || {
+        let log = d.stderr();
+        log.contains("budget of all agents together").then_some(log)
+    });
+    if log.contains("NOT") {
+        crate::support::skip("the memory controller is not writable here");
+        return;
+    }
+    let (status, _, text) = post_json(
+        &d,
+        "/v1/acp/hog?agent=mock",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    // Its own limit is off; only the budget of all agents can stop it.
+    let (status, _, text) = post_json(
+        &d,
+        "/v1/acp/hog",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+               "params": {"sessionId": "mock-1", "prompt": [{"type": "text", "text": "/alloc 300"}]}}),
+    )
+    .await;
+    assert_eq!(status, 502, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["exitReason"], "oom", "{body}");
+    assert!(health_ok(&d).await);
+}
