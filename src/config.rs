@@ -72,6 +72,13 @@ pub struct Config {
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
     pub agent_cgroups: AgentCgroups,
+    // --- harden-files ---
+    /// Idle timeout of a file transfer's body (either direction).
+    pub transfer_timeout: Duration,
+    /// Concurrent file transfers.
+    pub transfer_max: usize,
+    pub registry_max_bytes: u64,
+    pub require_checksums: bool,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -539,6 +546,25 @@ impl Config {
             },
             AgentCgroups::Auto
         );
+        // --- harden-files ---
+        let transfer_timeout = setting!(
+            transfer_timeout,
+            "transfer-timeout",
+            |s: &str| match parse_duration(s) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                Ok(_) => Err(format!("`{s}` must be longer than zero")),
+                Err(e) => Err(e),
+            },
+            Duration::from_secs(30)
+        );
+        let transfer_max = setting!(transfer_max, "transfer-max", positive_count, 256);
+        let registry_max_bytes = setting!(
+            registry_max_bytes,
+            "registry-max-bytes",
+            size_required,
+            16 << 20
+        );
+        let require_checksums = flag!(require_checksums);
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
@@ -657,6 +683,10 @@ impl Config {
             agent_base_env,
             systemd,
             agent_cgroups,
+            transfer_timeout,
+            transfer_max,
+            registry_max_bytes,
+            require_checksums,
         })
     }
 

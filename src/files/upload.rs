@@ -1,11 +1,16 @@
-//! `POST /v1/fs/upload-batch`: a tar (plain or gzip) is extracted as it arrives into a staging
-//! directory, checked entry by entry on disk, then moved into the destination. Invariants: no
-//! entry lands outside the destination (absolute, `..`, device nodes, fifos, links leaving it,
-//! paths crossing a symlink are refused); a refused or broken archive leaves the destination as
-//! it was (all or nothing); memory stays constant whatever the archive size.
+//! `POST /v1/fs/upload-batch`: the body (a tar, plain or gzip) is read on the async side and
+//! spooled, batch by batch with short blocking steps, into an anonymous file (`O_TMPFILE`) under
+//! `<data-dir>/tmp`; once complete it is extracted on the blocking pool into a staging directory,
+//! checked entry by entry on disk, then moved into the destination. Invariants: no blocking
+//! thread waits for the client, and nothing is created at the destination before the whole body
+//! arrived; no entry lands outside the destination (absolute, `..`, device nodes, fifos, links
+//! leaving it, paths crossing a symlink are refused); a refused or broken archive leaves the
+//! destination as it was, directories the upload created included (all or nothing); the spool
+//! has no name, so nothing of it survives the request, even a crash; memory stays constant
+//! whatever the archive size; no walk recurses on the archive's depth.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
@@ -14,13 +19,12 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, RenameFlags, ResolveFlag, openat2};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
-use tokio::sync::mpsc;
 
-use super::body::{self, CHANNEL_CHUNKS, ChannelReader, Chunk, PumpEnd};
+use super::body::{BodyReader, drop_off_thread};
 use super::entries::remove_tree;
 use super::{
     BodyStream, FileError, FileService, PathPolicy, SandboxPath, UPLOAD_PATHS_SHOWN, UploadOutcome,
-    shown,
+    blocking, shown,
 };
 
 /// How the body is compressed, as the request said; `None` means sniff the gzip magic.
@@ -35,6 +39,54 @@ struct Limits {
     entries: u64,
 }
 
+/// The spooled body: an unnamed file, gone when closed.
+struct Spool {
+    file: std::fs::File,
+    shown: PathBuf,
+}
+
+impl Spool {
+    fn create(dir: &Path, declared: Option<u64>) -> Result<Spool, FileError> {
+        let shown = dir.to_path_buf();
+        std::fs::create_dir_all(dir).map_err(|e| FileError::from_io("mkdir", &shown, e))?;
+        let dfd = nix::fcntl::open(
+            dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| FileError::from_errno("open", &shown, e))?;
+        super::write::check_space(&dfd, declared, &shown)?;
+        let file = match nix::fcntl::openat(
+            dfd.as_fd(),
+            ".",
+            OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        ) {
+            Ok(fd) => std::fs::File::from(fd),
+            // Filesystems without O_TMPFILE: a random name, unlinked at once.
+            Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
+                let (temp, file) = super::write::TempEntry::create(
+                    &dfd,
+                    "spool",
+                    Mode::from_bits_truncate(0o600),
+                    &shown,
+                )?;
+                drop(temp);
+                file
+            }
+            Err(e) => return Err(FileError::from_errno("create", &shown, e)),
+        };
+        Ok(Spool { file, shown })
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<(), FileError> {
+        use std::io::Write;
+        self.file
+            .write_all(data)
+            .map_err(|e| FileError::from_io("write", &self.shown, e))
+    }
+}
+
 impl FileService {
     pub async fn upload_batch(
         &self,
@@ -43,6 +95,7 @@ impl FileService {
         compression: Compression,
         declared: Option<u64>,
     ) -> Result<UploadOutcome, FileError> {
+        let _slot = self.transfers.acquire()?;
         let dest = self.policy.resolve(dest)?;
         let limits = Limits {
             bytes: self.upload_limit,
@@ -53,23 +106,44 @@ impl FileService {
                 return Err(FileError::TooLarge { limit });
             }
         }
-        let (tx, rx) = mpsc::channel::<Chunk>(CHANNEL_CHUNKS);
-        let policy = self.policy.clone();
-        let extractor = tokio::task::spawn_blocking(move || {
-            extract(&policy, &dest, ChannelReader::new(rx), compression, &limits)
-        });
-        let pumped = body::pump(body, tx, self.upload_limit).await;
-        let extracted = extractor.await.unwrap_or_else(|e| {
-            Err(FileError::Io {
-                op: "extract",
-                path: PathBuf::new(),
-                source: io::Error::other(e.to_string()),
-            })
-        });
-        match pumped {
-            Ok(_) | Err(PumpEnd::ReceiverGone) => extracted,
-            Err(PumpEnd::Failed(e)) => Err(e),
+        let mut reader = BodyReader::new(body, self.transfers.idle, self.upload_limit);
+        let spool_dir = self.spool_dir.clone();
+        let mut spool = match blocking(move || Spool::create(&spool_dir, declared)).await {
+            Ok(s) => s,
+            Err(e) => {
+                reader.linger().await;
+                return Err(e);
+            }
+        };
+        loop {
+            match reader.next_batch().await {
+                Ok(Some(chunk)) => match blocking(move || spool.write(&chunk).map(|()| spool)).await
+                {
+                    Ok(s) => spool = s,
+                    Err(e) => {
+                        reader.linger().await;
+                        return Err(e);
+                    }
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    drop_off_thread(spool);
+                    if matches!(e, FileError::TooLarge { .. }) {
+                        reader.linger().await;
+                    }
+                    return Err(e);
+                }
+            }
         }
+        let policy = self.policy.clone();
+        blocking(move || {
+            let mut file = spool.file;
+            file.seek(SeekFrom::Start(0))
+                .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
+            let extracted = extract(&policy, &dest, file, compression, &limits);
+            extracted
+        })
+        .await
     }
 }
 
@@ -81,9 +155,9 @@ struct Staging {
     fd: OwnedFd,
     /// The destination when it already exists (merge), else where to rename the staging dir.
     target: Target,
-    /// Ancestors of the destination this upload created: an existing directory and the chain
-    /// below it, removed again (only while empty) on failure.
-    created: Option<(OwnedFd, PathBuf)>,
+    /// Ancestors of the destination this upload created, as (parent, name) in creation order;
+    /// removed again (only while empty) on failure.
+    created: Vec<(OwnedFd, OsString)>,
     committed: bool,
 }
 
@@ -96,13 +170,13 @@ impl Drop for Staging {
     fn drop(&mut self) {
         let _ = remove_tree(&self.holder, &self.name);
         if !self.committed {
-            if let Some((dir, chain)) = &self.created {
-                // rmdir, deepest first: a directory someone else put files in meanwhile stays.
-                let mut p = chain.clone();
-                while !p.as_os_str().is_empty()
-                    && nix::unistd::unlinkat(dir.as_fd(), &p, UnlinkatFlags::RemoveDir).is_ok()
+            // rmdir, deepest first: a directory someone else put files in meanwhile stays (and
+            // so do its ancestors).
+            for (parent, name) in self.created.iter().rev() {
+                if nix::unistd::unlinkat(parent.as_fd(), name.as_os_str(), UnlinkatFlags::RemoveDir)
+                    .is_err()
                 {
-                    p.pop();
+                    break;
                 }
             }
         }
@@ -137,15 +211,9 @@ fn beneath_no_symlinks() -> ResolveFlag {
     ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS
 }
 
-/// A fresh hidden name for a staging directory (unique per daemon and upload).
+/// A fresh random hidden name for a staging directory (`mkdirat` refuses an existing one).
 fn stage_name() -> OsString {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    format!(
-        ".sandbox-agent-upload-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
-    .into()
+    super::write::random_name("upload")
 }
 
 fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError> {
@@ -173,35 +241,38 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
                 name,
                 fd,
                 target: Target::Merge(dest_fd),
-                created: None,
+                created: Vec::new(),
                 committed: false,
             })
         }
         Err(FileError::NotFound { .. }) => {
             let (parent_rel, dname) = dest.split()?;
             // Remember the ancestors this upload creates so a failure removes them again.
-            let mut created = None;
-            let mut prefix = PathBuf::new();
-            let comps: Vec<_> = parent_rel.components().collect();
-            for (i, c) in comps.iter().enumerate() {
-                prefix.push(c.as_os_str());
-                if let Err(Errno::ENOENT) = policy.open_rel(&prefix, DIR) {
-                    let up = prefix.parent().unwrap_or(Path::new("")).to_path_buf();
-                    let fd = policy
-                        .open_rel(&up, DIR)
-                        .map_err(|e| FileError::from_errno("open", &dest.abs, e))?;
-                    let chain: PathBuf = comps[i..].iter().map(|c| c.as_os_str()).collect();
-                    created = Some((fd, chain));
-                    break;
-                }
-            }
+            let mut created = Vec::new();
             let parent_abs = dest.abs.parent().unwrap_or(Path::new("/")).to_path_buf();
-            let parent = policy.create_dirs(&parent_rel, &parent_abs)?;
-            let holder = parent
-                .try_clone()
-                .map_err(|e| FileError::from_io("open", &dest.abs, e))?;
-            let name = stage_name();
-            let fd = mkstage(&holder, &name)?;
+            let rollback = |created: &[(OwnedFd, OsString)]| {
+                for (p, n) in created.iter().rev() {
+                    let _ =
+                        nix::unistd::unlinkat(p.as_fd(), n.as_os_str(), UnlinkatFlags::RemoveDir);
+                }
+            };
+            let staged = policy
+                .create_dirs_tracked(&parent_rel, &parent_abs, &mut created)
+                .and_then(|parent| {
+                    let holder = parent
+                        .try_clone()
+                        .map_err(|e| FileError::from_io("open", &dest.abs, e))?;
+                    let name = stage_name();
+                    let fd = mkstage(&holder, &name)?;
+                    Ok((parent, holder, name, fd))
+                });
+            let (parent, holder, name, fd) = match staged {
+                Ok(v) => v,
+                Err(e) => {
+                    rollback(&created);
+                    return Err(e);
+                }
+            };
             Ok(Staging {
                 holder,
                 name,
@@ -356,7 +427,7 @@ fn clear_name(dir: &OwnedFd, name: &OsStr, entry: &str) -> Result<(), FileError>
 fn extract(
     policy: &PathPolicy,
     dest: &SandboxPath,
-    reader: ChannelReader,
+    reader: std::fs::File,
     compression: Compression,
     limits: &Limits,
 ) -> Result<UploadOutcome, FileError> {
@@ -365,7 +436,7 @@ fn extract(
     let gzip = match compression {
         Compression::Gzip => true,
         Compression::Sniff => {
-            let head = input.fill_buf().map_err(FileError::Body)?;
+            let head = input.fill_buf().map_err(FileError::BadArchive)?;
             head.starts_with(&[0x1f, 0x8b])
         }
     };
@@ -382,15 +453,7 @@ fn extract(
     let mut symlinks: Vec<(PathBuf, PathBuf, String)> = Vec::new();
     let mut cached: Option<(PathBuf, OwnedFd)> = None;
     let mut buf = vec![0u8; 256 * 1024];
-    let bad = |e: io::Error| {
-        // The tar reader wraps errors but keeps their kind; this one is the body's, not the
-        // archive's (see `ChannelReader`).
-        if e.kind() == io::ErrorKind::ConnectionAborted {
-            FileError::Body(e)
-        } else {
-            FileError::BadArchive(e)
-        }
-    };
+    let bad = FileError::BadArchive;
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         let kind = entry.header().entry_type();
@@ -548,8 +611,14 @@ fn extract(
                 CopyError::Read(e) => bad(e),
                 CopyError::Write(e) => FileError::from_io("write", &dest.abs.join(&rel), e),
             })?;
-            if let Ok(t) = entry.header().mtime() {
-                let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(t));
+            // The header's mtime is input: a huge (base-256) value must not overflow.
+            if let Some(t) = entry
+                .header()
+                .mtime()
+                .ok()
+                .and_then(|t| UNIX_EPOCH.checked_add(Duration::from_secs(t)))
+            {
+                let _ = file.set_modified(t);
             }
         }
         if paths.len() < UPLOAD_PATHS_SHOWN {
@@ -625,34 +694,38 @@ fn commit(staging: &mut Staging, dest: &SandboxPath) -> Result<(), FileError> {
     Ok(())
 }
 
+/// Moves everything in `src` into `dst`, descending into directories that exist on both sides.
+/// Iterative, with a stack of paths relative to both roots (re-opened beneath them without
+/// following symlinks when their turn comes), so neither the depth nor the width of the archive
+/// costs stack frames or open descriptors.
 fn merge(
-    src: &OwnedFd,
-    dst: &OwnedFd,
+    src_root: &OwnedFd,
+    dst_root: &OwnedFd,
     shown_dir: &Path,
     skip: Option<&OsStr>,
 ) -> Result<(), FileError> {
-    let names =
-        super::entries::dir_names(src).map_err(|e| FileError::from_errno("list", shown_dir, e))?;
-    for n in names {
-        if Some(n.as_os_str()) == skip {
-            continue;
-        }
-        let here = shown_dir.join(&n);
-        let skind = lkind(src, &n).map_err(|e| FileError::from_errno("stat", &here, e))?;
-        if skind == SFlag::S_IFDIR && lkind(dst, &n) == Ok(SFlag::S_IFDIR) {
-            let open = |d: &OwnedFd| {
-                nix::fcntl::openat(
-                    d.as_fd(),
-                    n.as_os_str(),
-                    DIR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| FileError::from_errno("open", &here, e))
-            };
-            merge(&open(src)?, &open(dst)?, &here, None)?;
-        } else {
-            nix::fcntl::renameat(src.as_fd(), n.as_os_str(), dst.as_fd(), n.as_os_str())
-                .map_err(|e| FileError::from_errno("rename", &here, e))?;
+    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = shown_dir.join(&rel);
+        let open = |root: &OwnedFd| {
+            resolve_at(root, &rel, DIR, beneath_no_symlinks())
+                .map_err(|e| FileError::from_errno("open", &dir, e))
+        };
+        let (src, dst) = (open(src_root)?, open(dst_root)?);
+        let names =
+            super::entries::dir_names(&src).map_err(|e| FileError::from_errno("list", &dir, e))?;
+        for n in names {
+            if rel.as_os_str().is_empty() && Some(n.as_os_str()) == skip {
+                continue;
+            }
+            let here = dir.join(&n);
+            let skind = lkind(&src, &n).map_err(|e| FileError::from_errno("stat", &here, e))?;
+            if skind == SFlag::S_IFDIR && lkind(&dst, &n) == Ok(SFlag::S_IFDIR) {
+                stack.push(rel.join(&n));
+            } else {
+                nix::fcntl::renameat(src.as_fd(), n.as_os_str(), dst.as_fd(), n.as_os_str())
+                    .map_err(|e| FileError::from_errno("rename", &here, e))?;
+            }
         }
     }
     Ok(())
