@@ -62,6 +62,10 @@ pub struct Manifest {
     pub artifacts: Vec<Artifact>,
     /// Seconds since the epoch.
     pub installed_at: u64,
+    /// For a downloaded binary: whether its sha256 was checked (`false`: the source gave none).
+    /// Absent for npm installs (npm checks its own integrity) and older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,6 +75,9 @@ pub struct Artifact {
     pub path: PathBuf,
     pub version: String,
     pub source: String,
+    /// See [`Manifest::verified`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
 }
 
 impl Manifest {
@@ -83,6 +90,14 @@ impl Manifest {
         let text = std::fs::read(Self::path(agent_dir)).ok()?;
         let m: Manifest = serde_json::from_slice(&text).ok()?;
         m.program.is_file().then_some(m)
+    }
+
+    /// [`Self::write`] on the blocking pool (it fsyncs).
+    pub async fn write_async(&self, agent_dir: &Path) -> std::io::Result<()> {
+        let (m, dir) = (self.clone(), agent_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || m.write(&dir))
+            .await
+            .map_err(std::io::Error::other)?
     }
 
     pub fn write(&self, agent_dir: &Path) -> std::io::Result<()> {
@@ -108,6 +123,14 @@ impl Staging {
         Ok(Staging { path, keep: false })
     }
 
+    /// [`Self::commit`] on the blocking pool (renames and the removal of an older tree).
+    pub async fn commit_async(self, final_dir: &Path) -> std::io::Result<()> {
+        let final_dir = final_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || self.commit(&final_dir))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
     /// Moves the staging directory to `final_dir` (replacing an older install of the same
     /// version): after this returns, `final_dir` is complete or untouched.
     pub fn commit(mut self, final_dir: &Path) -> std::io::Result<()> {
@@ -126,7 +149,7 @@ impl Staging {
         }
         self.keep = true;
         if had_old {
-            let _ = std::fs::remove_dir_all(&old);
+            let _ = crate::files::remove_dir_all(&old);
         }
         Ok(())
     }
@@ -135,7 +158,25 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
+            remove_tree_off_thread(std::mem::take(&mut self.path));
+        }
+    }
+}
+
+/// Removes a tree, on the blocking pool when called from inside a runtime (a `Drop` on the
+/// runtime thread must not walk a directory tree), inline otherwise.
+fn remove_tree_off_thread(path: PathBuf) {
+    if path.as_os_str().is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(move || {
+                let _ = crate::files::remove_dir_all(&path);
+            });
+        }
+        Err(_) => {
+            let _ = crate::files::remove_dir_all(&path);
         }
     }
 }
@@ -166,61 +207,118 @@ pub async fn download(
     dir: &Path,
     progress: &dyn Progress,
 ) -> Result<tempfile_like::TempFile, String> {
-    use futures_util::StreamExt;
-
-    let mut file = tempfile_like::TempFile::new_in(dir)
+    let dir_owned = dir.to_path_buf();
+    let file = tokio::task::spawn_blocking(move || tempfile_like::TempFile::new_in(&dir_owned))
+        .await
+        .map_err(|e| e.to_string())?
         .map_err(|e| format!("cannot create a temporary file in {}: {e}", dir.display()))?;
-    let mut hasher = Sha256::new();
-    if let Some(path) = url.strip_prefix("file://") {
+    let hasher = Sha256::new();
+    let (file, hasher) = if let Some(path) = url.strip_prefix("file://") {
         // Reading, hashing and copying a local file is blocking work, and the daemon runs every
         // task on one thread: do it on the blocking pool so that requests go on meanwhile.
         let path = path.to_string();
-        (file, hasher) = tokio::task::spawn_blocking(move || copy_local(&path, file, hasher))
+        tokio::task::spawn_blocking(move || copy_local(&path, file, hasher))
             .await
-            .map_err(|e| format!("copying {url} failed: {e}"))??;
+            .map_err(|e| format!("copying {url} failed: {e}"))??
     } else {
-        let mut done: u64 = 0;
-        let resp = client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| format!("cannot download {url}: {}", error_chain(&e)))?;
-        if !resp.status().is_success() {
-            return Err(format!(
-                "cannot download {url}: the server answered {}",
-                resp.status()
-            ));
+        download_http(client, url, file, hasher, progress).await?
+    };
+    let want = sha256.map(str::to_string);
+    let url_owned = url.to_string();
+    // Flushing and hashing the tail are blocking/CPU work; on failure the temporary file is
+    // dropped (removed) there too.
+    tokio::task::spawn_blocking(move || {
+        let mut file = file;
+        file.flush()
+            .map_err(|e| format!("cannot write the download: {e}"))?;
+        if let Some(want) = want {
+            let got = hex(&hasher.finalize());
+            if !got.eq_ignore_ascii_case(want.trim()) {
+                return Err(format!(
+                    "checksum mismatch for {url_owned}: expected sha256 {want}, got {got}; nothing was installed"
+                ));
+            }
         }
-        let total = resp.content_length();
-        if total.is_some_and(|t| t > MAX_DOWNLOAD) {
+        Ok(file)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Received bytes are written (and hashed) in batches of this size, each by one blocking step.
+const DOWNLOAD_BATCH: usize = 1 << 20;
+
+/// The http(s) branch of [`download`]: the async side receives, the blocking pool hashes and
+/// writes each batch; the runtime thread never makes a file syscall.
+async fn download_http(
+    client: &reqwest::Client,
+    url: &str,
+    file: tempfile_like::TempFile,
+    hasher: Sha256,
+    progress: &dyn Progress,
+) -> Result<(tempfile_like::TempFile, Sha256), String> {
+    use futures_util::StreamExt;
+
+    // Whoever holds the file on an early return drops it off the runtime thread.
+    struct Held(Option<(tempfile_like::TempFile, Sha256)>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            if let Some(v) = self.0.take() {
+                tokio::task::spawn_blocking(move || drop(v));
+            }
+        }
+    }
+    let mut held = Held(Some((file, hasher)));
+    let flush = |held: &mut Held, buf: Vec<u8>| {
+        let taken = held.0.take();
+        async move {
+            let (mut file, mut hasher) = taken.ok_or("the download was abandoned")?;
+            tokio::task::spawn_blocking(move || {
+                hasher.update(&buf);
+                file.write_all(&buf)
+                    .map_err(|e| format!("cannot write the download: {e}"))?;
+                Ok::<_, String>((file, hasher))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+    };
+    let mut done: u64 = 0;
+    let resp = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("cannot download {url}: {}", error_chain(&e)))?;
+    if !resp.status().is_success() {
+        return Err(format!(
+            "cannot download {url}: the server answered {}",
+            resp.status()
+        ));
+    }
+    let total = resp.content_length();
+    if total.is_some_and(|t| t > MAX_DOWNLOAD) {
+        return Err(format!("{url} is larger than {MAX_DOWNLOAD} bytes"));
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| format!("download of {url} failed: {}", error_chain(&e)))?;
+        done += chunk.len() as u64;
+        if done > MAX_DOWNLOAD {
             return Err(format!("{url} is larger than {MAX_DOWNLOAD} bytes"));
         }
-        let mut stream = resp.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| format!("download of {url} failed: {}", error_chain(&e)))?;
-            done += chunk.len() as u64;
-            if done > MAX_DOWNLOAD {
-                return Err(format!("{url} is larger than {MAX_DOWNLOAD} bytes"));
-            }
-            hasher.update(&chunk);
-            file.write_all(&chunk)
-                .map_err(|e| format!("cannot write the download: {e}"))?;
-            progress.download(done, total);
+        buf.extend_from_slice(&chunk);
+        if buf.len() >= DOWNLOAD_BATCH {
+            let batch = std::mem::take(&mut buf);
+            held.0 = Some(flush(&mut held, batch).await?);
         }
-        progress.download_done();
+        progress.download(done, total);
     }
-    file.flush()
-        .map_err(|e| format!("cannot write the download: {e}"))?;
-    if let Some(want) = sha256 {
-        let got = hex(&hasher.finalize());
-        if !got.eq_ignore_ascii_case(want.trim()) {
-            return Err(format!(
-                "checksum mismatch for {url}: expected sha256 {want}, got {got}; nothing was installed"
-            ));
-        }
+    if !buf.is_empty() {
+        held.0 = Some(flush(&mut held, buf).await?);
     }
-    Ok(file)
+    progress.download_done();
+    held.0.take().ok_or_else(|| "the download was abandoned".to_string())
 }
 
 /// The `file://` branch of `download`: copies `path` into `file`, hashing it, within the size cap.
@@ -582,24 +680,29 @@ fn remove_non_dir(path: &Path, shown: &str) -> Result<(), String> {
 
 /// Checks every symlink below `dir` (a subtree of `root`) once everything is unpacked: each
 /// link is followed through the links it meets, so a chain such as `a -> ..`,
-/// `b -> a/..` that passes the per-entry check is refused too.
+/// `b -> a/..` that passes the per-entry check is refused too. Iterative (a stack of
+/// directories still to visit): the depth of the tree comes from the archive.
 fn check_links(root: &Path, dir: &Path) -> Result<(), String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot check the install: {e}"))?;
-    for e in entries {
-        let e = e.map_err(|e| format!("cannot check the install: {e}"))?;
-        let ft = e
-            .file_type()
-            .map_err(|e| format!("cannot check the install: {e}"))?;
-        let path = e.path();
-        if ft.is_dir() {
-            check_links(root, &path)?;
-        } else if ft.is_symlink() {
-            let rel = path.strip_prefix(root).unwrap_or(&path);
-            if !resolves_inside(root, rel) {
-                return Err(format!(
-                    "refused: the link `{}` leads outside the archive",
-                    rel.display()
-                ));
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| format!("cannot check the install: {e}"))?;
+        for e in entries {
+            let e = e.map_err(|e| format!("cannot check the install: {e}"))?;
+            let ft = e
+                .file_type()
+                .map_err(|e| format!("cannot check the install: {e}"))?;
+            let path = e.path();
+            if ft.is_dir() {
+                todo.push(path);
+            } else if ft.is_symlink() {
+                let rel = path.strip_prefix(root).unwrap_or(&path);
+                if !resolves_inside(root, rel) {
+                    return Err(format!(
+                        "refused: the link `{}` leads outside the archive",
+                        rel.display()
+                    ));
+                }
             }
         }
     }

@@ -97,6 +97,21 @@ pub(super) fn remove_tree(dir: &OwnedFd, name: &OsStr) -> nix::Result<()> {
     }
 }
 
+/// Removes the tree at `path` (a path the daemon itself chose, e.g. an installer's staging
+/// directory) with [`remove_tree`]: iterative, never following a symlink.
+pub fn remove_dir_all(path: &std::path::Path) -> std::io::Result<()> {
+    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("no name to remove"))?;
+    let dir = nix::fcntl::open(
+        parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(remove_tree(&dir, name)?)
+}
+
 /// The names in a directory (without `.` and `..`), read through a fresh descriptor so that the
 /// read always starts at the beginning.
 pub(super) fn dir_names(dir: &OwnedFd) -> nix::Result<Vec<OsString>> {
