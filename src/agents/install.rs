@@ -123,17 +123,47 @@ impl Staging {
         Ok(Staging { path, keep: false })
     }
 
-    /// [`Self::commit`] on the blocking pool (renames and the removal of an older tree).
-    pub async fn commit_async(self, final_dir: &Path) -> std::io::Result<()> {
-        let final_dir = final_dir.to_path_buf();
-        tokio::task::spawn_blocking(move || self.commit(&final_dir))
+    /// [`Self::new`] on the blocking pool.
+    pub async fn new_async(agent_dir: &Path) -> std::io::Result<Staging> {
+        let dir = agent_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Staging::new(&dir))
             .await
             .map_err(std::io::Error::other)?
+    }
+
+    /// [`Self::commit`] on the blocking pool (renames and the removal of an older tree).
+    pub async fn commit_async(&mut self, final_dir: &Path) -> std::io::Result<()> {
+        let (staged, final_dir) = (self.path.clone(), final_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || commit_tree(&staged, &final_dir))
+        .await
+        .map_err(std::io::Error::other)??;
+        self.keep = true;
+        Ok(())
+    }
+
+    /// Removes the staging directory now (on the blocking pool) and waits for it, so that a
+    /// failed install has left nothing behind by the time it is reported.
+    pub async fn discard(mut self) {
+        if self.keep {
+            return;
+        }
+        self.keep = true;
+        let path = std::mem::take(&mut self.path);
+        let _ = tokio::task::spawn_blocking(move || crate::files::remove_dir_all(&path)).await;
     }
 
     /// Moves the staging directory to `final_dir` (replacing an older install of the same
     /// version): after this returns, `final_dir` is complete or untouched.
     pub fn commit(mut self, final_dir: &Path) -> std::io::Result<()> {
+        commit_tree(&self.path, final_dir)?;
+        self.keep = true;
+        Ok(())
+    }
+}
+
+/// Renames `staged` to `final_dir`, replacing (then removing) an older tree there.
+fn commit_tree(staged: &Path, final_dir: &Path) -> std::io::Result<()> {
+    {
         let parent = final_dir.parent().unwrap_or(Path::new("/"));
         let old = parent.join(format!(".old-{}-{}", std::process::id(), nonce()));
         let had_old = match std::fs::rename(final_dir, &old) {
@@ -141,13 +171,12 @@ impl Staging {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(e),
         };
-        if let Err(e) = std::fs::rename(&self.path, final_dir) {
+        if let Err(e) = std::fs::rename(staged, final_dir) {
             if had_old {
                 let _ = std::fs::rename(&old, final_dir);
             }
             return Err(e);
         }
-        self.keep = true;
         if had_old {
             let _ = crate::files::remove_dir_all(&old);
         }

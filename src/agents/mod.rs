@@ -649,10 +649,26 @@ impl Agents {
         dir: &Path,
         progress: &dyn Progress,
     ) -> Result<Manifest, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let staging =
-            Staging::new(dir).map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        let mut staging = Staging::new_async(dir)
+            .await
+            .map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        let res = self
+            .run_plan_in(def, plan, req, dir, progress, &mut staging)
+            .await;
+        // On failure the staging tree is gone before the failure is reported.
+        staging.discard().await;
+        res
+    }
+
+    async fn run_plan_in(
+        &self,
+        def: &AgentDef,
+        plan: Plan,
+        req: &InstallRequest,
+        dir: &Path,
+        progress: &dyn Progress,
+        staging: &mut Staging,
+    ) -> Result<Manifest, String> {
         match plan {
             Plan::Binary {
                 url,
