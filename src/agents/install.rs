@@ -135,8 +135,8 @@ impl Staging {
     pub async fn commit_async(&mut self, final_dir: &Path) -> std::io::Result<()> {
         let (staged, final_dir) = (self.path.clone(), final_dir.to_path_buf());
         tokio::task::spawn_blocking(move || commit_tree(&staged, &final_dir))
-        .await
-        .map_err(std::io::Error::other)??;
+            .await
+            .map_err(std::io::Error::other)??;
         self.keep = true;
         Ok(())
     }
@@ -347,7 +347,9 @@ async fn download_http(
         held.0 = Some(flush(&mut held, buf).await?);
     }
     progress.download_done();
-    held.0.take().ok_or_else(|| "the download was abandoned".to_string())
+    held.0
+        .take()
+        .ok_or_else(|| "the download was abandoned".to_string())
 }
 
 /// The `file://` branch of `download`: copies `path` into `file`, hashing it, within the size cap.

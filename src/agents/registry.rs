@@ -65,7 +65,8 @@ pub fn platform_key() -> String {
 /// cap is refused as soon as it passes it, never held whole). `file://` URLs are read from disk
 /// (air-gapped images) on the blocking pool.
 pub async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Registry, String> {
-    let too_big = || format!("{url} is larger than the registry limit of {max} bytes (--registry-max-bytes)");
+    let too_big =
+        || format!("{url} is larger than the registry limit of {max} bytes (--registry-max-bytes)");
     let bytes = if let Some(path) = url.strip_prefix("file://") {
         let path = path.to_string();
         let read = tokio::task::spawn_blocking(move || {

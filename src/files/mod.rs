@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::config::Config;
 pub use body::BodyStream;
-pub use entries::remove_dir_all;
 use body::Transfers;
+pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};
 pub use read::{OpenedFile, stream_range};
 pub use upload::Compression;

@@ -117,14 +117,15 @@ impl FileService {
         };
         loop {
             match reader.next_batch().await {
-                Ok(Some(chunk)) => match blocking(move || spool.write(&chunk).map(|()| spool)).await
-                {
-                    Ok(s) => spool = s,
-                    Err(e) => {
-                        reader.linger().await;
-                        return Err(e);
+                Ok(Some(chunk)) => {
+                    match blocking(move || spool.write(&chunk).map(|()| spool)).await {
+                        Ok(s) => spool = s,
+                        Err(e) => {
+                            reader.linger().await;
+                            return Err(e);
+                        }
                     }
-                },
+                }
                 Ok(None) => break,
                 Err(e) => {
                     drop_off_thread(spool);

@@ -175,9 +175,8 @@ fn upload_compression(headers: &HeaderMap) -> Result<Compression, FileError> {
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    let gzip_encoded = get(header::CONTENT_ENCODING).is_some_and(|v| {
-        matches!(v.trim().to_ascii_lowercase().as_str(), "gzip" | "x-gzip")
-    });
+    let gzip_encoded = get(header::CONTENT_ENCODING)
+        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "gzip" | "x-gzip"));
     match essence.as_str() {
         "application/gzip" | "application/x-gzip" => Ok(Compression::Gzip),
         "application/x-tar" | "application/octet-stream" if gzip_encoded => Ok(Compression::Gzip),

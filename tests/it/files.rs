@@ -841,7 +841,9 @@ async fn upload_batch_aborted_half_way_leaves_nothing_behind() {
     // disk once the daemon holds it open (a deleted `/proc/<pid>/fd` target).
     let spool = d.data_dir().join("tmp");
     eventually(Duration::from_secs(10), "the body to be spooled", || {
-        spooled_bytes(d.pid(), &spool).filter(|&n| n > 0).map(|_| ())
+        spooled_bytes(d.pid(), &spool)
+            .filter(|&n| n > 0)
+            .map(|_| ())
     });
     // Nothing exists at the destination before the whole body arrived, and no named file.
     assert!(!d.path("new").exists());
