@@ -36,9 +36,9 @@ pub enum ArchiveError {
     /// An entry that clashes with an earlier one or with the destination.
     #[error("archive entry {entry:?} conflicts with the destination: {reason}")]
     Conflict { entry: String, reason: String },
-    #[error("the archive unpacks to more than the limit of {limit} bytes")]
+    #[error("refused: the archive unpacks to more than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
-    #[error("the archive has more than the limit of {limit} entries")]
+    #[error("refused: the archive has more than the limit of {limit} entries")]
     TooManyEntries { limit: u64 },
     /// A system error while writing `path` (relative to the root).
     #[error("{op} {}: {source}", path.display())]
@@ -322,9 +322,8 @@ impl<'g> Writer<'g> {
                     .push((rel.clone(), parent_rel.join(&target)));
             }
             Kind::HardLink(target) => {
-                let trel = entry_path(&target, &shown).map_err(|_| {
-                    refused(&shown, "its hard link target leaves the destination")
-                })?;
+                let trel = entry_path(&target, &shown)
+                    .map_err(|_| refused(&shown, "its hard link target leaves the destination"))?;
                 let tparent = trel.parent().unwrap_or(Path::new(""));
                 let tname = trel
                     .file_name()

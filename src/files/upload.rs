@@ -419,7 +419,8 @@ fn merge(
     while let Some(rel) = stack.pop() {
         let dir = shown_dir.join(&rel);
         let open = |root: &OwnedFd| {
-            archive::open_dir_beneath(root, &rel).map_err(|e| FileError::from_errno("open", &dir, e))
+            archive::open_dir_beneath(root, &rel)
+                .map_err(|e| FileError::from_errno("open", &dir, e))
         };
         let (src, dst) = (open(src_root)?, open(dst_root)?);
         let names =
@@ -429,7 +430,8 @@ fn merge(
                 continue;
             }
             let here = dir.join(&n);
-            let skind = archive::lkind(&src, &n).map_err(|e| FileError::from_errno("stat", &here, e))?;
+            let skind =
+                archive::lkind(&src, &n).map_err(|e| FileError::from_errno("stat", &here, e))?;
             if skind == SFlag::S_IFDIR && archive::lkind(&dst, &n) == Ok(SFlag::S_IFDIR) {
                 stack.push(rel.join(&n));
             } else {
