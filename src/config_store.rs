@@ -394,4 +394,84 @@ mod tests {
         check(Skills, r#"{"sources":[{"type":"github"}]}"#, false);
         check(Skills, r#"{"sources":{}}"#, false);
     }
+
+    /// Property (seeded generator; `CONFIG_PROPTEST_CASES`, default 3,000): random JSON built
+    /// from the contract's field names and hostile values never panics validation, and what is
+    /// accepted is an object that serialises back to what was stored.
+    #[test]
+    fn property_validation_never_panics_and_accepts_only_objects() {
+        const KEYS: &[&str] = &[
+            "type",
+            "command",
+            "args",
+            "env",
+            "url",
+            "sources",
+            "source",
+            "skills",
+            "ref",
+            "oauth",
+            "timeoutMs",
+            "transport",
+            "enabled",
+            "headers",
+            "cwd",
+            "subpath",
+            "x",
+        ];
+        let cases: u64 = std::env::var("CONFIG_PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3_000);
+        let mut x: u64 = 0xA076_1D64_78BD_642F;
+        let mut next = move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        fn value(next: &mut dyn FnMut() -> u64, depth: u32) -> Value {
+            const STRS: &[&str] = &[
+                "local",
+                "remote",
+                "https://x",
+                "",
+                "npx",
+                "sse",
+                "é",
+                "github",
+            ];
+            match next() % if depth > 2 { 5 } else { 7 } {
+                0 => Value::Null,
+                1 => Value::Bool(next() % 2 == 0),
+                2 => Value::from(next() as i64),
+                3 | 4 => Value::from(STRS[(next() % STRS.len() as u64) as usize]),
+                5 => Value::Array((0..next() % 3).map(|_| value(next, depth + 1)).collect()),
+                _ => {
+                    let mut m = Map::new();
+                    for _ in 0..next() % 5 {
+                        let k = KEYS[(next() % KEYS.len() as u64) as usize];
+                        m.insert(k.into(), value(next, depth + 1));
+                    }
+                    Value::Object(m)
+                }
+            }
+        }
+        let mut accepted = 0;
+        for _ in 0..cases {
+            let v = value(&mut next, 0);
+            let raw = serde_json::to_vec(&v).unwrap();
+            for kind in [ConfigKind::Mcp, ConfigKind::Skills] {
+                if let Ok(stored) = validate(kind, &raw) {
+                    accepted += 1;
+                    assert!(stored.is_object(), "{v}");
+                    assert_eq!(stored, v);
+                }
+            }
+            // Cut anywhere: still no panic.
+            let cut = (next() as usize) % (raw.len() + 1);
+            let _ = validate(ConfigKind::Mcp, &raw[..cut]);
+        }
+        let _ = accepted;
+    }
 }
