@@ -75,12 +75,9 @@ pub struct ConfigStore {
 async fn off_thread<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ConfigError> + Send + 'static,
 ) -> Result<T, ConfigError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(ConfigError::Corrupt {
-            path: PathBuf::new(),
-            reason: e.to_string(),
-        })
-    })
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(ConfigError::File(crate::files::internal(e))))
 }
 
 #[derive(Deserialize)]

@@ -334,10 +334,12 @@ pub async fn download(
     .map_err(join_error)?
 }
 
+/// A blocking step that panicked: logged in full, reported without internals.
 fn join_error(e: tokio::task::JoinError) -> InstallError {
+    tracing::error!(error = %e, "a blocking step of the install failed");
     InstallError::Io {
         what: "a blocking step of the install failed".into(),
-        source: std::io::Error::other(e.to_string()),
+        source: std::io::Error::other("see the daemon's log"),
     }
 }
 

@@ -41,8 +41,11 @@ fn symlink_targets_are_checked_from_the_link_directory() {
     check("", "/etc", false);
 }
 
+/// One raw tar entry: name, type flag, link target, data.
+type RawEntry<'a> = (&'a str, u8, &'a str, &'a [u8]);
+
 /// A tar built by hand, so hostile names and links are possible.
-fn tar(entries: &[(&str, u8, &str, &[u8])]) -> Vec<u8> {
+fn tar(entries: &[RawEntry]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, kind, link, data) in entries {
         let mut h = tar::Header::new_gnu();
@@ -96,7 +99,7 @@ fn chains_of_links_that_each_stay_inside_are_refused_on_disk() {
 
 #[test]
 fn hostile_entries_are_refused_and_nothing_escapes() {
-    let cases: &[(&str, &[(&str, u8, &str, &[u8])], &str)] = &[
+    let cases: &[(&str, &[RawEntry], &str)] = &[
         ("dotdot", &[("../x", b'0', "", b"x")], "`..`"),
         ("absolute", &[("/tmp/x", b'0', "", b"x")], "absolute"),
         ("link-abs", &[("l", b'2', "/etc", b"")], "absolute symlink"),
@@ -143,7 +146,7 @@ fn limits_stop_extraction() {
     let many: Vec<(String, u8, &str, &[u8])> = (0..101)
         .map(|i| (format!("f{i}"), b'0', "", &b""[..]))
         .collect();
-    let refs: Vec<(&str, u8, &str, &[u8])> = many
+    let refs: Vec<RawEntry> = many
         .iter()
         .map(|(n, k, l, d)| (n.as_str(), *k, *l, *d))
         .collect();

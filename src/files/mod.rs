@@ -170,19 +170,26 @@ fn shown(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// A blocking step that panicked or was cancelled: logged in full, answered without internals
+/// (no "task N panicked" in a response).
+pub(crate) fn internal(e: tokio::task::JoinError) -> FileError {
+    tracing::error!(error = %e, "a blocking file operation failed");
+    FileError::Io {
+        op: "internal error in",
+        path: PathBuf::from("a file operation"),
+        source: io::Error::other("see the daemon's log"),
+    }
+}
+
 /// Runs blocking filesystem work on the blocking pool (never on a reactor thread).
 async fn blocking<T, F>(f: F) -> Result<T, FileError>
 where
     F: FnOnce() -> Result<T, FileError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(FileError::Io {
-            op: "run blocking task",
-            path: PathBuf::new(),
-            source: io::Error::other(e.to_string()),
-        })
-    })
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(internal(e)))
 }
 
 pub struct FileService {

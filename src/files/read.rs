@@ -111,7 +111,10 @@ pub fn stream_range(
                     "the file shrank while being read",
                 )),
                 Ok((_, Err(e))) => Err(e),
-                Err(e) => Err(io::Error::other(e.to_string())),
+                Err(e) => {
+                    tracing::error!(error = %e, "a download's read failed");
+                    Err(io::Error::other("internal error"))
+                }
             };
             let failed = item.is_err();
             match tx.send_timeout(item, idle).await {

@@ -142,8 +142,7 @@ impl FileService {
             let mut file = spool.file;
             file.seek(SeekFrom::Start(0))
                 .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
-            let extracted = extract(&policy, &dest, file, compression, &limits);
-            extracted
+            extract(&policy, &dest, file, compression, &limits)
         })
         .await
     }
