@@ -1,7 +1,8 @@
 //! `POST /v1/fs/upload-batch`: the body (a tar, plain or gzip) is read on the async side and
 //! spooled, batch by batch with short blocking steps, into an anonymous file (`O_TMPFILE`) under
 //! `<data-dir>/tmp`; once complete it is extracted on the blocking pool into a staging directory,
-//! checked entry by entry on disk, then moved into the destination. Invariants: no blocking
+//! checked entry by entry on disk with the rules of [`crate::archive`], then moved into the
+//! destination. Invariants: no blocking
 //! thread waits for the client, and nothing is created at the destination before the whole body
 //! arrived; no entry lands outside the destination (absolute, `..`, device nodes, fifos, links
 //! leaving it, paths crossing a symlink are refused); a refused or broken archive leaves the
