@@ -146,5 +146,43 @@ impl BodyReader {
 /// Drops `value` (a temporary file and its directory, say) on the blocking pool: its `Drop`
 /// makes syscalls that must not run on the runtime thread.
 pub fn drop_off_thread<T: Send + 'static>(value: T) {
-    tokio::task::spawn_blocking(move || drop(value));
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(move || drop(value));
+        }
+        Err(_) => drop(value),
+    }
+}
+
+/// Holds a value whose `Drop` makes syscalls (unlinking a temporary, closing a large unnamed
+/// file) while it sits on the async side between blocking steps. A request cancelled there (the
+/// client went away) drops its future on the runtime thread; this sends the value to the
+/// blocking pool instead.
+pub struct OffThread<T: Send + 'static>(Option<T>);
+
+impl<T: Send + 'static> OffThread<T> {
+    pub fn new(value: T) -> Self {
+        OffThread(Some(value))
+    }
+
+    /// Takes the value out for a blocking step (which drops it there if the step fails).
+    pub fn take(&mut self) -> Result<T, FileError> {
+        self.0.take().ok_or_else(|| FileError::Io {
+            op: "continue",
+            path: std::path::PathBuf::from("a transfer"),
+            source: io::Error::other("its file was lost after a failed step"),
+        })
+    }
+
+    pub fn put(&mut self, value: T) {
+        self.0 = Some(value);
+    }
+}
+
+impl<T: Send + 'static> Drop for OffThread<T> {
+    fn drop(&mut self) {
+        if let Some(v) = self.0.take() {
+            drop_off_thread(v);
+        }
+    }
 }

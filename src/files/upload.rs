@@ -22,7 +22,7 @@ use nix::unistd::UnlinkatFlags;
 
 use crate::archive::{self, ArchiveError};
 
-use super::body::{BodyReader, drop_off_thread};
+use super::body::{BodyReader, OffThread};
 use super::entries::remove_tree;
 use super::{
     BodyStream, FileError, FileService, PathPolicy, SandboxPath, UPLOAD_PATHS_SHOWN, UploadOutcome,
@@ -111,7 +111,7 @@ impl FileService {
         let mut reader = BodyReader::new(body, self.transfers.idle, self.upload_limit);
         let spool_dir = self.spool_dir.clone();
         let mut spool = match blocking(move || Spool::create(&spool_dir, declared)).await {
-            Ok(s) => s,
+            Ok(s) => OffThread::new(s),
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
@@ -120,8 +120,9 @@ impl FileService {
         loop {
             match reader.next_batch().await {
                 Ok(Some(chunk)) => {
-                    match blocking(move || spool.write(&chunk).map(|()| spool)).await {
-                        Ok(s) => spool = s,
+                    let mut s = spool.take()?;
+                    match blocking(move || s.write(&chunk).map(|()| s)).await {
+                        Ok(s) => spool.put(s),
                         Err(e) => {
                             reader.linger().await;
                             return Err(e);
@@ -130,7 +131,7 @@ impl FileService {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    drop_off_thread(spool);
+                    drop(spool);
                     if matches!(e, FileError::TooLarge { .. }) {
                         reader.linger().await;
                     }
@@ -139,6 +140,7 @@ impl FileService {
             }
         }
         let policy = self.policy.clone();
+        let spool = spool.take()?;
         blocking(move || {
             let mut file = spool.file;
             file.seek(SeekFrom::Start(0))

@@ -17,7 +17,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 
-use super::body::{BodyReader, drop_off_thread};
+use super::body::{BodyReader, OffThread};
 use super::{BodyStream, FileError, FileService, WriteOutcome, blocking, shown};
 
 /// How much written data may accumulate before its writeback is started.
@@ -256,7 +256,7 @@ impl FileService {
         let policy = self.policy.clone();
         let abs = target.abs.clone();
         let mut put = match blocking(move || PutFile::create(&policy, &target, declared)).await {
-            Ok(p) => p,
+            Ok(p) => OffThread::new(p),
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
@@ -266,8 +266,9 @@ impl FileService {
             match reader.next_batch().await {
                 Ok(Some(chunk)) => {
                     // On a failed write the temporary is dropped (removed) on the blocking side.
-                    match blocking(move || put.write(&chunk).map(|()| put)).await {
-                        Ok(p) => put = p,
+                    let mut p = put.take()?;
+                    match blocking(move || p.write(&chunk).map(|()| p)).await {
+                        Ok(p) => put.put(p),
                         Err(e) => {
                             reader.linger().await;
                             return Err(e);
@@ -276,7 +277,7 @@ impl FileService {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    drop_off_thread(put);
+                    drop(put);
                     if matches!(e, FileError::TooLarge { .. }) {
                         reader.linger().await;
                     }
@@ -284,7 +285,8 @@ impl FileService {
                 }
             }
         }
-        let n = blocking(move || put.finish()).await?;
+        let p = put.take()?;
+        let n = blocking(move || p.finish()).await?;
         Ok(WriteOutcome {
             path: shown(&abs),
             bytes_written: n,
