@@ -627,26 +627,31 @@ async fn config_that_could_not_be_read_back_is_refused_up_front() {
     assert_eq!(r.status(), 413);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["limit"], 1 << 20, "{body}");
-    // Entries under the cap until the file would pass 16 MiB: the last is refused, and the
+    // A stored file just under the 16 MiB file cap (written directly, to keep the test short):
+    // one more entry under the entry cap would make it unreadable, so it is refused, and the
     // directory stays readable and writable.
-    let mut refused = false;
-    for i in 0..20 {
-        let r = c
-            .put(config_url(&d, "c", &format!("e{i}")))
-            .body(entry(1_000_000))
-            .send()
-            .await
-            .unwrap();
-        match r.status().as_u16() {
-            204 => {}
-            413 => {
-                refused = true;
-                break;
-            }
-            s => panic!("entry {i}: {s}"),
-        }
+    let mut stored = serde_json::Map::new();
+    for i in 0..16 {
+        stored.insert(
+            format!("e{i}"),
+            json!({"type":"local","command":"x","args":["a".repeat(1_000_000)]}),
+        );
     }
-    assert!(refused, "17 entries of 1 MB were all stored");
+    let file = d.work_dir().join("c/.sandbox-agent/config/mcp.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, serde_json::to_vec_pretty(&stored).unwrap()).unwrap();
+    assert!(std::fs::metadata(&file).unwrap().len() < 16 << 20);
+    let r = c
+        .put(config_url(&d, "c", "e16"))
+        .body(entry(1_000_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413, "{:?}", r.text().await);
+    assert!(
+        std::fs::metadata(&file).unwrap().len() < 16 << 20,
+        "nothing written"
+    );
     let r = c.get(config_url(&d, "c", "e0")).send().await.unwrap();
     assert_eq!(r.status(), 200, "the directory is still readable");
     let r = c
@@ -658,4 +663,6 @@ async fn config_that_could_not_be_read_back_is_refused_up_front() {
     assert_eq!(r.status(), 204, "and still writable");
     let r = c.delete(config_url(&d, "c", "e1")).send().await.unwrap();
     assert_eq!(r.status(), 204);
+    let r = c.get(config_url(&d, "c", "e1")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
 }
