@@ -7,6 +7,7 @@ mod config;
 mod edge;
 mod files;
 mod hostile_agents;
+mod hostile_files;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
