@@ -37,16 +37,16 @@ struct JsonRpcMessage {
     #[schema(value_type = String, pattern = "^2\\.0$", example = "2.0")]
     jsonrpc: String,
     /// Present on requests and responses: a number or a string, echoed unchanged.
-    #[schema(value_type = Object, nullable = false)]
+    #[schema(value_type = Object, nullable = false, required = false)]
     id: Option<serde_json::Value>,
     /// Present on requests and notifications.
     #[schema(nullable = false)]
     method: Option<String>,
-    #[schema(value_type = Object, nullable = false)]
+    #[schema(value_type = Object, nullable = false, required = false)]
     params: Option<serde_json::Value>,
-    #[schema(value_type = Object, nullable = false)]
+    #[schema(value_type = Object, nullable = false, required = false)]
     result: Option<serde_json::Value>,
-    #[schema(value_type = Object, nullable = false)]
+    #[schema(value_type = Object, nullable = false, required = false)]
     error: Option<serde_json::Value>,
 }
 
@@ -83,10 +83,10 @@ struct PostQuery {
     tag = "acp",
     params(
         ("serverId" = String, Path, description = "Client-chosen instance id",
-            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128),
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
         ("agent" = Option<String>, Query, description = "The agent to start (e.g. `mock`, \
             `claude`); needed on the first POST to a serverId, and must match on later ones. \
-            An empty value counts as absent."),
+            An empty value counts as absent.", example = "mock"),
         ("Prefer" = Option<String>, Header, description = "RFC 7240 preferences: \
             `respond-async` answers a request 202 at once (its response goes to the SSE stream); \
             `jsonrpc-errors` answers an agent failure or timeout on a request with 200 and a \
@@ -219,7 +219,7 @@ async fn post_message(
     tag = "acp",
     params(
         ("serverId" = String, Path, description = "Client-chosen instance id",
-            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128),
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: \
             the retained events with a greater id are replayed first. A non-numeric value is 400.",
             pattern = "^\\s*[0-9]{1,19}\\s*$", example = "41"),
@@ -332,7 +332,7 @@ fn sse_frames(
     tag = "acp",
     params(
         ("serverId" = String, Path, description = "Client-chosen instance id",
-            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128),
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
     ),
     responses(
         (status = 204, description = "Detached (or was not there); the stop runs on"),

@@ -6,6 +6,7 @@ use std::io;
 
 use axum::Json;
 use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -71,7 +72,9 @@ struct DeleteQuery {
 #[serde(deny_unknown_fields)]
 #[schema(as = FsMoveRequest)]
 struct MoveBody {
+    #[schema(min_length = 1)]
     from: String,
+    #[schema(min_length = 1)]
     to: String,
     /// Replace an existing destination (default false).
     #[serde(default)]
@@ -95,7 +98,7 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
     path = "/v1/fs/entries",
     operation_id = "listFsEntries",
     tag = "fs",
-    params(("path" = Option<String>, Query, description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
+    params(("path" = Option<String>, Query, description = "Absolute, or relative to the working root (`--work-dir`); default `.`", min_length = 1)),
     responses(
         (status = 200, description = "The directory's entries", body = Vec<FsEntry>),
         (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
@@ -118,7 +121,7 @@ async fn list(
     path = "/v1/fs/stat",
     operation_id = "statFs",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)")),
+    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1)),
     responses(
         (status = 200, description = "The entry", body = FsStat),
         (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
@@ -137,7 +140,7 @@ async fn stat(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<R
     path = "/v1/fs/mkdir",
     operation_id = "mkdirFs",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)")),
+    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1)),
     responses(
         (status = 200, description = "Created (or already there)", body = FsPath),
         (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
@@ -159,7 +162,7 @@ async fn mkdir(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<
     path = "/v1/fs/entry",
     operation_id = "deleteFsEntry",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)"),
+    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1),
         ("recursive" = Option<bool>, Query, description = "Delete a non-empty directory with its contents")),
     responses(
         (status = 200, description = "Deleted", body = FsPath),
@@ -197,8 +200,9 @@ async fn delete_entry(
 )]
 async fn move_entry(
     State(s): State<AppState>,
-    Json(b): Json<MoveBody>,
+    body: Result<Json<MoveBody>, JsonRejection>,
 ) -> Result<Response, Problem> {
+    let Json(b) = body?;
     let (from, to) = s
         .files
         .rename(&b.from, &b.to, b.overwrite.unwrap_or(false))
@@ -213,7 +217,7 @@ async fn move_entry(
     path = "/v1/fs/file",
     operation_id = "writeFsFile",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)")),
+    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1)),
     request_body(content = Binary, content_type = "application/octet-stream",
         description = "The file's bytes (any Content-Type is accepted and ignored)"),
     responses(
@@ -246,7 +250,7 @@ async fn write_file(
     path = "/v1/fs/upload-batch",
     operation_id = "uploadFsBatch",
     tag = "fs",
-    params(("path" = Option<String>, Query, description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
+    params(("path" = Option<String>, Query, description = "Absolute, or relative to the working root (`--work-dir`); default `.`", min_length = 1)),
     request_body(content(
         (Binary = "application/x-tar"),
         (Binary = "application/gzip"),
@@ -359,7 +363,7 @@ fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, FileError> {
     path = "/v1/fs/file",
     operation_id = "readFsFile",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)"),
+    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1),
         ("Range" = Option<String>, Header, description = "One range `bytes=a-b`, `bytes=a-` or \
             `bytes=-n`; other forms are ignored (the whole file is sent)", example = "bytes=0-1023")),
     responses(

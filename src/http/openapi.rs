@@ -146,7 +146,7 @@ struct ProblemSchema {
     #[schema(rename = "timeoutMs", nullable = false)]
     timeout_ms: Option<u64>,
     /// 409 Duplicate Request Id: the JSON-RPC id still in flight (number or string).
-    #[schema(value_type = Object, nullable = false)]
+    #[schema(value_type = Object, nullable = false, required = false)]
     id: Option<serde_json::Value>,
 }
 

@@ -7,6 +7,7 @@ mod config;
 mod files;
 mod lifecycle;
 mod mock_agent;
+mod openapi;
 mod packaging;
 mod supervisor;
 mod support;

@@ -52,6 +52,7 @@ pub struct DaemonBuilder {
     expect_exit: Option<i32>,
     wrapper: Vec<OsString>,
     clear_env: bool,
+    confine_to_work_dir: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -63,6 +64,7 @@ impl Default for DaemonBuilder {
             expect_exit: Some(0),
             wrapper: Vec::new(),
             clear_env: false,
+            confine_to_work_dir: false,
         }
     }
 }
@@ -106,6 +108,13 @@ impl DaemonBuilder {
         S: Into<OsString>,
     {
         self.wrapper.extend(items.into_iter().map(Into::into));
+        self
+    }
+
+    /// Also passes `--fs-root <work dir>`: every filesystem path is confined to the test's
+    /// private work directory.
+    pub fn confine_to_work_dir(mut self) -> Self {
+        self.confine_to_work_dir = true;
         self
     }
 
@@ -179,6 +188,9 @@ impl Daemon {
             .stderr(stderr);
         if let Some(t) = &b.token {
             cmd.arg("--token").arg(t);
+        }
+        if b.confine_to_work_dir {
+            cmd.arg("--fs-root").arg(&work);
         }
         let child = cmd.spawn().expect("spawn sandbox-agent");
         let mut daemon = Daemon {
