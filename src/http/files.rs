@@ -98,10 +98,12 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
     path = "/v1/fs/entries",
     operation_id = "listFsEntries",
     tag = "fs",
-    params(("path" = Option<String>, Query, description = "Absolute, or relative to the working root (`--work-dir`); default `.`", min_length = 1)),
+    params(("path" = Option<String>, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
     responses(
         (status = 200, description = "The directory's entries", body = Vec<FsEntry>),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -121,10 +123,12 @@ async fn list(
     path = "/v1/fs/stat",
     operation_id = "statFs",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1)),
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)")),
     responses(
         (status = 200, description = "The entry", body = FsStat),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -140,10 +144,12 @@ async fn stat(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<R
     path = "/v1/fs/mkdir",
     operation_id = "mkdirFs",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1)),
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)")),
     responses(
         (status = 200, description = "Created (or already there)", body = FsPath),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -162,11 +168,14 @@ async fn mkdir(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<
     path = "/v1/fs/entry",
     operation_id = "deleteFsEntry",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1),
-        ("recursive" = Option<bool>, Query, description = "Delete a non-empty directory with its contents")),
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)"),
+        ("recursive" = Option<bool>, Query,
+            description = "Delete a non-empty directory with its contents")),
     responses(
         (status = 200, description = "Deleted", body = FsPath),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -190,7 +199,8 @@ async fn delete_entry(
     request_body(content = MoveBody, content_type = "application/json"),
     responses(
         (status = 200, description = "Moved", body = FsMoved),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -217,12 +227,14 @@ async fn move_entry(
     path = "/v1/fs/file",
     operation_id = "writeFsFile",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1)),
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)")),
     request_body(content = Binary, content_type = "application/octet-stream",
         description = "The file's bytes (any Content-Type is accepted and ignored)"),
     responses(
         (status = 200, description = "Written", body = WriteOutcome),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -250,7 +262,8 @@ async fn write_file(
     path = "/v1/fs/upload-batch",
     operation_id = "uploadFsBatch",
     tag = "fs",
-    params(("path" = Option<String>, Query, description = "Absolute, or relative to the working root (`--work-dir`); default `.`", min_length = 1)),
+    params(("path" = Option<String>, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
     request_body(content(
         (Binary = "application/x-tar"),
         (Binary = "application/gzip"),
@@ -259,13 +272,16 @@ async fn write_file(
         (or `application/x-gzip`, `application/x-tar+gzip`), `Content-Encoding: gzip`, or its \
         magic bytes"),
     responses(
-        (status = 200, description = "Extracted; the first 1024 paths are listed", body = UploadOutcome),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 200, description = "Extracted; the first 1024 paths are listed",
+            body = UploadOutcome),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
         (status = 409, description = "An entry conflicts with what is on disk"),
-        (status = 413, description = "The archive is larger than the upload limit, or has too many entries (`limit`)"),
+        (status = 413, description = "The archive is larger than the upload limit, or has too \
+            many entries (`limit`)"),
         (status = 507, description = "No space left on the device"),
     )
 )]
@@ -363,7 +379,8 @@ fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, FileError> {
     path = "/v1/fs/file",
     operation_id = "readFsFile",
     tag = "fs",
-    params(("path" = String, Query, description = "Absolute, or relative to the working root (`--work-dir`)", min_length = 1),
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)"),
         ("Range" = Option<String>, Header, description = "One range `bytes=a-b`, `bytes=a-` or \
             `bytes=-n`; other forms are ignored (the whole file is sent)", example = "bytes=0-1023")),
     responses(
@@ -373,7 +390,8 @@ fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, FileError> {
         (status = 206, description = "The requested range", body = Binary,
             content_type = "application/octet-stream",
             headers(("Content-Range" = String), ("Accept-Ranges" = String))),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry (file vs directory)"),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),

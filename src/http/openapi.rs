@@ -150,48 +150,60 @@ struct ProblemSchema {
     id: Option<serde_json::Value>,
 }
 
-/// Statuses the edge (auth, Host/Origin guard, body limits, caps, shutdown) may answer on any
+/// A status the edge (auth, Host/Origin guard, body limits, caps, shutdown) may answer on any
 /// route, before or instead of its handler; each is added to every operation that does not
-/// describe it itself. `(status, component name, description, response headers)`.
-const EDGE_RESPONSES: &[(&str, &str, &str, &[(&str, &str)])] = &[
-    (
-        "401",
-        "Unauthorized",
-        "A token is configured and the request has no valid `Authorization: Bearer` header.",
-        &[("WWW-Authenticate", "`Bearer`")],
-    ),
-    (
-        "403",
-        "Forbidden",
-        "Refused by the edge guard (a `Host` or `Origin` that is not allowed), or by the \
-         filesystem policy.",
-        &[],
-    ),
-    (
-        "413",
-        "PayloadTooLarge",
-        "The request (body, headers or URI) is larger than a configured limit; `limit` names it.",
-        &[],
-    ),
-    (
-        "415",
-        "UnsupportedMediaType",
-        "The request's Content-Type is not one this route accepts (state-changing routes refuse \
-         the CORS-simple types).",
-        &[],
-    ),
-    (
-        "429",
-        "TooManyRequests",
-        "A configured cap (connections, requests, instances, subscribers) is reached; retry later.",
-        &[("Retry-After", "Seconds to wait before retrying.")],
-    ),
-    (
-        "503",
-        "ServiceUnavailable",
-        "The daemon is shutting down, or a capacity limit is reached; retry later (elsewhere).",
-        &[("Retry-After", "Seconds to wait before retrying.")],
-    ),
+/// describe it itself, as a reference to a shared response named `name`.
+struct EdgeResponse {
+    status: &'static str,
+    name: &'static str,
+    description: &'static str,
+    /// `(header, description)` pairs.
+    headers: &'static [(&'static str, &'static str)],
+}
+
+const EDGE_RESPONSES: &[EdgeResponse] = &[
+    EdgeResponse {
+        status: "401",
+        name: "Unauthorized",
+        description: "A token is configured and the request has no valid \
+                      `Authorization: Bearer` header.",
+        headers: &[("WWW-Authenticate", "`Bearer`")],
+    },
+    EdgeResponse {
+        status: "403",
+        name: "Forbidden",
+        description: "Refused by the edge guard (a `Host` or `Origin` that is not allowed), \
+                      or by the filesystem policy.",
+        headers: &[],
+    },
+    EdgeResponse {
+        status: "413",
+        name: "PayloadTooLarge",
+        description: "The request (body, headers or URI) is larger than a configured limit; \
+                      `limit` names it.",
+        headers: &[],
+    },
+    EdgeResponse {
+        status: "415",
+        name: "UnsupportedMediaType",
+        description: "The request's Content-Type is not one this route accepts \
+                      (state-changing routes refuse the CORS-simple types).",
+        headers: &[],
+    },
+    EdgeResponse {
+        status: "429",
+        name: "TooManyRequests",
+        description: "A configured cap (connections, requests, instances, subscribers) is \
+                      reached; retry later.",
+        headers: &[("Retry-After", "Seconds to wait before retrying.")],
+    },
+    EdgeResponse {
+        status: "503",
+        name: "ServiceUnavailable",
+        description: "The daemon is shutting down, or a capacity limit is reached; retry \
+                      later (elsewhere).",
+        headers: &[("Retry-After", "Seconds to wait before retrying.")],
+    },
 ];
 
 /// Adds what every operation shares: the bearer security scheme (required everywhere but `GET /`),
@@ -210,9 +222,9 @@ fn finish(doc: &mut Document) {
                 .build(),
         ),
     );
-    for (_, name, description, headers) in EDGE_RESPONSES {
-        let mut response = problem_response(description);
-        for (header, about) in *headers {
+    for edge in EDGE_RESPONSES {
+        let mut response = problem_response(edge.description);
+        for (header, about) in edge.headers {
             response.headers.insert(
                 header.to_string(),
                 HeaderBuilder::new()
@@ -223,7 +235,7 @@ fn finish(doc: &mut Document) {
         }
         components
             .responses
-            .insert(name.to_string(), RefOr::T(response));
+            .insert(edge.name.to_string(), RefOr::T(response));
     }
     doc.security = Some(vec![SecurityRequirement::new(
         "bearerAuth",
@@ -253,14 +265,14 @@ fn finish_operation(op: &mut Operation, open: bool) {
         op.security = Some(Vec::new());
     }
     let responses = &mut op.responses.responses;
-    for (status, name, _, _) in EDGE_RESPONSES {
-        if open && *status == "401" {
+    for edge in EDGE_RESPONSES {
+        if open && edge.status == "401" {
             continue;
         }
-        if !responses.contains_key(*status) {
+        if !responses.contains_key(edge.status) {
             responses.insert(
-                status.to_string(),
-                RefOr::Ref(Ref::from_response_name(*name)),
+                edge.status.to_string(),
+                RefOr::Ref(Ref::from_response_name(edge.name)),
             );
         }
     }
@@ -323,8 +335,8 @@ mod tests {
                 let text = std::fs::read_to_string(&path).unwrap();
                 let lines: Vec<&str> = text.lines().collect();
                 for (i, line) in lines.iter().enumerate() {
-                    let exempted = line.contains(&exempt)
-                        || (i > 0 && lines[i - 1].contains(&exempt));
+                    let exempted =
+                        line.contains(&exempt) || (i > 0 && lines[i - 1].contains(&exempt));
                     if !exempted && forbidden.iter().any(|f| line.contains(f.as_str())) {
                         found.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
                     }
