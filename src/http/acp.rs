@@ -235,7 +235,8 @@ async fn post_message(
             and everything was delivered.",
             content_type = "text/event-stream", body = String,
             example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
-        (status = 400, description = "Invalid serverId or `Last-Event-ID`"),
+        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` that is not a \
+            number or is beyond the last event"),
         (status = 404, description = "No instance with this serverId"),
         (status = 406, description = "`Accept` excludes `text/event-stream`"),
         (status = 410, description = "The agent exited and every event was delivered"),
