@@ -141,7 +141,8 @@ struct InstallBody {
             `installCommand` says how to install it",
             example = json!({"type": "urn:sandbox-agent:problem:agent-not-installed",
                 "title": "Agent Not Installed", "status": 409,
-                "detail": "agent `claude` is not installed and --require-preinstall is set",
+                "detail": "agent `claude` is not installed and installs at run time are \
+                    disabled; run `sandbox-agent agents install claude`",
                 "agent": "claude", "installCommand": "sandbox-agent agents install claude"})),
         (status = 502, description = "The install failed (download, checksum, npm); `detail` \
             says why"),
