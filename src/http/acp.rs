@@ -107,6 +107,7 @@ struct PostQuery {
             or `Prefer: respond-async` was given; no body"),
         (status = 400, description = "Invalid serverId, missing or unknown `agent`, a body that \
             is not one JSON-RPC object (unparseable, not an object, a batch)",
+            body = super::openapi::ProblemSchema, content_type = "application/problem+json",
             example = json!({"type": "urn:sandbox-agent:problem:unknown-agent",
                 "title": "Unknown Agent", "status": 400,
                 "detail": "unknown agent `nope`", "agent": "nope"})),

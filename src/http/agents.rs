@@ -139,6 +139,7 @@ struct InstallBody {
         (status = 404, description = "No such agent"),
         (status = 409, description = "Not installed and `--require-preinstall` is set; \
             `installCommand` says how to install it",
+            body = super::openapi::ProblemSchema, content_type = "application/problem+json",
             example = json!({"type": "urn:sandbox-agent:problem:agent-not-installed",
                 "title": "Agent Not Installed", "status": 409,
                 "detail": "agent `claude` is not installed and installs at run time are \

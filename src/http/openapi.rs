@@ -103,7 +103,7 @@ async fn serve_document() -> Response {
 #[derive(ToSchema)]
 #[schema(as = Problem)]
 #[allow(dead_code)] // only its schema is used; the body itself is built by `Problem::body`
-struct ProblemSchema {
+pub(crate) struct ProblemSchema {
     /// `urn:sandbox-agent:problem:<title in kebab case>`.
     #[schema(example = "urn:sandbox-agent:problem:not-found")]
     r#type: String,
