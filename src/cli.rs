@@ -218,4 +218,9 @@ pub struct ServerArgs {
     /// [default: auto]
     #[arg(long, env = "SANDBOX_AGENT_AGENT_CGROUPS", value_name = "MODE")]
     pub agent_cgroups: Option<String>,
+
+    /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open stream
+    /// or socket before its agent is stopped [default: 30s]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_CONNECTION_IDLE", value_name = "DURATION")]
+    pub acp_connection_idle: Option<String>,
 }

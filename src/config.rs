@@ -72,6 +72,8 @@ pub struct Config {
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
     pub agent_cgroups: AgentCgroups,
+    /// An RFD transport connection with no reader for this long is stopped.
+    pub acp_connection_idle: Duration,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -508,6 +510,12 @@ impl Config {
             },
             DEFAULT_ACP_REGISTRY_URL.to_string()
         );
+        let acp_connection_idle = setting!(
+            acp_connection_idle,
+            "acp-connection-idle",
+            dur,
+            Duration::from_secs(30)
+        );
         let log_format = setting!(
             log_format,
             "log-format",
@@ -657,6 +665,7 @@ impl Config {
             agent_base_env,
             systemd,
             agent_cgroups,
+            acp_connection_idle,
         })
     }
 

@@ -7,6 +7,8 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod rfd;
+pub mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +33,8 @@ pub struct AppState {
     pub supervisor: Arc<crate::supervisor::Supervisor>,
     pub agents: Arc<crate::agents::Agents>,
     pub acp: Arc<crate::acp::AcpService>,
+    /// The ACP RFD transport's connections (each also an instance of `acp`).
+    pub connections: Arc<crate::acp::Connections>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
 }
@@ -46,6 +50,11 @@ impl AppState {
             agents.clone(),
             shutdown.clone(),
         ));
+        let connections = Arc::new(crate::acp::Connections::new(
+            acp.clone(),
+            agents.clone(),
+            &config,
+        ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         Ok(AppState {
@@ -54,6 +63,7 @@ impl AppState {
             supervisor,
             agents,
             acp,
+            connections,
             files,
             config_store,
         })
@@ -71,6 +81,7 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/health", get(health))
         .merge(acp::routes())
+        .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())
         .merge(config::routes());
