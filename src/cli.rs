@@ -221,6 +221,10 @@ pub struct ServerArgs {
 
     /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open stream
     /// or socket before its agent is stopped [default: 30s]
-    #[arg(long, env = "SANDBOX_AGENT_ACP_CONNECTION_IDLE", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ACP_CONNECTION_IDLE",
+        value_name = "DURATION"
+    )]
     pub acp_connection_idle: Option<String>,
 }

@@ -224,7 +224,11 @@ impl Connections {
     }
 
     /// The connection named by an `Acp-Connection-Id` header, for `agent`.
-    pub fn get(&self, connection_id: &str, agent: &str) -> Result<Arc<Connection>, ConnectionError> {
+    pub fn get(
+        &self,
+        connection_id: &str,
+        agent: &str,
+    ) -> Result<Arc<Connection>, ConnectionError> {
         let conn = self.map().get(connection_id).cloned().ok_or_else(|| {
             ConnectionError::UnknownConnection {
                 connection_id: connection_id.chars().take(200).collect(),
@@ -285,7 +289,10 @@ impl Connection {
 
     /// Attaches the one reader of the connection stream (`session == None`) or of a session's
     /// stream. A second reader of the same stream is refused (409).
-    pub fn attach(self: &Arc<Self>, session: Option<&str>) -> Result<StreamReader, ConnectionError> {
+    pub fn attach(
+        self: &Arc<Self>,
+        session: Option<&str>,
+    ) -> Result<StreamReader, ConnectionError> {
         let mut r = self.routes();
         let busy = |stream: String| ConnectionError::StreamBusy {
             connection_id: self.id.clone(),

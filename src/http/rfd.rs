@@ -283,21 +283,18 @@ fn sse_frames(
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
     let keepalive = keepalive.max(Duration::from_millis(10));
     let next_ka = tokio::time::Instant::now() + keepalive;
-    futures_util::stream::unfold(
-        Some((reader, next_ka, shutdown)),
-        move |state| async move {
-            let (reader, mut next_ka, shutdown) = state?;
-            let frame = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return None,
-                next = reader.next() => match next {
-                    Next::Frames(b) => b,
-                    Next::End | Next::CutOff => return None,
-                },
-                _ = tokio::time::sleep_until(next_ka) => Bytes::from_static(KEEPALIVE_FRAME),
-            };
-            next_ka = tokio::time::Instant::now() + keepalive;
-            Some((Ok(frame), Some((reader, next_ka, shutdown))))
-        },
-    )
+    futures_util::stream::unfold(Some((reader, next_ka, shutdown)), move |state| async move {
+        let (reader, mut next_ka, shutdown) = state?;
+        let frame = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            next = reader.next() => match next {
+                Next::Frames(b) => b,
+                Next::End | Next::CutOff => return None,
+            },
+            _ = tokio::time::sleep_until(next_ka) => Bytes::from_static(KEEPALIVE_FRAME),
+        };
+        next_ka = tokio::time::Instant::now() + keepalive;
+        Some((Ok(frame), Some((reader, next_ka, shutdown))))
+    })
 }

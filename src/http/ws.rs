@@ -51,9 +51,11 @@ fn parse_query(uri: &Uri) -> Result<(Option<String>, Option<u64>), Problem> {
     };
     let last = match q.last_event_id {
         None => None,
-        Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
-            Problem::bad_request("lastEventId must be a non-negative integer")
-        })?),
+        Some(v) => Some(
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| Problem::bad_request("lastEventId must be a non-negative integer"))?,
+        ),
     };
     Ok((q.agent.filter(|a| !a.is_empty()), last))
 }
@@ -204,7 +206,11 @@ async fn read_frames(
                 if let Some(id) = raw_id {
                     let id: serde_json::Value =
                         serde_json::from_str(id.get()).unwrap_or(serde_json::Value::Null);
-                    if own_tx.send(error_frame(id, -32603, &problem)).await.is_err() {
+                    if own_tx
+                        .send(error_frame(id, -32603, &problem))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -10,3 +10,4 @@ mod mock_agent;
 mod packaging;
 mod supervisor;
 mod support;
+mod transports;
