@@ -4,8 +4,8 @@
 //! one outbox per RFD stream (the connection stream and one per `Acp-Session-Id`) fed by a router
 //! task that reads the instance's event log. **Invariant:** every event of the instance is routed
 //! to exactly one outbox, in log order; an outbox never holds more than twice the log's bounds
-//! (a stream that falls further behind is cut off); a connection with no open stream or socket for
-//! `--acp-connection-idle` is deleted like `DELETE /v1/acp/{serverId}`.
+//! (a stream that falls further behind is cut off); a connection with no open stream or socket and
+//! no POST in progress for `--acp-connection-idle` is deleted like `DELETE /v1/acp/{serverId}`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -333,7 +333,8 @@ impl Connection {
         })
     }
 
-    /// Counts a reader that is not an outbox's (the WebSocket profile's socket).
+    /// Counts a reader that is not an outbox's (the WebSocket profile's socket, a POST in
+    /// progress): the idle clock starts again when the last one leaves.
     pub fn hold(self: &Arc<Self>) -> ReaderGuard {
         let mut r = self.routes();
         r.readers += 1;

@@ -114,6 +114,9 @@ async fn post_message(
             Ok(c) => c,
             Err(e) => return Problem::from(e).into_response(),
         };
+        // A POST in progress counts as a reader: the idle clock must not stop an agent that is
+        // still being installed or answering `initialize`.
+        let _busy = conn.hold();
         return match st.acp.post(&conn.server_id, None, envelope, false).await {
             Ok(Delivered::Response(line)) => {
                 tracing::info!(connection_id = %conn.id, server_id = %conn.server_id, %agent,
@@ -141,6 +144,7 @@ async fn post_message(
         Ok(c) => c,
         Err(e) => return Problem::from(e).into_response(),
     };
+    let _busy = conn.hold();
     // A session-scoped request's response goes to that session's stream. The session is the
     // one in `params.sessionId`, else the header's (the RFD requires the header on
     // session-scoped POSTs; we accept it missing, since the body says the same).

@@ -18,12 +18,14 @@ type Socket =
 
 const TOKEN: &str = "transport-test-token";
 
+/// A daemon with a token; RFD connections without a reader go after 3 s (unless `extra` says
+/// otherwise), so that the tests of a closed WebSocket do not wait the default 30 s.
 fn daemon(extra: &[&str]) -> Daemon {
-    Daemon::builder()
-        .token(TOKEN)
-        .args(["--acp-connection-idle", "1s"])
-        .args(extra.iter().copied())
-        .start()
+    let mut b = Daemon::builder().token(TOKEN);
+    if !extra.contains(&"--acp-connection-idle") {
+        b = b.args(["--acp-connection-idle", "3s"]);
+    }
+    b.args(extra.iter().copied()).start()
 }
 
 fn request(id: Value, method: &str, params: Value) -> Value {
@@ -512,7 +514,9 @@ async fn rfd_http_flow_routes_responses_and_holds_session_messages() {
         || async { (listing(&d).await[0]["pendingRequests"] == 0).then_some(()) },
     )
     .await;
-    let mut sess = Stream::open(&d, &conn, Some(&session)).await.unwrap();
+    let mut sess = Stream::open(&d, &conn, Some(&session))
+        .await
+        .unwrap_or_else(|s| panic!("{s}: {}", d.stderr()));
     for i in 1..=3 {
         let m = sess.next().await.unwrap();
         assert_eq!(m["method"], "session/update");
@@ -678,18 +682,18 @@ async fn rfd_refusals_are_problems() {
 
 #[tokio::test]
 async fn rfd_connection_without_a_reader_is_stopped_after_the_idle_time() {
-    let d = daemon(&[]);
+    let d = daemon(&["--acp-connection-idle", "1s"]);
     let conn = rfd_initialize(&d).await;
     let pid = listing(&d).await[0]["pid"].as_u64().unwrap() as u32;
-    // Nobody opens a stream: after --acp-connection-idle (1 s here) the agent is stopped.
+    // Nobody opens a stream: 1 s after the initialize POST the agent is stopped.
     eventually_async(
-        Duration::from_secs(15),
+        Duration::from_secs(30),
         "the idle connection to go",
         || async { listing(&d).await.is_empty().then_some(()) },
     )
     .await;
     eventually_async(
-        Duration::from_secs(15),
+        Duration::from_secs(30),
         "the agent process to exit",
         || async { (!support::pid_alive(pid)).then_some(()) },
     )
@@ -739,7 +743,7 @@ async fn rfd_websocket_profile_announces_its_connection_and_ends_with_the_socket
     assert_eq!(listing(&d).await[0]["serverId"], format!("acp-conn-{conn}"));
     // Closing the socket sends no DELETE; the connection ends after the idle time.
     ws.close(None).await.unwrap();
-    eventually_async(Duration::from_secs(15), "the connection to go", || async {
+    eventually_async(Duration::from_secs(30), "the connection to go", || async {
         listing(&d).await.is_empty().then_some(())
     })
     .await;
@@ -803,7 +807,7 @@ async fn interop(program: &str, script: &str, mode: &str) {
     assert_eq!(seen["cancelledStop"], "cancelled");
     // Closed: by DELETE (HTTP) or by the socket's end and the idle time (WebSocket).
     eventually_async(
-        Duration::from_secs(15),
+        Duration::from_secs(30),
         "the connection's instance to go",
         || async { listing(&d).await.is_empty().then_some(()) },
     )
