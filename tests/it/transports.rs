@@ -581,6 +581,79 @@ async fn rfd_http_flow_routes_responses_and_holds_session_messages() {
 }
 
 #[tokio::test]
+async fn rfd_streamable_http_over_h2c_with_prior_knowledge() {
+    // The RFD requires HTTP/2 for Streamable HTTP: POSTs and the long-lived GET multiplexed on
+    // one h2c connection, on the same port as HTTP/1.1.
+    let d = daemon(&[]);
+    sandbox_agent::install_crypto_provider();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    let init = h2
+        .post(d.url(RFD))
+        .header("authorization", &auth)
+        .header("content-type", "application/json")
+        .body(request(json!(0), "initialize", json!({"protocolVersion": 1})).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(init.version(), reqwest::Version::HTTP_2);
+    assert_eq!(init.status(), 200);
+    let conn = init.headers()["acp-connection-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut stream = h2
+        .get(d.url(RFD))
+        .header("authorization", &auth)
+        .header("accept", "text/event-stream")
+        .header("acp-connection-id", &conn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(stream.version(), reqwest::Version::HTTP_2);
+    for id in 1..=3 {
+        let a = h2
+            .post(d.url(RFD))
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .header("acp-connection-id", &conn)
+            .body(request(json!(id), "_mock/echo", json!({"n": id})).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status(), 202);
+    }
+    let mut raw = String::new();
+    let mut answered = Vec::new();
+    while answered.len() < 3 {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+            .await
+            .expect("an answer within 20 s")
+            .unwrap()
+            .expect("the stream stays open");
+        raw.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = raw.find("\n\n") {
+            let frame: String = raw.drain(..end + 2).collect();
+            if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                let v: Value = serde_json::from_str(data).unwrap();
+                answered.push(v["id"].as_u64().unwrap());
+            }
+        }
+    }
+    assert_eq!(answered, [1, 2, 3]);
+    drop(stream);
+    drop(h2);
+    // The daemon's drop waits for its exit; meanwhile this runtime must keep running the h2
+    // client's connection task, which answers the daemon's GOAWAY and closes the connection.
+    tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
+}
+
+#[tokio::test]
 async fn rfd_refusals_are_problems() {
     let d = daemon(&[]);
     let init = request(json!(0), "initialize", json!({"protocolVersion": 1})).to_string();
