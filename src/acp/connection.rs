@@ -563,3 +563,77 @@ fn new_connection_id() -> String {
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection() -> Connection {
+        Connection {
+            id: "c".to_string(),
+            server_id: "acp-conn-c".to_string(),
+            agent: "mock".to_string(),
+            limits: LogLimits {
+                max_events: 100,
+                max_bytes: 1 << 20,
+            },
+            routes: Mutex::new(Routes::default()),
+            readers_changed: Notify::new(),
+        }
+    }
+
+    /// Routes each agent message (after registering `requests` as session-scoped) and checks
+    /// which stream each one landed on (`""` for the connection stream).
+    fn check(requests: &[(&str, &str)], messages: &[&str], expected: &[&str]) {
+        let conn = connection();
+        for (id, session) in requests {
+            let raw = RawValue::from_string(id.to_string()).unwrap();
+            conn.route_request(IdKey::from_raw(&raw), session.to_string());
+        }
+        for m in messages {
+            conn.route(m.as_bytes(), Bytes::from(m.to_string()));
+        }
+        let r = conn.routes();
+        let mut got: Vec<(usize, &str)> = Vec::new();
+        let position = |frame: &Bytes| messages.iter().position(|m| m.as_bytes() == &frame[..]);
+        for f in &r.connection.frames {
+            got.push((position(f).unwrap(), ""));
+        }
+        for (s, o) in &r.sessions {
+            for f in &o.frames {
+                got.push((position(f).unwrap(), s.as_str()));
+            }
+        }
+        got.sort();
+        let got: Vec<&str> = got.into_iter().map(|(_, s)| s).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn routing() {
+        check(
+            &[("2", "s1")],
+            &[
+                r#"{"id":1,"result":{"sessionId":"s1"}}"#,
+                r#"{"method":"session/update","params":{"sessionId":"s1","update":{}}}"#,
+                r#"{"id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}"#,
+                r#"{"id":2,"result":{"stopReason":"end_turn"}}"#,
+                r#"{"id":2,"result":{"again":true}}"#,
+                r#"{"method":"session/update","params":{"sessionId":"s2"}}"#,
+                r#"{"method":"_x/notice","params":[1,2]}"#,
+                r#"not json"#,
+            ],
+            &["", "s1", "s1", "s1", "", "s2", "", ""],
+        );
+        // Ids match by their canonical JSON text: "2" (a string) is not 2.
+        check(&[("\"2\"", "s1")], &[r#"{"id":2,"result":{}}"#], &[""]);
+    }
+
+    #[test]
+    fn session_ids() {
+        assert!(valid_session_id("mock-1"));
+        assert!(!valid_session_id(""));
+        assert!(!valid_session_id("a b"));
+        assert!(!valid_session_id(&"x".repeat(257)));
+    }
+}
