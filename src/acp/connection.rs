@@ -535,14 +535,19 @@ async fn route_loop(conns: Weak<Connections>, conn: Arc<Connection>, sub: Subscr
         }
     }
     conn.end();
-    if let Some(c) = conns.upgrade() {
-        c.forget(&conn);
+    // The log ended: deleted (already forgotten), shut down, or the agent exited. In the last
+    // case the connection stays until its readers are gone and the idle time passed, so that
+    // POSTs meanwhile learn how the agent ended (502 with its exit) rather than 404.
+    if !idle_done {
+        while !wait_idle(&conns, &conn).await {}
     }
 }
 
 /// 128 random bits as 32 hex digits. The id is not a credential (the bearer token is), but an
 /// unguessable id keeps one client from stumbling into another's connection.
 fn new_connection_id() -> String {
+    // 16 bytes of /dev/urandom: never blocks once the kernel's pool is initialised, which is long
+    // before a daemon serves requests, so it may run on the runtime thread.
     use std::io::Read;
     let mut bytes = [0u8; 16];
     let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));

@@ -161,7 +161,15 @@ async fn read_frames(
     while let Some(frame) = stream.next().await {
         let text = match frame {
             Ok(Message::Text(t)) => Bytes::from(t),
-            Ok(Message::Close(_)) | Err(_) => return,
+            Ok(Message::Close(_)) => {
+                // Let the writer complete the closing handshake (the library queued the reply),
+                // then end.
+                if own_tx.send(Message::Close(None)).await.is_ok() {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
+                }
+                return;
+            }
+            Err(_) => return,
             // Binary frames are ignored (the RFD's rule); pings are answered by the library.
             Ok(_) => continue,
         };
