@@ -783,6 +783,41 @@ async fn rfd_connection_without_a_reader_is_stopped_after_the_idle_time() {
 }
 
 #[tokio::test]
+async fn rfd_connection_whose_agent_exited_reports_the_exit_then_goes() {
+    let d = daemon(&[]);
+    let conn = rfd_initialize(&d).await;
+    let h = [("acp-connection-id", conn.as_str())];
+    let mut main = Stream::open(&d, &conn, None).await.unwrap();
+    let new = request(
+        json!(1),
+        "session/new",
+        json!({"cwd": "/", "mcpServers": []}),
+    );
+    assert_eq!(rfd_post(&d, &h, &new.to_string()).await.status, 202);
+    assert_eq!(main.next().await.unwrap()["id"], 1);
+    let crash = prompt(json!(2), "mock-1", "/crash 3");
+    assert_eq!(rfd_post(&d, &h, &crash.to_string()).await.status, 202);
+    // The stream ends with the agent; a later POST learns how it ended.
+    assert_eq!(main.next().await, None);
+    let a = rfd_post(
+        &d,
+        &h,
+        &request(json!(3), "_mock/echo", json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 502, "{}", a.text);
+    let body: Value = serde_json::from_str(&a.text).unwrap();
+    assert_eq!(body["exitCode"], 3);
+    // With no reader left, the connection and its instance go after the idle time.
+    eventually_async(
+        Duration::from_secs(30),
+        "the exited connection to go",
+        || async { listing(&d).await.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn rfd_websocket_profile_announces_its_connection_and_ends_with_the_socket() {
     let d = daemon(&[]);
     let url = d.url(RFD).replacen("http://", "ws://", 1);
