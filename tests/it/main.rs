@@ -15,3 +15,4 @@ mod packaging;
 mod real_agents;
 mod supervisor;
 mod support;
+mod transports;
