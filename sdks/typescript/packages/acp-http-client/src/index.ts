@@ -1,0 +1,22 @@
+/**
+ * `acp-http-client`: ACP (Agent Client Protocol) over HTTP — POST per envelope, SSE for the
+ * agent's other messages — on top of the official `@agentclientprotocol/sdk` connection.
+ * Protocol-pure: nothing here knows about a particular server product.
+ */
+export { AcpHttpClient, toAcpError, RequestError, type AcpHttpClientOptions } from "./client.js";
+export {
+  AcpHttpTransport,
+  type AcpHttpTransportOptions,
+  type EnvelopeDirection,
+  type GapEvent,
+} from "./transport.js";
+export {
+  AcpHttpError,
+  AcpTransportClosedError,
+  NETWORK_ERROR_TYPE,
+  isProblemDetails,
+  problemFromResponse,
+  type ProblemDetails,
+} from "./errors.js";
+export { parseSse, SseEventTooLargeError, type SseEvent } from "./sse.js";
+export type * as acp from "@agentclientprotocol/sdk";
