@@ -95,7 +95,9 @@ test("an agent that exits rejects the waiting call with a typed problem, then th
     assert.match(err.stderrTail, /last words before the crash/);
     assert.equal(err.problem.serverId, "crash");
     // The stream then answers 410: the transport treats it as the end of the connection.
-    await Promise.race([c.closed, new Promise((_, rej) => setTimeout(() => rej(new Error("not closed")), 10_000))]);
+    let timer;
+    await Promise.race([c.closed, new Promise((_, rej) => (timer = setTimeout(() => rej(new Error("not closed")), 10_000)))]);
+    clearTimeout(timer);
     assert.equal(c.transport.endReason?.status, 410);
     await assert.rejects(c.newSession({ cwd: "/", mcpServers: [] }));
     await c.close();

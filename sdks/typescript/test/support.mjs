@@ -90,9 +90,10 @@ export function skipOrFail(t, reason) {
  *   of it went through.
  * - `holdSse(true)`: new `GET /v1/acp/…` requests are held (not forwarded) until `holdSse(false)`.
  * - `cutSse()`: destroys every connection currently carrying an event stream.
+ * - `delaySseMs`: event-stream bytes are forwarded this much later (in order), like a slow path.
  * - `sseRequests`: the request heads of every event-stream GET seen.
  */
-export async function startProxy(targetUrl, { cutSseAfterBytes } = {}) {
+export async function startProxy(targetUrl, { cutSseAfterBytes, delaySseMs = 0 } = {}) {
   const net = await import("node:net");
   const target = new URL(targetUrl);
   const conns = new Set();
@@ -134,7 +135,8 @@ export async function startProxy(targetUrl, { cutSseAfterBytes } = {}) {
         }
         c.sseBytes += d.length;
       }
-      client.write(d);
+      if (c.sse && delaySseMs > 0) setTimeout(() => client.writable && client.write(d), delaySseMs);
+      else client.write(d);
     });
   });
   await new Promise((r) => server.listen(0, "127.0.0.1", r));
