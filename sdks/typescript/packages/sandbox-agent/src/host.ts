@@ -46,7 +46,8 @@ export interface ConfigKey {
 type Query = Record<string, string | number | boolean | undefined>;
 
 export class HostApi {
-  protected readonly baseUrl: string;
+  /** The daemon's base URL, without a trailing slash. */
+  readonly baseUrl: string;
   protected readonly token?: string;
   protected readonly fetcher: typeof fetch;
   protected readonly extraHeaders: Record<string, string>;
