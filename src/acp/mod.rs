@@ -3,7 +3,9 @@
 //! translates. **Invariant:** a serverId maps to at most one instance, and every instance that
 //! leaves the registry (DELETE, shutdown) is stopped to completion by a tracked task.
 
+pub mod connection;
 pub mod events;
+pub mod frames;
 pub mod instance;
 pub mod jsonrpc;
 mod registry;
@@ -17,6 +19,7 @@ use crate::agents::{AgentError, Agents};
 use crate::config::Config;
 use crate::supervisor::{ExitInfo, SpawnError, Supervisor};
 
+pub use connection::{Connection, ConnectionError, Connections, StreamReader};
 pub use events::{Next, Subscribe, Subscription};
 pub use instance::{AcpInstance, Delivered, Status};
 pub use jsonrpc::{Envelope, EnvelopeError, Kind};

@@ -127,9 +127,18 @@ async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
+    }
+    // The same serverId over a WebSocket (`http::ws`).
+    if super::ws::wants_upgrade(&headers) {
+        return super::ws::acp_socket(st, server_id, uri, upgrade).await;
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(
@@ -213,7 +222,7 @@ async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Re
     StatusCode::NO_CONTENT.into_response()
 }
 
-fn is_json_content_type(headers: &HeaderMap) -> bool {
+pub(super) fn is_json_content_type(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -222,7 +231,7 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 }
 
 /// True when the Accept header (absent means anything) admits `kind/sub`.
-fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
+pub(super) fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
     let mut values = headers.get_all(header::ACCEPT).iter().peekable();
     if values.peek().is_none() {
         return true;

@@ -7,6 +7,9 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod guard;
+pub mod rfd;
+pub mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +34,8 @@ pub struct AppState {
     pub supervisor: Arc<crate::supervisor::Supervisor>,
     pub agents: Arc<crate::agents::Agents>,
     pub acp: Arc<crate::acp::AcpService>,
+    /// The ACP RFD transport's connections (each also an instance of `acp`).
+    pub connections: Arc<crate::acp::Connections>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
 }
@@ -46,6 +51,11 @@ impl AppState {
             agents.clone(),
             shutdown.clone(),
         ));
+        let connections = Arc::new(crate::acp::Connections::new(
+            acp.clone(),
+            agents.clone(),
+            &config,
+        ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         Ok(AppState {
@@ -54,6 +64,7 @@ impl AppState {
             supervisor,
             agents,
             acp,
+            connections,
             files,
             config_store,
         })
@@ -71,6 +82,7 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/health", get(health))
         .merge(acp::routes())
+        .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())
         .merge(config::routes());
@@ -112,8 +124,8 @@ async fn method_not_allowed(req: Request) -> Problem {
     )
 }
 
-/// What every request goes through, outermost first: the request log, the problem+json safety
-/// net, the bearer token. One middleware rather than three layers, because each
+/// What every request goes through, outermost first: the request log, the browser guard (Host,
+/// Origin, Content-Type: `guard.rs`), the bearer token, the problem+json safety net. One middleware rather than three layers, because each
 /// `from_fn_with_state` layer clones `AppState` and its inner service on every request.
 async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
@@ -125,9 +137,16 @@ async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .get(header::USER_AGENT)
         .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
     let started = Instant::now();
-    let resp = match auth::check_token(&state, &req) {
-        Some(refused) => refused,
-        None => problem_safety_net(&state, next.run(req).await).await,
+    let resp = match guard::check(&state.config, &req) {
+        Err(refused) => refused,
+        Ok(pass) => {
+            let mut resp = match auth::check_token(&state, &req) {
+                Some(refused) => refused,
+                None => problem_safety_net(&state, next.run(req).await).await,
+            };
+            guard::finish(pass, &mut resp);
+            resp
+        }
     };
     log_request(&method, uri.path(), probe, started, resp.status().as_u16());
     resp

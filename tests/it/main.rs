@@ -4,6 +4,7 @@
 mod acp;
 mod agents;
 mod config;
+mod edge;
 mod files;
 mod lifecycle;
 mod mock_agent;
@@ -11,3 +12,4 @@ mod packaging;
 mod sdk;
 mod supervisor;
 mod support;
+mod transports;
