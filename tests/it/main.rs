@@ -9,6 +9,7 @@ mod files;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
+mod real_agents;
 mod sdk;
 mod supervisor;
 mod support;
