@@ -41,6 +41,8 @@ pub enum Command {
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
     #[command(name = "mock-agent")]
     MockAgent,
+    /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
+    Openapi,
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +263,59 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_AGENT_CGROUPS", value_name = "MODE")]
     pub agent_cgroups: Option<String>,
 
+    // --- harden-edge: the edge (connections, Host/Origin, token file, runtime) ---
+    /// Read the bearer token from this file (once, at start; surrounding whitespace ignored)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Extra Host names (or name:port) accepted besides loopback and --host; `*` accepts any
+    /// (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ALLOWED_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
+
+    /// Browser origins (scheme://host[:port]) allowed besides the daemon's own; `*` allows any
+    /// (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ALLOWED_ORIGINS",
+        value_name = "ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Option<Vec<String>>,
+
+    /// How long a client may take to send a request head (from connect, or from the first byte
+    /// on an idle keep-alive connection) [default: 10s]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_HEADER_READ_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    pub header_read_timeout: Option<String>,
+
+    /// How long a connection with no request in flight may stay silent [default: 60s]
+    #[arg(long, env = "SANDBOX_AGENT_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+
+    /// Open connections held at once; more are answered 503 and closed
+    /// [default: half the open-file limit, at most 4096]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_CONNECTIONS", value_name = "COUNT")]
+    pub max_connections: Option<String>,
+
+    /// Threads of the async runtime; `auto` picks from the CPU count (see docs/config.md)
+    /// [default: auto]
+    #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
+    pub worker_threads: Option<String>,
+
     // --- Runtime caps (hostile clients and agents; see docs/operations.md "Limits and timeouts").
     /// Most agent instances (serverIds) at once; more are refused 503 [default: 64]
     #[arg(long, env = "SANDBOX_AGENT_MAX_AGENTS", value_name = "COUNT")]
@@ -316,56 +371,29 @@ pub struct ServerArgs {
     /// Bytes per second of one agent's stderr that reach the log [default: 64K]
     #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_BYTES", value_name = "SIZE")]
     pub agent_stderr_bytes: Option<String>,
-    // --- harden-edge: the edge (connections, Host/Origin, token file, runtime) ---
-    /// Read the bearer token from this file (once, at start; surrounding whitespace ignored)
-    #[arg(
-        long,
-        env = "SANDBOX_AGENT_TOKEN_FILE",
-        value_name = "FILE",
-        conflicts_with = "token"
-    )]
-    pub token_file: Option<PathBuf>,
+    // --- harden-files: transfers, registry, checksums ---
+    /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing
+    /// for this long is ended [default: 30s]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_TIMEOUT", value_name = "DURATION")]
+    pub transfer_timeout: Option<String>,
 
-    /// Extra Host names (or name:port) accepted besides loopback and --host; `*` accepts any
-    /// (comma-separated) [default: none]
-    #[arg(
-        long,
-        env = "SANDBOX_AGENT_ALLOWED_HOSTS",
-        value_name = "HOSTS",
-        value_delimiter = ','
-    )]
-    pub allowed_hosts: Option<Vec<String>>,
+    /// Most file transfers running at once; more are answered 503 [default: 256]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
+    pub transfer_max: Option<String>,
 
-    /// Browser origins (scheme://host[:port]) allowed besides the daemon's own; `*` allows any
-    /// (comma-separated) [default: none]
-    #[arg(
-        long,
-        env = "SANDBOX_AGENT_ALLOWED_ORIGINS",
-        value_name = "ORIGINS",
-        value_delimiter = ','
-    )]
-    pub allowed_origins: Option<Vec<String>>,
+    /// Largest ACP registry document read [default: 16M]
+    #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]
+    pub registry_max_bytes: Option<String>,
 
-    /// How long a client may take to send a request head (from connect, or from the first byte
-    /// on an idle keep-alive connection) [default: 10s]
+    /// Refuse registry binaries that come without a sha256
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
+    pub require_checksums: bool,
+    /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open stream
+    /// or socket before its agent is stopped [default: 30s]
     #[arg(
         long,
-        env = "SANDBOX_AGENT_HEADER_READ_TIMEOUT",
+        env = "SANDBOX_AGENT_ACP_CONNECTION_IDLE",
         value_name = "DURATION"
     )]
-    pub header_read_timeout: Option<String>,
-
-    /// How long a connection with no request in flight may stay silent [default: 60s]
-    #[arg(long, env = "SANDBOX_AGENT_IDLE_TIMEOUT", value_name = "DURATION")]
-    pub idle_timeout: Option<String>,
-
-    /// Open connections held at once; more are answered 503 and closed
-    /// [default: half the open-file limit, at most 4096]
-    #[arg(long, env = "SANDBOX_AGENT_MAX_CONNECTIONS", value_name = "COUNT")]
-    pub max_connections: Option<String>,
-
-    /// Threads of the async runtime; `auto` picks from the CPU count (see docs/config.md)
-    /// [default: auto]
-    #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
-    pub worker_threads: Option<String>,
+    pub acp_connection_idle: Option<String>,
 }

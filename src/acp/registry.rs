@@ -35,7 +35,7 @@ pub struct AcpService {
 }
 
 /// One row of `GET /v1/acp`.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerInfo {
     pub server_id: String,
@@ -146,6 +146,12 @@ impl AcpService {
         ));
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)
+    }
+
+    /// Makes sure `server_id` exists (creating it for `agent`, as a first POST would) without
+    /// starting its agent; the other faces (WebSocket, RFD transport) subscribe before they send.
+    pub fn open(&self, server_id: &str, agent: Option<&str>) -> Result<(), AcpError> {
+        self.find_or_create(server_id, agent).map(|_| ())
     }
 
     /// Delivers one envelope to `server_id`, starting its agent first if needed.

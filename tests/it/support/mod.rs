@@ -52,8 +52,9 @@ pub struct DaemonBuilder {
     expect_exit: Option<i32>,
     wrapper: Vec<OsString>,
     clear_env: bool,
-    stderr_unread: bool,
+    confine_to_work_dir: bool,
     data_dir: Option<PathBuf>,
+    stderr_unread: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -65,8 +66,9 @@ impl Default for DaemonBuilder {
             expect_exit: Some(0),
             wrapper: Vec::new(),
             clear_env: false,
-            stderr_unread: false,
+            confine_to_work_dir: false,
             data_dir: None,
+            stderr_unread: false,
         }
     }
 }
@@ -126,6 +128,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// Also passes `--fs-root <work dir>`: every filesystem path is confined to the test's
+    /// private work directory.
+    pub fn confine_to_work_dir(mut self) -> Self {
+        self.confine_to_work_dir = true;
+        self
+    }
+
     pub fn start(self) -> Daemon {
         Daemon::start_with(self)
     }
@@ -140,9 +149,9 @@ pub struct Daemon {
     pub messages: Vec<String>,
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
+    data: PathBuf,
     /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
     pub stderr_pipe: Option<std::os::fd::OwnedFd>,
-    data: PathBuf,
 }
 
 impl Daemon {
@@ -210,6 +219,9 @@ impl Daemon {
         if let Some(t) = &b.token {
             cmd.arg("--token").arg(t);
         }
+        if b.confine_to_work_dir {
+            cmd.arg("--fs-root").arg(&work);
+        }
         let child = cmd.spawn().expect("spawn sandbox-agent");
         let mut daemon = Daemon {
             child: Some(child),
@@ -220,8 +232,8 @@ impl Daemon {
             messages: Vec::new(),
             expect_exit: b.expect_exit,
             stderr_path,
-            stderr_pipe,
             data,
+            stderr_pipe,
         };
         daemon.addr = daemon.wait_ready();
         daemon
