@@ -54,6 +54,7 @@ pub struct DaemonBuilder {
     clear_env: bool,
     confine_to_work_dir: bool,
     data_dir: Option<PathBuf>,
+    stderr_unread: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -67,6 +68,7 @@ impl Default for DaemonBuilder {
             clear_env: false,
             confine_to_work_dir: false,
             data_dir: None,
+            stderr_unread: false,
         }
     }
 }
@@ -126,6 +128,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's stderr becomes a pipe that nobody reads (the test keeps its read end open,
+    /// so writes block once the pipe is full); `Daemon::stderr` is then empty.
+    pub fn stderr_unread_pipe(mut self) -> Self {
+        self.stderr_unread = true;
+        self
+    }
+
     pub fn start(self) -> Daemon {
         Daemon::start_with(self)
     }
@@ -141,6 +150,8 @@ pub struct Daemon {
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
     data: PathBuf,
+    /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
+    pub stderr_pipe: Option<std::io::PipeReader>,
 }
 
 impl Daemon {
@@ -161,7 +172,14 @@ impl Daemon {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         let stderr_path = dir.path().join("daemon.stderr");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut stderr_pipe = None;
+        let stderr: Stdio = if b.stderr_unread {
+            let (r, w) = std::io::pipe().expect("pipe");
+            stderr_pipe = Some(r);
+            w.into()
+        } else {
+            std::fs::File::create(&stderr_path).unwrap().into()
+        };
         let data = b
             .data_dir
             .clone()
@@ -215,6 +233,7 @@ impl Daemon {
             expect_exit: b.expect_exit,
             stderr_path,
             data,
+            stderr_pipe,
         };
         daemon.addr = daemon.wait_ready();
         daemon
