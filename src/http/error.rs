@@ -203,6 +203,43 @@ impl From<crate::acp::AcpError> for Problem {
     }
 }
 
+impl From<crate::acp::ConnectionError> for Problem {
+    fn from(e: crate::acp::ConnectionError) -> Self {
+        use crate::acp::ConnectionError as E;
+        let detail = e.to_string();
+        match e {
+            E::UnknownAgent { agent } => Problem::not_found(detail)
+                .title("Unknown Agent")
+                .with("agent", agent),
+            E::MissingConnectionId | E::NotInitialize | E::InvalidSessionId => {
+                Problem::bad_request(detail)
+            }
+            E::UnknownConnection { connection_id } => {
+                Problem::not_found(detail).with("connectionId", connection_id)
+            }
+            E::AgentMismatch {
+                connection_id,
+                bound,
+                requested,
+            } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Mismatch")
+                .with("connectionId", connection_id)
+                .with("agent", bound)
+                .with("requestedAgent", requested),
+            E::StreamBusy { connection_id, .. } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Stream Busy")
+                .with("connectionId", connection_id),
+            E::TooManySessions {
+                connection_id,
+                limit,
+            } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                .with("connectionId", connection_id)
+                .with("limit", limit),
+            E::Acp(e) => Problem::from(e),
+        }
+    }
+}
+
 impl From<crate::agents::AgentError> for Problem {
     fn from(e: crate::agents::AgentError) -> Self {
         agent_problem(&e)
@@ -263,6 +300,15 @@ impl From<crate::files::FileError> for Problem {
                 p
             }
             E::Io { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            // harden-files: transfer limits and content types.
+            E::Stalled { .. } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                .header(header::CONNECTION, "close"),
+            E::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            E::UnsupportedMediaType { .. } => {
+                Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
+            }
         }
     }
 }
@@ -277,6 +323,9 @@ impl From<crate::config_store::ConfigError> for Problem {
             }
             E::NotFound { .. } => Problem::not_found(detail),
             E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            E::TooLarge { limit, .. } => {
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
+            }
             E::File(f) => Problem::from(f),
         }
     }

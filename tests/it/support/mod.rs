@@ -121,17 +121,17 @@ impl DaemonBuilder {
         self
     }
 
-    /// Also passes `--fs-root <work dir>`: every filesystem path is confined to the test's
-    /// private work directory.
-    pub fn confine_to_work_dir(mut self) -> Self {
-        self.confine_to_work_dir = true;
-        self
-    }
-
     /// The daemon's stderr becomes a pipe that nobody reads (the test keeps its read end open,
     /// so writes block once the pipe is full); `Daemon::stderr` is then empty.
     pub fn stderr_unread_pipe(mut self) -> Self {
         self.stderr_unread = true;
+        self
+    }
+
+    /// Also passes `--fs-root <work dir>`: every filesystem path is confined to the test's
+    /// private work directory.
+    pub fn confine_to_work_dir(mut self) -> Self {
+        self.confine_to_work_dir = true;
         self
     }
 
