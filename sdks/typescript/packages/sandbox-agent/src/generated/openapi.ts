@@ -99,6 +99,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent}/acp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["openRfdStream"];
+        put?: never;
+        post: operations["postRfdMessage"];
+        delete: operations["deleteRfdConnection"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents": {
         parameters: {
             query?: never;
@@ -335,9 +351,18 @@ export interface components {
              */
             source: string;
             credentialsAvailable: boolean;
+            /**
+             * @description Where this agent looks for credentials: any one of these variables (set in the daemon's
+             *     environment, `--agent-env` or the agent's `env` in the agents file) ...
+             */
+            credentialsEnv: string[];
+            /** @description ... or any one of these files (`~` is the agent's HOME). */
+            credentialsFiles: string[];
             capabilities: unknown;
             /** @description The install command, for agents that are not installed. */
             installCommand?: string | null;
+            /** @description For an installed downloaded binary: whether its sha256 was checked. */
+            verified?: boolean | null;
         };
         Artifact: {
             /** @description `agent_process` (the ACP program) or `native_agent` (the CLI it drives). */
@@ -345,6 +370,8 @@ export interface components {
             path: string;
             version: string;
             source: string;
+            /** @description See [`Manifest::verified`]. */
+            verified?: boolean | null;
         };
         /**
          * Format: binary
@@ -421,12 +448,12 @@ export interface components {
             /** @example 2.0 */
             jsonrpc: string;
             /** @description Present on requests and responses: a number or a string, echoed unchanged. */
-            id: Record<string, never>;
+            id?: Record<string, never>;
             /** @description Present on requests and notifications. */
             method?: string;
-            params: Record<string, never>;
-            result: Record<string, never>;
-            error: Record<string, never>;
+            params?: Record<string, never>;
+            result?: Record<string, never>;
+            error?: Record<string, never>;
         };
         McpCommand: string | string[];
         /** @description One MCP server entry: a local (stdio) command or a remote (HTTP/SSE) server. */
@@ -517,7 +544,7 @@ export interface components {
              */
             timeoutMs?: number;
             /** @description 409 Duplicate Request Id: the JSON-RPC id still in flight (number or string). */
-            id: Record<string, never>;
+            id?: Record<string, never>;
         };
         RootInfo: {
             /** @example Sandbox Agent */
@@ -766,13 +793,23 @@ export interface operations {
                 "Last-Event-ID"?: string | null;
             };
             path: {
-                /** @description Client-chosen instance id */
+                /**
+                 * @description Client-chosen instance id
+                 * @example s1
+                 */
                 serverId: string;
             };
             cookie?: never;
         };
         requestBody?: never;
         responses: {
+            /** @description With `Upgrade: websocket`: the same instance over a WebSocket (`?agent=` on first connect, `?lastEventId=N` to resume): one JSON-RPC message per text frame both ways, agent messages in event-log order, `gap` as a JSON text frame; see docs/acp.md */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
             /** @description An endless `text/event-stream`. Each agent message that is not a POST answer (notifications, agent-to-client requests, late responses) is one event: `event: message`, `id: <n>` (per serverId, from 1, strictly increasing), `data: <one JSON-RPC object on one line>`. When retained events were evicted before the client read them, `event: gap` with `data: {"from":<first missing>,"to":<last missing>}` comes first. A comment line `: keepalive` is sent when nothing else was for `--keepalive`. The stream ends when the instance is deleted or its agent exited and everything was delivered. */
             200: {
                 headers: {
@@ -787,7 +824,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description Invalid serverId or `Last-Event-ID` */
+            /** @description Invalid serverId, or a `Last-Event-ID` that is not a number or is beyond the last event */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -834,7 +871,10 @@ export interface operations {
     postAcpMessage: {
         parameters: {
             query?: {
-                /** @description The agent to start (e.g. `mock`, `claude`); needed on the first POST to a serverId, and must match on later ones. An empty value counts as absent. */
+                /**
+                 * @description The agent to start (e.g. `mock`, `claude`); needed on the first POST to a serverId, and must match on later ones. An empty value counts as absent.
+                 * @example mock
+                 */
                 agent?: string;
             };
             header?: {
@@ -845,7 +885,10 @@ export interface operations {
                 Prefer?: string | null;
             };
             path: {
-                /** @description Client-chosen instance id */
+                /**
+                 * @description Client-chosen instance id
+                 * @example s1
+                 */
                 serverId: string;
             };
             cookie?: never;
@@ -904,6 +947,15 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "agent": "nope",
+                     *       "detail": "unknown agent `nope`",
+                     *       "status": 400,
+                     *       "title": "Unknown Agent",
+                     *       "type": "urn:sandbox-agent:problem:unknown-agent"
+                     *     }
+                     */
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
@@ -973,7 +1025,10 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description Client-chosen instance id */
+                /**
+                 * @description Client-chosen instance id
+                 * @example s1
+                 */
                 serverId: string;
             };
             cookie?: never;
@@ -998,6 +1053,247 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    openRfdStream: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The connection, as answered to its `initialize`; absent only on that first POST */
+                "Acp-Connection-Id"?: string | null;
+                /** @description Selects a session's stream (GET) or names the session a message belongs to (POST); 1-256 visible ASCII characters */
+                "Acp-Session-Id"?: string | null;
+            };
+            path: {
+                /**
+                 * @description The agent of the connection (e.g. `mock`, `claude`); installed on first use like `?agent=` of `/v1/acp`
+                 * @example mock
+                 */
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description With `Upgrade: websocket`: the WebSocket profile, one JSON-RPC message per text frame in both directions */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description With `Accept: text/event-stream`: the connection stream (without `Acp-Session-Id`) or a session's stream; each event's data is one JSON-RPC message */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description Missing or invalid header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description Unknown agent or connection */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `Accept` excludes `text/event-stream` */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description That stream already has a reader */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            /** @description Too many session streams on this connection */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    postRfdMessage: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The connection, as answered to its `initialize`; absent only on that first POST */
+                "Acp-Connection-Id"?: string | null;
+                /** @description Selects a session's stream (GET) or names the session a message belongs to (POST); 1-256 visible ASCII characters */
+                "Acp-Session-Id"?: string | null;
+            };
+            path: {
+                /**
+                 * @description The agent of the connection (e.g. `mock`, `claude`); installed on first use like `?agent=` of `/v1/acp`
+                 * @example mock
+                 */
+                agent: string;
+            };
+            cookie?: never;
+        };
+        /** @description One JSON-RPC 2.0 object. Without `Acp-Connection-Id` it must be `initialize`, which starts a new instance of `{agent}` (listed in `GET /v1/acp`). */
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["JsonRpcMessage"];
+            };
+        };
+        responses: {
+            /** @description The `initialize` response, with the new connection's id in the `Acp-Connection-Id` header */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JsonRpcMessage"];
+                };
+            };
+            /** @description Accepted: the answer (if any) arrives on the connection stream or on the session's stream */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Not one JSON-RPC object, a batch, a first message that is not `initialize`, or an invalid header */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description Unknown agent, or unknown connection */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `Accept` excludes `application/json` */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The connection runs another agent */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            /** @description `Content-Type` is not `application/json` */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            /** @description The agent is gone; `exitCode`, `signal`, `stderrTail` */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    deleteRfdConnection: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The connection, as answered to its `initialize`; absent only on that first POST */
+                "Acp-Connection-Id"?: string | null;
+            };
+            path: {
+                /**
+                 * @description The agent of the connection (e.g. `mock`, `claude`); installed on first use like `?agent=` of `/v1/acp`
+                 * @example mock
+                 */
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The connection's instance is being stopped (TERM, grace, KILL) in the background */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No `Acp-Connection-Id` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description Unknown connection */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
@@ -1141,6 +1437,16 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "agent": "claude",
+                     *       "detail": "agent `claude` is not installed and installs at run time are disabled; run `sandbox-agent agents install claude`",
+                     *       "installCommand": "sandbox-agent agents install claude",
+                     *       "status": 409,
+                     *       "title": "Agent Not Installed",
+                     *       "type": "urn:sandbox-agent:problem:agent-not-installed"
+                     *     }
+                     */
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
@@ -1327,7 +1633,7 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        /** @description The file's bytes (any Content-Type is accepted and ignored) */
+        /** @description The file's bytes. Any Content-Type but the CORS-simple ones (`text/plain`, form types) is accepted and ignored; a body needs one. */
         requestBody: {
             content: {
                 "application/octet-stream": components["schemas"]["Binary"];
@@ -1364,6 +1670,15 @@ export interface operations {
             };
             /** @description No such file or directory */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body stalled (no bytes for longer than the transfer idle timeout); the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1765,6 +2080,15 @@ export interface operations {
             };
             /** @description No such file or directory */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body stalled (no bytes for longer than the transfer idle timeout); the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
