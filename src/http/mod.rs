@@ -7,6 +7,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod ui;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,6 +78,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(root))
         .merge(v1)
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))

@@ -1,0 +1,239 @@
+// The inspector's end-to-end proof in a real browser: Debian's Chromium (never a downloaded one),
+// driven by playwright-core against a real daemon and its mock agent, through the seven steps of
+// issue 13. A screenshot of each step goes to the screenshot directory. Run by the Rust
+// integration test `inspector::inspector_drives_the_mock_agent_in_chromium`, which starts the daemon.
+// Usage: node test/e2e.mjs <baseUrl> <token> <screenshotDir>
+// Exits 0 when every step passed; otherwise prints what failed and exits 1.
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const [baseUrl, token, shots] = process.argv.slice(2);
+if (!baseUrl || !token || !shots) {
+  console.error("usage: node test/e2e.mjs <baseUrl> <token> <screenshotDir>");
+  process.exit(64);
+}
+mkdirSync(shots, { recursive: true });
+const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const WAIT = 15_000;
+
+// The whole run is bounded: a hung browser must not hang CI.
+const watchdog = setTimeout(() => {
+  console.error("e2e: gave up after 180 s");
+  process.exit(1);
+}, 180_000);
+watchdog.unref();
+
+/** Everything the browser reported that may be an error; checked against `allowed` in step 7. */
+const seen = { console: [], pageErrors: [], failedRequests: [], badResponses: [] };
+/** HTTP errors a step provokes on purpose: [step, method, path regexp, status]. */
+const allowed = [];
+let step = "setup";
+
+function watch(page) {
+  page.on("console", (msg) => {
+    if (msg.type() === "error" || msg.type() === "warning") {
+      seen.console.push({ step, type: msg.type(), text: msg.text(), url: msg.location()?.url ?? "" });
+    }
+  });
+  page.on("pageerror", (err) => seen.pageErrors.push({ step, text: String(err) }));
+  page.on("requestfailed", (req) => {
+    seen.failedRequests.push({ step, method: req.method(), url: req.url(), error: req.failure()?.errorText ?? "" });
+  });
+  page.on("response", (res) => {
+    if (res.status() >= 400) seen.badResponses.push({ step, method: res.request().method(), url: res.url(), status: res.status() });
+  });
+}
+
+const results = [];
+async function run(name, fn) {
+  step = name;
+  const started = Date.now();
+  await fn();
+  results.push({ step: name, ms: Date.now() - started });
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: join(shots, `${name}.png`), fullPage: false });
+}
+
+const byTestId = (page, id) => page.locator(`[data-testid="${id}"]`);
+
+async function sendPrompt(page, text) {
+  await byTestId(page, "prompt-input").fill(text);
+  await byTestId(page, "send-button").click();
+}
+
+async function turnEnds(page, n) {
+  await page.locator('[data-testid="transcript"] [data-role="turn-end"]').nth(n - 1).waitFor({ timeout: WAIT });
+}
+
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+  ],
+});
+
+let failed = null;
+let serverId = "";
+try {
+  const context = await browser.newContext({ viewport: { width: 1366, height: 800 } });
+  const page = await context.newPage();
+  watch(page);
+
+  await run("1-hello", async () => {
+    await page.goto(`${baseUrl}/ui/`);
+    // Without a token the daemon refuses the API: the page says so (this is the 401 it provokes).
+    allowed.push(["1-hello", "GET", /\/v1\//, 401]);
+    await byTestId(page, "error").filter({ hasText: "needs a bearer token" }).waitFor({ timeout: WAIT });
+    await byTestId(page, "token-input").fill(token);
+    await byTestId(page, "token-input").press("Enter");
+    await page.locator('[data-testid="agent-select"] option[value="mock"]').waitFor({ state: "attached", timeout: WAIT });
+    await byTestId(page, "error").waitFor({ state: "hidden", timeout: WAIT });
+    await byTestId(page, "agent-select").selectOption("mock");
+    serverId = await byTestId(page, "server-id-input").inputValue();
+    await byTestId(page, "connect-button").click();
+    await byTestId(page, "status").filter({ hasText: "connected to mock" }).waitFor({ timeout: WAIT });
+    await byTestId(page, "session-new-button").click();
+    await byTestId(page, "session-id").filter({ hasText: "mock-" }).waitFor({ timeout: WAIT });
+    await sendPrompt(page, "hello");
+    await page.locator('[data-testid="transcript"] [data-role="agent"]', { hasText: "hello" }).waitFor({ timeout: WAIT });
+    await turnEnds(page, 1);
+    const log = byTestId(page, "raw-log");
+    await log.locator('li[data-direction="out"][data-method="session/prompt"]').first().waitFor({ timeout: WAIT });
+    await log.locator('li[data-direction="in"][data-method="session/update"]').first().waitFor({ timeout: WAIT });
+    await log.locator('li[data-direction="in"][data-method="session/prompt"][data-rpc="response"]').first().waitFor({ timeout: WAIT });
+    // The update came over SSE: it carries its event id.
+    const sseId = await log.locator('li[data-direction="in"][data-method="session/update"]').first().getAttribute("data-sse-id");
+    if (!/^\d+$/.test(sseId ?? "")) throw new Error(`the session/update row has no SSE id: ${sseId}`);
+    await shot(page, "1-hello");
+  });
+
+  await run("2-stream", async () => {
+    await sendPrompt(page, "/stream 100");
+    await turnEnds(page, 2);
+    const message = page.locator('[data-testid="transcript"] [data-role="agent"]').last();
+    const chunks = await message.locator(".chunk").allTextContents();
+    const expected = Array.from({ length: 100 }, (_, i) => `chunk ${i + 1} of 100`);
+    if (JSON.stringify(chunks) !== JSON.stringify(expected)) {
+      throw new Error(`expected 100 chunks in order, got ${chunks.length}: ${JSON.stringify(chunks.slice(0, 5))}…`);
+    }
+    const updates = await byTestId(page, "raw-log").locator('li[data-direction="in"][data-method="session/update"]').count();
+    if (updates < 101) throw new Error(`the raw log shows ${updates} session/update envelopes, expected at least 101`);
+    await shot(page, "2-stream");
+  });
+
+  await run("3-permission", async () => {
+    await sendPrompt(page, "/permission");
+    const dialog = byTestId(page, "permission-dialog");
+    await dialog.waitFor({ state: "visible", timeout: WAIT });
+    const options = await dialog.locator("button[data-option-id]").evaluateAll((bs) => bs.map((b) => b.dataset.kind));
+    if (JSON.stringify(options) !== JSON.stringify(["allow_once", "allow_always", "reject_once"])) {
+      throw new Error(`unexpected permission options ${JSON.stringify(options)}`);
+    }
+    await shot(page, "3-permission-dialog");
+    const allowOnce = dialog.locator('button[data-kind="allow_once"]');
+    const optionId = await allowOnce.getAttribute("data-option-id");
+    // Keyboard: the first option has the focus; Enter chooses it.
+    await page.keyboard.press("Enter");
+    await dialog.waitFor({ state: "hidden", timeout: WAIT });
+    await page.locator('[data-testid="transcript"] [data-role="agent"]', { hasText: `permission: ${optionId}` }).waitFor({ timeout: WAIT });
+    await turnEnds(page, 3);
+    await byTestId(page, "raw-log")
+      .locator('li[data-direction="out"][data-method="session/request_permission"][data-rpc="response"]')
+      .waitFor({ timeout: WAIT });
+    await shot(page, "3-permission");
+  });
+
+  await run("4-cancel", async () => {
+    await sendPrompt(page, "/hang");
+    const cancel = byTestId(page, "cancel-button");
+    await page.waitForFunction(() => !document.querySelector('[data-testid="cancel-button"]').disabled, null, { timeout: WAIT });
+    await cancel.click();
+    await page.locator('[data-testid="transcript"] [data-role="turn-end"][data-stop-reason="cancelled"]').waitFor({ timeout: WAIT });
+    await byTestId(page, "raw-log").locator('li[data-direction="out"][data-method="session/cancel"]').waitFor({ timeout: WAIT });
+    await shot(page, "4-cancel");
+  });
+
+  await run("5-crash", async () => {
+    await sendPrompt(page, "/stderr last words from the mock");
+    await turnEnds(page, 5);
+    // After the crash the event stream ends and its resume is answered 410 (nothing left).
+    allowed.push(["5-crash", "GET", new RegExp(`/v1/acp/${serverId}$`), 410]);
+    await sendPrompt(page, "/crash 3");
+    await page.locator('[data-testid="transcript"] [data-role="error"]', { hasText: "exited with code 3" }).waitFor({ timeout: WAIT });
+    await page.locator("#tab-instances").click();
+    const row = byTestId(page, "instances-table").locator(`tr[data-server-id="${serverId}"][data-status="exited"]`);
+    await row.waitFor({ timeout: WAIT });
+    const exitCode = await row.locator('[data-field="exit-code"]').textContent();
+    if (exitCode !== "3") throw new Error(`the instance shows exit code ${exitCode}, expected 3`);
+    await byTestId(page, "instances-table")
+      .locator(`tr[data-stderr-of="${serverId}"] [data-field="stderr-tail"]`, { hasText: "last words from the mock" })
+      .waitFor({ timeout: WAIT });
+    await byTestId(page, "status").filter({ hasText: "ended" }).waitFor({ timeout: WAIT });
+    await shot(page, "5-crash");
+    // Stop removes it (DELETE) and the table says so.
+    await byTestId(page, "instances-table").locator(`tr[data-server-id="${serverId}"] [data-testid="stop-button"]`).click();
+    await row.waitFor({ state: "detached", timeout: WAIT });
+  });
+
+  await run("6-wrong-token", async () => {
+    const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
+    const p = await other.newPage();
+    watch(p);
+    allowed.push(["6-wrong-token", "GET", /\/v1\//, 401]);
+    await p.goto(`${baseUrl}/ui/`);
+    await byTestId(p, "token-input").fill(`${token}-wrong`);
+    await byTestId(p, "token-input").press("Enter");
+    const notice = byTestId(p, "error").filter({ hasText: "refused this token" });
+    await notice.waitFor({ timeout: WAIT });
+    // Not a blank page: the controls are still there, and the status names the problem.
+    await byTestId(p, "connect-button").waitFor({ state: "visible", timeout: WAIT });
+    await byTestId(p, "status").filter({ hasText: "token refused" }).waitFor({ timeout: WAIT });
+    await shot(p, "6-wrong-token");
+    await other.close();
+  });
+
+  await run("7-no-errors", async () => {
+    const isAllowed = (e) => allowed.some(([s, m, re, status]) => s === e.step && m === e.method && re.test(new URL(e.url).pathname) && status === e.status);
+    const bad = seen.badResponses.filter((e) => !isAllowed(e));
+    // Chrome logs each of those allowed responses as "Failed to load resource: … status of N".
+    const allowedLoads = seen.badResponses.filter(isAllowed);
+    const consoleErrors = seen.console.filter(
+      (c) =>
+        !(
+          /Failed to load resource: the server responded with a status of (\d+)/.test(c.text) &&
+          allowedLoads.some((r) => r.step === c.step && r.url === c.url && c.text.includes(`status of ${r.status}`))
+        ),
+    );
+    const failedRequests = seen.failedRequests;
+    const problems = { badResponses: bad, consoleErrors, pageErrors: seen.pageErrors, failedRequests };
+    const count = bad.length + consoleErrors.length + seen.pageErrors.length + failedRequests.length;
+    if (count) throw new Error(`the browser reported errors: ${JSON.stringify(problems, null, 2)}`);
+  });
+} catch (error) {
+  failed = error;
+  try {
+    const pages = browser.contexts().flatMap((c) => c.pages());
+    if (pages[0]) await pages[0].screenshot({ path: join(shots, `failed-${step}.png`) });
+  } catch {
+    // best effort
+  }
+} finally {
+  await browser.close();
+}
+
+console.log(JSON.stringify({ steps: results, seen: { ...seen, allowed: allowed.map((a) => String(a)) } }));
+if (failed) {
+  console.error(`e2e: step ${step} failed: ${failed.stack ?? failed}`);
+  process.exit(1);
+}
+process.exit(0);
