@@ -5,6 +5,7 @@ mod acp;
 mod agents;
 mod config;
 mod files;
+mod inspector;
 mod lifecycle;
 mod mock_agent;
 mod packaging;

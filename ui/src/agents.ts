@@ -60,6 +60,7 @@ export class AgentsPanel {
       this.serverId.value = this.generate();
     }
     this.body.replaceChildren(...agents.map((a) => this.row(a)));
+    byId<HTMLButtonElement>("connect").disabled = agents.length === 0;
     return true;
   }
 
