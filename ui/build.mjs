@@ -16,9 +16,14 @@ const outIndex = args.indexOf("--out");
 const outDir = resolve(outIndex >= 0 ? args[outIndex + 1] : join(here, "dist"));
 
 // The SDK is bundled from its TypeScript source (never from a build of it), so a change there
-// shows up here as a changed bundle. Its own dependencies resolve from ui/node_modules.
+// shows up here as a changed bundle. Its own dependencies always resolve to ui/node_modules (pinned
+// in ui/package-lock.json), whether or not sdks/typescript/node_modules exists, so the output does
+// not depend on what else is installed.
 const sdkRoot = join(here, "..", "sdks", "typescript");
-const alias = {};
+const alias = {
+  "@agentclientprotocol/sdk": join(here, "node_modules", "@agentclientprotocol", "sdk"),
+  zod: join(here, "node_modules", "zod"),
+};
 for (const [name, entry] of [
   ["acp-http-client", "packages/acp-http-client/src/index.ts"],
   ["sandbox-agent", "packages/sandbox-agent/src/index.ts"],
