@@ -69,7 +69,10 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
     let fresh = request
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == asset.etag || t.trim() == "*"));
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim() == asset.etag || t.trim() == "*")
+        });
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -91,7 +94,10 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     resp
 }

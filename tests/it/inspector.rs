@@ -67,13 +67,22 @@ async fn ui_is_served_without_a_token_with_strict_headers() {
     ] {
         assert!(csp.contains(directive), "CSP lacks {directive}: {csp}");
     }
-    assert!(!csp.contains("unsafe"), "CSP allows something unsafe: {csp}");
+    assert!(
+        !csp.contains("unsafe"),
+        "CSP allows something unsafe: {csp}"
+    );
     let html = r.text().await.unwrap();
     // Nothing inline: no <style>, no style attribute, and every <script> is an empty one with src.
-    assert!(!html.contains("<style") && !html.contains(" style="), "inline style in the page");
+    assert!(
+        !html.contains("<style") && !html.contains(" style="),
+        "inline style in the page"
+    );
     for (i, _) in html.match_indices("<script") {
         let tag = &html[i..i + html[i..].find("</script>").expect("closed script")];
-        assert!(tag.contains(" src=\"") && tag.ends_with('>'), "inline script: {tag}");
+        assert!(
+            tag.contains(" src=\"") && tag.ends_with('>'),
+            "inline script: {tag}"
+        );
     }
     for id in [
         "token-input",
@@ -135,10 +144,22 @@ async fn ui_is_served_without_a_token_with_strict_headers() {
     let r = c.head(d.url("/ui/")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     for (method, path, status) in [
-        (reqwest::Method::POST, "/ui/", StatusCode::METHOD_NOT_ALLOWED),
+        (
+            reqwest::Method::POST,
+            "/ui/",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
         (reqwest::Method::GET, "/ui/nope.js", StatusCode::NOT_FOUND),
-        (reqwest::Method::GET, "/ui/../Cargo.toml", StatusCode::NOT_FOUND),
-        (reqwest::Method::GET, "/ui/%2e%2e/Cargo.toml", StatusCode::NOT_FOUND),
+        (
+            reqwest::Method::GET,
+            "/ui/../Cargo.toml",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            reqwest::Method::GET,
+            "/ui/%2e%2e/Cargo.toml",
+            StatusCode::NOT_FOUND,
+        ),
     ] {
         let r = c.request(method.clone(), d.url(path)).send().await.unwrap();
         assert_eq!(r.status(), status, "{method} {path}");
@@ -240,12 +261,18 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     let d = Daemon::builder().token("inspector-e2e-token").start();
+    // A second daemon keeping only 10 events per serverId, for the step that shows a `gap`.
+    let small = Daemon::builder()
+        .token("inspector-e2e-token")
+        .args(["--event-buffer", "10"])
+        .start();
     let out = node(
         &[
             "test/e2e.mjs".as_ref(),
             format!("http://{}", d.addr).as_ref(),
             "inspector-e2e-token".as_ref(),
             shots.as_os_str(),
+            format!("http://{}", small.addr).as_ref(),
         ],
         Duration::from_secs(200),
         "the Chromium run (ui/test/e2e.mjs)",
@@ -268,6 +295,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
             "4-cancel",
             "5-crash",
             "6-wrong-token",
+            "gap",
             "7-no-errors"
         ]
     );
@@ -279,6 +307,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
         "4-cancel",
         "5-crash",
         "6-wrong-token",
+        "gap",
     ] {
         let path = shots.join(format!("{shot}.png"));
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

@@ -2,13 +2,15 @@
 // driven by playwright-core against a real daemon and its mock agent, through the seven steps of
 // issue 13. A screenshot of each step goes to the screenshot directory. Run by the Rust
 // integration test `inspector::inspector_drives_the_mock_agent_in_chromium`, which starts the daemon.
-// Usage: node test/e2e.mjs <baseUrl> <token> <screenshotDir>
+// Usage: node test/e2e.mjs <baseUrl> <token> <screenshotDir> [<gapBaseUrl>]
+// <gapBaseUrl>, if given, is a second daemon (same token) keeping only 10 events per serverId,
+// for the extra step that shows a `gap` in the log.
 // Exits 0 when every step passed; otherwise prints what failed and exits 1.
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 
-const [baseUrl, token, shots] = process.argv.slice(2);
+const [baseUrl, token, shots, gapBaseUrl] = process.argv.slice(2);
 if (!baseUrl || !token || !shots) {
   console.error("usage: node test/e2e.mjs <baseUrl> <token> <screenshotDir>");
   process.exit(64);
@@ -28,6 +30,8 @@ watchdog.unref();
 const seen = { console: [], pageErrors: [], failedRequests: [], badResponses: [] };
 /** HTTP errors a step provokes on purpose: [step, method, path regexp, status]. */
 const allowed = [];
+/** Requests a step makes the page abort on purpose (Disconnect closes the event stream). */
+const allowedAborts = [];
 let step = "setup";
 
 function watch(page) {
@@ -179,6 +183,8 @@ try {
       .locator(`tr[data-stderr-of="${serverId}"] [data-field="stderr-tail"]`, { hasText: "last words from the mock" })
       .waitFor({ timeout: WAIT });
     await byTestId(page, "status").filter({ hasText: "ended" }).waitFor({ timeout: WAIT });
+    // The stream's end and the client's attempt to resume it are in the log.
+    await byTestId(page, "raw-log").locator('li[data-kind="reconnect"]').first().waitFor({ timeout: WAIT });
     await shot(page, "5-crash");
     // Stop removes it (DELETE) and the table says so.
     await byTestId(page, "instances-table").locator(`tr[data-server-id="${serverId}"] [data-testid="stop-button"]`).click();
@@ -202,6 +208,53 @@ try {
     await other.close();
   });
 
+  if (gapBaseUrl) {
+    await run("gap", async () => {
+      // An instance whose first 20 events were evicted before anyone read them.
+      const id = "inspector-gap-demo";
+      let n = 0;
+      const post = async (method, params, query = "") => {
+        const res = await fetch(`${gapBaseUrl}/v1/acp/${id}${query}`, {
+          method: "POST",
+          headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json", Accept: "application/json" },
+          body: JSON.stringify({ jsonrpc: "2.0", id: ++n, method, params }),
+        });
+        if (res.status !== 200) throw new Error(`${method}: HTTP ${res.status} ${await res.text()}`);
+        return (await res.json()).result;
+      };
+      await post("initialize", { protocolVersion: 1 }, "?agent=mock");
+      const { sessionId } = await post("session/new", { cwd: "/", mcpServers: [] });
+      await post("session/prompt", { sessionId, prompt: [{ type: "text", text: "/stream 30" }] });
+
+      const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
+      const p = await other.newPage();
+      watch(p);
+      allowed.push(["gap", "GET", /\/v1\//, 401]); // the page's first calls, before the token
+      allowedAborts.push(["gap", "GET", new RegExp(`/v1/acp/${id}$`)]);
+      await p.goto(`${gapBaseUrl}/ui/`);
+      await byTestId(p, "token-input").fill(token);
+      await byTestId(p, "token-input").press("Enter");
+      await p.locator('[data-testid="agent-select"] option[value="mock"]').waitFor({ state: "attached", timeout: WAIT });
+      await byTestId(p, "server-id-input").fill(id);
+      await byTestId(p, "connect-button").click();
+      await byTestId(p, "status").filter({ hasText: "connected to mock" }).waitFor({ timeout: WAIT });
+      const gap = byTestId(p, "raw-log").locator('li[data-kind="gap"]');
+      await gap.waitFor({ timeout: WAIT });
+      const text = await gap.textContent();
+      if (!text.includes("events 1–20")) throw new Error(`the gap row says ${JSON.stringify(text)}`);
+      // What was kept is replayed after the gap, in order: chunks 21..30.
+      await p.locator('[data-testid="transcript"] [data-role="agent"] .chunk', { hasText: "chunk 30 of 30" }).waitFor({ timeout: WAIT });
+      const chunks = await p.locator('[data-testid="transcript"] [data-role="agent"] .chunk').allTextContents();
+      const expected = Array.from({ length: 10 }, (_, i) => `chunk ${i + 21} of 30`);
+      if (JSON.stringify(chunks) !== JSON.stringify(expected)) throw new Error(`replayed chunks ${JSON.stringify(chunks)}`);
+      await byTestId(p, "transcript").locator('[data-role="warn"]', { hasText: "were lost (gap)" }).waitFor({ timeout: WAIT });
+      await shot(p, "gap");
+      await byTestId(p, "disconnect-button").click();
+      await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
+      await other.close();
+    });
+  }
+
   await run("7-no-errors", async () => {
     const isAllowed = (e) => allowed.some(([s, m, re, status]) => s === e.step && m === e.method && re.test(new URL(e.url).pathname) && status === e.status);
     const bad = seen.badResponses.filter((e) => !isAllowed(e));
@@ -214,7 +267,9 @@ try {
           allowedLoads.some((r) => r.step === c.step && r.url === c.url && c.text.includes(`status of ${r.status}`))
         ),
     );
-    const failedRequests = seen.failedRequests;
+    const failedRequests = seen.failedRequests.filter(
+      (f) => !(f.error === "net::ERR_ABORTED" && allowedAborts.some(([s, m, re]) => s === f.step && m === f.method && re.test(new URL(f.url).pathname))),
+    );
     const problems = { badResponses: bad, consoleErrors, pageErrors: seen.pageErrors, failedRequests };
     const count = bad.length + consoleErrors.length + seen.pageErrors.length + failedRequests.length;
     if (count) throw new Error(`the browser reported errors: ${JSON.stringify(problems, null, 2)}`);
