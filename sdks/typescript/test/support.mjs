@@ -74,3 +74,104 @@ export async function eventually(check, { timeoutMs = 10_000, intervalMs = 20, w
     await new Promise((r) => setTimeout(r, intervalMs));
   }
 }
+
+/** Skips a test, or fails it when SANDBOX_AGENT_TESTS_STRICT is set (CI must run everything). */
+export function skipOrFail(t, reason) {
+  if (process.env.SANDBOX_AGENT_TESTS_STRICT && process.env.SANDBOX_AGENT_TESTS_STRICT !== "0") {
+    throw new Error(`SKIPPED under SANDBOX_AGENT_TESTS_STRICT: ${reason}`);
+  }
+  t.skip(reason);
+}
+
+/**
+ * A loopback TCP proxy in front of the daemon, so a test can cut or hold the event stream's socket
+ * the way a flaky network would.
+ * - `cutSseAfterBytes`: the first SSE response is cut (both sockets destroyed) once this many bytes
+ *   of it went through.
+ * - `holdSse(true)`: new `GET /v1/acp/…` requests are held (not forwarded) until `holdSse(false)`.
+ * - `cutSse()`: destroys every connection currently carrying an event stream.
+ * - `delaySseMs`: event-stream bytes are forwarded this much later (in order), like a slow path.
+ * - `sseRequests`: the request heads of every event-stream GET seen.
+ */
+export async function startProxy(targetUrl, { cutSseAfterBytes, delaySseMs = 0 } = {}) {
+  const net = await import("node:net");
+  const target = new URL(targetUrl);
+  const conns = new Set();
+  const sseRequests = [];
+  let holding = false;
+  let cutDone = cutSseAfterBytes === undefined;
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    const c = { client, upstream, sse: false, sseBytes: 0, held: null };
+    conns.add(c);
+    const close = () => {
+      conns.delete(c);
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on("error", close);
+    upstream.on("error", close);
+    client.on("close", close);
+    upstream.on("close", close);
+    client.on("data", (d) => {
+      const head = d.toString("latin1", 0, Math.min(d.length, 4096));
+      if (head.startsWith("GET /v1/acp/") && /accept: text\/event-stream/i.test(head)) {
+        sseRequests.push(head);
+        if (holding) c.held = [];
+      }
+      if (c.held) c.held.push(d);
+      else upstream.write(d);
+    });
+    upstream.on("data", (d) => {
+      if (!c.sse && /content-type: text\/event-stream/i.test(d.toString("latin1", 0, Math.min(d.length, 4096)))) {
+        c.sse = true;
+      }
+      if (c.sse && !cutDone) {
+        const room = cutSseAfterBytes - c.sseBytes;
+        if (d.length >= room) {
+          cutDone = true;
+          client.write(d.subarray(0, room), () => close());
+          return;
+        }
+        c.sseBytes += d.length;
+      }
+      if (c.sse && delaySseMs > 0) setTimeout(() => client.writable && client.write(d), delaySseMs);
+      else client.write(d);
+    });
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address();
+  return {
+    url: `http://127.0.0.1:${port}`,
+    sseRequests,
+    holdSse(on) {
+      holding = on;
+      if (!on) {
+        for (const c of conns) {
+          if (c.held) {
+            for (const d of c.held) c.upstream.write(d);
+            c.held = null;
+          }
+        }
+      }
+    },
+    cutSse() {
+      for (const c of conns) if (c.sse) {
+        c.client.destroy();
+        c.upstream.destroy();
+      }
+    },
+    async close() {
+      for (const c of conns) {
+        c.client.destroy();
+        c.upstream.destroy();
+      }
+      await new Promise((r) => server.close(r));
+    },
+  };
+}
+
+/** Text of every `agent_message_chunk` update, in arrival order. */
+export function chunkTexts(events) {
+  return events.filter((e) => e.update?.sessionUpdate === "agent_message_chunk").map((e) => e.update.content.text);
+}

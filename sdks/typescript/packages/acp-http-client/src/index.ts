@@ -14,6 +14,7 @@ export {
   AcpHttpError,
   AcpTransportClosedError,
   NETWORK_ERROR_TYPE,
+  networkProblem,
   isProblemDetails,
   problemFromResponse,
   type ProblemDetails,

@@ -160,7 +160,16 @@ export class AcpHttpTransport {
 
   /** Closes: stops the stream, fails calls in flight, and DELETEs the serverId (bounded wait). */
   close(): Promise<void> {
-    if (!this.closing) this.closing = this.closeImpl();
+    if (!this.closing) this.closing = this.closeImpl(true);
+    return this.closing;
+  }
+
+  /**
+   * Closes this client only: the stream stops and calls in flight fail, but the serverId is not
+   * DELETEd, so its agent keeps running and another client may attach to it (with `lastEventId`).
+   */
+  detach(): Promise<void> {
+    if (!this.closing) this.closing = this.closeImpl(false);
     return this.closing;
   }
 
@@ -168,10 +177,10 @@ export class AcpHttpTransport {
     return this.lastId !== null && this.lastId >= id;
   }
 
-  private async closeImpl(): Promise<void> {
+  private async closeImpl(deleteServer: boolean): Promise<void> {
     this.sseAbort?.abort();
     this.postAbort.abort();
-    if (this.bootstrapped) {
+    if (this.bootstrapped && deleteServer) {
       try {
         const res = await this.fetcher(this.url, {
           method: "DELETE",
@@ -378,7 +387,9 @@ export class AcpHttpTransport {
     // POSTs still waiting will each get their own answer (502 with the exit details) very soon;
     // closing the readable first would replace those with a generic "connection closed".
     if (this.inflight.size > 0 && !this.closing) {
-      await Promise.race([Promise.allSettled([...this.inflight]), sleep(5000, this.postAbort.signal)]);
+      const bound = new AbortController();
+      await Promise.race([Promise.allSettled([...this.inflight]), sleep(5000, bound.signal)]);
+      bound.abort();
     }
     this.finish();
   }
