@@ -45,7 +45,7 @@ export class AgentsPanel {
   async refresh(): Promise<boolean> {
     let agents: AgentInfo[];
     try {
-      agents = await api.agents();
+      agents = await api().listAgents();
     } catch (error) {
       this.onError(error);
       return false;
@@ -95,7 +95,7 @@ export class AgentsPanel {
       elapsed.textContent = `${Math.round((Date.now() - started) / 1000)} s`;
     }, 500);
     try {
-      const res = await api.install(id);
+      const res = await api().installAgent(id);
       const art = res.artifacts[0];
       cell.replaceChildren(
         h("span", { class: "ok" }, res.alreadyInstalled ? "already installed" : `installed${art?.version ? ` ${art.version}` : ""}${art?.source ? ` (${art.source})` : ""}`),

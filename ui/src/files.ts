@@ -2,7 +2,7 @@
 // start of a text file, upload a file into the directory shown. Views are bounded (VIEW_LIMIT
 // bytes), so opening a huge file cannot exhaust the page.
 
-import { ApiError, api, type FsEntry } from "./api";
+import { api, type FsEntry } from "./api";
 import { byId, bytes, h } from "./dom";
 
 const VIEW_LIMIT = 256 * 1024;
@@ -29,8 +29,8 @@ export class FilesPanel {
   /** Lists `path` (empty: the work dir, whose absolute path is then shown). */
   async open(path: string): Promise<void> {
     try {
-      const abs = (await api.stat(path || ".")).path;
-      const entries = await api.entries(abs);
+      const abs = (await api().stat(path || ".")).path;
+      const entries = await api().listEntries(abs);
       this.dir = abs;
       this.pathInput.value = abs;
       entries.sort((a, b) => Number(b.entryType === "directory") - Number(a.entryType === "directory") || a.name.localeCompare(b.name));
@@ -51,16 +51,7 @@ export class FilesPanel {
   private async show(path: string) {
     this.title.textContent = path;
     try {
-      let text: string;
-      try {
-        const { bytes: buf, truncated, total } = await api.read(path, VIEW_LIMIT);
-        if (buf.includes(0)) text = `(binary file, ${bytes(total)})`;
-        else text = new TextDecoder().decode(buf) + (truncated ? `\n… (first ${bytes(buf.length)} of ${bytes(total)})` : "");
-      } catch (error) {
-        // An empty file has no byte 0 to ask for: the daemon answers 416 to the range.
-        if (error instanceof ApiError && error.status === 416) text = "";
-        else throw error;
-      }
+      const text = await api().readText(path, VIEW_LIMIT);
       this.view.textContent = text || "(empty file)";
     } catch (error) {
       this.view.textContent = "";
@@ -75,7 +66,7 @@ export class FilesPanel {
     if (!this.dir) await this.open("");
     const target = `${this.dir.replace(/\/+$/, "")}/${file.name}`;
     try {
-      const res = await api.write(target, file);
+      const res = await api().writeFile(target, file);
       input.value = "";
       this.title.textContent = `uploaded ${res.path} (${bytes(res.bytesWritten)})`;
       await this.open(this.dir);

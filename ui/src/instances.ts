@@ -38,7 +38,7 @@ export class InstancesPanel {
     if (this.busy) return;
     this.busy = true;
     try {
-      const servers = await api.instances();
+      const servers = await api().listInstances();
       this.failing = false;
       this.render(servers);
     } catch (error) {
@@ -63,7 +63,7 @@ export class InstancesPanel {
       stop.addEventListener("click", async () => {
         stop.disabled = true;
         try {
-          await api.stop(s.serverId);
+          await api().stopInstance(s.serverId);
         } catch (error) {
           this.onError(error);
         }
@@ -101,7 +101,7 @@ export class InstancesPanel {
         show.addEventListener("click", async () => {
           show.disabled = true;
           try {
-            this.remember(s.serverId, await api.exitDetails(s.serverId));
+            this.remember(s.serverId, await api().exitDetails(s.serverId));
           } catch (error) {
             this.onError(error);
           }

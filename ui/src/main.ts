@@ -61,7 +61,7 @@ async function load(): Promise<void> {
   const cwd = byId<HTMLInputElement>("cwd");
   if (!cwd.value) {
     try {
-      cwd.value = (await api.stat(".")).path;
+      cwd.value = (await api().stat(".")).path;
     } catch (error) {
       showError(error);
     }
