@@ -261,6 +261,8 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     let d = Daemon::builder().token("inspector-e2e-token").start();
+    std::fs::create_dir_all(d.path("notes")).unwrap();
+    std::fs::write(d.path("notes/readme.txt"), "hello from the work dir\n").unwrap();
     // A second daemon keeping only 10 events per serverId, for the step that shows a `gap`.
     let small = Daemon::builder()
         .token("inspector-e2e-token")
@@ -294,6 +296,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
             "3-permission",
             "4-cancel",
             "5-crash",
+            "files-and-install",
             "6-wrong-token",
             "gap",
             "7-no-errors"
@@ -306,6 +309,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
         "3-permission",
         "4-cancel",
         "5-crash",
+        "files",
         "6-wrong-token",
         "gap",
     ] {
@@ -313,4 +317,9 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         assert!(len > 1000, "no screenshot {}", path.display());
     }
+    assert_eq!(
+        std::fs::read_to_string(d.path("notes/uploaded.txt")).unwrap(),
+        "uploaded through the inspector\n",
+        "the file uploaded in the browser is on disk"
+    );
 }

@@ -12,7 +12,10 @@ export class AgentsPanel {
   private readonly body = byId("agents").querySelector("tbody")!;
   private edited = false;
   private readonly used = new Set<string>();
-  private readonly installing = new Set<string>();
+  /** Installs running, with when each started (the table may be redrawn meanwhile). */
+  private readonly installing = new Map<string, number>();
+  /** The outcome of the last install of each agent, shown until the page reloads. */
+  private readonly outcomes = new Map<string, { ok: boolean; text: string }>();
 
   constructor(
     private readonly onConnect: (agent: string, serverId: string) => void,
@@ -77,37 +80,48 @@ export class AgentsPanel {
       action,
     );
     const button = h("button", { type: "button", class: "small", "data-testid": `install-${a.id}` }, a.installed ? "Reinstall" : "Install");
-    if (this.installing.has(a.id)) button.disabled = true;
-    button.addEventListener("click", () => void this.install(a.id, action, button));
+    button.addEventListener("click", () => void this.install(a.id));
     action.append(button);
+    const started = this.installing.get(a.id);
+    if (started !== undefined) {
+      button.disabled = true;
+      // The install endpoint answers once, when done: the progress is indeterminate, with the time.
+      action.append(
+        h("progress", { "aria-label": `installing ${a.id}` }),
+        h("span", { class: "muted", "data-install-started": started }, elapsed(started)),
+      );
+    }
+    const outcome = this.outcomes.get(a.id);
+    if (outcome) action.append(h("div", { class: outcome.ok ? "ok" : "bad", "data-field": "install-outcome" }, outcome.text));
     return tr;
   }
 
-  private async install(id: string, cell: HTMLElement, button: HTMLButtonElement) {
-    this.installing.add(id);
-    button.disabled = true;
-    // The install endpoint answers once, when done: the progress is indeterminate, with the time.
-    const progress = h("progress", { "aria-label": `installing ${id}` });
-    const elapsed = h("span", { class: "muted" }, "0 s");
-    cell.append(progress, elapsed);
-    const started = Date.now();
+  private async install(id: string) {
+    this.installing.set(id, Date.now());
     const timer = setInterval(() => {
-      elapsed.textContent = `${Math.round((Date.now() - started) / 1000)} s`;
+      for (const el of this.body.querySelectorAll<HTMLElement>("[data-install-started]")) {
+        el.textContent = elapsed(Number(el.dataset.installStarted));
+      }
     }, 500);
+    void this.refresh();
     try {
       const res = await api().installAgent(id);
       const art = res.artifacts[0];
-      cell.replaceChildren(
-        h("span", { class: "ok" }, res.alreadyInstalled ? "already installed" : `installed${art?.version ? ` ${art.version}` : ""}${art?.source ? ` (${art.source})` : ""}`),
-      );
-      await this.refresh();
+      const text = res.alreadyInstalled
+        ? "already installed"
+        : `installed${art?.version ? ` ${art.version}` : ""}${art?.source ? ` (${art.source})` : ""}`;
+      this.outcomes.set(id, { ok: true, text });
     } catch (error) {
-      cell.replaceChildren(h("span", { class: "bad" }, "install failed"), button);
-      button.disabled = false;
+      this.outcomes.set(id, { ok: false, text: "install failed" });
       this.onError(error);
     } finally {
       clearInterval(timer);
       this.installing.delete(id);
     }
+    await this.refresh();
   }
+}
+
+function elapsed(started: number): string {
+  return `${Math.round((Date.now() - started) / 1000)} s`;
 }

@@ -191,6 +191,27 @@ try {
     await row.waitFor({ state: "detached", timeout: WAIT });
   });
 
+  await run("files-and-install", async () => {
+    // The Rust test put notes/readme.txt in the daemon's work dir and checks the upload on disk.
+    await page.locator("#tab-files").click();
+    const list = byTestId(page, "files-list");
+    await list.locator('li[data-name="notes"] button').click();
+    await list.locator('li[data-name="readme.txt"] button').click();
+    await byTestId(page, "file-view").filter({ hasText: "hello from the work dir" }).waitFor({ timeout: WAIT });
+    await byTestId(page, "upload-input").setInputFiles({
+      name: "uploaded.txt",
+      mimeType: "text/plain",
+      buffer: Buffer.from("uploaded through the inspector\n"),
+    });
+    await byTestId(page, "upload-button").click();
+    await list.locator('li[data-name="uploaded.txt"]').waitFor({ timeout: WAIT });
+    await shot(page, "files");
+    // Installing the built-in mock agent reports it as already there.
+    await page.locator("#tab-agents").click();
+    await byTestId(page, "install-mock").click();
+    await byTestId(page, "agents-table").locator('tr[data-agent="mock"]', { hasText: "already installed" }).waitFor({ timeout: WAIT });
+  });
+
   await run("6-wrong-token", async () => {
     const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
     const p = await other.newPage();
