@@ -249,6 +249,21 @@ async fn ui_sources_typecheck() {
     .await;
 }
 
+/// The pure cores of the page (line diff, content-block text, sizes), under `node --test`.
+#[tokio::test]
+async fn ui_unit_tests_pass() {
+    if node_with("esbuild").is_none() {
+        return;
+    }
+    let out = node(
+        &["--test".as_ref(), "test/unit.test.mjs".as_ref()],
+        Duration::from_secs(120),
+        "node --test test/unit.test.mjs",
+    )
+    .await;
+    assert!(out.contains("# fail 0") && !out.contains("# pass 0"), "{out}");
+}
+
 #[tokio::test]
 async fn inspector_drives_the_mock_agent_in_chromium() {
     if node_with("playwright-core").is_none() {

@@ -6,9 +6,12 @@
 // rows carry `data-kind` (`gap`, `reconnect`, `problem`, `note`) and no `data-direction`; at most
 // MAX_ROWS rows are kept (the oldest go first), so a long session cannot exhaust the page.
 
+import { parseSse } from "acp-http-client";
 import { byId, bytes, clock, h, pretty } from "./dom";
 
 const MAX_ROWS = 5000;
+/** The client's own limit for one event (its default); a larger one ends our copy of the stream. */
+const MAX_EVENT_BYTES = 64 * 1024 * 1024;
 const encoder = new TextEncoder();
 
 type Direction = "in" | "out";
@@ -78,39 +81,10 @@ export class RawLog {
     this.row({ kind: "problem", text: `${what}: HTTP ${res.status}`, raw: text, status: res.status });
   }
 
-  /** Reads our branch of the SSE stream and logs each event. */
+  /** Reads our branch of the SSE stream (with the SDK's bounded parser) and logs each event. */
   private async readStream(body: ReadableStream<Uint8Array>) {
-    const reader = body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    let id: string | undefined;
-    let event = "message";
-    let data: string[] = [];
     try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        let nl: number;
-        while ((nl = buffer.search(/\r\n|\r|\n/)) >= 0) {
-          const line = buffer.slice(0, nl);
-          buffer = buffer.slice(nl + (buffer.startsWith("\r\n", nl) ? 2 : 1));
-          if (line === "") {
-            if (data.length) this.sseEvent(event, id, data.join("\n"));
-            event = "message";
-            data = [];
-            continue;
-          }
-          if (line.startsWith(":")) continue; // keepalive comment
-          const colon = line.indexOf(":");
-          const field = colon < 0 ? line : line.slice(0, colon);
-          let val = colon < 0 ? "" : line.slice(colon + 1);
-          if (val.startsWith(" ")) val = val.slice(1);
-          if (field === "data") data.push(val);
-          else if (field === "event") event = val;
-          else if (field === "id") id = val;
-        }
-      }
+      for await (const ev of parseSse(body, MAX_EVENT_BYTES)) this.sseEvent(ev.event, ev.id, ev.data);
       this.row({ kind: "note", text: "event stream ended" });
     } catch {
       // Aborted by the client (disconnect) or dropped; the client reconnects and we log that.
