@@ -327,6 +327,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
         "files",
         "6-wrong-token",
         "gap",
+        "other-instance",
     ] {
         let path = shots.join(format!("{shot}.png"));
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

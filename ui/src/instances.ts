@@ -70,7 +70,7 @@ export class InstancesPanel {
         await this.refresh();
       });
       const figures = h(
-        "td",
+        "div",
         { class: "figures" },
         fig("pid", s.pid),
         fig("RSS", s.rssBytes != null ? bytes(s.rssBytes) : null),
@@ -92,7 +92,7 @@ export class InstancesPanel {
             exit ? h("div", { "data-field": "exit" }, exit) : null,
             s.exitCode != null ? h("span", { hidden: true, "data-field": "exit-code" }, String(s.exitCode)) : null,
           ),
-          figures,
+          h("td", {}, figures),
         ),
       );
       const tail = s.stderrTail ?? (this.exits.get(s.serverId)?.stderrTail as string | undefined);

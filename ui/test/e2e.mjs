@@ -246,6 +246,20 @@ try {
       await post("initialize", { protocolVersion: 1 }, "?agent=mock");
       const { sessionId } = await post("session/new", { cwd: "/", mcpServers: [] });
       await post("session/prompt", { sessionId, prompt: [{ type: "text", text: "/stream 30" }] });
+      // And an instance this page never drove, which ended with exit code 4 after a stderr line.
+      const crashed = "inspector-crashed-elsewhere";
+      const call = async (method, params, query = "") =>
+        fetch(`${gapBaseUrl}/v1/acp/${crashed}${query}`, {
+          method: "POST",
+          headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json", Accept: "application/json" },
+          body: JSON.stringify({ jsonrpc: "2.0", id: ++n, method, params }),
+        });
+      await call("initialize", { protocolVersion: 1 }, "?agent=mock");
+      const other_ = await (await call("session/new", { cwd: "/", mcpServers: [] })).json();
+      const prompt = (text) => call("session/prompt", { sessionId: other_.result.sessionId, prompt: [{ type: "text", text }] });
+      await prompt("/stderr a line the page never saw");
+      const died = await prompt("/crash 4");
+      if (died.status !== 502) throw new Error(`/crash 4 answered ${died.status}`);
 
       const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
       const p = await other.newPage();
@@ -270,6 +284,16 @@ try {
       if (JSON.stringify(chunks) !== JSON.stringify(expected)) throw new Error(`replayed chunks ${JSON.stringify(chunks)}`);
       await byTestId(p, "transcript").locator('[data-role="warn"]', { hasText: "were lost (gap)" }).waitFor({ timeout: WAIT });
       await shot(p, "gap");
+      // The listing has no stderr tail: "Show stderr" asks the exited instance for its details.
+      await p.locator("#tab-instances").click();
+      const table = byTestId(p, "instances-table");
+      await table.locator(`tr[data-server-id="${crashed}"][data-status="exited"]`).waitFor({ timeout: WAIT });
+      await table.locator('[data-testid="stderr-button"]').click();
+      await table.locator(`tr[data-stderr-of="${crashed}"] [data-field="stderr-tail"]`, { hasText: "a line the page never saw" }).waitFor({ timeout: WAIT });
+      const code = await table.locator(`tr[data-server-id="${crashed}"] [data-field="exit-code"]`).textContent();
+      if (code !== "4") throw new Error(`exit code shown: ${code}`);
+      await shot(p, "other-instance");
+      await p.locator("#tab-agents").click();
       await byTestId(p, "disconnect-button").click();
       await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
       await other.close();
