@@ -9,5 +9,6 @@ mod inspector;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
+mod real_agents;
 mod supervisor;
 mod support;
