@@ -6,12 +6,11 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
-need=()
-command -v node >/dev/null 2>&1 || need+=(nodejs npm)
-[ -x /usr/bin/chromium ] || need+=(chromium)
-if [ "${#need[@]}" -gt 0 ]; then
+# Node.js >= 20 and npm come from .ci/install-00-base.sh, which runs first.
+command -v npm >/dev/null 2>&1 || { echo "install-inspector: npm is missing (see .ci/install-00-base.sh)" >&2; exit 1; }
+if [ ! -x /usr/bin/chromium ]; then
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
 
 cd "$(dirname "$0")/../ui"
