@@ -177,6 +177,15 @@ async fn ui_is_served_without_a_token_with_strict_headers() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }
 
+/// The absolute path of `node` on PATH: the agents file names it absolutely, so the scripted agent
+/// does not depend on the PATH the daemon passes to agents.
+fn which_node() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("node"))
+        .find(|p| p.is_file())
+}
+
 /// The node tool a test needs, or `None` after saying why the test is skipped.
 fn node_with(module: &str) -> Option<PathBuf> {
     let node_ok = std::process::Command::new("node")
@@ -261,7 +270,10 @@ async fn ui_unit_tests_pass() {
         "node --test test/unit.test.mjs",
     )
     .await;
-    assert!(out.contains("# fail 0") && !out.contains("# pass 0"), "{out}");
+    assert!(
+        out.contains("# fail 0") && !out.contains("# pass 0"),
+        "{out}"
+    );
 }
 
 #[tokio::test]
@@ -275,7 +287,26 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
     }
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
-    let d = Daemon::builder().token("inspector-e2e-token").start();
+    // The user agent `scripted` streams the update kinds the mock never sends (thought, plan,
+    // tool call with a diff).
+    let agents = tempfile::tempdir().unwrap();
+    let agents_file = agents.path().join("agents.toml");
+    let script = ui_dir().join("test/scripted-agent.mjs");
+    let node_bin = which_node().expect("node was found above");
+    std::fs::write(
+        &agents_file,
+        format!(
+            "[[agent]]\nid = \"scripted\"\nname = \"Scripted agent\"\ncommand = {:?}\nargs = [{:?}]\n",
+            node_bin.display().to_string(),
+            script.display().to_string()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::builder()
+        .token("inspector-e2e-token")
+        .arg("--agents-file")
+        .arg(&agents_file)
+        .start();
     std::fs::create_dir_all(d.path("notes")).unwrap();
     std::fs::write(d.path("notes/readme.txt"), "hello from the work dir\n").unwrap();
     // A second daemon keeping only 10 events per serverId, for the step that shows a `gap`.
@@ -312,6 +343,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
             "4-cancel",
             "5-crash",
             "files-and-install",
+            "rich-updates",
             "6-wrong-token",
             "gap",
             "7-no-errors"
@@ -325,6 +357,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
         "4-cancel",
         "5-crash",
         "files",
+        "rich-updates",
         "6-wrong-token",
         "gap",
         "other-instance",

@@ -212,6 +212,51 @@ try {
     await byTestId(page, "agents-table").locator('tr[data-agent="mock"]', { hasText: "already installed" }).waitFor({ timeout: WAIT });
   });
 
+  await run("rich-updates", async () => {
+    // The user agent `scripted` (ui/test/scripted-agent.mjs) streams a thought, a plan, a tool
+    // call with a diff, in a fresh page.
+    const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
+    const p = await other.newPage();
+    watch(p);
+    allowed.push(["rich-updates", "GET", /\/v1\//, 401]); // before the token is entered
+    allowedAborts.push(["rich-updates", "GET", /\/v1\/acp\/inspector-scripted-/]);
+    await p.goto(`${baseUrl}/ui/`);
+    await byTestId(p, "token-input").fill(token);
+    await byTestId(p, "token-input").press("Enter");
+    await p.locator('[data-testid="agent-select"] option[value="scripted"]').waitFor({ state: "attached", timeout: WAIT });
+    await byTestId(p, "agent-select").selectOption("scripted");
+    await byTestId(p, "connect-button").click();
+    await byTestId(p, "status").filter({ hasText: "connected to scripted" }).waitFor({ timeout: WAIT });
+    await p.locator("#init-info summary").click();
+    await byTestId(p, "init-info").filter({ hasText: "Scripted login (scripted-login)" }).waitFor({ timeout: WAIT });
+    await byTestId(p, "session-new-button").click();
+    await byTestId(p, "session-id").filter({ hasText: "scripted-1" }).waitFor({ timeout: WAIT });
+    await sendPrompt(p, "fix notes.txt");
+    await turnEnds(p, 1);
+    const t = byTestId(p, "transcript");
+    await t.locator('[data-role="thought"]', { hasText: "the second line looks wrong" }).waitFor({ timeout: WAIT });
+    const tool = t.locator('[data-role="tool-call"][data-tool-call-id="edit-1"][data-status="completed"]');
+    await tool.filter({ hasText: "Edit notes.txt" }).waitFor({ timeout: WAIT });
+    if ((await t.locator('[data-role="tool-call"]').count()) !== 1) throw new Error("the tool call was not updated in place");
+    const diff = await tool.locator('[data-role="diff"] span').evaluateAll((ls) => ls.map((l) => `${l.className}|${l.textContent.trimEnd()}`));
+    const expectedDiff = ["d-same|  one", "d-del|- two", "d-add|+ 2", "d-same|  three"];
+    if (JSON.stringify(diff) !== JSON.stringify(expectedDiff)) throw new Error(`diff rendered as ${JSON.stringify(diff)}`);
+    const plans = t.locator('[data-role="plan"]');
+    if ((await plans.count()) !== 1) throw new Error("the second plan did not replace the first");
+    const statuses = await plans.locator("li[data-status]").evaluateAll((ls) => ls.map((l) => l.dataset.status));
+    if (JSON.stringify(statuses) !== JSON.stringify(["completed", "completed"])) throw new Error(`plan statuses ${statuses}`);
+    await t.locator('[data-role="agent"]', { hasText: "fixed the second line" }).waitFor({ timeout: WAIT });
+    // The method filter keeps only matching envelopes (and the non-envelope rows).
+    await byTestId(p, "raw-filter").fill("session/new");
+    const visible = await byTestId(p, "raw-log").locator("li[data-direction]:visible").evaluateAll((ls) => ls.map((l) => l.dataset.method));
+    if (JSON.stringify(visible) !== JSON.stringify(["session/new", "session/new"])) throw new Error(`filtered rows ${JSON.stringify(visible)}`);
+    await shot(p, "rich-updates");
+    await byTestId(p, "raw-filter").fill("");
+    await byTestId(p, "disconnect-button").click();
+    await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
+    await other.close();
+  });
+
   await run("6-wrong-token", async () => {
     const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
     const p = await other.newPage();
