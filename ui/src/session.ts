@@ -50,6 +50,10 @@ export class SessionView {
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
         e.preventDefault();
         void this.sendPrompt();
+      } else if (e.key === "Escape" && this.running > 0) {
+        // Escape in the prompt cancels the running turn, so the keyboard never has to leave it.
+        e.preventDefault();
+        void this.cancel();
       }
     });
     this.cancelBtn.addEventListener("click", () => void this.cancel());

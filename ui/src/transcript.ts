@@ -2,12 +2,15 @@
 // (consecutive chunks of one kind join one message, each chunk its own span, in arrival order),
 // thoughts, tool calls whose status and content are updated in place, plans and diffs, and the
 // end of each turn with its stop reason. Updates of kinds it does not know are shown as JSON
-// rather than dropped. Invariant: agent text is only ever inserted as text (see dom.ts).
+// rather than dropped. Invariants: agent text is only ever inserted as text (see dom.ts); at most
+// MAX_ITEMS items are kept (the oldest go first, and the transcript says how many went).
 
 import { byId, h, pretty } from "./dom";
 import { lineDiff } from "./diff";
 
 type Json = Record<string, unknown>;
+
+const MAX_ITEMS = 2000;
 
 export class Transcript {
   private readonly list = byId<HTMLOListElement>("transcript");
@@ -15,8 +18,10 @@ export class Transcript {
   private open: { role: string; el: HTMLElement } | null = null;
   private readonly tools = new Map<string, HTMLElement>();
   private plan: HTMLElement | null = null;
+  private dropped = 0;
 
   clear(): void {
+    this.dropped = 0;
     this.list.replaceChildren();
     this.open = null;
     this.tools.clear();
@@ -150,7 +155,27 @@ export class Transcript {
   private push(el: HTMLElement) {
     this.list.append(el);
     this.open = null;
+    this.trim();
     this.scroll();
+  }
+
+  private trim() {
+    let marker = this.list.firstElementChild as HTMLElement | null;
+    if (marker?.dataset.role !== "dropped") marker = null;
+    const limit = MAX_ITEMS + (marker ? 1 : 0);
+    if (this.list.childElementCount <= limit) return;
+    while (this.list.childElementCount > limit) {
+      const first = (marker ? marker.nextElementSibling : this.list.firstElementChild) as HTMLElement | null;
+      if (!first) break;
+      if (first.dataset.toolCallId) this.tools.delete(first.dataset.toolCallId);
+      first.remove();
+      this.dropped++;
+    }
+    if (!marker) {
+      marker = h("li", { class: "note meta", "data-role": "dropped" });
+      this.list.prepend(marker);
+    }
+    marker.textContent = `${this.dropped} earlier items were removed (the transcript keeps the last ${MAX_ITEMS})`;
   }
 
   private scroll() {
