@@ -16,20 +16,29 @@ const outIndex = args.indexOf("--out");
 const outDir = resolve(outIndex >= 0 ? args[outIndex + 1] : join(here, "dist"));
 
 // The SDK is bundled from its TypeScript source (never from a build of it), so a change there
-// shows up here as a changed bundle. Its own dependencies always resolve to ui/node_modules (pinned
-// in ui/package-lock.json), whether or not sdks/typescript/node_modules exists, so the output does
+// shows up here as a changed bundle: an import of `acp-http-client` or `sandbox-agent` (or one of
+// their subpaths) resolves through that package's `exports` map, `./dist/X.js` read as
+// `./src/X.ts`. The SDK's own dependencies always resolve to ui/node_modules (pinned in
+// ui/package-lock.json), whether or not sdks/typescript/node_modules exists, so the output does
 // not depend on what else is installed.
-const sdkRoot = join(here, "..", "sdks", "typescript");
+const sdkPackages = join(here, "..", "sdks", "typescript", "packages");
+const sdkSource = {
+  name: "sdk-source",
+  setup(b) {
+    b.onResolve({ filter: /^(acp-http-client|sandbox-agent)(\/.*)?$/ }, (args) => {
+      const [, name, sub = ""] = /^([^/]+)(\/.*)?$/.exec(args.path);
+      const pkg = JSON.parse(readFileSync(join(sdkPackages, name, "package.json"), "utf8"));
+      const target = pkg.exports?.[`.${sub}`]?.import;
+      const src = typeof target === "string" && /^\.\/dist\/(.+)\.js$/.exec(target);
+      if (!src) return { errors: [{ text: `${args.path}: not an export of ${name}` }] };
+      return { path: join(sdkPackages, name, "src", `${src[1]}.ts`) };
+    });
+  },
+};
 const alias = {
   "@agentclientprotocol/sdk": join(here, "node_modules", "@agentclientprotocol", "sdk"),
   zod: join(here, "node_modules", "zod"),
 };
-for (const [name, entry] of [
-  ["acp-http-client", "packages/acp-http-client/src/index.ts"],
-  ["sandbox-agent", "packages/sandbox-agent/src/index.ts"],
-]) {
-  if (existsSync(join(sdkRoot, entry))) alias[name] = join(sdkRoot, entry);
-}
 
 const common = {
   bundle: true,
@@ -42,6 +51,7 @@ const common = {
   absWorkingDir: here,
   nodePaths: [join(here, "node_modules")],
   alias,
+  plugins: [sdkSource],
 };
 
 const hashName = (stem, ext, bytes) =>

@@ -10,5 +10,6 @@ mod lifecycle;
 mod mock_agent;
 mod packaging;
 mod real_agents;
+mod sdk;
 mod supervisor;
 mod support;

@@ -34,7 +34,7 @@ import {
   type ResumeSessionResponse,
   type RequestPermissionResponse,
 } from "@agentclientprotocol/sdk";
-import { AcpHttpError, isProblemDetails } from "./errors.js";
+import { toAcpError } from "./errors.js";
 import { AcpHttpTransport, type AcpHttpTransportOptions } from "./transport.js";
 
 export interface AcpHttpClientOptions extends AcpHttpTransportOptions {
@@ -142,16 +142,6 @@ function withDefaults(client: Partial<Client>): Client {
       return { outcome: { outcome: "cancelled" } };
     },
   };
-}
-
-/** Maps a JSON-RPC error that carries an HTTP problem to {@link AcpHttpError}; others unchanged. */
-export function toAcpError(error: unknown): unknown {
-  if (error instanceof RequestError && isProblemDetails(error.data)) return new AcpHttpError(error.data);
-  if (typeof error === "object" && error !== null && !(error instanceof Error)) {
-    const e = error as { code?: unknown; message?: unknown; data?: unknown };
-    if (isProblemDetails(e.data)) return new AcpHttpError(e.data);
-  }
-  return error;
 }
 
 async function call<T>(f: () => Promise<T>): Promise<T> {

@@ -107,3 +107,17 @@ export function networkProblem(error: unknown): ProblemDetails {
     detail: error instanceof Error ? error.message : String(error),
   };
 }
+
+/**
+ * Maps a JSON-RPC error that carries an HTTP problem in `data` (made by our transport for a failed
+ * POST, or by a server running with `jsonrpc-errors`) to {@link AcpHttpError}; anything else is
+ * returned unchanged. Duck-typed, so this module needs no ACP SDK at run time.
+ */
+export function toAcpError(error: unknown): unknown {
+  if (error instanceof AcpHttpError) return error;
+  if (typeof error === "object" && error !== null && typeof (error as { code?: unknown }).code === "number") {
+    const data = (error as { data?: unknown }).data;
+    if (isProblemDetails(data)) return new AcpHttpError(data);
+  }
+  return error;
+}

@@ -3,7 +3,7 @@
  * agent's other messages — on top of the official `@agentclientprotocol/sdk` connection.
  * Protocol-pure: nothing here knows about a particular server product.
  */
-export { AcpHttpClient, toAcpError, RequestError, type AcpHttpClientOptions } from "./client.js";
+export { AcpHttpClient, RequestError, type AcpHttpClientOptions } from "./client.js";
 export {
   AcpHttpTransport,
   type AcpHttpTransportOptions,
@@ -16,6 +16,7 @@ export {
   NETWORK_ERROR_TYPE,
   networkProblem,
   isProblemDetails,
+  toAcpError,
   problemFromResponse,
   type ProblemDetails,
 } from "./errors.js";

@@ -7,15 +7,8 @@
  * connected (a call made while an auto-connect is under way waits for it and gets its failure);
  * the agent's permission requests are always answered (default: reject), so it never hangs on us.
  */
-import {
-  AcpHttpClient,
-  AcpHttpError,
-  RequestError,
-  toAcpError,
-  type AcpHttpTransport,
-  type GapEvent,
-  type acp,
-} from "acp-http-client";
+import type { AcpHttpClient, AcpHttpTransport, GapEvent, acp } from "acp-http-client";
+import { AcpHttpError, toAcpError } from "acp-http-client/errors";
 import { AgentError, AlreadyConnectedError, HttpError, NotConnectedError, UnsupportedError } from "./errors.js";
 import { HostApi, type HostOptions } from "./host.js";
 import { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
@@ -142,23 +135,27 @@ export class SandboxAgentClient extends HostApi {
   }
 
   private async doConnect(): Promise<void> {
-    const client = new AcpHttpClient({
-      baseUrl: this.baseUrl,
-      serverId: this.serverId,
-      agent: this.agent,
-      token: this.token,
-      fetch: this.fetcher,
-      headers: this.extraHeaders,
-      lastEventId: this.lastEventIdValue ?? undefined,
-      onGap: this.options.onGap,
-      onError: this.options.onError,
-      client: {
-        sessionUpdate: (n) => this.deliverUpdate(n),
-        requestPermission: (r) => this.answerPermission(r),
-      },
-    });
-    this.acpClient = client;
+    let client: AcpHttpClient | null = null;
     try {
+      // Loaded on first connect: the ACP SDK (and its schema validator) is most of this SDK's
+      // weight, and a program that only uses the host APIs never needs it.
+      const { AcpHttpClient } = await import("acp-http-client");
+      client = new AcpHttpClient({
+        baseUrl: this.baseUrl,
+        serverId: this.serverId,
+        agent: this.agent,
+        token: this.token,
+        fetch: this.fetcher,
+        headers: this.extraHeaders,
+        lastEventId: this.lastEventIdValue ?? undefined,
+        onGap: this.options.onGap,
+        onError: this.options.onError,
+        client: {
+          sessionUpdate: (n) => this.deliverUpdate(n),
+          requestPermission: (r) => this.answerPermission(r),
+        },
+      });
+      this.acpClient = client;
       this.initResult = await client.initialize({
         clientInfo: { name: this.options.clientName ?? "sandbox-agent-sdk", version: "0.5.0" },
       });
@@ -166,7 +163,7 @@ export class SandboxAgentClient extends HostApi {
     } catch (error) {
       this.acpClient = null;
       this.state = "disconnected";
-      await client.close().catch(() => {});
+      await client?.close().catch(() => {});
       const converted = convertError(error, this.agent, "connect");
       this.pendingConnectError = converted;
       throw converted;
@@ -412,11 +409,16 @@ function defaultReply(options: acp.PermissionOption[]): PermissionReply {
 export function convertError(error: unknown, agent: string, method: string): unknown {
   const e = toAcpError(error);
   if (e instanceof AcpHttpError && !(e instanceof HttpError)) return new HttpError(e.problem);
-  if (e instanceof RequestError) {
+  if (isRpcError(e)) {
     if (e.code === -32601) return new UnsupportedError(agent, method, e.message);
     return new AgentError(e.code, e.message, e.data);
   }
   return e;
+}
+
+/** A JSON-RPC error answered by the agent (the ACP SDK's `RequestError`, duck-typed). */
+function isRpcError(e: unknown): e is { code: number; message: string; data?: unknown } {
+  return e instanceof Error && typeof (e as { code?: unknown }).code === "number";
 }
 
 function uuid(): string {

@@ -4,7 +4,7 @@
  * Invariant: callers see only these classes (plus `TypeError`s for bad arguments): HTTP problems
  * as {@link HttpError}, the connection gates, a missing agent capability, and the agent's own errors.
  */
-import { AcpHttpError, type ProblemDetails } from "acp-http-client";
+import { AcpHttpError, type ProblemDetails } from "acp-http-client/errors";
 
 /** A non-2xx answer of the daemon (or a failed fetch, `status` 0), with its problem body. */
 export class HttpError extends AcpHttpError {

@@ -41,7 +41,11 @@ export class SandboxAgent extends SandboxAgentClient {
     if (options.token) args.push("--token", options.token);
     args.push(...(options.args ?? []));
     const child = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env: options.env ?? process.env });
-    const exited = new Promise<void>((r) => child.once("exit", () => r()));
+    // A binary that cannot be spawned emits "error" and never "exit".
+    const exited = new Promise<void>((r) => {
+      child.once("exit", () => r());
+      child.once("error", () => r());
+    });
     let stderr = "";
     try {
       const baseUrl = await waitForListening(child, options.startTimeoutMs ?? 30_000, (s) => (stderr = s));
