@@ -1,7 +1,7 @@
 // The running instances (`GET /v1/acp`): status, pid and process figures, subscribers, pending
 // requests, and for an exited one its exit code or signal, exit reason and stderr tail; Stop
-// sends DELETE. Refreshed every 2 s while the tab is visible and auto-refresh is on; a refresh
-// never overlaps the previous one.
+// sends DELETE. Refreshed every 2 s while this tab is shown and auto-refresh is on, and whenever
+// the page's own connection changes; a refresh never overlaps the previous one.
 // The listing does not carry the stderr tail (the daemon puts it in the problem body of a request
 // to an exited instance), so the tail shown is, in order: the listing's own `stderrTail` if a
 // daemon sends one, the one this page's connection was told when its agent ended, or one fetched
@@ -23,8 +23,10 @@ export class InstancesPanel {
     private readonly onError: (error: unknown) => void,
   ) {
     byId("instances-refresh").addEventListener("click", () => void this.refresh());
+    // Polled only while the tab is shown (each poll is a line in the daemon's request log).
+    const panel = byId("panel-instances");
     setInterval(() => {
-      if (this.auto.checked && document.visibilityState === "visible" && !this.failing) void this.refresh();
+      if (this.auto.checked && !panel.hidden && document.visibilityState === "visible" && !this.failing) void this.refresh();
     }, 2000);
   }
 

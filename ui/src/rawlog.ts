@@ -10,6 +10,8 @@ import { parseSse } from "acp-http-client";
 import { byId, bytes, clock, h, pretty } from "./dom";
 
 const MAX_ROWS = 5000;
+/** Requests remembered to label their responses, per direction. */
+const MAX_PENDING = 10_000;
 /** The client's own limit for one event (its default); a larger one ends our copy of the stream. */
 const MAX_EVENT_BYTES = 64 * 1024 * 1024;
 const encoder = new TextEncoder();
@@ -124,7 +126,12 @@ export class RawLog {
       if (typeof msg.method === "string") {
         method = msg.method;
         kind = hasId ? "request" : "notification";
-        if (hasId) this.requests[dir].set(key(id!), method);
+        if (hasId) {
+          const pending = this.requests[dir];
+          pending.set(key(id!), method);
+          // Requests never answered (the agent died) must not accumulate without end.
+          if (pending.size > MAX_PENDING) pending.delete(pending.keys().next().value!);
+        }
       } else if (hasId) {
         // A response answers a request that went the other way.
         const other = dir === "in" ? "out" : "in";
