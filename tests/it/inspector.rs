@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use reqwest::header::{
-    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION,
+    ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG,
+    IF_NONE_MATCH, LOCATION, VARY,
 };
 
 use crate::support::{self, Daemon};
@@ -139,6 +140,53 @@ async fn ui_is_served_without_a_token_with_strict_headers() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::NOT_MODIFIED, "{name}");
     }
+
+    // The script goes gzip-compressed to a client that accepts it, as its own representation.
+    let script = refs.iter().find(|r| r.ends_with(".js")).unwrap();
+    let plain = c.get(d.url(&format!("/ui/{script}"))).send().await.unwrap();
+    assert!(!plain.headers().contains_key(CONTENT_ENCODING));
+    let plain_etag = plain.headers()[ETAG].clone();
+    let r = c
+        .get(d.url(&format!("/ui/{script}")))
+        .header(ACCEPT_ENCODING, "br;q=1, gzip;q=0.5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()[CONTENT_ENCODING], "gzip");
+    assert_eq!(r.headers()[VARY], "accept-encoding");
+    let gz_etag = r.headers()[ETAG].clone();
+    assert_ne!(gz_etag, plain_etag, "each encoding has its own ETag");
+    let compressed = r.bytes().await.unwrap();
+    let mut unpacked = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&compressed[..]),
+        &mut unpacked,
+    )
+    .unwrap();
+    assert!(
+        unpacked == std::fs::read(ui_dir().join("dist").join(script)).unwrap(),
+        "the gzip body unpacks to the committed script"
+    );
+    assert!(compressed.len() < unpacked.len() / 2, "compression pays");
+    let r = c
+        .get(d.url(&format!("/ui/{script}")))
+        .header(ACCEPT_ENCODING, "gzip")
+        .header(IF_NONE_MATCH, gz_etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+    let r = c
+        .get(d.url(&format!("/ui/{script}")))
+        .header(ACCEPT_ENCODING, "gzip;q=0")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        !r.headers().contains_key(CONTENT_ENCODING),
+        "q=0 refuses gzip"
+    );
 
     // HEAD works; other methods, unknown files and traversal attempts are problem+json.
     let r = c.head(d.url("/ui/")).send().await.unwrap();
