@@ -165,11 +165,17 @@ try {
     await page.locator('[data-testid="transcript"] [data-role="turn-end"][data-stop-reason="cancelled"]').waitFor({ timeout: WAIT });
     await byTestId(page, "raw-log").locator('li[data-direction="out"][data-method="session/cancel"]').waitFor({ timeout: WAIT });
     await shot(page, "4-cancel");
+    // Without the mouse: Escape in the prompt field cancels the running turn too.
+    await byTestId(page, "prompt-input").fill("/hang");
+    await byTestId(page, "prompt-input").press("Enter");
+    await page.waitForFunction(() => !document.querySelector('[data-testid="cancel-button"]').disabled, null, { timeout: WAIT });
+    await byTestId(page, "prompt-input").press("Escape");
+    await page.locator('[data-testid="transcript"] [data-role="turn-end"][data-stop-reason="cancelled"]').nth(1).waitFor({ timeout: WAIT });
   });
 
   await run("5-crash", async () => {
     await sendPrompt(page, "/stderr last words from the mock");
-    await turnEnds(page, 5);
+    await turnEnds(page, 6);
     // After the crash the event stream ends and its resume is answered 410 (nothing left).
     allowed.push(["5-crash", "GET", new RegExp(`/v1/acp/${serverId}$`), 410]);
     await sendPrompt(page, "/crash 3");
