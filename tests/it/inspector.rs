@@ -392,6 +392,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
             "5-crash",
             "files-and-install",
             "rich-updates",
+            "slow-stream",
             "6-wrong-token",
             "gap",
             "7-no-errors"

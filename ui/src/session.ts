@@ -6,7 +6,7 @@
 // error) is shown exactly once.
 
 import { AcpHttpClient, AcpHttpError } from "acp-http-client";
-import { baseUrl, token } from "./api";
+import { api, baseUrl, token } from "./api";
 import { byId, clear, h, pretty } from "./dom";
 import type { PermissionDialog } from "./permission";
 import type { RawLog } from "./rawlog";
@@ -164,6 +164,7 @@ export class SessionView {
     this.updateControls();
     try {
       const res = await client.prompt({ sessionId, prompt: [{ type: "text", text }] });
+      await this.drain(client);
       this.transcript.turnEnd(String(res.stopReason));
     } catch (error) {
       this.fail("the prompt failed", error);
@@ -171,6 +172,23 @@ export class SessionView {
     } finally {
       this.running--;
       this.updateControls();
+    }
+  }
+
+  /**
+   * Waits (at most 5 s) until the event stream has delivered everything the agent wrote before
+   * its answer. The daemon queues those events before it answers the POST, but the POST and the
+   * stream are two connections: over a slow link the answer can arrive first, and the turn's end
+   * would be drawn above its last chunks. The instance's `lastEventId` says how far to read.
+   */
+  private async drain(client: AcpHttpClient) {
+    try {
+      const me = (await api().listInstances()).find((s) => s.serverId === this.serverId);
+      if (me && me.lastEventId > 0) await client.transport.waitForEventId(me.lastEventId, 5000);
+      // The connection dispatches what it read on a later tick.
+      await new Promise((r) => setTimeout(r, 0));
+    } catch {
+      // Best effort: the answer is shown either way.
     }
   }
 

@@ -7,6 +7,7 @@
 // for the extra step that shows a `gap` in the log.
 // Exits 0 when every step passed; otherwise prints what failed and exits 1.
 import { mkdirSync } from "node:fs";
+import { request as httpRequest, createServer } from "node:http";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 
@@ -72,6 +73,41 @@ async function turnEnds(page, n) {
   await page.locator('[data-testid="transcript"] [data-role="turn-end"]').nth(n - 1).waitFor({ timeout: WAIT });
 }
 
+/**
+ * An HTTP proxy to `target` that delays every chunk of an event stream (`text/event-stream`
+ * answers) by `lagMs`, in order; everything else passes at once. Host is passed through, so the
+ * page's origin is the proxy's own.
+ */
+function lagProxy(target, lagMs) {
+  const upstream = new URL(target);
+  const server = createServer((req, res) => {
+    const up = httpRequest(
+      { host: upstream.hostname, port: upstream.port, method: req.method, path: req.url, headers: req.headers },
+      (ures) => {
+        res.writeHead(ures.statusCode, ures.headers);
+        const sse = String(ures.headers["content-type"] ?? "").startsWith("text/event-stream");
+        if (!sse) return void ures.pipe(res);
+        ures.on("data", (chunk) => setTimeout(() => res.write(chunk), lagMs));
+        ures.on("end", () => setTimeout(() => res.end(), lagMs));
+      },
+    );
+    up.on("error", () => res.destroy());
+    // The page went away (e.g. Disconnect aborts the stream): drop the upstream request too.
+    res.on("close", () => {
+      if (!res.writableFinished) up.destroy();
+    });
+    req.pipe(up);
+  });
+  return new Promise((resolve) =>
+    server.listen(0, "127.0.0.1", () =>
+      resolve({
+        url: `http://127.0.0.1:${server.address().port}`,
+        close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }),
+      }),
+    ),
+  );
+}
+
 const browser = await chromium.launch({
   executablePath,
   headless: true,
@@ -130,8 +166,12 @@ try {
     if (JSON.stringify(chunks) !== JSON.stringify(expected)) {
       throw new Error(`expected 100 chunks in order, got ${chunks.length}: ${JSON.stringify(chunks.slice(0, 5))}…`);
     }
-    const updates = await byTestId(page, "raw-log").locator('li[data-direction="in"][data-method="session/update"]').count();
-    if (updates < 101) throw new Error(`the raw log shows ${updates} session/update envelopes, expected at least 101`);
+    // The log reads its own copy of the stream: wait for it rather than assume it is as far.
+    await page.waitForFunction(
+      () => document.querySelectorAll('[data-testid="raw-log"] li[data-direction="in"][data-method="session/update"]').length >= 101,
+      null,
+      { timeout: WAIT },
+    );
     await shot(page, "2-stream");
   });
 
@@ -261,6 +301,39 @@ try {
     await byTestId(p, "disconnect-button").click();
     await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
     await other.close();
+  });
+
+  await run("slow-stream", async () => {
+    // Through a proxy that holds every event-stream chunk for 300 ms, a prompt's answer arrives
+    // before its updates: the turn's end must still be drawn after its last chunk.
+    const proxy = await lagProxy(baseUrl, 300);
+    const other = await browser.newContext({ viewport: { width: 1366, height: 800 } });
+    const p = await other.newPage();
+    watch(p);
+    allowed.push(["slow-stream", "GET", /\/v1\//, 401]); // before the token is entered
+    allowedAborts.push(["slow-stream", "GET", /\/v1\/acp\/inspector-mock-/]);
+    try {
+      await p.goto(`${proxy.url}/ui/`);
+      await byTestId(p, "token-input").fill(token);
+      await byTestId(p, "token-input").press("Enter");
+      await p.locator('[data-testid="agent-select"] option[value="mock"]').waitFor({ state: "attached", timeout: WAIT });
+      await byTestId(p, "connect-button").click();
+      await byTestId(p, "status").filter({ hasText: "connected to mock" }).waitFor({ timeout: WAIT });
+      await byTestId(p, "session-new-button").click();
+      await byTestId(p, "session-id").filter({ hasText: "mock-" }).waitFor({ timeout: WAIT });
+      await sendPrompt(p, "/stream 20");
+      await turnEnds(p, 1);
+      const roles = await byTestId(p, "transcript").locator("[data-role]").evaluateAll((ls) => ls.map((l) => l.dataset.role));
+      const chunks = await byTestId(p, "transcript").locator('[data-role="agent"] .chunk').count();
+      if (roles.at(-1) !== "turn-end" || roles.at(-2) !== "agent" || chunks !== 20) {
+        throw new Error(`over a lagging stream the transcript reads ${JSON.stringify(roles)} with ${chunks} chunks`);
+      }
+      await byTestId(p, "disconnect-button").click();
+      await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
+    } finally {
+      await other.close();
+      await proxy.close();
+    }
   });
 
   await run("6-wrong-token", async () => {
