@@ -1,7 +1,9 @@
 // The inspector's end-to-end proof in a real browser: Debian's Chromium (never a downloaded one),
 // driven by playwright-core against a real daemon and its mock agent, through the seven steps of
-// issue 13. A screenshot of each step goes to the screenshot directory. Run by the Rust
-// integration test `inspector::inspector_drives_the_mock_agent_in_chromium`, which starts the daemon.
+// issue 13 plus the files panel, a scripted agent's richer updates, a lagging event stream and a
+// gap (docs/inspector.md lists them). A screenshot of each step goes to the screenshot directory.
+// Run by the Rust integration test `inspector::inspector_drives_the_mock_agent_in_chromium`,
+// which starts the daemons and the scripted agent's agents file.
 // Usage: node test/e2e.mjs <baseUrl> <token> <screenshotDir> [<gapBaseUrl>]
 // <gapBaseUrl>, if given, is a second daemon (same token) keeping only 10 events per serverId,
 // for the extra step that shows a `gap` in the log.
