@@ -4,6 +4,7 @@
 mod acp;
 mod agents;
 mod config;
+mod edge;
 mod files;
 mod inspector;
 mod lifecycle;
