@@ -1,6 +1,6 @@
 // The running instances (`GET /v1/acp`): status, pid and process figures, subscribers, pending
 // requests, and for an exited one its exit code or signal, exit reason and stderr tail; Stop
-// sends DELETE. Refreshed every 2 s while this tab is shown and auto-refresh is on, and whenever
+// sends DELETE; Attach connects the page to a running instance it did not start. Refreshed every 2 s while this tab is shown and auto-refresh is on, and whenever
 // the page's own connection changes; a refresh never overlaps the previous one.
 // The listing does not carry the stderr tail (the daemon puts it in the problem body of a request
 // to an exited instance), so the tail shown is, in order: the listing's own `stderrTail` if a
@@ -21,6 +21,8 @@ export class InstancesPanel {
   constructor(
     private readonly current: () => string | null,
     private readonly onError: (error: unknown) => void,
+    /** Attaches the page to a running instance. */
+    private readonly onAttach: (agent: string, serverId: string) => void,
   ) {
     byId("instances-refresh").addEventListener("click", () => void this.refresh());
     // Polled only while the tab is shown (each poll is a line in the daemon's request log).
@@ -71,6 +73,11 @@ export class InstancesPanel {
         }
         await this.refresh();
       });
+      let attach: HTMLElement | null = null;
+      if (status !== "exited" && s.serverId !== this.current()) {
+        attach = h("button", { type: "button", class: "small", "data-testid": "attach-button" }, "Attach");
+        attach.addEventListener("click", () => this.onAttach(s.agent, s.serverId));
+      }
       const figures = h(
         "div",
         { class: "figures" },
@@ -86,7 +93,7 @@ export class InstancesPanel {
         h(
           "tr",
           { "data-server-id": s.serverId, "data-status": status, class: s.serverId === this.current() ? "current" : "" },
-          h("th", { scope: "row" }, h("div", { class: "sid" }, s.serverId), h("div", { class: "muted" }, s.agent), stop),
+          h("th", { scope: "row" }, h("div", { class: "sid" }, s.serverId), h("div", { class: "muted" }, s.agent), stop, attach),
           h(
             "td",
             {},

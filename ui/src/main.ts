@@ -49,7 +49,14 @@ const session = new SessionView(
   () => void instances?.refresh(),
   (serverId, problem) => instances?.remember(serverId, problem),
 );
-instances = new InstancesPanel(() => session.connectedServerId, showError);
+instances = new InstancesPanel(
+  () => session.connectedServerId,
+  showError,
+  (agent, serverId) => {
+    byId<HTMLInputElement>("server-id").value = serverId;
+    void session.connect(agent, serverId);
+  },
+);
 const agents = new AgentsPanel((agent, serverId) => void session.connect(agent, serverId), showError);
 const files = new FilesPanel(showError);
 

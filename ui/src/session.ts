@@ -65,18 +65,29 @@ export class SessionView {
     return this.client ? this.serverId : null;
   }
 
+  /**
+   * Connects to `serverId`: an instance that already exists is attached to as it is (no
+   * `?agent=`, so it works whatever agent runs there); otherwise `agent` is started.
+   */
   async connect(agent: string, serverId: string): Promise<void> {
     if (this.client) await this.disconnect();
+    let existing: string | undefined;
+    try {
+      existing = (await api().listInstances()).find((s) => s.serverId === serverId)?.agent;
+    } catch {
+      // Not knowing only means the first POST names the agent; the daemon checks it.
+    }
+    if (existing) agent = existing;
     this.serverId = serverId;
     this.sessionId = null;
     this.transcript.clear();
     this.showInit(null);
-    this.raw.note(`connecting to ${agent} as ${serverId}`);
+    this.raw.note(existing ? `attaching to ${serverId} (${agent})` : `connecting to ${agent} as ${serverId}`);
     this.setState("connecting", `connecting to ${agent} as ${serverId}…`);
     const client = new AcpHttpClient({
       baseUrl,
       serverId,
-      agent,
+      agent: existing ? undefined : agent,
       token: token() || undefined,
       fetch: this.raw.tapFetch(),
       // Agent failures on a request come back as a JSON-RPC error (HTTP 200) carrying the problem,

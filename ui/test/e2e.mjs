@@ -396,9 +396,11 @@ try {
       await byTestId(p, "token-input").fill(token);
       await byTestId(p, "token-input").press("Enter");
       await p.locator('[data-testid="agent-select"] option[value="mock"]').waitFor({ state: "attached", timeout: WAIT });
-      await byTestId(p, "server-id-input").fill(id);
-      await byTestId(p, "connect-button").click();
+      // Attach from the Instances tab: the page joins the instance without starting anything.
+      await p.locator("#tab-instances").click();
+      await byTestId(p, "instances-table").locator(`tr[data-server-id="${id}"] [data-testid="attach-button"]`).click();
       await byTestId(p, "status").filter({ hasText: "connected to mock" }).waitFor({ timeout: WAIT });
+      if ((await byTestId(p, "server-id-input").inputValue()) !== id) throw new Error("Attach did not fill the server id");
       const gap = byTestId(p, "raw-log").locator('li[data-kind="gap"]');
       await gap.waitFor({ timeout: WAIT });
       const text = await gap.textContent();
