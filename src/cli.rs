@@ -313,4 +313,60 @@ pub struct ServerArgs {
     /// [default: auto]
     #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
     pub worker_threads: Option<String>,
+
+    // --- Runtime caps (hostile clients and agents; see docs/operations.md "Limits and timeouts").
+    /// Most agent instances (serverIds) at once; more are refused 503 [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_AGENTS", value_name = "COUNT")]
+    pub max_agents: Option<String>,
+
+    /// Most SSE subscribers of one serverId [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_SUBSCRIBERS", value_name = "COUNT")]
+    pub max_subscribers: Option<String>,
+
+    /// Most SSE subscribers of all serverIds together [default: 1024]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_MAX_SUBSCRIBERS_TOTAL",
+        value_name = "COUNT"
+    )]
+    pub max_subscribers_total: Option<String>,
+
+    /// Bytes queued for one agent's stdin (it reads slower than clients POST) [default: 64M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE", value_name = "SIZE")]
+    pub stdin_queue: Option<String>,
+
+    /// Bytes queued for every agent's stdin together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE_TOTAL", value_name = "SIZE")]
+    pub stdin_queue_total: Option<String>,
+
+    /// Request body bytes of ACP POSTs being received at once, all together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub acp_inflight_bytes: Option<String>,
+
+    /// Memory limit of all agents together (a parent cgroup); `max` for none [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_MEMORY_MAX", value_name = "SIZE")]
+    pub agents_memory_max: Option<String>,
+
+    /// Process (task) limit of all agents together (a parent cgroup); `max` for none
+    /// [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_PIDS_MAX", value_name = "COUNT")]
+    pub agents_pids_max: Option<String>,
+
+    /// Bytes of log records waiting for the log writer; more are dropped and counted [default: 8M]
+    #[arg(long, env = "SANDBOX_AGENT_LOG_QUEUE", value_name = "SIZE")]
+    pub log_queue: Option<String>,
+
+    /// journald's native socket, for --log-format journald
+    /// [default: /run/systemd/journal/socket]
+    #[arg(long, env = "SANDBOX_AGENT_JOURNAL_SOCKET", value_name = "PATH")]
+    pub journal_socket: Option<PathBuf>,
+
+    /// Lines per second of one agent's stderr that reach the log; the rest are counted
+    /// [default: 100]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_LINES", value_name = "COUNT")]
+    pub agent_stderr_lines: Option<String>,
+
+    /// Bytes per second of one agent's stderr that reach the log [default: 64K]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_BYTES", value_name = "SIZE")]
+    pub agent_stderr_bytes: Option<String>,
 }

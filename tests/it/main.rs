@@ -6,6 +6,7 @@ mod agents;
 mod config;
 mod edge;
 mod files;
+mod hostile_agents;
 mod inspector;
 mod lifecycle;
 mod mock_agent;
