@@ -1,5 +1,6 @@
 // One ACP connection at a time, through the SDK's `AcpHttpClient`: connect (the first POST,
-// `initialize`, creates the agent instance), `session/new`, prompts, cancel, disconnect (DELETE).
+// `initialize`, creates the agent instance, or attaches to an existing one), `session/new`,
+// prompts, cancel, disconnect (DELETE for an instance the page started, a detach otherwise).
 // What the agent streams goes to the transcript; its permission requests to the dialog; every
 // envelope to the raw log (through the tapped fetch). Invariant: the prompt controls are enabled
 // only while a session exists on a live connection, and each prompt's outcome (stop reason or
@@ -18,6 +19,8 @@ export type ConnectionState = "disconnected" | "connecting" | "connected" | "clo
 export class SessionView {
   private client: AcpHttpClient | null = null;
   private serverId = "";
+  /** Whether this page started the instance (then Disconnect stops it) or attached to it. */
+  private owned = false;
   private sessionId: string | null = null;
   private running = 0;
   private readonly status = byId("status");
@@ -78,6 +81,7 @@ export class SessionView {
       // Not knowing only means the first POST names the agent; the daemon checks it.
     }
     if (existing) agent = existing;
+    this.owned = !existing;
     this.serverId = serverId;
     this.sessionId = null;
     this.transcript.clear();
@@ -125,9 +129,13 @@ export class SessionView {
     this.client = null;
     this.sessionId = null;
     this.permission.dismiss();
-    await client.close();
-    if (state === "disconnected") this.setState("disconnected", `disconnected from ${this.serverId}`);
-    this.raw.note(`disconnected from ${this.serverId}`);
+    // An instance this page started is stopped (DELETE); one it attached to keeps running for
+    // whoever started it.
+    if (this.owned) await client.close();
+    else await client.transport.detach();
+    const what = this.owned ? "disconnected from" : "detached from (still running)";
+    if (state === "disconnected") this.setState("disconnected", `${what} ${this.serverId}`);
+    this.raw.note(`${what} ${this.serverId}`);
     this.updateControls();
     this.onChange();
   }

@@ -422,8 +422,12 @@ try {
       if (code !== "4") throw new Error(`exit code shown: ${code}`);
       await shot(p, "other-instance");
       await p.locator("#tab-agents").click();
+      // Disconnecting from an instance the page attached to leaves it running.
       await byTestId(p, "disconnect-button").click();
-      await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
+      await byTestId(p, "status").filter({ hasText: "detached from (still running)" }).waitFor({ timeout: WAIT });
+      const listing = await (await fetch(`${gapBaseUrl}/v1/acp`, { headers: { Authorization: `Bearer ${token}` } })).json();
+      const still = listing.servers.find((s) => s.serverId === id);
+      if (still?.status !== "running") throw new Error(`after the detach the instance is ${JSON.stringify(still)}`);
       await other.close();
     });
   }
