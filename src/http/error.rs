@@ -263,6 +263,15 @@ impl From<crate::files::FileError> for Problem {
                 p
             }
             E::Io { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            // harden-files: transfer limits and content types.
+            E::Stalled { .. } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                .header(header::CONNECTION, "close"),
+            E::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            E::UnsupportedMediaType { .. } => {
+                Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
+            }
         }
     }
 }
@@ -277,6 +286,9 @@ impl From<crate::config_store::ConfigError> for Problem {
             }
             E::NotFound { .. } => Problem::not_found(detail),
             E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            E::TooLarge { limit, .. } => {
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
+            }
             E::File(f) => Problem::from(f),
         }
     }

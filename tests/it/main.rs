@@ -7,6 +7,7 @@ mod config;
 mod edge;
 mod files;
 mod hostile_agents;
+mod hostile_files;
 mod inspector;
 mod lifecycle;
 mod mock_agent;
