@@ -11,6 +11,7 @@ mod hostile_files;
 mod inspector;
 mod lifecycle;
 mod mock_agent;
+mod openapi;
 mod packaging;
 mod real_agents;
 mod sdk;
