@@ -17,3 +17,4 @@ mod real_agents;
 mod sdk;
 mod supervisor;
 mod support;
+mod transports;

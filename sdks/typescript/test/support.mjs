@@ -123,7 +123,9 @@ export async function startProxy(targetUrl, { cutSseAfterBytes, delaySseMs = 0 }
       else upstream.write(d);
     });
     upstream.on("data", (d) => {
-      if (!c.sse && /content-type: text\/event-stream/i.test(d.toString("latin1", 0, Math.min(d.length, 4096)))) {
+      const head = d.toString("latin1", 0, Math.min(d.length, 4096));
+      // An event stream, or a WebSocket (101): the long-lived connections a test may cut.
+      if (!c.sse && (/content-type: text\/event-stream/i.test(head) || head.startsWith("HTTP/1.1 101"))) {
         c.sse = true;
       }
       if (c.sse && !cutDone) {

@@ -35,9 +35,15 @@ import {
   type RequestPermissionResponse,
 } from "@agentclientprotocol/sdk";
 import { toAcpError } from "./errors.js";
-import { AcpHttpTransport, type AcpHttpTransportOptions } from "./transport.js";
+import { AcpHttpTransport, type AcpStreamTransport } from "./transport.js";
+import { AcpWebSocketTransport, type AcpWebSocketTransportOptions } from "./ws-transport.js";
 
-export interface AcpHttpClientOptions extends AcpHttpTransportOptions {
+export interface AcpHttpClientOptions extends AcpWebSocketTransportOptions {
+  /**
+   * `sse` (default): POST per envelope plus one event stream. `websocket`: one socket for both
+   * directions (the daemon's WebSocket face of the same path; needs a daemon that has it).
+   */
+  transport?: "sse" | "websocket";
   /**
    * Handlers for what the agent sends (`sessionUpdate`, `requestPermission`, …). Missing
    * `requestPermission` answers `cancelled`, so an agent never waits forever.
@@ -49,11 +55,12 @@ export interface AcpHttpClientOptions extends AcpHttpTransportOptions {
 export { RequestError };
 
 export class AcpHttpClient {
-  readonly transport: AcpHttpTransport;
+  readonly transport: AcpStreamTransport;
   readonly connection: ClientSideConnection;
 
   constructor(options: AcpHttpClientOptions) {
-    this.transport = new AcpHttpTransport(options);
+    this.transport =
+      options.transport === "websocket" ? new AcpWebSocketTransport(options) : new AcpHttpTransport(options);
     const handlers = withDefaults(options.client ?? {});
     this.connection = new ClientSideConnection(() => handlers, {
       readable: this.transport.readable,

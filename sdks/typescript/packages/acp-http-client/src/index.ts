@@ -7,9 +7,15 @@ export { AcpHttpClient, RequestError, type AcpHttpClientOptions } from "./client
 export {
   AcpHttpTransport,
   type AcpHttpTransportOptions,
+  type AcpStreamTransport,
   type EnvelopeDirection,
   type GapEvent,
 } from "./transport.js";
+export {
+  AcpWebSocketTransport,
+  type AcpWebSocketTransportOptions,
+  type WebSocketLike,
+} from "./ws-transport.js";
 export {
   AcpHttpError,
   AcpTransportClosedError,

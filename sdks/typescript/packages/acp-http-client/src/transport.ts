@@ -69,9 +69,22 @@ export interface AcpHttpTransportOptions {
 
 type JsonRpcId = string | number;
 
+/** What both transports (SSE and WebSocket) offer besides the ACP stream itself. */
+export interface AcpStreamTransport {
+  readonly readable: ReadableStream<AnyMessage>;
+  readonly writable: WritableStream<AnyMessage>;
+  readonly lastEventId: number | null;
+  readonly reconnects: number;
+  readonly isClosed: boolean;
+  readonly endReason: AcpHttpError | null;
+  waitForEventId(id: number, timeoutMs?: number): Promise<boolean>;
+  close(): Promise<void>;
+  detach(): Promise<void>;
+}
+
 const FAILED_IDS_MAX = 1024;
 
-export class AcpHttpTransport {
+export class AcpHttpTransport implements AcpStreamTransport {
   readonly readable: ReadableStream<AnyMessage>;
   readonly writable: WritableStream<AnyMessage>;
 

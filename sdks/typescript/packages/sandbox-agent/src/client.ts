@@ -7,7 +7,7 @@
  * connected (a call made while an auto-connect is under way waits for it and gets its failure);
  * the agent's permission requests are always answered (default: reject), so it never hangs on us.
  */
-import type { AcpHttpClient, AcpHttpTransport, GapEvent, acp } from "acp-http-client";
+import type { AcpHttpClient, AcpStreamTransport, GapEvent, WebSocketLike, acp } from "acp-http-client";
 import { AcpHttpError, toAcpError } from "acp-http-client/errors";
 import { AgentError, AlreadyConnectedError, HttpError, NotConnectedError, UnsupportedError } from "./errors.js";
 import { HostApi, type HostOptions } from "./host.js";
@@ -52,6 +52,13 @@ export interface SandboxAgentClientOptions extends HostOptions {
   clientName?: string;
   /** After a prompt is answered, wait until its updates were delivered (default true; at most 5 s). */
   waitForUpdates?: boolean;
+  /**
+   * `sse` (default): a POST per message plus one event stream. `websocket`: one socket both ways
+   * (needs a daemon with the WebSocket face; browsers cannot send the token on it).
+   */
+  transport?: "sse" | "websocket";
+  /** Opens the socket for `transport: "websocket"` (default: the global `WebSocket`). */
+  createWebSocket?: (url: string, headers: Record<string, string>) => WebSocketLike;
 }
 
 export interface NewSessionOptions {
@@ -150,6 +157,8 @@ export class SandboxAgentClient extends HostApi {
         lastEventId: this.lastEventIdValue ?? undefined,
         onGap: this.options.onGap,
         onError: this.options.onError,
+        transport: this.options.transport,
+        createWebSocket: this.options.createWebSocket,
         client: {
           sessionUpdate: (n) => this.deliverUpdate(n),
           requestPermission: (r) => this.answerPermission(r),
@@ -273,7 +282,10 @@ export class SandboxAgentClient extends HostApi {
     const prompt: acp.ContentBlock[] =
       typeof request.prompt === "string" ? [{ type: "text", text: request.prompt }] : request.prompt;
     const res = await this.run("prompt", () => c.prompt({ sessionId: request.sessionId, prompt }));
-    if (this.options.waitForUpdates ?? true) await this.drainUpdates(c.transport);
+    // Over a WebSocket the answer follows its updates on the same socket: nothing to wait for.
+    if ((this.options.waitForUpdates ?? true) && this.options.transport !== "websocket") {
+      await this.drainUpdates(c.transport);
+    }
     await this.touch(request.sessionId);
     return res;
   }
@@ -355,7 +367,7 @@ export class SandboxAgentClient extends HostApi {
    * update before it answers, so once the stream reached the instance's `lastEventId` as listed
    * after the answer, all of them were delivered.
    */
-  private async drainUpdates(transport: AcpHttpTransport): Promise<void> {
+  private async drainUpdates(transport: AcpStreamTransport): Promise<void> {
     try {
       const me = (await this.listInstances()).find((s) => s.serverId === this.serverId);
       if (me && me.lastEventId > 0) await transport.waitForEventId(me.lastEventId, 5000);
