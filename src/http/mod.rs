@@ -10,6 +10,7 @@ pub mod files;
 pub mod guard;
 pub mod openapi;
 pub mod rfd;
+pub mod ui;
 pub mod ws;
 
 use std::sync::Arc;
@@ -97,6 +98,8 @@ pub fn api() -> OpenApiRouter<AppState> {
 pub fn router(state: AppState) -> Router {
     let (routes, _) = api().split_for_parts();
     routes
+        // The inspector's static files: not API routes, so not in the document (src/http/ui.rs).
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))

@@ -8,6 +8,7 @@ mod edge;
 mod files;
 mod hostile_agents;
 mod hostile_files;
+mod inspector;
 mod lifecycle;
 mod mock_agent;
 mod openapi;
