@@ -41,6 +41,7 @@ fn serve(args: &ServerArgs) -> ExitCode {
             return ExitCode::from(EX_CONFIG);
         }
     };
+    protect_secrets(&config);
     // As PID 1 (a container entrypoint) the process splits before any thread exists: the parent
     // stays a tiny init that reaps and forwards signals, the child goes on to be the daemon.
     let pid1 = std::process::id() == 1;
@@ -52,7 +53,8 @@ fn serve(args: &ServerArgs) -> ExitCode {
         }
         parent_init = Some(init_pid);
     }
-    sandbox_agent::logging::init(&config);
+    // Flushes the log queue (bounded wait) when `serve` returns.
+    let _log_guard = sandbox_agent::logging::init(&config);
     install_panic_hook();
     sandbox_agent::install_crypto_provider();
     let runtime = match build_runtime(config.worker_threads) {
@@ -79,6 +81,22 @@ fn serve(args: &ServerArgs) -> ExitCode {
             tracing::error!(error = format!("{e:#}"), "cannot start");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Leaves nothing of the token readable by another process of ours or of an agent: its copies in
+/// argv (`--token`) and in `SANDBOX_AGENT_TOKEN` are overwritten in place, and the process is
+/// made non-dumpable, so `/proc/<pid>/environ`, `mem` and ptrace need CAP_SYS_PTRACE even for
+/// processes of the same user. Done before the PID-1 fork, so the init parent is covered too.
+fn protect_secrets(config: &Config) {
+    if let Some(token) = &config.token {
+        if let Err(e) = sandbox_agent::sys::scrub_from_proc(token.as_bytes(), "SANDBOX_AGENT_TOKEN")
+        {
+            eprintln!("sandbox-agent: warning: cannot hide the token in /proc/self: {e}");
+        }
+    }
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("sandbox-agent: warning: cannot make the process non-dumpable: {e}");
     }
 }
 

@@ -115,7 +115,9 @@ async fn listen(config: &Config, parent_init: Option<u32>) -> Result<TcpListener
 }
 
 /// Pets the systemd watchdog only while the accept loop and router answer: each beat is a real
-/// `GET /` over loopback, so a wedged server stops the pings and systemd restarts us.
+/// `GET /` over loopback, so a wedged server stops the pings and systemd restarts us. `every` is
+/// a quarter of WatchdogSec and each probe gets as long to answer (see
+/// `systemd::watchdog_interval` for why a single late probe must not cost a restart).
 async fn pet_watchdog(addr: SocketAddr, every: Duration, shutdown: CancellationToken) {
     let probe_addr = match addr {
         SocketAddr::V4(a) if a.ip().is_unspecified() => {

@@ -488,3 +488,149 @@ impl Burst {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The accept loop with a router of its own (a panicking handler, a WebSocket echo), served
+    //! on 127.0.0.1 and driven over raw TCP.
+
+    use super::*;
+    use axum::extract::ws::{Message, WebSocketUpgrade};
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(app: Router) -> (std::net::SocketAddr, CancellationToken, TaskTracker) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let limits = Limits {
+            header_read_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            max_connections: 16,
+        };
+        tokio::spawn(serve(listener, app, limits, stop.clone(), tracker.clone()));
+        (addr, stop, tracker)
+    }
+
+    /// Reads one response with a Content-Length body from a keep-alive connection.
+    async fn read_response(s: &mut TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    return text;
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_a_plain_500_and_the_connection_goes_on() {
+        let app = Router::new()
+            .route(
+                "/panic",
+                get(|| async {
+                    if std::hint::black_box(true) {
+                        panic!("secret internals");
+                    }
+                    "unreachable"
+                }),
+            )
+            .route(
+                "/blocking-panic",
+                get(|| async {
+                    tokio::task::spawn_blocking(|| -> &'static str { panic!("blocking internals") })
+                        .await
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+                }),
+            )
+            .route("/ok", get(|| async { "fine" }));
+        let (addr, stop, _) = start(app).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        for path in ["/panic", "/blocking-panic"] {
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let text = read_response(&mut s).await;
+            assert!(text.starts_with("HTTP/1.1 500"), "{text}");
+            assert!(text.contains("application/problem+json"), "{text}");
+            assert!(
+                !text.contains("internals") && !text.contains("panicked"),
+                "{text}"
+            );
+        }
+        s.write_all(b"GET /ok HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let text = read_response(&mut s).await;
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.ends_with("fine"),
+            "{text}"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn websocket_upgrades_pass_through() {
+        let app = Router::new().route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    while let Some(Ok(msg)) = socket.recv().await {
+                        if let Message::Text(t) = msg {
+                            let _ = socket.send(Message::Text(t)).await;
+                        }
+                    }
+                })
+            }),
+        );
+        let (addr, stop, tracker) = start(app).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            b"GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            assert_eq!(s.read(&mut b).await.unwrap(), 1);
+            head.push(b[0]);
+        }
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        // RFC 6455's own example key and accept value.
+        assert!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
+        // A masked text frame "hi"; the echo comes back unmasked.
+        let mask = [1u8, 2, 3, 4];
+        let payload: Vec<u8> = b"hi"
+            .iter()
+            .zip(mask.iter().cycle())
+            .map(|(b, m)| b ^ m)
+            .collect();
+        let mut frame = vec![0x81, 0x80 | 2];
+        frame.extend_from_slice(&mask);
+        frame.extend_from_slice(&payload);
+        s.write_all(&frame).await.unwrap();
+        let mut echo = [0u8; 4];
+        s.read_exact(&mut echo).await.unwrap();
+        assert_eq!(echo, [0x81, 2, b'h', b'i']);
+        stop.cancel();
+        tracker.close();
+    }
+}

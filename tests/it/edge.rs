@@ -623,3 +623,131 @@ fn out_of_descriptors_in_accept_backs_off_and_recovers() {
         },
     );
 }
+
+/// What any local process (an agent) can read of `pid`'s command line and environment.
+fn proc_text(pid: u32, what: &str) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default())
+        .into_owned()
+}
+
+async fn health_with(d: &Daemon, token: &str) -> u16 {
+    http()
+        .get(d.url("/v1/health"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn the_token_is_not_left_in_proc_cmdline_or_environ() {
+    for init in [false, true] {
+        let mut b = Daemon::builder()
+            .token("argv-secret-123")
+            .env("SANDBOX_AGENT_TOKEN", "env-secret-456");
+        if init {
+            b = b.arg("--init");
+        }
+        let d = b.start();
+        let mut pids = vec![d.pid()];
+        if init {
+            // The init parent and the daemon it forked.
+            let kids = crate::support::children_of(d.pid());
+            assert_eq!(kids.len(), 1, "{kids:?}");
+            pids.extend(kids);
+        }
+        for pid in pids {
+            let cmdline = proc_text(pid, "cmdline");
+            let environ = proc_text(pid, "environ");
+            assert!(cmdline.contains("--token"), "{cmdline:?}");
+            assert!(!cmdline.contains("argv-secret"), "pid {pid}: {cmdline:?}");
+            assert!(environ.contains("SANDBOX_AGENT_TOKEN="), "pid {pid}");
+            assert!(!environ.contains("env-secret"), "pid {pid}: {environ:?}");
+            assert!(!environ.contains("argv-secret"), "pid {pid}");
+        }
+        // The daemon still knows the token it read (the flag wins over the variable).
+        assert_eq!(health_with(&d, "argv-secret-123").await, 200);
+        assert_eq!(health_with(&d, "env-secret-456").await, 401);
+    }
+}
+
+#[tokio::test]
+async fn token_file_is_read_once_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "file-secret-789\n").unwrap();
+    let d = Daemon::builder().arg("--token-file").arg(&file).start();
+    assert_eq!(health_with(&d, "file-secret-789").await, 200);
+    assert_eq!(health_with(&d, "file-secret-78").await, 401);
+    // Read once: changing the file changes nothing until a restart.
+    std::fs::write(&file, "another\n").unwrap();
+    assert_eq!(health_with(&d, "file-secret-789").await, 200);
+    assert!(!proc_text(d.pid(), "cmdline").contains("file-secret"));
+    // An empty file is a configuration error, not an open daemon.
+    std::fs::write(&file, "\n").unwrap();
+    let (code, err) = run_to_exit(&["--token-file", file.to_str().unwrap()], &[]);
+    assert_eq!(code, 78, "{err}");
+}
+
+#[test]
+fn an_agent_of_the_same_user_cannot_read_the_daemons_environment() {
+    if !crate::support::is_root() {
+        crate::support::skip("needs root to run the daemon as another user");
+        return;
+    }
+    // The daemon runs as uid 65534; a process of that same user (as an agent would be) tries to
+    // read its environment. Non-dumpable makes /proc/<pid>/environ root's, so it cannot.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let as_nobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+    let mut daemon = Command::new("setpriv")
+        .args(as_nobody)
+        .arg(BIN)
+        .args(["server", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--work-dir")
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env("SANDBOX_AGENT_TOKEN", "nobody-secret-000")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = daemon.id();
+    let addr = format!("127.0.0.1:{port}");
+    eventually(Duration::from_secs(10), "the daemon listening", || {
+        TcpStream::connect(&addr).ok()
+    });
+    let read_as_nobody = |what: &str| {
+        Command::new("setpriv")
+            .args(as_nobody)
+            .args(["cat", &format!("/proc/{pid}/{what}")])
+            .output()
+            .unwrap()
+    };
+    let environ = read_as_nobody("environ");
+    let cmdline = read_as_nobody("cmdline");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert!(
+        !environ.status.success(),
+        "environ was readable by the same user"
+    );
+    assert!(!String::from_utf8_lossy(&environ.stdout).contains("nobody-secret"));
+    // The command line stays public (it always is), without the token.
+    assert!(cmdline.status.success());
+    assert!(!String::from_utf8_lossy(&cmdline.stdout).contains("nobody-secret"));
+}
