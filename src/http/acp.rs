@@ -300,6 +300,16 @@ async fn read_body(
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: \
             the retained events with a greater id are replayed first. A non-numeric value is 400.",
             pattern = "^\\s*[0-9]{1,19}\\s*$", example = "41"),
+        ("Upgrade" = Option<String>, Header, description = "`websocket` (with the other RFC \
+            6455 headers) asks for the same serverId over a WebSocket instead of SSE: JSON-RPC \
+            text frames both ways, requests pipelined, every event of the log sent as a frame \
+            (ids implicit and consecutive), `_sandboxagent/gap` when events were evicted, close \
+            frames with a reason (docs/acp.md)", example = "websocket"),
+        ("agent" = Option<String>, Query, description = "WebSocket only: the agent to start when \
+            the serverId does not exist yet (as a first POST's `?agent=`)", example = "mock"),
+        ("lastEventId" = Option<String>, Query, description = "WebSocket only: resume after this \
+            event id, as `Last-Event-ID` on SSE", pattern = "^\\s*[0-9]{1,19}\\s*$",
+            example = "41"),
     ),
     responses(
         (status = 200, description = "An endless `text/event-stream`. Each agent message that \
@@ -312,14 +322,15 @@ async fn read_body(
             and everything was delivered.",
             content_type = "text/event-stream", body = String,
             example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
-        (status = 101, description = "With `Upgrade: websocket`: the same instance over a \
-            WebSocket (`?agent=` on first connect, `?lastEventId=N` to resume): one JSON-RPC \
-            message per text frame both ways, agent messages in event-log order, `gap` as a \
-            JSON text frame; see docs/acp.md"),
-        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` that is not a \
-            number or is beyond the last event"),
+        (status = 101, description = "With `Upgrade: websocket`: the WebSocket (see the \
+            `Upgrade` parameter)"),
+        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` (`lastEventId`) \
+            that is not a number or is beyond the last event; with `Upgrade`, an unknown `agent` \
+            or a bad upgrade request"),
         (status = 404, description = "No instance with this serverId"),
         (status = 406, description = "`Accept` excludes `text/event-stream`"),
+        (status = 409, description = "With `Upgrade` and `agent`: the serverId runs another \
+            agent"),
         (status = 410, description = "The agent exited and every event was delivered"),
     )
 )]

@@ -15,6 +15,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::acp::{accepts, is_json_content_type};
 use super::ws::{SocketPlan, body_limit, run_socket, wants_upgrade};
@@ -26,12 +28,8 @@ use crate::acp::{self, AcpError, ConnectionError, Delivered, Kind, Next, StreamR
 pub const CONNECTION_ID: &str = "acp-connection-id";
 pub const SESSION_ID: &str = "acp-session-id";
 
-pub fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
-    utoipa_axum::router::OpenApiRouter::new().routes(utoipa_axum::routes!(
-        open_stream,
-        post_message,
-        delete
-    ))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(open_stream, post_message, delete))
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Problem> {
@@ -55,35 +53,39 @@ struct Probe<'a> {
     params: Option<&'a RawValue>,
 }
 
+/// The RFD transport's POST: `initialize` without `Acp-Connection-Id` opens a connection.
 #[utoipa::path(
     post,
     path = "/v1/agents/{agent}/acp",
-    operation_id = "postRfdMessage",
-    tag = "acp-rfd",
+    operation_id = "postAcpConnectionMessage",
+    tag = "acp",
     params(
-        ("agent" = String, Path, description = "The agent of the connection (e.g. `mock`, \
-            `claude`); installed on first use like `?agent=` of `/v1/acp`", example = "mock"),
-        ("Acp-Connection-Id" = Option<String>, Header, description = "The connection, as \
-            answered to its `initialize`; absent only on that first POST"),
-        ("Acp-Session-Id" = Option<String>, Header, description = "Selects a session's \
-            stream (GET) or names the session a message belongs to (POST); 1-256 visible ASCII \
-            characters"),
+        ("agent" = String, Path, description = "A known agent id", example = "mock"),
+        ("Acp-Connection-Id" = Option<String>, Header, description = "The connection, from \
+            `initialize`'s answer; absent only on the `initialize` that opens a connection"),
+        ("Acp-Session-Id" = Option<String>, Header, description = "The session of a \
+            session-scoped message; optional (`params.sessionId` says the same)"),
     ),
     request_body(content = super::acp::JsonRpcMessage, content_type = "application/json",
-        description = "One JSON-RPC 2.0 object. Without `Acp-Connection-Id` it must be \
-            `initialize`, which starts a new instance of `{agent}` (listed in `GET /v1/acp`)."),
+        description = "Exactly one JSON-RPC 2.0 object (no batches)",
+        example = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}})),
     responses(
-        (status = 200, description = "The `initialize` response, with the new connection's id \
-            in the `Acp-Connection-Id` header", body = super::acp::JsonRpcMessage),
-        (status = 202, description = "Accepted: the answer (if any) arrives on the connection \
-            stream or on the session's stream"),
-        (status = 400, description = "Not one JSON-RPC object, a batch, a first message that is \
-            not `initialize`, or an invalid header"),
+        (status = 200, description = "`initialize` without `Acp-Connection-Id`: the agent's \
+            answer; the new connection's id is in the `Acp-Connection-Id` header",
+            body = super::acp::JsonRpcMessage,
+            headers(("Acp-Connection-Id" = String, description = "The new connection (32 hex digits)"))),
+        (status = 202, description = "Written to the agent; a request's response arrives on the \
+            connection's stream or its session's stream"),
+        (status = 400, description = "No `Acp-Connection-Id` on a message other than \
+            `initialize`, a bad header, or a body that is not one JSON-RPC object"),
         (status = 404, description = "Unknown agent, or unknown connection"),
         (status = 406, description = "`Accept` excludes `application/json`"),
-        (status = 409, description = "The connection runs another agent"),
+        (status = 409, description = "The connection belongs to another agent, or a request \
+            with the same id is in flight"),
         (status = 415, description = "`Content-Type` is not `application/json`"),
-        (status = 502, description = "The agent is gone; `exitCode`, `signal`, `stderrTail`"),
+        (status = 502, description = "The agent is gone or could not start"),
+        (status = 504, description = "The agent did not answer `initialize` in time"),
     )
 )]
 async fn post_message(
@@ -200,31 +202,36 @@ async fn post_message(
     }
 }
 
+/// The RFD transport's GET: an SSE stream, or with `Upgrade: websocket` the WebSocket profile.
 #[utoipa::path(
     get,
     path = "/v1/agents/{agent}/acp",
-    operation_id = "openRfdStream",
-    tag = "acp-rfd",
+    operation_id = "openAcpConnectionStream",
+    tag = "acp",
     params(
-        ("agent" = String, Path, description = "The agent of the connection (e.g. `mock`, \
-            `claude`); installed on first use like `?agent=` of `/v1/acp`", example = "mock"),
-        ("Acp-Connection-Id" = Option<String>, Header, description = "The connection, as \
-            answered to its `initialize`; absent only on that first POST"),
-        ("Acp-Session-Id" = Option<String>, Header, description = "Selects a session's \
-            stream (GET) or names the session a message belongs to (POST); 1-256 visible ASCII \
-            characters"),
+        ("agent" = String, Path, description = "A known agent id", example = "mock"),
+        ("Acp-Connection-Id" = Option<String>, Header, description = "SSE: the connection \
+            (required); ignored with `Upgrade`, which opens a new connection"),
+        ("Acp-Session-Id" = Option<String>, Header, description = "SSE: that session's stream \
+            instead of the connection stream"),
+        ("Upgrade" = Option<String>, Header, description = "`websocket`: the RFD's WebSocket \
+            profile, one new connection per socket, JSON-RPC text frames both ways",
+            example = "websocket"),
     ),
     responses(
-        (status = 200, description = "With `Accept: text/event-stream`: the connection stream \
-            (without `Acp-Session-Id`) or a session's stream; each event's data is one JSON-RPC \
-            message", content_type = "text/event-stream", body = String),
-        (status = 101, description = "With `Upgrade: websocket`: the WebSocket profile, one \
-            JSON-RPC message per text frame in both directions"),
-        (status = 400, description = "Missing or invalid header"),
-        (status = 404, description = "Unknown agent or connection"),
+        (status = 101, description = "The WebSocket profile; the new connection's id is in \
+            the `Acp-Connection-Id` header",
+            headers(("Acp-Connection-Id" = String, description = "The new connection"))),
+        (status = 200, description = "An endless `text/event-stream`: `event: message`, `id`, \
+            `data: <one JSON-RPC object>` for each message routed to this stream; `: keepalive` \
+            comments", content_type = "text/event-stream", body = String),
+        (status = 400, description = "No `Acp-Connection-Id` (SSE), a bad header or session id, \
+            or a bad upgrade request"),
+        (status = 404, description = "Unknown agent, or unknown connection"),
         (status = 406, description = "`Accept` excludes `text/event-stream`"),
-        (status = 409, description = "That stream already has a reader"),
-        (status = 429, description = "Too many session streams on this connection"),
+        (status = 409, description = "The stream already has a reader, or the connection \
+            belongs to another agent"),
+        (status = 429, description = "The connection has its most session streams"),
     )
 )]
 async fn open_stream(
@@ -315,22 +322,22 @@ fn open_socket(
     resp
 }
 
+/// The RFD transport's DELETE: ends the connection and stops its agent in the background.
 #[utoipa::path(
     delete,
     path = "/v1/agents/{agent}/acp",
-    operation_id = "deleteRfdConnection",
-    tag = "acp-rfd",
+    operation_id = "deleteAcpConnection",
+    tag = "acp",
     params(
-        ("agent" = String, Path, description = "The agent of the connection (e.g. `mock`, \
-            `claude`); installed on first use like `?agent=` of `/v1/acp`", example = "mock"),
-        ("Acp-Connection-Id" = Option<String>, Header, description = "The connection, as \
-            answered to its `initialize`; absent only on that first POST"),
+        ("agent" = String, Path, description = "A known agent id", example = "mock"),
+        ("Acp-Connection-Id" = String, Header, description = "The connection to end"),
     ),
     responses(
-        (status = 202, description = "The connection's instance is being stopped (TERM, grace, \
-            KILL) in the background"),
+        (status = 202, description = "Detached; its streams end and its agent is stopped in the \
+            background"),
         (status = 400, description = "No `Acp-Connection-Id`"),
         (status = 404, description = "Unknown connection"),
+        (status = 409, description = "The connection belongs to another agent"),
     )
 )]
 async fn delete(
