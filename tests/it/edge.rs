@@ -768,3 +768,49 @@ fn an_agent_of_the_same_user_cannot_read_the_daemons_environment() {
     assert!(cmdline.status.success());
     assert!(!String::from_utf8_lossy(&cmdline.stdout).contains("nobody-secret"));
 }
+
+/// Names of the threads of `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn worker_threads_chooses_the_runtime() {
+    // Three workers: tokio's multi-thread runtime, whose workers are named threads.
+    let d = Daemon::builder().args(["--worker-threads", "3"]).start();
+    assert_eq!(
+        d.client()
+            .get(d.url("/v1/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let workers = thread_names(d.pid())
+        .iter()
+        .filter(|n| n.starts_with("tokio-rt-worker"))
+        .count();
+    assert_eq!(workers, 3, "{:?}", thread_names(d.pid()));
+    // One: the current-thread runtime on the main thread, no worker threads at all.
+    let d = Daemon::builder().args(["--worker-threads", "1"]).start();
+    assert_eq!(
+        d.client()
+            .get(d.url("/v1/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let names = thread_names(d.pid());
+    assert!(
+        !names.iter().any(|n| n.starts_with("tokio-rt-worker")),
+        "{names:?}"
+    );
+}
