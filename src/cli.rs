@@ -32,7 +32,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (the default when no subcommand is given)
     #[command(alias = "serve")]
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// List or install agents
     Agents {
         #[command(subcommand)]
@@ -48,7 +48,7 @@ pub enum AgentsCommand {
     /// List known agents and whether they are installed
     List {
         #[command(flatten)]
-        server: ServerArgs,
+        settings: AgentsArgs,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,
@@ -67,8 +67,49 @@ pub enum AgentsCommand {
         #[arg(long, value_name = "V")]
         agent_process_version: Option<String>,
         #[command(flatten)]
-        server: ServerArgs,
+        settings: AgentsArgs,
     },
+}
+
+/// The few daemon settings the installer commands use (the server's other flags would only
+/// clutter their `--help`). Same names, environment variables and config-file keys as the
+/// server's flags, so one config file serves both.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AgentsArgs {
+    /// TOML file with any of the server's settings as keys (unknown keys are rejected)
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Where installed agents live [default: $STATE_DIRECTORY, else ~/.local/share/sandbox-agent]
+    #[arg(long, env = "SANDBOX_AGENT_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// TOML file declaring in-house agents (id, command, args, env)
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_FILE", value_name = "FILE")]
+    pub agents_file: Option<PathBuf>,
+
+    /// ACP registry URL [default: the public agentclientprotocol registry]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_REGISTRY_URL", value_name = "URL")]
+    pub acp_registry_url: Option<String>,
+
+    /// Install agents for this user (name or uid) when run as root
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_USER", value_name = "USER")]
+    pub agent_user: Option<String>,
+}
+
+impl AgentsArgs {
+    /// The server's settings with only these set; everything else falls through to the config
+    /// file and the defaults exactly as for the daemon.
+    pub fn to_server_args(&self) -> ServerArgs {
+        ServerArgs {
+            config: self.config.clone(),
+            data_dir: self.data_dir.clone(),
+            agents_file: self.agents_file.clone(),
+            acp_registry_url: self.acp_registry_url.clone(),
+            agent_user: self.agent_user.clone(),
+            ..ServerArgs::default()
+        }
+    }
 }
 
 /// Every setting of the daemon. All fields are optional here: a value left out falls through to
@@ -272,4 +313,77 @@ pub struct ServerArgs {
     /// [default: auto]
     #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
     pub worker_threads: Option<String>,
+
+    // --- Runtime caps (hostile clients and agents; see docs/operations.md "Limits and timeouts").
+    /// Most agent instances (serverIds) at once; more are refused 503 [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_AGENTS", value_name = "COUNT")]
+    pub max_agents: Option<String>,
+
+    /// Most SSE subscribers of one serverId [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_SUBSCRIBERS", value_name = "COUNT")]
+    pub max_subscribers: Option<String>,
+
+    /// Most SSE subscribers of all serverIds together [default: 1024]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_MAX_SUBSCRIBERS_TOTAL",
+        value_name = "COUNT"
+    )]
+    pub max_subscribers_total: Option<String>,
+
+    /// Bytes queued for one agent's stdin (it reads slower than clients POST) [default: 64M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE", value_name = "SIZE")]
+    pub stdin_queue: Option<String>,
+
+    /// Bytes queued for every agent's stdin together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE_TOTAL", value_name = "SIZE")]
+    pub stdin_queue_total: Option<String>,
+
+    /// Request body bytes of ACP POSTs being received at once, all together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub acp_inflight_bytes: Option<String>,
+
+    /// Memory limit of all agents together (a parent cgroup); `max` for none [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_MEMORY_MAX", value_name = "SIZE")]
+    pub agents_memory_max: Option<String>,
+
+    /// Process (task) limit of all agents together (a parent cgroup); `max` for none
+    /// [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_PIDS_MAX", value_name = "COUNT")]
+    pub agents_pids_max: Option<String>,
+
+    /// Bytes of log records waiting for the log writer; more are dropped and counted [default: 8M]
+    #[arg(long, env = "SANDBOX_AGENT_LOG_QUEUE", value_name = "SIZE")]
+    pub log_queue: Option<String>,
+
+    /// journald's native socket, for --log-format journald
+    /// [default: /run/systemd/journal/socket]
+    #[arg(long, env = "SANDBOX_AGENT_JOURNAL_SOCKET", value_name = "PATH")]
+    pub journal_socket: Option<PathBuf>,
+
+    /// Lines per second of one agent's stderr that reach the log; the rest are counted
+    /// [default: 100]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_LINES", value_name = "COUNT")]
+    pub agent_stderr_lines: Option<String>,
+
+    /// Bytes per second of one agent's stderr that reach the log [default: 64K]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_BYTES", value_name = "SIZE")]
+    pub agent_stderr_bytes: Option<String>,
+    // --- harden-files: transfers, registry, checksums ---
+    /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing
+    /// for this long is ended [default: 30s]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_TIMEOUT", value_name = "DURATION")]
+    pub transfer_timeout: Option<String>,
+
+    /// Most file transfers running at once; more are answered 503 [default: 256]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
+    pub transfer_max: Option<String>,
+
+    /// Largest ACP registry document read [default: 16M]
+    #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]
+    pub registry_max_bytes: Option<String>,
+
+    /// Refuse registry binaries that come without a sha256
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
+    pub require_checksums: bool,
 }

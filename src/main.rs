@@ -53,7 +53,8 @@ fn serve(args: &ServerArgs) -> ExitCode {
         }
         parent_init = Some(init_pid);
     }
-    sandbox_agent::logging::init(&config);
+    // Flushes the log queue (bounded wait) when `serve` returns.
+    let _log_guard = sandbox_agent::logging::init(&config);
     install_panic_hook();
     sandbox_agent::install_crypto_provider();
     let runtime = match build_runtime(config.worker_threads) {

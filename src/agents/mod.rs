@@ -79,10 +79,18 @@ pub struct AgentStatus {
     /// look first (`registry` or `fallback`).
     pub source: String,
     pub credentials_available: bool,
+    /// Where this agent looks for credentials: any one of these variables (set in the daemon's
+    /// environment, `--agent-env` or the agent's `env` in the agents file) ...
+    pub credentials_env: Vec<String>,
+    /// ... or any one of these files (`~` is the agent's HOME).
+    pub credentials_files: Vec<String>,
     pub capabilities: serde_json::Value,
     /// The install command, for agents that are not installed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub install_command: Option<String>,
+    /// For an installed downloaded binary: whether its sha256 was checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
 }
 
 pub struct Agents {
@@ -169,8 +177,11 @@ impl Agents {
                 path: std::env::current_exe().ok(),
                 source: "builtin".into(),
                 credentials_available: true,
+                credentials_env: Vec::new(),
+                credentials_files: Vec::new(),
                 capabilities: serde_json::json!({"builtin": true, "platforms": ["any"]}),
                 install_command: None,
+                verified: None,
             });
         }
         let def = self.catalog.get(agent)?;
@@ -187,8 +198,15 @@ impl Agents {
             }
             .into(),
             credentials_available: self.credentials_available(def),
+            credentials_env: def.credentials_env.clone(),
+            credentials_files: def
+                .credentials_files
+                .iter()
+                .map(|f| format!("~/{f}"))
+                .collect(),
             capabilities: capabilities(def),
             install_command: None,
+            verified: None,
         };
         if let Some(cmd) = &def.command {
             status.source = "user".into();
@@ -201,6 +219,7 @@ impl Agents {
             status.version = Some(m.version);
             status.path = Some(m.program);
             status.source = m.source;
+            status.verified = m.verified;
         } else if let Some((p, _)) = self.local(def) {
             status.installed = true;
             status.path = Some(p);
@@ -224,22 +243,32 @@ impl Agents {
             .map(|p| (p, def.local_args.clone()))
     }
 
+    /// True when the agent will find one of its credentials: a variable it reads, set (not
+    /// empty) in what it is started with, or one of its credentials files under the HOME it
+    /// is started with (its own `env` may move HOME).
     fn credentials_available(&self, def: &AgentDef) -> bool {
         let has_env = |name: &str| {
-            self.config
-                .agent_base_env
-                .iter()
-                .any(|(k, v)| k == name && !v.is_empty())
+            def.env.get(name).is_some_and(|v| !v.is_empty())
                 || self
                     .config
                     .agent_env
+                    .iter()
+                    .any(|(k, v)| k == name && !v.is_empty())
+                || self
+                    .config
+                    .agent_base_env
                     .iter()
                     .any(|(k, v)| k == name && !v.is_empty())
         };
         if def.credentials_env.iter().any(|n| has_env(n)) {
             return true;
         }
-        match self.home() {
+        let home = def
+            .env
+            .get("HOME")
+            .map(PathBuf::from)
+            .or_else(|| self.home());
+        match home {
             Some(home) => def.credentials_files.iter().any(|f| home.join(f).is_file()),
             None => false,
         }
@@ -293,6 +322,22 @@ impl Agents {
             env.extend(m.env);
             (m.program, m.args, m.path_prepend)
         };
+        // The operator's own environment for this agent (agents file `env`) comes last, so it
+        // wins over the catalog's and the installed package's.
+        env.extend(def.env.clone());
+        if !def.is_user()
+            && (!def.credentials_env.is_empty() || !def.credentials_files.is_empty())
+            && !self.credentials_available(def)
+        {
+            tracing::warn!(
+                agent,
+                needs_one_of_env = def.credentials_env.join(","),
+                or_one_of_files = def.credentials_files.join(","),
+                "starting an agent that has no credentials: it will answer \
+                 'authentication required' to prompts; set one of the variables (agents file \
+                 `env`, or --agent-env) or provide one of the files under its HOME"
+            );
+        }
         let mut spec_env: Vec<(OsString, OsString)> =
             env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
         // HOME stays the operator's (credentials such as ~/.claude live there); the temporary
@@ -351,6 +396,7 @@ impl Agents {
                     path: exe,
                     version: env!("CARGO_PKG_VERSION").into(),
                     source: "builtin".into(),
+                    verified: None,
                 }],
             });
         }
@@ -370,6 +416,7 @@ impl Agents {
                         path: p,
                         version: "unknown".into(),
                         source: "user".into(),
+                        verified: None,
                     }],
                 }),
                 None => Err(fail(format!(
@@ -421,7 +468,7 @@ impl Agents {
             .install_fresh(def, &req, &dir, progress)
             .await
             .map_err(fail)?;
-        manifest.write(&dir).map_err(|e| {
+        manifest.write_async(&dir).await.map_err(|e| {
             fail(format!(
                 "cannot write {}: {e}",
                 Manifest::path(&dir).display()
@@ -478,7 +525,14 @@ impl Agents {
                 self.config.acp_registry_url
             ));
             let fetched = match self.http() {
-                Ok(client) => registry::fetch(client, &self.config.acp_registry_url).await,
+                Ok(client) => {
+                    registry::fetch(
+                        client,
+                        &self.config.acp_registry_url,
+                        self.config.registry_max_bytes,
+                    )
+                    .await
+                }
                 Err(e) => Err(e),
             };
             match fetched {
@@ -634,10 +688,26 @@ impl Agents {
         dir: &Path,
         progress: &dyn Progress,
     ) -> Result<Manifest, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let staging =
-            Staging::new(dir).map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        let mut staging = Staging::new_async(dir)
+            .await
+            .map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        let res = self
+            .run_plan_in(def, plan, req, dir, progress, &mut staging)
+            .await;
+        // On failure the staging tree is gone before the failure is reported.
+        staging.discard().await;
+        res
+    }
+
+    async fn run_plan_in(
+        &self,
+        def: &AgentDef,
+        plan: Plan,
+        req: &InstallRequest,
+        dir: &Path,
+        progress: &dyn Progress,
+        staging: &mut Staging,
+    ) -> Result<Manifest, String> {
         match plan {
             Plan::Binary {
                 url,
@@ -649,6 +719,18 @@ impl Agents {
                 source,
             } => {
                 let final_dir = dir.join(version_dir(&version));
+                let verified = sha256.is_some();
+                if !verified {
+                    if self.config.require_checksums {
+                        return Err(format!(
+                            "refused: {url} comes without a sha256 and --require-checksums is set"
+                        ));
+                    }
+                    tracing::warn!(agent = %def.id, %url, "installing a binary without a sha256 to check it against (unverified)");
+                    progress.step(&format!(
+                        "warning: {url} has no sha256; it is installed unverified"
+                    ));
+                }
                 progress.step(&format!("downloading {url}"));
                 let mut file =
                     install::download(self.http()?, &url, sha256.as_deref(), dir, progress).await?;
@@ -667,7 +749,8 @@ impl Agents {
                     .map_err(|e| e.to_string())?
                     .to_path_buf();
                 staging
-                    .commit(&final_dir)
+                    .commit_async(&final_dir)
+                    .await
                     .map_err(|e| format!("cannot move the install into place: {e}"))?;
                 let program = final_dir.join(rel);
                 Ok(Manifest {
@@ -685,8 +768,10 @@ impl Agents {
                         path: program,
                         version,
                         source: source.into(),
+                        verified: Some(verified),
                     }],
                     installed_at: install::now_secs(),
+                    verified: Some(verified),
                 })
             }
             Plan::Npm {
@@ -744,7 +829,8 @@ impl Agents {
                 };
                 let final_dir = dir.join(version_dir(&version));
                 staging
-                    .commit(&final_dir)
+                    .commit_async(&final_dir)
+                    .await
                     .map_err(|e| format!("cannot move the install into place: {e}"))?;
                 let bin_dir = final_dir.join("node_modules/.bin");
                 let program = bin_dir.join(bin_name);
@@ -753,6 +839,7 @@ impl Agents {
                     path: program.clone(),
                     version: version.clone(),
                     source: source.into(),
+                    verified: None,
                 }];
                 if let (Some((_, v)), Some(nb)) = (&native, &native_bin) {
                     artifacts.push(Artifact {
@@ -760,6 +847,7 @@ impl Agents {
                         path: bin_dir.join(nb.file_name().unwrap_or(OsStr::new(""))),
                         version: v.clone(),
                         source: source.into(),
+                        verified: None,
                     });
                 }
                 Ok(Manifest {
@@ -774,6 +862,7 @@ impl Agents {
                     path_prepend: vec![bin_dir],
                     artifacts,
                     installed_at: install::now_secs(),
+                    verified: None,
                 })
             }
         }

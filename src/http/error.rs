@@ -179,6 +179,26 @@ impl From<crate::acp::AcpError> for Problem {
                 .with("serverId", server_id),
             E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
             E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
+            // harden-runtime: Last-Event-ID beyond the log, and the global caps (503 + Retry-After).
+            E::EventIdAhead {
+                server_id,
+                last_event_id,
+                last_id,
+            } => Problem::bad_request(detail)
+                .title("Unknown Last-Event-ID")
+                .with("serverId", server_id)
+                .with("lastEventId", last_event_id)
+                .with("currentLastEventId", last_id),
+            E::Capacity {
+                what,
+                limit,
+                server_id,
+            } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .title("Capacity Reached")
+                .with("limit", limit)
+                .with("capacity", what)
+                .with("serverId", server_id)
+                .header(header::RETRY_AFTER, "1"),
         }
     }
 }
@@ -243,6 +263,15 @@ impl From<crate::files::FileError> for Problem {
                 p
             }
             E::Io { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            // harden-files: transfer limits and content types.
+            E::Stalled { .. } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                .header(header::CONNECTION, "close"),
+            E::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            E::UnsupportedMediaType { .. } => {
+                Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
+            }
         }
     }
 }
@@ -257,6 +286,9 @@ impl From<crate::config_store::ConfigError> for Problem {
             }
             E::NotFound { .. } => Problem::not_found(detail),
             E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            E::TooLarge { limit, .. } => {
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
+            }
             E::File(f) => Problem::from(f),
         }
     }

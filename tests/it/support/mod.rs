@@ -52,6 +52,8 @@ pub struct DaemonBuilder {
     expect_exit: Option<i32>,
     wrapper: Vec<OsString>,
     clear_env: bool,
+    data_dir: Option<PathBuf>,
+    stderr_unread: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -63,6 +65,8 @@ impl Default for DaemonBuilder {
             expect_exit: Some(0),
             wrapper: Vec::new(),
             clear_env: false,
+            data_dir: None,
+            stderr_unread: false,
         }
     }
 }
@@ -84,6 +88,12 @@ impl DaemonBuilder {
 
     pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
         self.envs.push((k.into(), v.into()));
+        self
+    }
+
+    /// Uses this data dir instead of a private one (e.g. an install cache shared by tests).
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
         self
     }
 
@@ -109,6 +119,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's stderr becomes a pipe that nobody reads (the test keeps its read end open,
+    /// so writes block once the pipe is full); `Daemon::stderr` is then empty.
+    pub fn stderr_unread_pipe(mut self) -> Self {
+        self.stderr_unread = true;
+        self
+    }
+
     pub fn start(self) -> Daemon {
         Daemon::start_with(self)
     }
@@ -123,6 +140,9 @@ pub struct Daemon {
     pub messages: Vec<String>,
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
+    data: PathBuf,
+    /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
+    pub stderr_pipe: Option<std::io::PipeReader>,
 }
 
 impl Daemon {
@@ -143,8 +163,18 @@ impl Daemon {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         let stderr_path = dir.path().join("daemon.stderr");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let data = dir.path().join("data");
+        let mut stderr_pipe = None;
+        let stderr: Stdio = if b.stderr_unread {
+            let (r, w) = std::io::pipe().expect("pipe");
+            stderr_pipe = Some(r);
+            w.into()
+        } else {
+            std::fs::File::create(&stderr_path).unwrap().into()
+        };
+        let data = b
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
 
@@ -190,6 +220,8 @@ impl Daemon {
             messages: Vec::new(),
             expect_exit: b.expect_exit,
             stderr_path,
+            data,
+            stderr_pipe,
         };
         daemon.addr = daemon.wait_ready();
         daemon
@@ -268,7 +300,7 @@ impl Daemon {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     pub fn stderr(&self) -> String {
