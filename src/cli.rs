@@ -41,6 +41,8 @@ pub enum Command {
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
     #[command(name = "mock-agent")]
     MockAgent,
+    /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
+    Openapi,
 }
 
 #[derive(Debug, Subcommand)]

@@ -293,3 +293,21 @@ impl From<crate::config_store::ConfigError> for Problem {
         }
     }
 }
+
+/// A JSON body axum could not take: an invalid body is 400 (axum's own answer would be 422,
+/// which the contract does not use), a missing JSON content type 415, a body over the limit 413.
+impl From<axum::extract::rejection::JsonRejection> for Problem {
+    fn from(e: axum::extract::rejection::JsonRejection) -> Self {
+        use axum::extract::rejection::JsonRejection as R;
+        match e {
+            R::MissingJsonContentType(_) => Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the body with Content-Type: application/json",
+            ),
+            R::JsonDataError(_) | R::JsonSyntaxError(_) => {
+                Problem::bad_request(format!("invalid request body: {}", e.body_text()))
+            }
+            other => Problem::new(other.status(), other.body_text()),
+        }
+    }
+}

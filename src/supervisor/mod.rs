@@ -56,7 +56,7 @@ pub enum SpawnError {
 }
 
 /// How an agent ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ExitReason {
     /// Ended by itself; `code` is set.

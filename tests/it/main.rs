@@ -10,6 +10,7 @@ mod hostile_agents;
 mod hostile_files;
 mod lifecycle;
 mod mock_agent;
+mod openapi;
 mod packaging;
 mod real_agents;
 mod supervisor;
