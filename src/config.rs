@@ -102,6 +102,8 @@ pub struct Config {
     pub transfer_max: usize,
     pub registry_max_bytes: u64,
     pub require_checksums: bool,
+    /// An RFD transport connection with no reader for this long is stopped.
+    pub acp_connection_idle: Duration,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -606,6 +608,12 @@ impl Config {
             },
             DEFAULT_ACP_REGISTRY_URL.to_string()
         );
+        let acp_connection_idle = setting!(
+            acp_connection_idle,
+            "acp-connection-idle",
+            dur,
+            Duration::from_secs(30)
+        );
         let log_format = setting!(
             log_format,
             "log-format",
@@ -905,6 +913,7 @@ impl Config {
             transfer_max,
             registry_max_bytes,
             require_checksums,
+            acp_connection_idle,
         })
     }
 

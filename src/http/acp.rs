@@ -33,7 +33,7 @@ pub struct ServerList {
 #[derive(utoipa::ToSchema)]
 #[schema(as = JsonRpcMessage)]
 #[allow(dead_code)] // only its schema is used: envelopes are forwarded as bytes
-struct JsonRpcMessage {
+pub(super) struct JsonRpcMessage {
     #[schema(value_type = String, pattern = "^2\\.0$", example = "2.0")]
     jsonrpc: String,
     /// Present on requests and responses: a number or a string, echoed unchanged.
@@ -296,6 +296,10 @@ async fn read_body(
             and everything was delivered.",
             content_type = "text/event-stream", body = String,
             example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
+        (status = 101, description = "With `Upgrade: websocket`: the same instance over a \
+            WebSocket (`?agent=` on first connect, `?lastEventId=N` to resume): one JSON-RPC \
+            message per text frame both ways, agent messages in event-log order, `gap` as a \
+            JSON text frame; see docs/acp.md"),
         (status = 400, description = "Invalid serverId, or a `Last-Event-ID` that is not a \
             number or is beyond the last event"),
         (status = 404, description = "No instance with this serverId"),
@@ -307,9 +311,18 @@ async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
+    }
+    // The same serverId over a WebSocket (`http::ws`).
+    if super::ws::wants_upgrade(&headers) {
+        return super::ws::acp_socket(st, server_id, uri, upgrade).await;
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(
@@ -409,7 +422,7 @@ async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Re
     StatusCode::NO_CONTENT.into_response()
 }
 
-fn is_json_content_type(headers: &HeaderMap) -> bool {
+pub(super) fn is_json_content_type(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -418,7 +431,7 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 }
 
 /// True when the Accept header (absent means anything) admits `kind/sub`.
-fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
+pub(super) fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
     let mut values = headers.get_all(header::ACCEPT).iter().peekable();
     if values.peek().is_none() {
         return true;

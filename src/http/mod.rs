@@ -9,6 +9,8 @@ pub mod error;
 pub mod files;
 pub mod guard;
 pub mod openapi;
+pub mod rfd;
+pub mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,6 +35,8 @@ pub struct AppState {
     pub supervisor: Arc<crate::supervisor::Supervisor>,
     pub agents: Arc<crate::agents::Agents>,
     pub acp: Arc<crate::acp::AcpService>,
+    /// The ACP RFD transport's connections (each also an instance of `acp`).
+    pub connections: Arc<crate::acp::Connections>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
 }
@@ -48,6 +52,11 @@ impl AppState {
             agents.clone(),
             shutdown.clone(),
         ));
+        let connections = Arc::new(crate::acp::Connections::new(
+            acp.clone(),
+            agents.clone(),
+            &config,
+        ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         Ok(AppState {
@@ -56,6 +65,7 @@ impl AppState {
             supervisor,
             agents,
             acp,
+            connections,
             files,
             config_store,
         })
@@ -78,6 +88,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(health))
         .merge(openapi::routes())
         .merge(acp::routes())
+        .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())
         .merge(config::routes())

@@ -13,5 +13,7 @@ mod mock_agent;
 mod openapi;
 mod packaging;
 mod real_agents;
+mod sdk;
 mod supervisor;
 mod support;
+mod transports;
