@@ -293,8 +293,7 @@ pub struct ServerArgs {
     )]
     pub allowed_origins: Option<Vec<String>>,
 
-    /// How long a client may take to send a request head (from connect, or from the first byte
-    /// on an idle keep-alive connection) [default: 10s]
+    /// How long a client may take to send a request head, from its first byte [default: 10s]
     #[arg(
         long,
         env = "SANDBOX_AGENT_HEADER_READ_TIMEOUT",
@@ -302,7 +301,8 @@ pub struct ServerArgs {
     )]
     pub header_read_timeout: Option<String>,
 
-    /// How long a connection with no request in flight may stay silent [default: 60s]
+    /// How long a connection with no request in flight (or a new one that sent nothing) may
+    /// stay silent [default: 60s]
     #[arg(long, env = "SANDBOX_AGENT_IDLE_TIMEOUT", value_name = "DURATION")]
     pub idle_timeout: Option<String>,
 

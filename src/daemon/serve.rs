@@ -1,8 +1,8 @@
 //! The accept loop and the per-connection driver: HTTP/1.1 and HTTP/2 with prior knowledge (h2c)
 //! on one port, upgrades (WebSocket) enabled, served by hyper-util with axum's router as the
-//! service. **Invariants:** a connection that has not delivered a complete request head within
-//! `header_read_timeout` is dropped; a connection with no request in flight and no bytes moved
-//! for `idle_timeout` is closed; at most `max_connections` sockets are held at once (a socket
+//! service. **Invariants:** a request head not complete within `header_read_timeout` of its
+//! first byte closes the connection; a connection with no request in flight and no bytes moved
+//! for `idle_timeout` (a fresh one that never sent anything included) is closed; at most `max_connections` sockets are held at once (a socket
 //! over the cap is answered with a canned 503 and closed, never read); an accept error from
 //! descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
 //! request in flight, so SSE streams and long POSTs keep working. A panic in a handler becomes a
@@ -38,8 +38,8 @@ use crate::http::guard::LocalAddr;
 /// The connection-level limits (from `Config`).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// From accept (or from the first byte of a new request on an idle keep-alive connection)
-    /// until the request head is complete.
+    /// From the first byte of a request (on a new or a kept-alive connection) until its head is
+    /// complete.
     pub header_read_timeout: Duration,
     /// How long a connection with no request in flight may stay silent.
     pub idle_timeout: Duration,
@@ -153,7 +153,7 @@ async fn connection(
     let mut draining = false;
     // Set once the connection was told to close for a timeout; it gets this long to do so.
     let mut closing_by: Option<Instant> = None;
-    let timer = tokio::time::sleep(limits.header_read_timeout);
+    let timer = tokio::time::sleep(limits.idle_timeout);
     tokio::pin!(timer);
     loop {
         tokio::select! {
@@ -252,8 +252,10 @@ impl Activity {
         Activity {
             born: Instant::now(),
             last_io: AtomicU64::new(0),
-            // A new connection owes us a request head.
-            head_since: AtomicU64::new(0),
+            // A new connection that has sent nothing is idle, not slow: clients open connections
+            // ahead of need and keep them pooled, and closing those at the header deadline races
+            // with the request the client is about to send on them.
+            head_since: AtomicU64::new(NONE),
             in_flight: AtomicUsize::new(0),
             wake: Notify::new(),
         }

@@ -38,16 +38,30 @@ pub enum Pass {
     Cors(HeaderValue),
 }
 
-/// `Ok` when the request may go on; `Err` with the answer (a refusal, or a preflight's 204).
-pub fn check(config: &Config, req: &Request) -> Result<Pass, Response> {
+/// What the guard decided.
+pub enum Decision {
+    /// The request may go on.
+    Go(Pass),
+    /// The answer is already known: a refusal, or a preflight's 204.
+    Answer(Response),
+}
+
+pub fn check(config: &Config, req: &Request) -> Decision {
+    match decide(config, req) {
+        Ok(pass) => Decision::Go(pass),
+        Err(answer) => Decision::Answer(*answer),
+    }
+}
+
+fn decide(config: &Config, req: &Request) -> Result<Pass, Box<Response>> {
     let host = request_host(req);
     if config.token.is_none() {
         if let Some(host) = host.as_deref() {
             if !host_allowed(config, host, req.extensions().get::<LocalAddr>()) {
-                return Err(refuse(
+                return Err(Box::new(refuse(
                     StatusCode::FORBIDDEN,
                     "this Host is not served without a token; add it to --allowed-hosts",
-                ));
+                )));
             }
         }
         // A request without any Host is not from a browser (every browser sends one).
@@ -58,10 +72,10 @@ pub fn check(config: &Config, req: &Request) -> Result<Pass, Response> {
             OriginRule::Own => Pass::SameOrigin,
             OriginRule::Listed => Pass::Cors(origin.clone()),
             OriginRule::Refused => {
-                return Err(refuse(
+                return Err(Box::new(refuse(
                     StatusCode::FORBIDDEN,
                     "requests from this Origin are not allowed; add it to --allowed-origins",
-                ));
+                )));
             }
         },
     };
@@ -71,12 +85,12 @@ pub fn check(config: &Config, req: &Request) -> Result<Pass, Response> {
                 .headers()
                 .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
             {
-                return Err(preflight(origin.clone()));
+                return Err(Box::new(preflight(origin.clone())));
             }
         }
     }
     if let Some(refusal) = check_content_type(req) {
-        return Err(refusal);
+        return Err(Box::new(refusal));
     }
     Ok(pass)
 }

@@ -184,8 +184,8 @@ async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
     let started = Instant::now();
     let resp = match guard::check(&state.config, &req) {
-        Err(refused) => refused,
-        Ok(pass) => {
+        guard::Decision::Answer(answer) => answer,
+        guard::Decision::Go(pass) => {
             let mut resp = match auth::check_token(&state, &req) {
                 Some(refused) => refused,
                 None => problem_safety_net(&state, next.run(req).await).await,

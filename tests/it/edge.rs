@@ -363,6 +363,15 @@ async fn http2_with_prior_knowledge_is_served_on_the_same_port() {
     assert_eq!(r.version(), reqwest::Version::HTTP_11);
 }
 
+/// True when `tool` is on PATH.
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Open descriptors of `pid` (sockets included).
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
@@ -469,7 +478,7 @@ async fn idle_keepalives_close_but_sse_and_long_requests_do_not() {
     eventually(Duration::from_secs(5), "the idle connection closed", || {
         closed_by_peer(&mut s).then_some(())
     });
-    // A silent connection that never sends a head is closed too.
+    // A new connection that never sends a byte is idle, and closed at the idle timeout.
     let mut silent = TcpStream::connect(&d.addr).unwrap();
     eventually(
         Duration::from_secs(5),
@@ -572,6 +581,10 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn out_of_descriptors_in_accept_backs_off_and_recovers() {
+    if !have("prlimit") {
+        crate::support::skip("prlimit (util-linux) is not installed");
+        return;
+    }
     // 64 descriptors in all: the daemon's own, then about 40 connections, then EMFILE.
     let d = Daemon::builder()
         .wrapper(["prlimit", "--nofile=64:64", "--"])
@@ -697,6 +710,10 @@ fn an_agent_of_the_same_user_cannot_read_the_daemons_environment() {
         crate::support::skip("needs root to run the daemon as another user");
         return;
     }
+    if !have("setpriv") {
+        crate::support::skip("setpriv (util-linux) is not installed");
+        return;
+    }
     // The daemon runs as uid 65534; a process of that same user (as an agent would be) tries to
     // read its environment. Non-dumpable makes /proc/<pid>/environ root's, so it cannot.
     let dir = tempfile::tempdir().unwrap();
@@ -750,4 +767,50 @@ fn an_agent_of_the_same_user_cannot_read_the_daemons_environment() {
     // The command line stays public (it always is), without the token.
     assert!(cmdline.status.success());
     assert!(!String::from_utf8_lossy(&cmdline.stdout).contains("nobody-secret"));
+}
+
+/// Names of the threads of `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn worker_threads_chooses_the_runtime() {
+    // Three workers: tokio's multi-thread runtime, whose workers are named threads.
+    let d = Daemon::builder().args(["--worker-threads", "3"]).start();
+    assert_eq!(
+        d.client()
+            .get(d.url("/v1/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let workers = thread_names(d.pid())
+        .iter()
+        .filter(|n| n.starts_with("tokio-rt-worker"))
+        .count();
+    assert_eq!(workers, 3, "{:?}", thread_names(d.pid()));
+    // One: the current-thread runtime on the main thread, no worker threads at all.
+    let d = Daemon::builder().args(["--worker-threads", "1"]).start();
+    assert_eq!(
+        d.client()
+            .get(d.url("/v1/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let names = thread_names(d.pid());
+    assert!(
+        !names.iter().any(|n| n.starts_with("tokio-rt-worker")),
+        "{names:?}"
+    );
 }

@@ -1,0 +1,184 @@
+//! Benchmark of the edge under a slowloris (not a test: it prints figures for
+//! docs/performance.md). Starts the release daemon, measures `GET /v1/health` latency (a fresh
+//! connection per request, and one keep-alive connection) on a quiet daemon, then again while
+//! `EDGE_BENCH_SOCKETS` (default 300) connections send an unfinished request head and drip one
+//! header line per second (reconnecting when the daemon cuts them at `--header-read-timeout`).
+//! Run: `cargo bench --bench edge`. `EDGE_BENCH_N` sets the requests per figure (default 10 000).
+//! `SANDBOX_AGENT_WORKER_THREADS` is passed through to the daemon.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
+const REQUEST: &[u8] = b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Reads one answer with a Content-Length body; panics on anything but 200.
+fn read_answer(s: &mut TcpStream, buf: &mut Vec<u8>) {
+    buf.clear();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = s.read(&mut chunk).expect("read");
+        assert!(n > 0, "connection closed mid-answer");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return;
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(what: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "{what:<44} n={:<5} p50={:>7.0} µs  p99={:>7.0} µs  max={:>7.0} µs",
+        v.len(),
+        percentile(&v, 0.5).as_secs_f64() * 1e6,
+        percentile(&v, 0.99).as_secs_f64() * 1e6,
+        v.last().unwrap().as_secs_f64() * 1e6
+    );
+}
+
+fn measure(addr: &str, n: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let mut buf = Vec::new();
+    let mut fresh = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.write_all(REQUEST).unwrap();
+        read_answer(&mut s, &mut buf);
+        fresh.push(t.elapsed());
+    }
+    let mut kept = Vec::with_capacity(n);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(REQUEST).unwrap();
+        read_answer(&mut s, &mut buf);
+        kept.push(t.elapsed());
+    }
+    (fresh, kept)
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn main() {
+    let n = env_num("EDGE_BENCH_N", 10000);
+    let sockets = env_num("EDGE_BENCH_SOCKETS", 300);
+    let dir = std::env::temp_dir().join(format!("edge-bench-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("work")).unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _daemon = Daemon(
+        Command::new(BIN)
+            .arg("server")
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--log-level",
+                "warn",
+                "--no-token",
+                "--header-read-timeout",
+                "2s",
+            ])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--work-dir")
+            .arg(dir.join("work"))
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the daemon"),
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let up = Instant::now();
+    while TcpStream::connect(&addr).is_err() {
+        assert!(up.elapsed() < Duration::from_secs(10), "daemon not up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let workers = std::env::var("SANDBOX_AGENT_WORKER_THREADS").unwrap_or_else(|_| "auto".into());
+    println!("edge bench: worker threads {workers}, {n} requests per figure");
+
+    let (fresh, kept) = measure(&addr, n);
+    report("quiet: new connection per request", fresh);
+    report("quiet: one keep-alive connection", kept);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let cut = Arc::new(AtomicU64::new(0));
+    let attacker = {
+        let (stop, cut, addr) = (stop.clone(), cut.clone(), addr.clone());
+        std::thread::spawn(move || {
+            let open = |addr: &str| {
+                let mut s = TcpStream::connect(addr).ok()?;
+                s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n")
+                    .ok()?;
+                Some(s)
+            };
+            let mut socks: Vec<Option<TcpStream>> = (0..sockets).map(|_| open(&addr)).collect();
+            while !stop.load(Ordering::Relaxed) {
+                for slot in socks.iter_mut() {
+                    let alive = slot
+                        .as_mut()
+                        .is_some_and(|s| s.write_all(b"X-Drip: 1\r\n").is_ok());
+                    if !alive {
+                        cut.fetch_add(1, Ordering::Relaxed);
+                        *slot = open(&addr);
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    // Let the attack build up before measuring.
+    std::thread::sleep(Duration::from_secs(2));
+    let (fresh, kept) = measure(&addr, n);
+    report(
+        &format!("slowloris x{sockets}: new connection per request"),
+        fresh,
+    );
+    report(
+        &format!("slowloris x{sockets}: one keep-alive connection"),
+        kept,
+    );
+    stop.store(true, Ordering::Relaxed);
+    attacker.join().unwrap();
+    println!(
+        "attack connections cut by the header-read timeout (and replaced): {}",
+        cut.load(Ordering::Relaxed)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
