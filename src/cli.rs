@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -31,7 +32,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (the default when no subcommand is given)
     #[command(alias = "serve")]
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// List or install agents
     Agents {
         #[command(subcommand)]
@@ -47,7 +48,7 @@ pub enum AgentsCommand {
     /// List known agents and whether they are installed
     List {
         #[command(flatten)]
-        server: ServerArgs,
+        settings: AgentsArgs,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,
@@ -66,8 +67,49 @@ pub enum AgentsCommand {
         #[arg(long, value_name = "V")]
         agent_process_version: Option<String>,
         #[command(flatten)]
-        server: ServerArgs,
+        settings: AgentsArgs,
     },
+}
+
+/// The few daemon settings the installer commands use (the server's other flags would only
+/// clutter their `--help`). Same names, environment variables and config-file keys as the
+/// server's flags, so one config file serves both.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AgentsArgs {
+    /// TOML file with any of the server's settings as keys (unknown keys are rejected)
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Where installed agents live [default: $STATE_DIRECTORY, else ~/.local/share/sandbox-agent]
+    #[arg(long, env = "SANDBOX_AGENT_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// TOML file declaring in-house agents (id, command, args, env)
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_FILE", value_name = "FILE")]
+    pub agents_file: Option<PathBuf>,
+
+    /// ACP registry URL [default: the public agentclientprotocol registry]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_REGISTRY_URL", value_name = "URL")]
+    pub acp_registry_url: Option<String>,
+
+    /// Install agents for this user (name or uid) when run as root
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_USER", value_name = "USER")]
+    pub agent_user: Option<String>,
+}
+
+impl AgentsArgs {
+    /// The server's settings with only these set; everything else falls through to the config
+    /// file and the defaults exactly as for the daemon.
+    pub fn to_server_args(&self) -> ServerArgs {
+        ServerArgs {
+            config: self.config.clone(),
+            data_dir: self.data_dir.clone(),
+            agents_file: self.agents_file.clone(),
+            acp_registry_url: self.acp_registry_url.clone(),
+            agent_user: self.agent_user.clone(),
+            ..ServerArgs::default()
+        }
+    }
 }
 
 /// Every setting of the daemon. All fields are optional here: a value left out falls through to
@@ -96,7 +138,7 @@ pub struct ServerArgs {
     pub token: Option<String>,
 
     /// Serve without a token (needed to bind a non-loopback address without --token)
-    #[arg(long, env = "SANDBOX_AGENT_NO_TOKEN", conflicts_with = "token")]
+    #[arg(long, env = "SANDBOX_AGENT_NO_TOKEN", value_parser = BoolishValueParser::new(), conflicts_with_all = ["token", "token_file"])]
     pub no_token: bool,
 
     /// Where installed agents and state live [default: $STATE_DIRECTORY, else ~/.local/share/sandbox-agent]
@@ -191,11 +233,11 @@ pub struct ServerArgs {
     pub agents_file: Option<PathBuf>,
 
     /// Never install agents at run time; the first POST for a missing agent fails with 4xx
-    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_PREINSTALL")]
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_PREINSTALL", value_parser = BoolishValueParser::new())]
     pub require_preinstall: bool,
 
     /// Answer agent failures and timeouts on requests as 200 + JSON-RPC error instead of 502/504
-    #[arg(long, env = "SANDBOX_AGENT_JSONRPC_ERRORS")]
+    #[arg(long, env = "SANDBOX_AGENT_JSONRPC_ERRORS", value_parser = BoolishValueParser::new())]
     pub jsonrpc_errors: bool,
 
     /// ACP registry URL [default: the public agentclientprotocol registry]
@@ -211,7 +253,7 @@ pub struct ServerArgs {
     pub log_level: Option<String>,
 
     /// Act as init: reap every orphan and forward signals (automatic when running as PID 1)
-    #[arg(long, env = "SANDBOX_AGENT_INIT")]
+    #[arg(long, env = "SANDBOX_AGENT_INIT", value_parser = BoolishValueParser::new())]
     pub init: bool,
 
     /// Agent cgroups: auto (v1 controllers if mounted, else v2), v1, v2, or off (rlimits only)
@@ -236,4 +278,56 @@ pub struct ServerArgs {
     /// Refuse registry binaries that come without a sha256
     #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
     pub require_checksums: bool,
+    // --- harden-edge: the edge (connections, Host/Origin, token file, runtime) ---
+    /// Read the bearer token from this file (once, at start; surrounding whitespace ignored)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Extra Host names (or name:port) accepted besides loopback and --host; `*` accepts any
+    /// (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ALLOWED_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
+
+    /// Browser origins (scheme://host[:port]) allowed besides the daemon's own; `*` allows any
+    /// (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ALLOWED_ORIGINS",
+        value_name = "ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Option<Vec<String>>,
+
+    /// How long a client may take to send a request head (from connect, or from the first byte
+    /// on an idle keep-alive connection) [default: 10s]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_HEADER_READ_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    pub header_read_timeout: Option<String>,
+
+    /// How long a connection with no request in flight may stay silent [default: 60s]
+    #[arg(long, env = "SANDBOX_AGENT_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+
+    /// Open connections held at once; more are answered 503 and closed
+    /// [default: half the open-file limit, at most 4096]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_CONNECTIONS", value_name = "COUNT")]
+    pub max_connections: Option<String>,
+
+    /// Threads of the async runtime; `auto` picks from the CPU count (see docs/config.md)
+    /// [default: auto]
+    #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
+    pub worker_threads: Option<String>,
 }

@@ -79,6 +79,16 @@ pub struct Config {
     pub transfer_max: usize,
     pub registry_max_bytes: u64,
     pub require_checksums: bool,
+    // --- harden-edge ---
+    /// Host names (lower case, maybe with `:port`) accepted besides loopback and `host`.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, lower case) allowed besides the daemon's own.
+    pub allowed_origins: Vec<String>,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    /// Threads of the async runtime (1: the current-thread runtime).
+    pub worker_threads: usize,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -327,6 +337,74 @@ fn parse_cpu(s: &str) -> Result<Option<f64>, String> {
     }
 }
 
+// --- harden-edge ---
+
+/// A list setting: the flag (or its variable) wins over the file; empty items are dropped.
+fn list_setting(flag: Option<Vec<String>>, file: Option<Vec<String>>) -> Vec<String> {
+    flag.or(file)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("`{s}` must be longer than zero")),
+        d => Ok(d),
+    }
+}
+
+/// `scheme://host[:port]` in lower case, without a trailing slash; `*` stays `*`.
+pub fn normalise_origin(s: &str) -> Result<String, String> {
+    let t = s.trim().trim_end_matches('/').to_ascii_lowercase();
+    if t == "*" {
+        return Ok(t);
+    }
+    match t.split_once("://") {
+        Some((scheme, rest))
+            if !scheme.is_empty() && !rest.is_empty() && !rest.contains(['/', '?', '#']) =>
+        {
+            Ok(t)
+        }
+        _ => Err(format!(
+            "`{s}` is not an origin like https://example.com:8443"
+        )),
+    }
+}
+
+/// Half the soft open-file limit (each connection is one descriptor, agents and files need the
+/// rest), at most 4096 and at least 16.
+fn default_max_connections() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    (soft / 2).clamp(16, 4096) as usize
+}
+
+/// One runtime thread up to 4 CPUs, then one per 4 CPUs, at most 4 (measured in
+/// docs/performance.md: a second worker costs more in cross-thread wake-ups than it gains until
+/// the proxy's own work saturates one core).
+fn default_worker_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus / 4).clamp(1, 4)
+}
+
+/// Reads the token once; surrounding whitespace (a trailing newline) is not part of it.
+fn read_token_file(path: &Path) -> Result<String, String> {
+    let raw = std::fs::read(path).map_err(|e| e.to_string())?;
+    let text = String::from_utf8(raw).map_err(|_| "the token is not UTF-8".to_string())?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err("the file is empty".to_string());
+    }
+    if token.contains(['\n', '\r']) || token.chars().any(char::is_control) {
+        return Err("the token spans several lines or holds control characters".to_string());
+    }
+    Ok(token.to_string())
+}
+
 fn is_loopback(ip: &IpAddr) -> bool {
     ip.is_loopback()
 }
@@ -534,6 +612,63 @@ impl Config {
             "info".to_string()
         );
         let init = flag!(init);
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
+            let from_file = args.log_level.is_none();
+            errors.push(format!(
+                "{}: `{log_level}` is not a log filter like `info` or `sandbox_agent=debug`: {e}",
+                origin("log-level", from_file, &file_path)
+            ));
+        }
+        // --- harden-edge ---
+        let token_file = path!(token_file);
+        let allowed_hosts = list_setting(
+            args.allowed_hosts.clone(),
+            file.take_list("allowed_hosts", &mut errors),
+        );
+        let allowed_origins = list_setting(
+            args.allowed_origins.clone(),
+            file.take_list("allowed_origins", &mut errors),
+        );
+        let mut origins = Vec::new();
+        for o in allowed_origins {
+            match normalise_origin(&o) {
+                Ok(o) => origins.push(o),
+                Err(e) => errors.push(format!("--allowed-origins: {e}")),
+            }
+        }
+        let allowed_origins = origins;
+        let allowed_hosts: Vec<String> = allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect();
+        let header_read_timeout = setting!(
+            header_read_timeout,
+            "header-read-timeout",
+            positive_duration,
+            Duration::from_secs(10)
+        );
+        let idle_timeout = setting!(
+            idle_timeout,
+            "idle-timeout",
+            positive_duration,
+            Duration::from_secs(60)
+        );
+        let max_connections = setting!(
+            max_connections,
+            "max-connections",
+            positive_count,
+            default_max_connections()
+        );
+        let worker_threads = setting!(
+            worker_threads,
+            "worker-threads",
+            |s: &str| if s.trim().eq_ignore_ascii_case("auto") {
+                Ok(default_worker_threads())
+            } else {
+                positive_count(s)
+            },
+            default_worker_threads()
+        );
         let agent_cgroups = setting!(
             agent_cgroups,
             "agent-cgroups",
@@ -575,6 +710,17 @@ impl Config {
             ));
         }
 
+        let token = match (token, token_file) {
+            (Some(t), _) => Some(t),
+            (None, Some(path)) => match read_token_file(&path) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    errors.push(format!("--token-file {}: {e}", path.display()));
+                    None
+                }
+            },
+            (None, None) => None,
+        };
         if !is_loopback(&host) && token.is_none() && !no_token {
             errors.push(format!(
                 "refusing to listen on {host} without authentication: pass --token <TOKEN> \
@@ -687,6 +833,12 @@ impl Config {
             transfer_max,
             registry_max_bytes,
             require_checksums,
+            allowed_hosts,
+            allowed_origins,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
+            worker_threads,
         })
     }
 

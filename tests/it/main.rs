@@ -4,10 +4,12 @@
 mod acp;
 mod agents;
 mod config;
+mod edge;
 mod files;
 mod hostile_files;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
+mod real_agents;
 mod supervisor;
 mod support;
