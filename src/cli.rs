@@ -41,6 +41,8 @@ pub enum Command {
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
     #[command(name = "mock-agent")]
     MockAgent,
+    /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
+    Openapi,
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,23 +263,6 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_AGENT_CGROUPS", value_name = "MODE")]
     pub agent_cgroups: Option<String>,
 
-    // --- harden-files: transfers, registry, checksums ---
-    /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing
-    /// for this long is ended [default: 30s]
-    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_TIMEOUT", value_name = "DURATION")]
-    pub transfer_timeout: Option<String>,
-
-    /// Most file transfers running at once; more are answered 503 [default: 256]
-    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
-    pub transfer_max: Option<String>,
-
-    /// Largest ACP registry document read [default: 16M]
-    #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]
-    pub registry_max_bytes: Option<String>,
-
-    /// Refuse registry binaries that come without a sha256
-    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
-    pub require_checksums: bool,
     // --- harden-edge: the edge (connections, Host/Origin, token file, runtime) ---
     /// Read the bearer token from this file (once, at start; surrounding whitespace ignored)
     #[arg(
@@ -330,4 +315,85 @@ pub struct ServerArgs {
     /// [default: auto]
     #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
     pub worker_threads: Option<String>,
+
+    // --- Runtime caps (hostile clients and agents; see docs/operations.md "Limits and timeouts").
+    /// Most agent instances (serverIds) at once; more are refused 503 [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_AGENTS", value_name = "COUNT")]
+    pub max_agents: Option<String>,
+
+    /// Most SSE subscribers of one serverId [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_SUBSCRIBERS", value_name = "COUNT")]
+    pub max_subscribers: Option<String>,
+
+    /// Most SSE subscribers of all serverIds together [default: 1024]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_MAX_SUBSCRIBERS_TOTAL",
+        value_name = "COUNT"
+    )]
+    pub max_subscribers_total: Option<String>,
+
+    /// Bytes queued for one agent's stdin (it reads slower than clients POST) [default: 64M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE", value_name = "SIZE")]
+    pub stdin_queue: Option<String>,
+
+    /// Bytes queued for every agent's stdin together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE_TOTAL", value_name = "SIZE")]
+    pub stdin_queue_total: Option<String>,
+
+    /// Request body bytes of ACP POSTs being received at once, all together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub acp_inflight_bytes: Option<String>,
+
+    /// Memory limit of all agents together (a parent cgroup); `max` for none [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_MEMORY_MAX", value_name = "SIZE")]
+    pub agents_memory_max: Option<String>,
+
+    /// Process (task) limit of all agents together (a parent cgroup); `max` for none
+    /// [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_PIDS_MAX", value_name = "COUNT")]
+    pub agents_pids_max: Option<String>,
+
+    /// Bytes of log records waiting for the log writer; more are dropped and counted [default: 8M]
+    #[arg(long, env = "SANDBOX_AGENT_LOG_QUEUE", value_name = "SIZE")]
+    pub log_queue: Option<String>,
+
+    /// journald's native socket, for --log-format journald
+    /// [default: /run/systemd/journal/socket]
+    #[arg(long, env = "SANDBOX_AGENT_JOURNAL_SOCKET", value_name = "PATH")]
+    pub journal_socket: Option<PathBuf>,
+
+    /// Lines per second of one agent's stderr that reach the log; the rest are counted
+    /// [default: 100]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_LINES", value_name = "COUNT")]
+    pub agent_stderr_lines: Option<String>,
+
+    /// Bytes per second of one agent's stderr that reach the log [default: 64K]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_BYTES", value_name = "SIZE")]
+    pub agent_stderr_bytes: Option<String>,
+    // --- harden-files: transfers, registry, checksums ---
+    /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing
+    /// for this long is ended [default: 30s]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_TIMEOUT", value_name = "DURATION")]
+    pub transfer_timeout: Option<String>,
+
+    /// Most file transfers running at once; more are answered 503 [default: 256]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
+    pub transfer_max: Option<String>,
+
+    /// Largest ACP registry document read [default: 16M]
+    #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]
+    pub registry_max_bytes: Option<String>,
+
+    /// Refuse registry binaries that come without a sha256
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
+    pub require_checksums: bool,
+    /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open stream
+    /// or socket before its agent is stopped [default: 30s]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ACP_CONNECTION_IDLE",
+        value_name = "DURATION"
+    )]
+    pub acp_connection_idle: Option<String>,
 }

@@ -72,13 +72,6 @@ pub struct Config {
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
     pub agent_cgroups: AgentCgroups,
-    // --- harden-files ---
-    /// Idle timeout of a file transfer's body (either direction).
-    pub transfer_timeout: Duration,
-    /// Concurrent file transfers.
-    pub transfer_max: usize,
-    pub registry_max_bytes: u64,
-    pub require_checksums: bool,
     // --- harden-edge ---
     /// Host names (lower case, maybe with `:port`) accepted besides loopback and `host`.
     pub allowed_hosts: Vec<String>,
@@ -89,6 +82,28 @@ pub struct Config {
     pub max_connections: usize,
     /// Threads of the async runtime (1: the current-thread runtime).
     pub worker_threads: usize,
+    // --- Runtime caps (see docs/operations.md "Limits and timeouts").
+    pub max_agents: usize,
+    pub max_subscribers: usize,
+    pub max_subscribers_total: usize,
+    pub stdin_queue: u64,
+    pub stdin_queue_total: u64,
+    pub acp_inflight_bytes: u64,
+    pub agents_memory_max: Option<u64>,
+    pub agents_pids_max: Option<u64>,
+    pub log_queue_bytes: u64,
+    pub journal_socket: PathBuf,
+    pub agent_stderr_lines: u64,
+    pub agent_stderr_bytes: u64,
+    // --- harden-files ---
+    /// Idle timeout of a file transfer's body (either direction).
+    pub transfer_timeout: Duration,
+    /// Concurrent file transfers.
+    pub transfer_max: usize,
+    pub registry_max_bytes: u64,
+    pub require_checksums: bool,
+    /// An RFD transport connection with no reader for this long is stopped.
+    pub acp_connection_idle: Duration,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -593,6 +608,12 @@ impl Config {
             },
             DEFAULT_ACP_REGISTRY_URL.to_string()
         );
+        let acp_connection_idle = setting!(
+            acp_connection_idle,
+            "acp-connection-idle",
+            dur,
+            Duration::from_secs(30)
+        );
         let log_format = setting!(
             log_format,
             "log-format",
@@ -700,6 +721,47 @@ impl Config {
             16 << 20
         );
         let require_checksums = flag!(require_checksums);
+
+        // --- Runtime caps.
+        let max_agents = setting!(max_agents, "max-agents", positive_count, 64);
+        let max_subscribers = setting!(max_subscribers, "max-subscribers", positive_count, 64);
+        let max_subscribers_total = setting!(
+            max_subscribers_total,
+            "max-subscribers-total",
+            positive_count,
+            1024
+        );
+        let stdin_queue = setting!(stdin_queue, "stdin-queue", size_required, 64 << 20);
+        let stdin_queue_total = setting!(
+            stdin_queue_total,
+            "stdin-queue-total",
+            size_required,
+            256 << 20
+        );
+        let acp_inflight_bytes = setting!(
+            acp_inflight_bytes,
+            "acp-inflight-bytes",
+            size_required,
+            256 << 20
+        );
+        let agents_memory_max = setting!(agents_memory_max, "agents-memory-max", parse_size, None);
+        let agents_pids_max =
+            setting!(agents_pids_max, "agents-pids-max", parse_count_or_max, None);
+        let log_queue_bytes = setting!(log_queue, "log-queue", size_required, 8 << 20);
+        let journal_socket =
+            path!(journal_socket).unwrap_or_else(|| PathBuf::from("/run/systemd/journal/socket"));
+        let agent_stderr_lines = setting!(
+            agent_stderr_lines,
+            "agent-stderr-lines",
+            |s: &str| positive_count(s).map(|n| n as u64),
+            100
+        );
+        let agent_stderr_bytes = setting!(
+            agent_stderr_bytes,
+            "agent-stderr-bytes",
+            size_required,
+            64 << 10
+        );
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
@@ -829,16 +891,29 @@ impl Config {
             agent_base_env,
             systemd,
             agent_cgroups,
-            transfer_timeout,
-            transfer_max,
-            registry_max_bytes,
-            require_checksums,
             allowed_hosts,
             allowed_origins,
             header_read_timeout,
             idle_timeout,
             max_connections,
             worker_threads,
+            max_agents,
+            max_subscribers,
+            max_subscribers_total,
+            stdin_queue,
+            stdin_queue_total,
+            acp_inflight_bytes,
+            agents_memory_max,
+            agents_pids_max,
+            log_queue_bytes,
+            journal_socket,
+            agent_stderr_lines,
+            agent_stderr_bytes,
+            transfer_timeout,
+            transfer_max,
+            registry_max_bytes,
+            require_checksums,
+            acp_connection_idle,
         })
     }
 

@@ -80,17 +80,19 @@ async fn off_thread<T: Send + 'static>(
         .unwrap_or_else(|e| Err(ConfigError::File(crate::files::internal(e))))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
-enum McpCommand {
+pub(crate) enum McpCommand {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Deserialize)]
+// Also the entry's OpenAPI schema (`utoipa::ToSchema`), so the document states what is validated.
+/// One MCP server entry: a local (stdio) command or a remote (HTTP/SSE) server.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 #[allow(dead_code)] // fields exist to be validated, the stored entry is the original JSON
-enum McpEntry {
+pub(crate) enum McpEntry {
     Local {
         command: McpCommand,
         args: Option<Vec<String>>,
@@ -115,23 +117,24 @@ enum McpEntry {
     },
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
-enum McpTransport {
+pub(crate) enum McpTransport {
     Http,
     Sse,
 }
 
-#[derive(Deserialize)]
+/// One skills entry: where its skills come from.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SkillsEntry {
+pub(crate) struct SkillsEntry {
     sources: Vec<SkillSource>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
-struct SkillSource {
+pub(crate) struct SkillSource {
     #[serde(rename = "type")]
     kind: String,
     source: String,

@@ -28,8 +28,25 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::MockAgent) => sandbox_agent::agents::mock::run(),
         Some(Command::Agents { command }) => sandbox_agent::agents::cli::run(command),
+        Some(Command::Openapi) => print_openapi(),
         Some(Command::Server(args)) => serve(&args),
         None => serve(&cli.server),
+    }
+}
+
+/// `sandbox-agent openapi`: the document on stdout, byte for byte what the daemon serves.
+fn print_openapi() -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out
+        .write_all(sandbox_agent::http::openapi::document_json())
+        .and_then(|()| out.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandbox-agent: writing the document: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -53,7 +70,8 @@ fn serve(args: &ServerArgs) -> ExitCode {
         }
         parent_init = Some(init_pid);
     }
-    sandbox_agent::logging::init(&config);
+    // Flushes the log queue (bounded wait) when `serve` returns.
+    let _log_guard = sandbox_agent::logging::init(&config);
     install_panic_hook();
     sandbox_agent::install_crypto_provider();
     let runtime = match build_runtime(config.worker_threads) {

@@ -242,3 +242,14 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
     }
     out
 }
+
+/// Returns free heap memory to the system (glibc `malloc_trim`), for after a load of large
+/// buffers has ended; a no-op on other C libraries. Slow-ish (walks every arena): call it on the
+/// blocking pool, debounced (`acp::caps::trim_soon`).
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

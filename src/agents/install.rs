@@ -124,10 +124,11 @@ pub struct Manifest {
     pub verified: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Artifact {
     /// `agent_process` (the ACP program) or `native_agent` (the CLI it drives).
     pub kind: String,
+    #[schema(value_type = String)]
     pub path: PathBuf,
     pub version: String,
     pub source: String,

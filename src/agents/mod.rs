@@ -55,7 +55,7 @@ pub struct InstallRequest {
 }
 
 /// The answer of an install.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct InstallOutcome {
     #[serde(rename = "alreadyInstalled")]
     pub already_installed_camel: bool,
@@ -67,13 +67,14 @@ pub struct InstallOutcome {
 }
 
 /// One agent as `GET /v1/agents` shows it (without `serverStatus`, which the proxy knows).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
     pub id: String,
     pub name: String,
     pub installed: bool,
     pub version: Option<String>,
+    #[schema(value_type = Option<String>)]
     pub path: Option<PathBuf>,
     /// `registry|fallback|builtin|local|user`; for an agent not installed, where an install would
     /// look first (`registry` or `fallback`).

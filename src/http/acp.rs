@@ -4,27 +4,65 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{AppState, Problem};
 use crate::acp::events::KEEPALIVE_FRAME;
 use crate::acp::{self, AcpError, Delivered, Kind, Next, Subscription};
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/v1/acp", get(list)).route(
-        "/v1/acp/{server_id}",
-        get(stream).post(post_message).delete(delete),
-    )
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(stream, post_message, delete))
 }
 
+/// `GET /v1/acp`: every instance, sorted by serverId.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ServerList {
+    servers: Vec<crate::acp::ServerInfo>,
+}
+
+/// One JSON-RPC 2.0 message (request, notification or response), passed through untouched: the
+/// proxy reads only `id` and `method` to route it and never interprets ACP methods or params.
+#[derive(utoipa::ToSchema)]
+#[schema(as = JsonRpcMessage)]
+#[allow(dead_code)] // only its schema is used: envelopes are forwarded as bytes
+pub(super) struct JsonRpcMessage {
+    #[schema(value_type = String, pattern = "^2\\.0$", example = "2.0")]
+    jsonrpc: String,
+    /// Present on requests and responses: a number or a string, echoed unchanged.
+    #[schema(value_type = Object, nullable = false, required = false)]
+    id: Option<serde_json::Value>,
+    /// Present on requests and notifications.
+    #[schema(nullable = false)]
+    method: Option<String>,
+    #[schema(value_type = Object, nullable = false, required = false)]
+    params: Option<serde_json::Value>,
+    #[schema(value_type = Object, nullable = false, required = false)]
+    result: Option<serde_json::Value>,
+    #[schema(value_type = Object, nullable = false, required = false)]
+    error: Option<serde_json::Value>,
+}
+
+/// Every agent instance with its process status and figures.
+#[utoipa::path(
+    get,
+    path = "/v1/acp",
+    operation_id = "listAcpServers",
+    tag = "acp",
+    responses((status = 200, description = "Every instance, sorted by serverId", body = ServerList)),
+)]
 async fn list(State(st): State<AppState>) -> Response {
-    axum::Json(json!({ "servers": st.acp.list() })).into_response()
+    axum::Json(ServerList {
+        servers: st.acp.list().await,
+    })
+    .into_response()
 }
 
 /// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).
@@ -35,12 +73,62 @@ struct PostQuery {
     agent: Option<String>,
 }
 
+/// Sends one JSON-RPC message to the agent of `serverId`, starting (and if needed installing) the
+/// agent on the first POST. A request is answered with the agent's response; a notification or
+/// a response to an agent's request with 202 once written to the agent's stdin.
+#[utoipa::path(
+    post,
+    path = "/v1/acp/{serverId}",
+    operation_id = "postAcpMessage",
+    tag = "acp",
+    params(
+        ("serverId" = String, Path, description = "Client-chosen instance id",
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
+        ("agent" = Option<String>, Query, description = "The agent to start (e.g. `mock`, \
+            `claude`); needed on the first POST to a serverId, and must match on later ones. \
+            An empty value counts as absent.", example = "mock"),
+        ("Prefer" = Option<String>, Header, description = "RFC 7240 preferences: \
+            `respond-async` answers a request 202 at once (its response goes to the SSE stream); \
+            `jsonrpc-errors` answers an agent failure or timeout on a request with 200 and a \
+            JSON-RPC error object (`code` -32603, `data` the problem) instead of 502/504.",
+            example = "respond-async"),
+    ),
+    request_body(content = JsonRpcMessage, content_type = "application/json",
+        description = "Exactly one JSON-RPC 2.0 object (no batches). `Content-Type` must be \
+            `application/json` (parameters allowed).",
+        example = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}})),
+    responses(
+        (status = 200, description = "The agent's response to the request, its `id` unchanged \
+            (or, with `jsonrpc-errors`, a JSON-RPC error object)", body = JsonRpcMessage,
+            example = json!({"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": 1,
+                "agentCapabilities": {}, "agentInfo": {"name": "mock"}, "authMethods": []}})),
+        (status = 202, description = "A notification or a response was written to the agent, \
+            or `Prefer: respond-async` was given; no body"),
+        (status = 400, description = "Invalid serverId, missing or unknown `agent`, a body that \
+            is not one JSON-RPC object (unparseable, not an object, a batch)",
+            body = super::openapi::ProblemSchema, content_type = "application/problem+json",
+            example = json!({"type": "urn:sandbox-agent:problem:unknown-agent",
+                "title": "Unknown Agent", "status": 400,
+                "detail": "unknown agent `nope`", "agent": "nope"})),
+        (status = 404, description = "The instance was deleted while it was starting"),
+        (status = 406, description = "`Accept` excludes `application/json`"),
+        (status = 409, description = "The serverId is bound to another agent (Agent Mismatch), \
+            a request with the same id is still in flight (Duplicate Request Id), or the agent \
+            is not installed and `--require-preinstall` is set (`installCommand`)"),
+        (status = 415, description = "`Content-Type` is not `application/json`"),
+        (status = 502, description = "The agent is gone (exited, killed, failed to start or to \
+            install); `exitCode`, `signal`, `exitReason`, `stderrTail` say how"),
+        (status = 504, description = "The agent did not answer within the request timeout; its \
+            late answer goes to the SSE stream (`timeoutMs`)"),
+    )
+)]
 async fn post_message(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
     Query(query): Query<PostQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
@@ -61,6 +149,10 @@ async fn post_message(
         .with("serverId", server_id)
         .into_response();
     }
+    let (body, inflight) = match read_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(p) => return p.with("serverId", server_id).into_response(),
+    };
     // The daemon runs one runtime thread: a large envelope (an image, a big file) is parsed on the
     // blocking pool so that other requests and streams go on meanwhile.
     let parsed = if body.len() > LARGE_ENVELOPE {
@@ -78,6 +170,9 @@ async fn post_message(
                 .into_response();
         }
     };
+    // The body is now the envelope's line; if it has to wait for the agent, the stdin queue's
+    // budget accounts for it from here on.
+    drop(inflight);
     let prefer = Prefer::parse(&headers);
     let jsonrpc_errors = prefer.jsonrpc_errors || st.config.jsonrpc_errors;
     let raw_id = match (&envelope.kind, jsonrpc_errors) {
@@ -123,13 +218,111 @@ async fn post_message(
     }
 }
 
+/// Receives a POST body within the body limit (413) and the daemon-wide budget of ACP bodies
+/// being received (`--acp-inflight-bytes`, 503 with `Retry-After`): a declared length is reserved
+/// before anything is read, a chunked body as it arrives, so many slow large uploads cannot
+/// together hold more than the budget.
+async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, acp::caps::Reservation), Problem> {
+    use futures_util::StreamExt;
+    let limit = st.config.body_limit;
+    let budget = st.acp.inflight_budget().clone();
+    let full = || {
+        Problem::from(AcpError::Capacity {
+            what: "ACP request body bytes being received",
+            limit: budget.limit(),
+            server_id: None,
+        })
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let mut reserved = 0u64;
+    let mut held = acp::caps::Reservation::default();
+    if let Some(n) = declared {
+        if n > limit {
+            return Err(Problem::payload_too_large(limit));
+        }
+        if !held.grow(&budget, n) {
+            return Err(full());
+        }
+        reserved = n;
+    }
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let mut chunks = body.into_data_stream();
+    while let Some(data) = chunks.next().await {
+        let data = data.map_err(|e| Problem::bad_request(format!("cannot read the body: {e}")))?;
+        let total = (buf.len() + data.len()) as u64;
+        if total > limit {
+            return Err(Problem::payload_too_large(limit));
+        }
+        if total > reserved {
+            if !held.grow(&budget, total - reserved) {
+                return Err(full());
+            }
+            reserved = total;
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf.freeze(), held))
+}
+
+/// The agent's messages that are not POST answers, as Server-Sent Events: first every retained
+/// event (after `Last-Event-ID`), then live ones.
+#[utoipa::path(
+    get,
+    path = "/v1/acp/{serverId}",
+    operation_id = "streamAcpEvents",
+    tag = "acp",
+    params(
+        ("serverId" = String, Path, description = "Client-chosen instance id",
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: \
+            the retained events with a greater id are replayed first. A non-numeric value is 400.",
+            pattern = "^\\s*[0-9]{1,19}\\s*$", example = "41"),
+    ),
+    responses(
+        (status = 200, description = "An endless `text/event-stream`. Each agent message that \
+            is not a POST answer (notifications, agent-to-client requests, late responses) is \
+            one event: `event: message`, `id: <n>` (per serverId, from 1, strictly increasing), \
+            `data: <one JSON-RPC object on one line>`. When retained events were evicted before \
+            the client read them, `event: gap` with `data: {\"from\":<first missing>,\"to\":<last \
+            missing>}` comes first. A comment line `: keepalive` is sent when nothing else was \
+            for `--keepalive`. The stream ends when the instance is deleted or its agent exited \
+            and everything was delivered.",
+            content_type = "text/event-stream", body = String,
+            example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
+        (status = 101, description = "With `Upgrade: websocket`: the same instance over a \
+            WebSocket (`?agent=` on first connect, `?lastEventId=N` to resume): one JSON-RPC \
+            message per text frame both ways, agent messages in event-log order, `gap` as a \
+            JSON text frame; see docs/acp.md"),
+        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` that is not a \
+            number or is beyond the last event"),
+        (status = 404, description = "No instance with this serverId"),
+        (status = 406, description = "`Accept` excludes `text/event-stream`"),
+        (status = 410, description = "The agent exited and every event was delivered"),
+    )
+)]
 async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
+    }
+    // The same serverId over a WebSocket (`http::ws`).
+    if super::ws::wants_upgrade(&headers) {
+        return super::ws::acp_socket(st, server_id, uri, upgrade).await;
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(
@@ -205,6 +398,22 @@ fn sse_frames(
     )
 }
 
+/// Detaches the instance (no longer listed, its streams end) and stops its agent in the
+/// background (TERM to the process group, grace, KILL). Idempotent.
+#[utoipa::path(
+    delete,
+    path = "/v1/acp/{serverId}",
+    operation_id = "deleteAcpServer",
+    tag = "acp",
+    params(
+        ("serverId" = String, Path, description = "Client-chosen instance id",
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
+    ),
+    responses(
+        (status = 204, description = "Detached (or was not there); the stop runs on"),
+        (status = 400, description = "Invalid serverId"),
+    )
+)]
 async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
@@ -213,7 +422,7 @@ async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Re
     StatusCode::NO_CONTENT.into_response()
 }
 
-fn is_json_content_type(headers: &HeaderMap) -> bool {
+pub(super) fn is_json_content_type(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -222,7 +431,7 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 }
 
 /// True when the Accept header (absent means anything) admits `kind/sub`.
-fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
+pub(super) fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
     let mut values = headers.get_all(header::ACCEPT).iter().peekable();
     if values.peek().is_none() {
         return true;

@@ -179,6 +179,63 @@ impl From<crate::acp::AcpError> for Problem {
                 .with("serverId", server_id),
             E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
             E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
+            // harden-runtime: Last-Event-ID beyond the log, and the global caps (503 + Retry-After).
+            E::EventIdAhead {
+                server_id,
+                last_event_id,
+                last_id,
+            } => Problem::bad_request(detail)
+                .title("Unknown Last-Event-ID")
+                .with("serverId", server_id)
+                .with("lastEventId", last_event_id)
+                .with("currentLastEventId", last_id),
+            E::Capacity {
+                what,
+                limit,
+                server_id,
+            } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .title("Capacity Reached")
+                .with("limit", limit)
+                .with("capacity", what)
+                .with("serverId", server_id)
+                .header(header::RETRY_AFTER, "1"),
+        }
+    }
+}
+
+impl From<crate::acp::ConnectionError> for Problem {
+    fn from(e: crate::acp::ConnectionError) -> Self {
+        use crate::acp::ConnectionError as E;
+        let detail = e.to_string();
+        match e {
+            E::UnknownAgent { agent } => Problem::not_found(detail)
+                .title("Unknown Agent")
+                .with("agent", agent),
+            E::MissingConnectionId | E::NotInitialize | E::InvalidSessionId => {
+                Problem::bad_request(detail)
+            }
+            E::UnknownConnection { connection_id } => {
+                Problem::not_found(detail).with("connectionId", connection_id)
+            }
+            E::AgentMismatch {
+                connection_id,
+                bound,
+                requested,
+            } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Mismatch")
+                .with("connectionId", connection_id)
+                .with("agent", bound)
+                .with("requestedAgent", requested),
+            E::StreamBusy { connection_id, .. } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Stream Busy")
+                .with("connectionId", connection_id),
+            E::TooManySessions {
+                connection_id,
+                limit,
+            } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                .with("connectionId", connection_id)
+                .with("limit", limit),
+            E::Acp(e) => Problem::from(e),
         }
     }
 }
@@ -270,6 +327,24 @@ impl From<crate::config_store::ConfigError> for Problem {
                 Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
             }
             E::File(f) => Problem::from(f),
+        }
+    }
+}
+
+/// A JSON body axum could not take: an invalid body is 400 (axum's own answer would be 422,
+/// which the contract does not use), a missing JSON content type 415, a body over the limit 413.
+impl From<axum::extract::rejection::JsonRejection> for Problem {
+    fn from(e: axum::extract::rejection::JsonRejection) -> Self {
+        use axum::extract::rejection::JsonRejection as R;
+        match e {
+            R::MissingJsonContentType(_) => Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the body with Content-Type: application/json",
+            ),
+            R::JsonDataError(_) | R::JsonSyntaxError(_) => {
+                Problem::bad_request(format!("invalid request body: {}", e.body_text()))
+            }
+            other => Problem::new(other.status(), other.body_text()),
         }
     }
 }

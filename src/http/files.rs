@@ -5,37 +5,50 @@
 use std::io;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use futures_util::TryStreamExt;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::files::{BodyStream, Compression, FileError, stream_range};
+use crate::files::{
+    BodyStream, Compression, FileError, FsEntry, FsStat, UploadOutcome, WriteOutcome, stream_range,
+};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/fs/entries", get(list))
-        .route(
-            "/v1/fs/file",
-            get(read_file)
-                .put(write_file)
-                .layer(DefaultBodyLimit::disable()),
-        )
-        .route("/v1/fs/entry", delete(delete_entry))
-        .route("/v1/fs/mkdir", post(mkdir))
-        .route("/v1/fs/move", post(move_entry))
-        .route("/v1/fs/stat", get(stat))
-        .route(
-            "/v1/fs/upload-batch",
-            post(upload_batch).layer(DefaultBodyLimit::disable()),
-        )
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        // GET has no body; the PUT body is streamed and capped by the service.
+        .routes(routes!(read_file, write_file).layer(DefaultBodyLimit::disable()))
+        .routes(routes!(delete_entry))
+        .routes(routes!(mkdir))
+        .routes(routes!(move_entry))
+        .routes(routes!(stat))
+        .routes(routes!(upload_batch).layer(DefaultBodyLimit::disable()))
+}
+
+/// Raw bytes (`type: string, format: binary`).
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // only its schema is used: bodies are streamed
+struct Binary(Vec<u8>);
+
+/// The answer of `mkdir` and `DELETE entry`: the absolute path concerned.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FsPath {
+    path: String,
+}
+
+/// The answer of `move`: both absolute paths.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FsMoved {
+    from: String,
+    to: String,
 }
 
 #[derive(Deserialize)]
@@ -55,11 +68,15 @@ struct DeleteQuery {
     recursive: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = FsMoveRequest)]
 struct MoveBody {
+    #[schema(min_length = 1)]
     from: String,
+    #[schema(min_length = 1)]
     to: String,
+    /// Replace an existing destination (default false).
     #[serde(default)]
     overwrite: Option<bool>,
 }
@@ -89,6 +106,23 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The entries of a directory.
+#[utoipa::path(
+    get,
+    path = "/v1/fs/entries",
+    operation_id = "listFsEntries",
+    tag = "fs",
+    params(("path" = Option<String>, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
+    responses(
+        (status = 200, description = "The directory's entries", body = Vec<FsEntry>),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+    )
+)]
 async fn list(
     State(s): State<AppState>,
     Query(q): Query<OptionalPathQuery>,
@@ -97,23 +131,97 @@ async fn list(
     Ok(Json(entries).into_response())
 }
 
+/// What a path is: kind, size, modification time.
+#[utoipa::path(
+    get,
+    path = "/v1/fs/stat",
+    operation_id = "statFs",
+    tag = "fs",
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)")),
+    responses(
+        (status = 200, description = "The entry", body = FsStat),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+    )
+)]
 async fn stat(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<Response, Problem> {
     Ok(Json(s.files.stat(&q.path).await?).into_response())
 }
 
+/// Creates a directory and its missing parents (no body needed).
+#[utoipa::path(
+    post,
+    path = "/v1/fs/mkdir",
+    operation_id = "mkdirFs",
+    tag = "fs",
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)")),
+    responses(
+        (status = 200, description = "Created (or already there)", body = FsPath),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+        (status = 409, description = "A file is in the way"),
+        (status = 507, description = "No space left on the device"),
+    )
+)]
 async fn mkdir(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<Response, Problem> {
     let path = s.files.mkdir(&q.path).await?;
-    Ok(Json(json!({ "path": path })).into_response())
+    Ok(Json(FsPath { path }).into_response())
 }
 
+/// Deletes a file, or a directory (`recursive=true` when it is not empty).
+#[utoipa::path(
+    delete,
+    path = "/v1/fs/entry",
+    operation_id = "deleteFsEntry",
+    tag = "fs",
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)"),
+        ("recursive" = Option<bool>, Query,
+            description = "Delete a non-empty directory with its contents")),
+    responses(
+        (status = 200, description = "Deleted", body = FsPath),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+        (status = 409, description = "A non-empty directory without `recursive=true`"),
+    )
+)]
 async fn delete_entry(
     State(s): State<AppState>,
     Query(q): Query<DeleteQuery>,
 ) -> Result<Response, Problem> {
     let path = s.files.delete(&q.path, q.recursive).await?;
-    Ok(Json(json!({ "path": path })).into_response())
+    Ok(Json(FsPath { path }).into_response())
 }
 
+/// Moves (renames) a file or directory.
+#[utoipa::path(
+    post,
+    path = "/v1/fs/move",
+    operation_id = "moveFsEntry",
+    tag = "fs",
+    request_body(content = MoveBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Moved", body = FsMoved),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+        (status = 409, description = "The destination exists and `overwrite` is not true"),
+        (status = 507, description = "No space left on the device"),
+    )
+)]
 async fn move_entry(
     State(s): State<AppState>,
     body: Result<Json<MoveBody>, JsonRejection>,
@@ -123,9 +231,34 @@ async fn move_entry(
         .files
         .rename(&b.from, &b.to, b.overwrite.unwrap_or(false))
         .await?;
-    Ok(Json(json!({ "from": from, "to": to })).into_response())
+    Ok(Json(FsMoved { from, to }).into_response())
 }
 
+/// Writes a file from the raw request body (streamed to a temporary file beside the target,
+/// then renamed into place). Missing parent directories are created.
+#[utoipa::path(
+    put,
+    path = "/v1/fs/file",
+    operation_id = "writeFsFile",
+    tag = "fs",
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)")),
+    request_body(content = Binary, content_type = "application/octet-stream",
+        description = "The file's bytes (any Content-Type is accepted and ignored)"),
+    responses(
+        (status = 200, description = "Written", body = WriteOutcome),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+        (status = 409, description = "A directory is in the way"),
+        (status = 408, description = "The body stalled (no bytes for longer than the transfer \
+            idle timeout); the connection is closed"),
+        (status = 413, description = "The body is larger than the upload limit (`limit`)"),
+        (status = 507, description = "No space left on the device"),
+    )
+)]
 async fn write_file(
     State(s): State<AppState>,
     Query(q): Query<PathQuery>,
@@ -139,6 +272,37 @@ async fn write_file(
     Ok(Json(out).into_response())
 }
 
+/// Extracts a tar archive (optionally gzip-compressed) beneath a directory, all or nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/fs/upload-batch",
+    operation_id = "uploadFsBatch",
+    tag = "fs",
+    params(("path" = Option<String>, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
+    request_body(content(
+        (Binary = "application/x-tar"),
+        (Binary = "application/gzip"),
+        (Binary = "application/octet-stream"),
+    ), description = "A tar archive; gzip is recognised by `Content-Type: application/gzip` \
+        (or `application/x-gzip`, `application/x-tar+gzip`), `Content-Encoding: gzip`, or its \
+        magic bytes"),
+    responses(
+        (status = 200, description = "Extracted; the first 1024 paths are listed",
+            body = UploadOutcome),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+        (status = 409, description = "An entry conflicts with what is on disk"),
+        (status = 408, description = "The body stalled (no bytes for longer than the transfer \
+            idle timeout); the connection is closed"),
+        (status = 413, description = "The archive is larger than the upload limit, or has too \
+            many entries (`limit`)"),
+        (status = 507, description = "No space left on the device"),
+    )
+)]
 async fn upload_batch(
     State(s): State<AppState>,
     Query(q): Query<OptionalPathQuery>,
@@ -239,6 +403,32 @@ pub(crate) fn parse_range(h: &str, size: u64) -> Result<Option<(u64, u64)>, File
     Ok(Some((start, end - start + 1)))
 }
 
+/// Reads a file, whole or one byte range.
+#[utoipa::path(
+    get,
+    path = "/v1/fs/file",
+    operation_id = "readFsFile",
+    tag = "fs",
+    params(("path" = String, Query, min_length = 1,
+        description = "Absolute, or relative to the working root (`--work-dir`)"),
+        ("Range" = Option<String>, Header, description = "One range `bytes=a-b`, `bytes=a-` or \
+            `bytes=-n`; other forms are ignored (the whole file is sent)", example = "bytes=0-1023")),
+    responses(
+        (status = 200, description = "The whole file", body = Binary,
+            content_type = "application/octet-stream",
+            headers(("Accept-Ranges" = String), ("Last-Modified" = String))),
+        (status = 206, description = "The requested range", body = Binary,
+            content_type = "application/octet-stream",
+            headers(("Content-Range" = String), ("Accept-Ranges" = String))),
+        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
+            (file vs directory)"),
+        (status = 403, description = "Outside the configured fs root, or permission denied"),
+        (status = 404, description = "No such file or directory"),
+        (status = 500, description = "An unexpected I/O error"),
+        (status = 416, description = "The range starts beyond the end of the file",
+            headers(("Content-Range" = String, description = "`bytes */<size>`"))),
+    )
+)]
 async fn read_file(
     State(s): State<AppState>,
     Query(q): Query<PathQuery>,

@@ -8,6 +8,9 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod guard;
+pub mod openapi;
+pub mod rfd;
+pub mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,9 +20,9 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::config::Config;
 pub use error::Problem;
@@ -32,6 +35,8 @@ pub struct AppState {
     pub supervisor: Arc<crate::supervisor::Supervisor>,
     pub agents: Arc<crate::agents::Agents>,
     pub acp: Arc<crate::acp::AcpService>,
+    /// The ACP RFD transport's connections (each also an instance of `acp`).
+    pub connections: Arc<crate::acp::Connections>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
 }
@@ -47,6 +52,11 @@ impl AppState {
             agents.clone(),
             shutdown.clone(),
         ));
+        let connections = Arc::new(crate::acp::Connections::new(
+            acp.clone(),
+            agents.clone(),
+            &config,
+        ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         Ok(AppState {
@@ -55,6 +65,7 @@ impl AppState {
             supervisor,
             agents,
             acp,
+            connections,
             files,
             config_store,
         })
@@ -68,16 +79,24 @@ impl AppState {
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/health", get(health))
+/// Every route, each registered with its OpenAPI description (`routes!` of a handler carrying
+/// `#[utoipa::path]`). A feature adds one `.merge(feature::routes())` line here, its `routes()`
+/// returning an `OpenApiRouter`; see "Adding a route" in docs/api.md.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(root))
+        .routes(routes!(health))
+        .merge(openapi::routes())
         .merge(acp::routes())
+        .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())
-        .merge(config::routes());
-    Router::new()
-        .route("/", get(root))
-        .merge(v1)
+        .merge(config::routes())
+}
+
+pub fn router(state: AppState) -> Router {
+    let (routes, _) = api().split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))
@@ -86,12 +105,47 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn root() -> impl IntoResponse {
-    axum::Json(json!({ "name": "Sandbox Agent", "version": env!("CARGO_PKG_VERSION") }))
+/// What this is; the one route that never needs the token (probes use it).
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "getRoot",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The daemon's name and version", body = RootInfo),
+    )
+)]
+async fn root() -> axum::Json<RootInfo> {
+    axum::Json(RootInfo {
+        name: "Sandbox Agent",
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
-async fn health() -> impl IntoResponse {
-    axum::Json(json!({ "status": "ok" }))
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct RootInfo {
+    #[schema(example = "Sandbox Agent")]
+    name: &'static str,
+    version: &'static str,
+}
+
+/// Liveness: answers while the daemon serves.
+#[utoipa::path(
+    get,
+    path = "/v1/health",
+    operation_id = "getHealth",
+    tag = "meta",
+    responses((status = 200, description = "The daemon serves", body = Health)),
+)]
+async fn health() -> axum::Json<Health> {
+    axum::Json(Health { status: "ok" })
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schema(example = "ok")]
+    status: &'static str,
 }
 
 async fn not_found(req: Request) -> Problem {

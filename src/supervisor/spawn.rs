@@ -100,6 +100,7 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
             agent: spec.agent.clone(),
             pid,
         },
+        crate::logging::RateLimit::new(sup.stderr_budget.0, sup.stderr_budget.1),
     ));
     let (status_tx, status_rx) = watch::channel(None);
     let inner = Arc::new(HandleInner {

@@ -52,7 +52,9 @@ pub struct DaemonBuilder {
     expect_exit: Option<i32>,
     wrapper: Vec<OsString>,
     clear_env: bool,
+    confine_to_work_dir: bool,
     data_dir: Option<PathBuf>,
+    stderr_unread: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -64,7 +66,9 @@ impl Default for DaemonBuilder {
             expect_exit: Some(0),
             wrapper: Vec::new(),
             clear_env: false,
+            confine_to_work_dir: false,
             data_dir: None,
+            stderr_unread: false,
         }
     }
 }
@@ -117,6 +121,20 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's stderr becomes a pipe that nobody reads (the test keeps its read end open,
+    /// so writes block once the pipe is full); `Daemon::stderr` is then empty.
+    pub fn stderr_unread_pipe(mut self) -> Self {
+        self.stderr_unread = true;
+        self
+    }
+
+    /// Also passes `--fs-root <work dir>`: every filesystem path is confined to the test's
+    /// private work directory.
+    pub fn confine_to_work_dir(mut self) -> Self {
+        self.confine_to_work_dir = true;
+        self
+    }
+
     pub fn start(self) -> Daemon {
         Daemon::start_with(self)
     }
@@ -132,6 +150,8 @@ pub struct Daemon {
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
     data: PathBuf,
+    /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
+    pub stderr_pipe: Option<std::io::PipeReader>,
 }
 
 impl Daemon {
@@ -152,7 +172,14 @@ impl Daemon {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         let stderr_path = dir.path().join("daemon.stderr");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut stderr_pipe = None;
+        let stderr: Stdio = if b.stderr_unread {
+            let (r, w) = std::io::pipe().expect("pipe");
+            stderr_pipe = Some(r);
+            w.into()
+        } else {
+            std::fs::File::create(&stderr_path).unwrap().into()
+        };
         let data = b
             .data_dir
             .clone()
@@ -192,6 +219,9 @@ impl Daemon {
         if let Some(t) = &b.token {
             cmd.arg("--token").arg(t);
         }
+        if b.confine_to_work_dir {
+            cmd.arg("--fs-root").arg(&work);
+        }
         let child = cmd.spawn().expect("spawn sandbox-agent");
         let mut daemon = Daemon {
             child: Some(child),
@@ -203,6 +233,7 @@ impl Daemon {
             expect_exit: b.expect_exit,
             stderr_path,
             data,
+            stderr_pipe,
         };
         daemon.addr = daemon.wait_ready();
         daemon
