@@ -335,9 +335,13 @@ pub async fn download(
     .map_err(join_error)?
 }
 
-/// A blocking step that panicked: logged in full, reported without internals.
+/// A blocking step that did not finish: a panic goes on unwinding (the edge answers a plain 500);
+/// a cancelled step is reported without internals.
 fn join_error(e: tokio::task::JoinError) -> InstallError {
-    tracing::error!(error = %e, "a blocking step of the install failed");
+    if e.is_panic() {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    tracing::warn!(error = %e, "a blocking step of the install was cancelled");
     InstallError::Io {
         what: "a blocking step of the install failed".into(),
         source: std::io::Error::other("see the daemon's log"),

@@ -170,14 +170,18 @@ fn shown(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// A blocking step that panicked or was cancelled: logged in full, answered without internals
-/// (no "task N panicked" in a response).
+/// A blocking step that did not finish. A panic goes on unwinding here, so that the edge answers
+/// a plain 500 (a JoinError's text would tell the client "task N panicked with …"); a cancelled
+/// step (runtime shutting down) is an error without internals.
 pub(crate) fn internal(e: tokio::task::JoinError) -> FileError {
-    tracing::error!(error = %e, "a blocking file operation failed");
+    if e.is_panic() {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    tracing::warn!(error = %e, "a blocking file operation was cancelled");
     FileError::Io {
         op: "internal error in",
         path: PathBuf::from("a file operation"),
-        source: io::Error::other("see the daemon's log"),
+        source: io::Error::other("cancelled"),
     }
 }
 
@@ -187,11 +191,9 @@ where
     F: FnOnce() -> Result<T, FileError> + Send + 'static,
     T: Send + 'static,
 {
-    // A panic on the blocking side goes on unwinding here, so that the edge answers a plain 500
-    // (a JoinError's text would tell the client "task N panicked with …").
     tokio::task::spawn_blocking(f)
         .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .unwrap_or_else(|e| Err(internal(e)))
 }
 
 pub struct FileService {

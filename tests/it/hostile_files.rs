@@ -17,7 +17,13 @@ use crate::support::{Daemon, eventually};
 /// Opens a connection and sends `head` (a request without its final CRLF CRLF) and `body`.
 fn stalled(d: &Daemon, head: &str, body: &[u8]) -> TcpStream {
     let mut s = TcpStream::connect(&d.addr).unwrap();
-    s.write_all(format!("{head}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+    // The edge refuses a body without a Content-Type (harden-edge's browser guard).
+    let ctype = if head.contains("Content-Type") {
+        ""
+    } else {
+        "\r\nContent-Type: application/octet-stream"
+    };
+    s.write_all(format!("{head}{ctype}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .unwrap();
     s.write_all(body).unwrap();
     s
@@ -105,6 +111,7 @@ async fn good_client_works(d: &Daemon, tag: &str) {
         .unwrap();
     let r = c
         .put(d.url(&format!("/v1/fs/file?path=good/{tag}.txt")))
+        .header("content-type", "application/octet-stream")
         .body(format!("hello {tag}"))
         .send()
         .await
@@ -222,6 +229,7 @@ async fn transfer_slots_are_capped_with_503_and_stalled_bodies_time_out_with_408
     let refused = loop {
         let r = c
             .put(d.url("/v1/fs/file?path=s/extra"))
+            .header("content-type", "application/octet-stream")
             .body("x")
             .send()
             .await
@@ -261,6 +269,7 @@ async fn transfer_slots_are_capped_with_503_and_stalled_bodies_time_out_with_408
     });
     let r = c
         .put(d.url("/v1/fs/file?path=s/after"))
+        .header("content-type", "application/octet-stream")
         .body("ok")
         .send()
         .await
@@ -287,6 +296,7 @@ async fn a_download_whose_client_takes_nothing_releases_its_slot_after_the_timeo
     let c = d.client();
     let r = c
         .put(d.url("/v1/fs/file?path=x"))
+        .header("content-type", "application/octet-stream")
         .body("x")
         .send()
         .await
@@ -301,6 +311,7 @@ async fn a_download_whose_client_takes_nothing_releases_its_slot_after_the_timeo
     );
     let r = c
         .put(d.url("/v1/fs/file?path=x"))
+        .header("content-type", "application/octet-stream")
         .body("x")
         .send()
         .await
@@ -464,6 +475,7 @@ async fn planted_temporary_names_neither_fail_a_put_nor_get_deleted() {
         let r = d
             .client()
             .put(d.url(&format!("/v1/fs/file?path=p/f{i}")))
+            .header("content-type", "application/octet-stream")
             .body("data")
             .send()
             .await
@@ -620,6 +632,7 @@ async fn config_that_could_not_be_read_back_is_refused_up_front() {
     // One entry over the entry cap (1 MiB): 413 with the limit.
     let r = c
         .put(config_url(&d, "c", "big"))
+        .header("content-type", "application/json")
         .body(entry(2 << 20))
         .send()
         .await
@@ -643,6 +656,7 @@ async fn config_that_could_not_be_read_back_is_refused_up_front() {
     assert!(std::fs::metadata(&file).unwrap().len() < 16 << 20);
     let r = c
         .put(config_url(&d, "c", "e16"))
+        .header("content-type", "application/json")
         .body(entry(1_000_000))
         .send()
         .await
@@ -656,6 +670,7 @@ async fn config_that_could_not_be_read_back_is_refused_up_front() {
     assert_eq!(r.status(), 200, "the directory is still readable");
     let r = c
         .put(config_url(&d, "c", "small"))
+        .header("content-type", "application/json")
         .body(json!({"type":"local","command":"y"}).to_string())
         .send()
         .await
