@@ -192,10 +192,10 @@ pub fn validate(kind: ConfigKind, raw: &[u8]) -> Result<Value, ConfigError> {
                             "`url` must be an http(s) URL, got {url:?}"
                         )));
                     }
-                    if let Some(o) = oauth {
-                        if !(o.is_object() || o.is_boolean() || o.is_null()) {
-                            return Err(invalid("`oauth` must be an object or a boolean".into()));
-                        }
+                    if let Some(o) = oauth
+                        && !(o.is_object() || o.is_boolean() || o.is_null())
+                    {
+                        return Err(invalid("`oauth` must be an object or a boolean".into()));
                     }
                 }
             }
@@ -443,7 +443,7 @@ mod tests {
             ];
             match next() % if depth > 2 { 5 } else { 7 } {
                 0 => Value::Null,
-                1 => Value::Bool(next() % 2 == 0),
+                1 => Value::Bool(next().is_multiple_of(2)),
                 2 => Value::from(next() as i64),
                 3 | 4 => Value::from(STRS[(next() % STRS.len() as u64) as usize]),
                 5 => Value::Array((0..next() % 3).map(|_| value(next, depth + 1)).collect()),

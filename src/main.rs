@@ -106,11 +106,10 @@ fn serve(args: &ServerArgs) -> ExitCode {
 /// made non-dumpable, so `/proc/<pid>/environ`, `mem` and ptrace need CAP_SYS_PTRACE even for
 /// processes of the same user. Done before the PID-1 fork, so the init parent is covered too.
 fn protect_secrets(config: &Config) {
-    if let Some(token) = &config.token {
-        if let Err(e) = sandbox_agent::sys::scrub_from_proc(token.as_bytes(), "SANDBOX_AGENT_TOKEN")
-        {
-            eprintln!("sandbox-agent: warning: cannot hide the token in /proc/self: {e}");
-        }
+    if let Some(token) = &config.token
+        && let Err(e) = sandbox_agent::sys::scrub_from_proc(token.as_bytes(), "SANDBOX_AGENT_TOKEN")
+    {
+        eprintln!("sandbox-agent: warning: cannot hide the token in /proc/self: {e}");
     }
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("sandbox-agent: warning: cannot make the process non-dumpable: {e}");

@@ -220,12 +220,12 @@ pub fn scrub_from_proc(secret: &[u8], env_name: &str) -> io::Result<usize> {
     let prefix = format!("{env_name}=");
     let mut offset = 0usize;
     for entry in area.split(|b| *b == 0) {
-        if let Some(value) = entry.strip_prefix(prefix.as_bytes()) {
-            if !value.is_empty() {
-                let at = env_start + (offset + prefix.len()) as u64;
-                mem.write_all_at(&vec![b'x'; value.len()], at)?;
-                count += 1;
-            }
+        if let Some(value) = entry.strip_prefix(prefix.as_bytes())
+            && !value.is_empty()
+        {
+            let at = env_start + (offset + prefix.len()) as u64;
+            mem.write_all_at(&vec![b'x'; value.len()], at)?;
+            count += 1;
         }
         offset += entry.len() + 1;
     }

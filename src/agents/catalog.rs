@@ -244,10 +244,9 @@ impl File {
             if let Some(Fallback::Binary {
                 sha256: Some(h), ..
             }) = &def.fallback
+                && (h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()))
             {
-                if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(bad("fallback sha256 must be 64 hex digits"));
-                }
+                return Err(bad("fallback sha256 must be 64 hex digits"));
             }
         }
         Ok(self.agent)

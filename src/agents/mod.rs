@@ -444,25 +444,25 @@ impl Agents {
         let _file_lock = self.file_lock(agent).await.map_err(fail)?;
 
         let dir = self.agent_dir(agent);
-        if !req.reinstall {
-            if let Some(m) = Manifest::read(&dir) {
-                let process_ok = req
-                    .agent_process_version
-                    .as_ref()
-                    .is_none_or(|v| *v == m.version);
-                let native_ok = req
-                    .agent_version
-                    .as_ref()
-                    .is_none_or(|v| Some(v) == m.native_version.as_ref());
-                if process_ok && native_ok {
-                    return Ok(InstallOutcome {
-                        already_installed_camel: true,
-                        already_installed: true,
-                        source: m.source,
-                        version: Some(m.version),
-                        artifacts: m.artifacts,
-                    });
-                }
+        if !req.reinstall
+            && let Some(m) = Manifest::read(&dir)
+        {
+            let process_ok = req
+                .agent_process_version
+                .as_ref()
+                .is_none_or(|v| *v == m.version);
+            let native_ok = req
+                .agent_version
+                .as_ref()
+                .is_none_or(|v| Some(v) == m.native_version.as_ref());
+            if process_ok && native_ok {
+                return Ok(InstallOutcome {
+                    already_installed_camel: true,
+                    already_installed: true,
+                    source: m.source,
+                    version: Some(m.version),
+                    artifacts: m.artifacts,
+                });
             }
         }
         let manifest = self
@@ -630,18 +630,18 @@ impl Agents {
         let dist = &entry.distribution;
         let platform = registry::platform_key();
         let entry_version = entry.version.clone().unwrap_or_else(|| "unknown".into());
-        if let Some(target) = dist.binary.as_ref().and_then(|b| b.get(&platform)) {
-            if pin.is_none_or(|p| p == entry_version) {
-                return Ok(Plan::Binary {
-                    url: target.archive.clone(),
-                    sha256: target.sha256.clone(),
-                    cmd: target.cmd.clone(),
-                    version: entry_version,
-                    args: target.args.clone(),
-                    env: target.env.clone(),
-                    source: "registry",
-                });
-            }
+        if let Some(target) = dist.binary.as_ref().and_then(|b| b.get(&platform))
+            && pin.is_none_or(|p| p == entry_version)
+        {
+            return Ok(Plan::Binary {
+                url: target.archive.clone(),
+                sha256: target.sha256.clone(),
+                cmd: target.cmd.clone(),
+                version: entry_version,
+                args: target.args.clone(),
+                env: target.env.clone(),
+                source: "registry",
+            });
         }
         if let Some(npx) = &dist.npx {
             let (name, version) = registry::split_package(&npx.package);

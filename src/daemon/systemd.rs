@@ -37,10 +37,10 @@ pub fn watchdog_interval(env: &SystemdEnv) -> Option<Duration> {
     if usec == 0 {
         return None;
     }
-    if let Some(pid) = env.watchdog_pid.as_deref() {
-        if pid.parse::<u32>().ok()? != std::process::id() {
-            return None;
-        }
+    if let Some(pid) = env.watchdog_pid.as_deref()
+        && pid.parse::<u32>().ok()? != std::process::id()
+    {
+        return None;
     }
     Some(Duration::from_micros(usec / 4))
 }

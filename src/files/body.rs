@@ -99,10 +99,10 @@ impl BodyReader {
                 Ok(Some(Ok(f))) => f,
             };
             self.total = self.total.saturating_add(frame.len() as u64);
-            if let Some(limit) = self.limit {
-                if self.total > limit {
-                    return Err(FileError::TooLarge { limit });
-                }
+            if let Some(limit) = self.limit
+                && self.total > limit
+            {
+                return Err(FileError::TooLarge { limit });
             }
             if self.pending.is_empty() && frame.len() >= PASS_THROUGH {
                 return Ok(Some(frame));

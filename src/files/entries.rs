@@ -200,10 +200,10 @@ impl FileService {
                 };
                 if kind(&st) == SFlag::S_IFLNK {
                     let child = p.join(&name);
-                    if let Ok(fd) = policy.open(&child, OFlag::O_PATH) {
-                        if let Ok(t) = nix::sys::stat::fstat(fd.as_fd()) {
-                            st = t;
-                        }
+                    if let Ok(fd) = policy.open(&child, OFlag::O_PATH)
+                        && let Ok(t) = nix::sys::stat::fstat(fd.as_fd())
+                    {
+                        st = t;
                     }
                 }
                 out.push(FsEntry {

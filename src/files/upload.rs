@@ -103,10 +103,10 @@ impl FileService {
             bytes: self.upload_limit,
             entries: self.upload_max_entries,
         };
-        if let (Some(limit), Some(n)) = (limits.bytes, declared) {
-            if n > limit {
-                return Err(FileError::TooLarge { limit });
-            }
+        if let (Some(limit), Some(n)) = (limits.bytes, declared)
+            && n > limit
+        {
+            return Err(FileError::TooLarge { limit });
         }
         let mut reader = BodyReader::new(body, self.transfers.idle, self.upload_limit);
         let spool_dir = self.spool_dir.clone();

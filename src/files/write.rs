@@ -124,12 +124,12 @@ pub(super) fn check_space(
     declared: Option<u64>,
     shown_path: &Path,
 ) -> Result<(), FileError> {
-    if let (Some(n), Some(free)) = (declared, free_bytes(dir)) {
-        if n > free {
-            return Err(FileError::NoSpace {
-                path: shown_path.to_path_buf(),
-            });
-        }
+    if let (Some(n), Some(free)) = (declared, free_bytes(dir))
+        && n > free
+    {
+        return Err(FileError::NoSpace {
+            path: shown_path.to_path_buf(),
+        });
     }
     Ok(())
 }
@@ -247,10 +247,10 @@ impl FileService {
         let _slot = self.transfers.acquire()?;
         let target = self.policy.resolve(path)?;
         let limit = self.upload_limit;
-        if let (Some(limit), Some(n)) = (limit, declared) {
-            if n > limit {
-                return Err(FileError::TooLarge { limit });
-            }
+        if let (Some(limit), Some(n)) = (limit, declared)
+            && n > limit
+        {
+            return Err(FileError::TooLarge { limit });
         }
         let mut reader = BodyReader::new(body, self.transfers.idle, limit);
         let policy = self.policy.clone();

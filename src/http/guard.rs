@@ -55,17 +55,16 @@ pub fn check(config: &Config, req: &Request) -> Decision {
 
 fn decide(config: &Config, req: &Request) -> Result<Pass, Box<Response>> {
     let host = request_host(req);
-    if config.token.is_none() {
-        if let Some(host) = host.as_deref() {
-            if !host_allowed(config, host, req.extensions().get::<LocalAddr>()) {
-                return Err(Box::new(refuse(
-                    StatusCode::FORBIDDEN,
-                    "this Host is not served without a token; add it to --allowed-hosts",
-                )));
-            }
-        }
-        // A request without any Host is not from a browser (every browser sends one).
+    if config.token.is_none()
+        && let Some(host) = host.as_deref()
+        && !host_allowed(config, host, req.extensions().get::<LocalAddr>())
+    {
+        return Err(Box::new(refuse(
+            StatusCode::FORBIDDEN,
+            "this Host is not served without a token; add it to --allowed-hosts",
+        )));
     }
+    // A request without any Host is not from a browser (every browser sends one).
     let pass = match req.headers().get(header::ORIGIN) {
         None => Pass::SameOrigin,
         Some(origin) => match origin_allowed(config, origin.as_bytes(), host.as_deref()) {
@@ -79,15 +78,13 @@ fn decide(config: &Config, req: &Request) -> Result<Pass, Box<Response>> {
             }
         },
     };
-    if req.method() == Method::OPTIONS {
-        if let Pass::Cors(origin) = &pass {
-            if req
-                .headers()
-                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
-            {
-                return Err(Box::new(preflight(origin.clone())));
-            }
-        }
+    if req.method() == Method::OPTIONS
+        && let Pass::Cors(origin) = &pass
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+    {
+        return Err(Box::new(preflight(origin.clone())));
     }
     if let Some(refusal) = check_content_type(req) {
         return Err(Box::new(refusal));
@@ -167,10 +164,10 @@ fn host_allowed(config: &Config, host: &str, local: Option<&LocalAddr>) -> bool 
         // RFC 6761: these names always resolve to loopback in browsers; no page can rebind them.
         return true;
     }
-    if let Ok(ip) = name.parse::<IpAddr>() {
-        if ip.is_loopback() || ip == config.host || local.is_some_and(|l| l.0.ip() == ip) {
-            return true;
-        }
+    if let Ok(ip) = name.parse::<IpAddr>()
+        && (ip.is_loopback() || ip == config.host || local.is_some_and(|l| l.0.ip() == ip))
+    {
+        return true;
     }
     config.allowed_hosts.iter().any(|allowed| {
         allowed == "*" || allowed == host || {

@@ -80,10 +80,10 @@ pub async fn acp_socket(
         Ok(q) => q,
         Err(p) => return p.with("serverId", server_id).into_response(),
     };
-    if let Some(agent) = &agent {
-        if let Err(e) = st.acp.open(&server_id, Some(agent)) {
-            return Problem::from(e).into_response();
-        }
+    if let Some(agent) = &agent
+        && let Err(e) = st.acp.open(&server_id, Some(agent))
+    {
+        return Problem::from(e).into_response();
     }
     let sub = match st.acp.subscribe(&server_id, last_event_id) {
         Ok(s) => s,

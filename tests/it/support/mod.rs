@@ -384,13 +384,14 @@ impl Drop for Daemon {
             return;
         }
         let code = self.stop(Duration::from_secs(30));
-        if let Some(expected) = self.expect_exit {
-            if code != expected && !std::thread::panicking() {
-                panic!(
-                    "daemon exited with {code}, expected {expected}; stderr:\n{}",
-                    self.stderr()
-                );
-            }
+        if let Some(expected) = self.expect_exit
+            && code != expected
+            && !std::thread::panicking()
+        {
+            panic!(
+                "daemon exited with {code}, expected {expected}; stderr:\n{}",
+                self.stderr()
+            );
         }
     }
 }
