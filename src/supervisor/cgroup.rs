@@ -479,6 +479,18 @@ fn clear_leftovers(subtree: &Path) {
         let Ok(_lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
             continue; // a live daemon owns it
         };
+        // A daemon starting beside us creates its directory, then locks it: in between, the
+        // lock is free. A directory that is that young and holds no process is such a daemon's,
+        // not a leftover (a real leftover with nothing in it is cleared by a later start).
+        let young = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < std::time::Duration::from_secs(10));
+        if young && !holds_processes(&dir) {
+            continue;
+        }
         let mut killed = 0;
         let mut groups = 0;
         for sub in fs::read_dir(&dir).into_iter().flatten().flatten() {
@@ -509,6 +521,18 @@ fn clear_leftovers(subtree: &Path) {
             "cleared leftovers of a previous daemon that did not stop its agents"
         );
     }
+}
+
+/// True when `dir` or one of its child groups lists a process.
+fn holds_processes(dir: &Path) -> bool {
+    let listed =
+        |d: &Path| fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|s| !s.trim().is_empty());
+    listed(dir)
+        || fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().is_dir() && listed(&e.path()))
 }
 
 /// v2: makes the wanted controllers available beneath `own`, respecting "no internal
