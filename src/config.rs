@@ -72,6 +72,14 @@ pub struct Config {
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
     pub agent_cgroups: AgentCgroups,
+    // ---- Process API ----
+    pub process_max_concurrent: usize,
+    pub process_max_log_bytes: u64,
+    pub process_max_total_log_bytes: u64,
+    pub process_max_output_bytes: u64,
+    pub process_run_timeout: Duration,
+    pub process_max_run_timeout: Duration,
+    pub process_max_input_bytes: u64,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -540,6 +548,55 @@ impl Config {
             AgentCgroups::Auto
         );
 
+        // ---- Process API ----
+        let process_max_concurrent = setting!(
+            process_max_concurrent,
+            "process-max-concurrent",
+            positive_count,
+            64
+        );
+        let process_max_log_bytes = setting!(
+            process_max_log_bytes,
+            "process-max-log-bytes",
+            size_required,
+            4 << 20
+        );
+        let process_max_total_log_bytes = setting!(
+            process_max_total_log_bytes,
+            "process-max-total-log-bytes",
+            size_required,
+            256 << 20
+        );
+        let process_max_output_bytes = setting!(
+            process_max_output_bytes,
+            "process-max-output-bytes",
+            size_required,
+            1 << 20
+        );
+        let process_run_timeout = setting!(
+            process_run_timeout,
+            "process-run-timeout",
+            dur,
+            Duration::from_secs(30)
+        );
+        let process_max_run_timeout = setting!(
+            process_max_run_timeout,
+            "process-max-run-timeout",
+            dur,
+            Duration::from_secs(300)
+        );
+        let process_max_input_bytes = setting!(
+            process_max_input_bytes,
+            "process-max-input-bytes",
+            size_required,
+            64 << 10
+        );
+        if process_max_log_bytes > process_max_total_log_bytes {
+            errors.push(
+                "--process-max-log-bytes is larger than --process-max-total-log-bytes".to_string(),
+            );
+        }
+
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
         for key in file.map.keys() {
@@ -657,6 +714,13 @@ impl Config {
             agent_base_env,
             systemd,
             agent_cgroups,
+            process_max_concurrent,
+            process_max_log_bytes,
+            process_max_total_log_bytes,
+            process_max_output_bytes,
+            process_run_timeout,
+            process_max_run_timeout,
+            process_max_input_bytes,
         })
     }
 

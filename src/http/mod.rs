@@ -7,6 +7,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod processes;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,6 +34,7 @@ pub struct AppState {
     pub acp: Arc<crate::acp::AcpService>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
+    pub processes: Arc<crate::processes::ProcessService>,
 }
 
 impl AppState {
@@ -48,6 +50,11 @@ impl AppState {
         ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
+        let processes = Arc::new(crate::processes::ProcessService::new(
+            &config,
+            supervisor.clone(),
+            shutdown.clone(),
+        ));
         Ok(AppState {
             config,
             shutdown,
@@ -56,6 +63,7 @@ impl AppState {
             acp,
             files,
             config_store,
+            processes,
         })
     }
 
@@ -73,7 +81,8 @@ pub fn router(state: AppState) -> Router {
         .merge(acp::routes())
         .merge(agents::routes())
         .merge(files::routes())
-        .merge(config::routes());
+        .merge(config::routes())
+        .merge(processes::routes());
     Router::new()
         .route("/", get(root))
         .merge(v1)
