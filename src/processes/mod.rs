@@ -72,7 +72,7 @@ pub enum ProcessError {
     InputTooLarge { limit: u64 },
     #[error("process {id} did not take its input within {}s", INPUT_TIMEOUT.as_secs())]
     InputTimeout { id: String },
-    #[error("cannot start `{command}`: {source}")]
+    #[error("{source}")]
     Spawn {
         command: String,
         #[source]
@@ -308,6 +308,8 @@ pub struct ProcessService {
     settings: Mutex<ProcessConfig>,
     records: Mutex<BTreeMap<u64, Arc<ManagedProcess>>>,
     next_id: AtomicU64,
+    /// Runs are labelled apart, so that background ids stay dense.
+    next_run: AtomicU64,
     running: Arc<AtomicUsize>,
     budget: Arc<Budget>,
     shutdown: CancellationToken,
@@ -361,6 +363,7 @@ impl ProcessService {
             settings: Mutex::new(clamp(settings)),
             records: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
+            next_run: AtomicU64::new(1),
             running: Arc::new(AtomicUsize::new(0)),
             budget: Arc::new(Budget {
                 total: config.process_max_total_log_bytes,
@@ -708,7 +711,7 @@ impl ProcessService {
 
     /// Runs a program to completion (or its timeout) and returns its output.
     pub async fn run(&self, req: RunRequest) -> Result<RunResponse, ProcessError> {
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let n = self.next_run.fetch_add(1, Ordering::Relaxed);
         let spec = self.spec(
             &format!("run_{n}"),
             &req.command,
