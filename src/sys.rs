@@ -183,7 +183,13 @@ pub fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, cols: u16, rows: u16) ->
     };
     // SAFETY: `fd` is borrowed, so open for the call; TIOCSWINSZ reads exactly one `winsize`
     // from the pointer, which points at a live local.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &size as *const libc::winsize) };
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            &size as *const libc::winsize,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {
@@ -192,12 +198,17 @@ pub fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, cols: u16, rows: u16) ->
 }
 
 /// Registers an owned descriptor (a terminal's master side) with the reactor.
-pub fn async_fd(fd: std::os::fd::OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+pub fn async_fd(
+    fd: std::os::fd::OwnedFd,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
     use tokio::io::Interest;
     // SAFETY: an `OwnedFd` is a valid open descriptor that only it closes, and its `as_raw_fd`
     // returns that same descriptor for its whole life; the `AsyncFd` owns it from here on.
     unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE)
+        tokio::io::unix::AsyncFd::register_with_interest(
+            fd,
+            Interest::READABLE | Interest::WRITABLE,
+        )
     }
-    .map_err(|e| io::Error::from(e))
+    .map_err(io::Error::from)
 }

@@ -276,12 +276,10 @@ impl From<crate::processes::ProcessError> for Problem {
             E::TooManyProcesses { limit } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
                 .with("limit", limit)
                 .header(header::RETRY_AFTER, "1"),
-            E::TooManyReaders { id, limit } => {
-                Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
-                    .with("processId", id)
-                    .with("limit", limit)
-                    .header(header::RETRY_AFTER, "1")
-            }
+            E::TooManyReaders { id, limit } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                .with("processId", id)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
             E::LogBudget { total } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
                 .title("Log Budget Exhausted")
                 .with("limit", total)

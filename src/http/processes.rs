@@ -59,19 +59,23 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
     })
 }
 
-fn param<T: std::str::FromStr>(q: &HashMap<String, String>, name: &str) -> Result<Option<T>, Problem> {
+fn param<T: std::str::FromStr>(
+    q: &HashMap<String, String>,
+    name: &str,
+) -> Result<Option<T>, Problem> {
     match q.get(name) {
         None => Ok(None),
         Some(v) if v.is_empty() => Ok(None),
-        Some(v) => v
-            .parse::<T>()
-            .map(Some)
-            .map_err(|_| Problem::bad_request(format!("query parameter `{name}` is not valid: `{v}`"))),
+        Some(v) => v.parse::<T>().map(Some).map_err(|_| {
+            Problem::bad_request(format!("query parameter `{name}` is not valid: `{v}`"))
+        }),
     }
 }
 
 fn wait_param(q: &HashMap<String, String>) -> Result<Duration, Problem> {
-    Ok(Duration::from_millis(param::<u64>(q, "waitMs")?.unwrap_or(0)))
+    Ok(Duration::from_millis(
+        param::<u64>(q, "waitMs")?.unwrap_or(0),
+    ))
 }
 
 async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, Problem> {
@@ -291,46 +295,43 @@ fn sse_frames(
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
     let keepalive = keepalive.max(Duration::from_millis(10));
     let rx = slot.process.log.subscribe();
-    futures_util::stream::unfold(
-        Some((slot, rx, start)),
-        move |state| {
-            let shutdown = shutdown.clone();
-            async move {
-                let (slot, mut rx, mut cursor) = state?;
-                loop {
-                    rx.borrow_and_update();
-                    let read = slot.process.log.read_after(cursor, filter, BATCH_BYTES);
-                    let mut out = String::new();
-                    if let Some(gap) = read.gap {
-                        out.push_str(&format!("event: gap\ndata: {}\n\n", gap_json(gap)));
-                    }
-                    for c in &read.chunks {
-                        out.push_str(&format!(
-                            "event: log\nid: {}\ndata: {}\n\n",
-                            c.end(),
-                            entry(c)
-                        ));
-                    }
-                    cursor = read.cursor;
-                    if !out.is_empty() {
-                        let next = (!read.finished).then_some((slot, rx, cursor));
-                        return Some((Ok(Bytes::from(out)), next));
-                    }
-                    if read.finished {
-                        return None;
-                    }
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => return None,
-                        changed = rx.changed() => if changed.is_err() { return None },
-                        _ = tokio::time::sleep(keepalive) => {
-                            return Some((Ok(Bytes::from_static(b": keepalive\n\n")), Some((slot, rx, cursor))));
-                        }
+    futures_util::stream::unfold(Some((slot, rx, start)), move |state| {
+        let shutdown = shutdown.clone();
+        async move {
+            let (slot, mut rx, mut cursor) = state?;
+            loop {
+                rx.borrow_and_update();
+                let read = slot.process.log.read_after(cursor, filter, BATCH_BYTES);
+                let mut out = String::new();
+                if let Some(gap) = read.gap {
+                    out.push_str(&format!("event: gap\ndata: {}\n\n", gap_json(gap)));
+                }
+                for c in &read.chunks {
+                    out.push_str(&format!(
+                        "event: log\nid: {}\ndata: {}\n\n",
+                        c.end(),
+                        entry(c)
+                    ));
+                }
+                cursor = read.cursor;
+                if !out.is_empty() {
+                    let next = (!read.finished).then_some((slot, rx, cursor));
+                    return Some((Ok(Bytes::from(out)), next));
+                }
+                if read.finished {
+                    return None;
+                }
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return None,
+                    changed = rx.changed() => if changed.is_err() { return None },
+                    _ = tokio::time::sleep(keepalive) => {
+                        return Some((Ok(Bytes::from_static(b": keepalive\n\n")), Some((slot, rx, cursor))));
                     }
                 }
             }
-        },
-    )
+        }
+    })
 }
 
 async fn terminal_ws(

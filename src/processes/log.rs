@@ -284,6 +284,9 @@ mod tests {
         let r = log.read_after(0, StreamFilter::Combined, 1);
         assert_eq!(r.chunks.len(), 1);
         let t = log.tail(0, StreamFilter::Combined, 3);
-        assert_eq!(t.iter().map(Chunk::end).collect::<Vec<_>>(), vec![80, 90, 100]);
+        assert_eq!(
+            t.iter().map(Chunk::end).collect::<Vec<_>>(),
+            vec![80, 90, 100]
+        );
     }
 }

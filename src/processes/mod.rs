@@ -391,7 +391,11 @@ impl ProcessService {
                 new.default_run_timeout_ms,
                 CEIL_RUN_TIMEOUT_MS,
             ),
-            ("maxRunTimeoutMs", new.max_run_timeout_ms, CEIL_RUN_TIMEOUT_MS),
+            (
+                "maxRunTimeoutMs",
+                new.max_run_timeout_ms,
+                CEIL_RUN_TIMEOUT_MS,
+            ),
             ("maxOutputBytes", new.max_output_bytes, CEIL_OUTPUT_BYTES),
             (
                 "maxLogBytesPerProcess",
@@ -496,7 +500,9 @@ impl ProcessService {
         )?;
         let (cols, rows) = (req.cols.unwrap_or(80), req.rows.unwrap_or(24));
         if req.tty && (cols == 0 || rows == 0) {
-            return Err(ProcessError::Invalid("cols and rows must be positive".into()));
+            return Err(ProcessError::Invalid(
+                "cols and rows must be positive".into(),
+            ));
         }
         let slot = self.admit()?;
         let cap = self.config().max_log_bytes_per_process;
@@ -516,13 +522,13 @@ impl ProcessService {
         } else {
             (None, ChildStdio::AllPipes)
         };
-        let spawned = self
-            .supervisor
-            .spawn_with(spec, stdio)
-            .map_err(|source| ProcessError::Spawn {
-                command: req.command.clone(),
-                source,
-            })?;
+        let spawned =
+            self.supervisor
+                .spawn_with(spec, stdio)
+                .map_err(|source| ProcessError::Spawn {
+                    command: req.command.clone(),
+                    source,
+                })?;
         let log = Arc::new(OutputLog::new(cap));
         let mut readers = Vec::new();
         if let Some(out) = spawned.stdout {
@@ -552,12 +558,7 @@ impl ProcessService {
             readers: AtomicUsize::new(0),
         });
         reservation.keep();
-        tokio::spawn(monitor(
-            process.clone(),
-            readers,
-            slot,
-            self.budget.clone(),
-        ));
+        tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
         let info = process.info();
         let mut records = self.records.lock().expect("records lock");
         records.insert(n, process);
@@ -592,9 +593,7 @@ impl ProcessService {
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {
-        let n = id
-            .strip_prefix("proc_")
-            .and_then(|n| n.parse::<u64>().ok());
+        let n = id.strip_prefix("proc_").and_then(|n| n.parse::<u64>().ok());
         n.and_then(|n| self.records.lock().expect("records lock").get(&n).cloned())
             .ok_or_else(|| ProcessError::NotFound { id: id.to_string() })
     }
@@ -753,8 +752,7 @@ impl ProcessService {
             (out.await.unwrap_or_default(), err.await.unwrap_or_default())
         })
         .await;
-        let ((stdout, stdout_truncated), (stderr, stderr_truncated)) =
-            drained.unwrap_or_default();
+        let ((stdout, stdout_truncated), (stderr, stderr_truncated)) = drained.unwrap_or_default();
         Ok(RunResponse {
             exit_code: if timed_out { None } else { exit.code },
             exit_signal: if timed_out { None } else { exit.signal },
@@ -797,7 +795,11 @@ pub fn default_filter(p: &ManagedProcess) -> StreamFilter {
 }
 
 /// Writes input to a process (shared by `POST …/input` and the terminal socket).
-pub async fn write_input(p: &ManagedProcess, data: &[u8], limit: u64) -> Result<usize, ProcessError> {
+pub async fn write_input(
+    p: &ManagedProcess,
+    data: &[u8],
+    limit: u64,
+) -> Result<usize, ProcessError> {
     if data.len() as u64 > limit {
         return Err(ProcessError::InputTooLarge { limit });
     }

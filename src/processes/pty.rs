@@ -44,7 +44,9 @@ impl Pty {
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let mut guard = self.master.readable().await?;
-            match guard.try_io(|fd| nix::unistd::read(fd.get_ref().as_fd(), buf).map_err(io::Error::from)) {
+            match guard
+                .try_io(|fd| nix::unistd::read(fd.get_ref().as_fd(), buf).map_err(io::Error::from))
+            {
                 Ok(Ok(n)) => return Ok(n),
                 // Linux answers EIO on the master once the slave side is closed everywhere.
                 Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
@@ -59,7 +61,8 @@ impl Pty {
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
             let mut guard = self.master.writable().await?;
-            match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from)) {
+            match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from))
+            {
                 Ok(Ok(n)) => data = &data[n..],
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(Err(e)) => return Err(e),

@@ -8,5 +8,6 @@ mod files;
 mod lifecycle;
 mod mock_agent;
 mod packaging;
+mod processes;
 mod supervisor;
 mod support;
