@@ -44,6 +44,10 @@ impl StreamFilter {
     }
 }
 
+/// What a chunk costs beyond its data (the record, the shared buffer's header), counted against
+/// the cap so that a process writing a byte at a time cannot hold many times its cap.
+pub const CHUNK_OVERHEAD: u64 = 64;
+
 #[derive(Debug, Clone)]
 pub struct Chunk {
     /// Offset of the first byte.
@@ -77,7 +81,7 @@ pub struct Read {
 #[derive(Debug, Default)]
 struct Inner {
     chunks: VecDeque<Chunk>,
-    /// Bytes of data held.
+    /// Bytes held: data plus `CHUNK_OVERHEAD` per chunk.
     held: u64,
     /// Offset after the last byte ever appended.
     end: u64,
@@ -94,10 +98,11 @@ pub struct OutputLog {
 }
 
 impl OutputLog {
-    /// A log holding at most `cap` bytes of output (at least 1).
+    /// A log holding at most `cap` bytes (output plus `CHUNK_OVERHEAD` per chunk; at least
+    /// room for one byte).
     pub fn new(cap: u64) -> Self {
         OutputLog {
-            cap: cap.max(1),
+            cap: cap.max(CHUNK_OVERHEAD + 1),
             inner: Mutex::new(Inner::default()),
             version: watch::channel(0).0,
         }
@@ -108,7 +113,7 @@ impl OutputLog {
     }
 
     /// Appends output, dropping the oldest chunks (whole) to stay within the cap. A chunk larger
-    /// than the cap keeps only its last `cap` bytes.
+    /// than the cap keeps only its last bytes.
     pub fn append(&self, stream: LogStream, mut data: Bytes, at_ms: u64) {
         if data.is_empty() {
             return;
@@ -120,19 +125,20 @@ impl OutputLog {
             }
             let mut start = g.end;
             g.end += data.len() as u64;
-            if data.len() as u64 > self.cap {
-                let skip = data.len() - self.cap as usize;
+            let room = (self.cap - CHUNK_OVERHEAD) as usize;
+            if data.len() > room {
+                let skip = data.len() - room;
                 data = data.slice(skip..);
                 start += skip as u64;
             }
-            let len = data.len() as u64;
-            while g.held + len > self.cap {
+            let cost = data.len() as u64 + CHUNK_OVERHEAD;
+            while g.held + cost > self.cap {
                 match g.chunks.pop_front() {
-                    Some(c) => g.held -= c.data.len() as u64,
+                    Some(c) => g.held -= c.data.len() as u64 + CHUNK_OVERHEAD,
                     None => break,
                 }
             }
-            g.held += len;
+            g.held += cost;
             g.chunks.push_back(Chunk {
                 start,
                 stream,
@@ -154,7 +160,7 @@ impl OutputLog {
         self.inner.lock().expect("log lock").closed
     }
 
-    /// Bytes of output held now.
+    /// Bytes held now (output plus per-chunk overhead).
     pub fn held(&self) -> u64 {
         self.inner.lock().expect("log lock").held
     }
@@ -254,22 +260,40 @@ mod tests {
 
     #[test]
     fn eviction_is_reported_as_a_gap_with_the_lost_range() {
-        let log = OutputLog::new(5);
+        let log = OutputLog::new(5 + CHUNK_OVERHEAD);
         log.append(LogStream::Stdout, b("aaa"), 0);
         log.append(LogStream::Stdout, b("bbb"), 0); // evicts "aaa"
-        assert_eq!(log.held(), 3);
+        assert_eq!(log.held(), 3 + CHUNK_OVERHEAD);
         let r = log.read_after(0, StreamFilter::Combined, usize::MAX);
         assert_eq!(r.gap, Some((0, 3)));
         assert_eq!(r.chunks.len(), 1);
         assert_eq!(r.chunks[0].start, 3);
         // Nothing lost after 3.
         assert!(log.read_after(3, StreamFilter::Combined, 100).gap.is_none());
-        // A chunk larger than the cap keeps its tail, and the cut is a gap too.
+        // A chunk larger than the room keeps its tail, and the cut is a gap too.
         log.append(LogStream::Stdout, b("0123456789"), 0);
         let r = log.read_after(6, StreamFilter::Combined, usize::MAX);
         assert_eq!(r.gap, Some((6, 11)));
         assert_eq!(r.chunks[0].data, b("56789"));
         assert_eq!(r.cursor, 16);
+    }
+
+    #[test]
+    fn tiny_chunks_are_charged_their_overhead() {
+        let log = OutputLog::new(10 * (1 + CHUNK_OVERHEAD));
+        for _ in 0..100 {
+            log.append(LogStream::Stdout, b("x"), 0);
+        }
+        assert_eq!(
+            log.read_after(90, StreamFilter::Combined, usize::MAX)
+                .chunks
+                .len(),
+            10
+        );
+        assert_eq!(
+            log.read_after(0, StreamFilter::Combined, usize::MAX).gap,
+            Some((0, 90))
+        );
     }
 
     #[test]
