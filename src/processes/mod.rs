@@ -425,6 +425,19 @@ impl ProcessService {
         Ok(new)
     }
 
+    /// Takes `bytes` from the total output budget (503 when it does not fit).
+    fn reserve(&self, bytes: u64) -> Result<ReservationGuard, ProcessError> {
+        if !self.budget.reserve(bytes) {
+            return Err(ProcessError::LogBudget {
+                total: self.budget.total,
+            });
+        }
+        Ok(ReservationGuard {
+            budget: self.budget.clone(),
+            bytes,
+        })
+    }
+
     fn admit(&self) -> Result<RunningSlot, ProcessError> {
         if self.shutdown.is_cancelled() {
             return Err(ProcessError::ShuttingDown);
@@ -505,16 +518,13 @@ impl ProcessService {
             ));
         }
         let slot = self.admit()?;
-        let cap = self.config().max_log_bytes_per_process;
-        if !self.budget.reserve(cap) {
-            return Err(ProcessError::LogBudget {
-                total: self.budget.total,
-            });
-        }
-        let reservation = ReservationGuard {
-            budget: self.budget.clone(),
-            bytes: cap,
-        };
+        // The log's own floor (room for one byte), so that what it holds never exceeds what
+        // was reserved.
+        let cap = self
+            .config()
+            .max_log_bytes_per_process
+            .max(log::CHUNK_OVERHEAD + 1);
+        let reservation = self.reserve(cap)?;
         let (pty, stdio) = if req.tty {
             let (pty, slave) =
                 pty::open(cols, rows).map_err(|e| ProcessError::Io(format!("openpty: {e}")))?;
@@ -730,6 +740,9 @@ impl ProcessService {
             .unwrap_or(settings.max_output_bytes)
             .min(settings.max_output_bytes) as usize;
         let _slot = self.admit()?;
+        // What the capture may hold (both streams) comes out of the same budget as the logs,
+        // for the run's duration.
+        let _reservation = self.reserve(2 * limit as u64)?;
         let started = Instant::now();
         let spawned = self
             .supervisor

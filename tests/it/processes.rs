@@ -598,7 +598,18 @@ async fn caps_answer_429_and_503_with_retry_after() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 204);
-    create(&d, json!({"command": "true"})).await;
+    let last = create(&d, json!({"command": "true"})).await;
+    wait_exited(&d, &last).await;
+    // A run's capture comes out of the same budget: 2 × 1M does not fit in 2K, 2 × 100 does.
+    let (status, r) = post(&d, "/v1/processes/run", json!({"command": "true"})).await;
+    assert_eq!(status, 503, "{r}");
+    let (status, r) = post(
+        &d,
+        "/v1/processes/run",
+        json!({"command": "true", "maxOutputBytes": 100}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
 }
 
 #[tokio::test]
