@@ -32,7 +32,11 @@ install -m 0644 "$repo/systemd/sandbox-agent.service" "$repo/systemd/sandbox-age
 install -m 0644 "$here/config.toml" "$pkg/etc/sandbox-agent/config.toml"
 install -m 0600 "$here/debian/default" "$pkg/etc/default/$name"
 install -m 0644 "$here/debian/sysusers.conf" "$pkg/usr/lib/sysusers.d/$name.conf"
-install -m 0644 "$repo/docs/operations.md" "$repo/README.md" "$pkg/usr/share/doc/$name/"
+# Every page of docs/ ships, so that the links between them (operations.md → supervision.md,
+# config.md, …) resolve in the installed copy too.
+install -m 0644 "$repo/README.md" "$pkg/usr/share/doc/$name/"
+install -d -m 0755 "$pkg/usr/share/doc/$name/docs"
+install -m 0644 "$repo"/docs/*.md "$pkg/usr/share/doc/$name/docs/"
 for script in postinst prerm postrm; do
   install -m 0755 "$here/debian/$script" "$pkg/DEBIAN/$script"
 done

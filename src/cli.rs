@@ -31,7 +31,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (the default when no subcommand is given)
     #[command(alias = "serve")]
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// List or install agents
     Agents {
         #[command(subcommand)]
@@ -47,7 +47,7 @@ pub enum AgentsCommand {
     /// List known agents and whether they are installed
     List {
         #[command(flatten)]
-        server: ServerArgs,
+        settings: AgentsArgs,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,
@@ -66,8 +66,49 @@ pub enum AgentsCommand {
         #[arg(long, value_name = "V")]
         agent_process_version: Option<String>,
         #[command(flatten)]
-        server: ServerArgs,
+        settings: AgentsArgs,
     },
+}
+
+/// The few daemon settings the installer commands use (the server's other flags would only
+/// clutter their `--help`). Same names, environment variables and config-file keys as the
+/// server's flags, so one config file serves both.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AgentsArgs {
+    /// TOML file with any of the server's settings as keys (unknown keys are rejected)
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Where installed agents live [default: $STATE_DIRECTORY, else ~/.local/share/sandbox-agent]
+    #[arg(long, env = "SANDBOX_AGENT_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// TOML file declaring in-house agents (id, command, args, env)
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_FILE", value_name = "FILE")]
+    pub agents_file: Option<PathBuf>,
+
+    /// ACP registry URL [default: the public agentclientprotocol registry]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_REGISTRY_URL", value_name = "URL")]
+    pub acp_registry_url: Option<String>,
+
+    /// Install agents for this user (name or uid) when run as root
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_USER", value_name = "USER")]
+    pub agent_user: Option<String>,
+}
+
+impl AgentsArgs {
+    /// The server's settings with only these set; everything else falls through to the config
+    /// file and the defaults exactly as for the daemon.
+    pub fn to_server_args(&self) -> ServerArgs {
+        ServerArgs {
+            config: self.config.clone(),
+            data_dir: self.data_dir.clone(),
+            agents_file: self.agents_file.clone(),
+            acp_registry_url: self.acp_registry_url.clone(),
+            agent_user: self.agent_user.clone(),
+            ..ServerArgs::default()
+        }
+    }
 }
 
 /// Every setting of the daemon. All fields are optional here: a value left out falls through to

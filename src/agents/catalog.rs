@@ -53,6 +53,35 @@ impl AgentDef {
     pub fn is_user(&self) -> bool {
         self.command.is_some()
     }
+
+    /// An agents-file entry that says nothing about what to run (no command, registry id or
+    /// fallback): for a built-in id it adds environment to the built-in agent.
+    fn is_overlay(&self) -> bool {
+        self.command.is_none()
+            && self.registry_id.is_none()
+            && self.fallback.is_none()
+            && self.native_npm.is_none()
+            && self.args.is_empty()
+    }
+}
+
+/// Environment names must be usable as such: not empty, no `=` and no NUL.
+fn check_env_names(origin: &str, def: &AgentDef) -> anyhow::Result<()> {
+    for name in def.env.keys() {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            anyhow::bail!(
+                "{origin}: agent `{}`: `{name}` is not a valid environment variable name",
+                def.id
+            );
+        }
+    }
+    if def.env.values().any(|v| v.contains('\0')) {
+        anyhow::bail!(
+            "{origin}: agent `{}`: an environment value contains a NUL byte",
+            def.id
+        );
+    }
+    Ok(())
 }
 
 /// The pinned source used when the registry cannot be used.
@@ -122,6 +151,40 @@ impl Catalog {
             let file: File = toml::from_str(&text)
                 .map_err(|e| anyhow::anyhow!("agents file {}: {e}", path.display()))?;
             let origin = format!("agents file {}", path.display());
+            // An entry that names a built-in agent and nothing to run only adds to it: the
+            // operator's environment for that agent (model endpoint, keys, HOME) and, if given,
+            // where its credentials are. Every other entry is a whole agent of its own.
+            let (overlays, entries): (Vec<AgentDef>, Vec<AgentDef>) =
+                file.agent.into_iter().partition(|d| {
+                    d.is_overlay() && agents.iter().any(|a| a.id == d.id && a.id != "mock")
+                });
+            for overlay in overlays {
+                check_env_names(&origin, &overlay)?;
+                if overlay.name.is_some()
+                    || overlay.native.is_some()
+                    || !overlay.local_bins.is_empty()
+                    || !overlay.local_args.is_empty()
+                    || !overlay.platforms.is_empty()
+                    || !overlay.launch_env.is_empty()
+                {
+                    anyhow::bail!(
+                        "{origin}: agent `{}` is built in: only `env`, `credentials_env` and \
+                         `credentials_files` can be added to it (or give `command` for an agent \
+                         of your own)",
+                        overlay.id
+                    );
+                }
+                if let Some(existing) = agents.iter_mut().find(|a| a.id == overlay.id) {
+                    existing.env.extend(overlay.env);
+                    if !overlay.credentials_env.is_empty() {
+                        existing.credentials_env = overlay.credentials_env;
+                    }
+                    if !overlay.credentials_files.is_empty() {
+                        existing.credentials_files = overlay.credentials_files;
+                    }
+                }
+            }
+            let file = File { agent: entries };
             for def in file.agents_checked(&origin)? {
                 match agents.iter_mut().find(|a| a.id == def.id) {
                     Some(existing) => *existing = def,
@@ -155,6 +218,7 @@ impl File {
             if !seen.insert(def.id.clone()) {
                 return Err(bad("defined twice"));
             }
+            check_env_names(origin, def)?;
             match &def.command {
                 Some(cmd) => {
                     if cmd.trim().is_empty() {
@@ -172,10 +236,8 @@ impl File {
                             "nothing to run: give `command`, `registry_id` or a `fallback`",
                         ));
                     }
-                    if !def.args.is_empty() || !def.env.is_empty() {
-                        return Err(bad(
-                            "`args` and `env` belong to user agents (with `command`)",
-                        ));
+                    if !def.args.is_empty() {
+                        return Err(bad("`args` belongs to user agents (with `command`)"));
                     }
                 }
             }
@@ -246,5 +308,34 @@ mod tests {
         std::fs::write(&p, "[[agent]]\nid = \"y\"\ncommand = \"a\"\ncolor = 1\n").unwrap();
         let e = Catalog::load(Some(&p)).unwrap_err().to_string();
         assert!(e.contains("color"), "{e}");
+    }
+
+    #[test]
+    fn agents_file_adds_environment_to_a_builtin_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("agents.toml");
+        std::fs::write(
+            &p,
+            "[[agent]]\nid = \"claude\"\nenv = { ANTHROPIC_BASE_URL = \"http://127.0.0.1:9\" }\n",
+        )
+        .unwrap();
+        let c = Catalog::load(Some(&p)).unwrap();
+        let claude = c.get("claude").unwrap();
+        assert_eq!(claude.env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:9");
+        // Everything else of the built-in stays.
+        assert_eq!(claude.registry_id.as_deref(), Some("claude-acp"));
+        assert!(
+            claude
+                .credentials_env
+                .contains(&"ANTHROPIC_API_KEY".to_string())
+        );
+
+        std::fs::write(&p, "[[agent]]\nid = \"claude\"\nname = \"x\"\n").unwrap();
+        let e = Catalog::load(Some(&p)).unwrap_err().to_string();
+        assert!(e.contains("is built in"), "{e}");
+
+        std::fs::write(&p, "[[agent]]\nid = \"codex\"\nenv = { \"A=B\" = \"1\" }\n").unwrap();
+        let e = Catalog::load(Some(&p)).unwrap_err().to_string();
+        assert!(e.contains("not a valid environment variable name"), "{e}");
     }
 }

@@ -79,6 +79,11 @@ pub struct AgentStatus {
     /// look first (`registry` or `fallback`).
     pub source: String,
     pub credentials_available: bool,
+    /// Where this agent looks for credentials: any one of these variables (set in the daemon's
+    /// environment, `--agent-env` or the agent's `env` in the agents file) ...
+    pub credentials_env: Vec<String>,
+    /// ... or any one of these files (`~` is the agent's HOME).
+    pub credentials_files: Vec<String>,
     pub capabilities: serde_json::Value,
     /// The install command, for agents that are not installed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -169,6 +174,8 @@ impl Agents {
                 path: std::env::current_exe().ok(),
                 source: "builtin".into(),
                 credentials_available: true,
+                credentials_env: Vec::new(),
+                credentials_files: Vec::new(),
                 capabilities: serde_json::json!({"builtin": true, "platforms": ["any"]}),
                 install_command: None,
             });
@@ -187,6 +194,12 @@ impl Agents {
             }
             .into(),
             credentials_available: self.credentials_available(def),
+            credentials_env: def.credentials_env.clone(),
+            credentials_files: def
+                .credentials_files
+                .iter()
+                .map(|f| format!("~/{f}"))
+                .collect(),
             capabilities: capabilities(def),
             install_command: None,
         };
@@ -224,22 +237,32 @@ impl Agents {
             .map(|p| (p, def.local_args.clone()))
     }
 
+    /// True when the agent will find one of its credentials: a variable it reads, set (not
+    /// empty) in what it is started with, or one of its credentials files under the HOME it
+    /// is started with (its own `env` may move HOME).
     fn credentials_available(&self, def: &AgentDef) -> bool {
         let has_env = |name: &str| {
-            self.config
-                .agent_base_env
-                .iter()
-                .any(|(k, v)| k == name && !v.is_empty())
+            def.env.get(name).is_some_and(|v| !v.is_empty())
                 || self
                     .config
                     .agent_env
+                    .iter()
+                    .any(|(k, v)| k == name && !v.is_empty())
+                || self
+                    .config
+                    .agent_base_env
                     .iter()
                     .any(|(k, v)| k == name && !v.is_empty())
         };
         if def.credentials_env.iter().any(|n| has_env(n)) {
             return true;
         }
-        match self.home() {
+        let home = def
+            .env
+            .get("HOME")
+            .map(PathBuf::from)
+            .or_else(|| self.home());
+        match home {
             Some(home) => def.credentials_files.iter().any(|f| home.join(f).is_file()),
             None => false,
         }
@@ -293,6 +316,22 @@ impl Agents {
             env.extend(m.env);
             (m.program, m.args, m.path_prepend)
         };
+        // The operator's own environment for this agent (agents file `env`) comes last, so it
+        // wins over the catalog's and the installed package's.
+        env.extend(def.env.clone());
+        if !def.is_user()
+            && (!def.credentials_env.is_empty() || !def.credentials_files.is_empty())
+            && !self.credentials_available(def)
+        {
+            tracing::warn!(
+                agent,
+                needs_one_of_env = def.credentials_env.join(","),
+                or_one_of_files = def.credentials_files.join(","),
+                "starting an agent that has no credentials: it will answer \
+                 'authentication required' to prompts; set one of the variables (agents file \
+                 `env`, or --agent-env) or provide one of the files under its HOME"
+            );
+        }
         let mut spec_env: Vec<(OsString, OsString)> =
             env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
         // HOME stays the operator's (credentials such as ~/.claude live there); the temporary

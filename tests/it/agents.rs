@@ -1017,7 +1017,7 @@ fn on_path(cmd: &str) -> bool {
 #[tokio::test]
 async fn real_claude_and_codex_from_npm_answer_through_the_proxy() {
     if !on_path("npm") || !on_path("node") {
-        crate::support::skip("node/npm not installed (CI installs them)");
+        crate::support::skip("node/npm not installed (.ci/install-00-base.sh installs them)");
         return;
     }
     let d = Daemon::builder()
@@ -1082,7 +1082,7 @@ async fn real_claude_and_codex_from_npm_answer_through_the_proxy() {
 #[tokio::test]
 async fn registry_npx_distribution_installs_the_named_package_from_npm() {
     if !on_path("npm") || !on_path("node") {
-        crate::support::skip("node/npm not installed (CI installs them)");
+        crate::support::skip("node/npm not installed (.ci/install-00-base.sh installs them)");
         return;
     }
     let entry = json!({"id": "claude-acp", "name": "Claude", "version": "0.49.0",
@@ -1131,7 +1131,7 @@ fn npm_tarball() -> Vec<u8> {
 #[tokio::test]
 async fn npm_fallback_installs_into_the_agent_dir_and_runs() {
     if !on_path("npm") || !on_path("node") {
-        crate::support::skip("node/npm not installed (CI installs them)");
+        crate::support::skip("node/npm not installed (.ci/install-00-base.sh installs them)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -9,5 +9,6 @@ mod lifecycle;
 mod mock_agent;
 mod packaging;
 mod processes;
+mod real_agents;
 mod supervisor;
 mod support;

@@ -52,6 +52,7 @@ pub struct DaemonBuilder {
     expect_exit: Option<i32>,
     wrapper: Vec<OsString>,
     clear_env: bool,
+    data_dir: Option<PathBuf>,
 }
 
 impl Default for DaemonBuilder {
@@ -63,6 +64,7 @@ impl Default for DaemonBuilder {
             expect_exit: Some(0),
             wrapper: Vec::new(),
             clear_env: false,
+            data_dir: None,
         }
     }
 }
@@ -84,6 +86,12 @@ impl DaemonBuilder {
 
     pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
         self.envs.push((k.into(), v.into()));
+        self
+    }
+
+    /// Uses this data dir instead of a private one (e.g. an install cache shared by tests).
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
         self
     }
 
@@ -123,6 +131,7 @@ pub struct Daemon {
     pub messages: Vec<String>,
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
+    data: PathBuf,
 }
 
 impl Daemon {
@@ -144,7 +153,10 @@ impl Daemon {
             .unwrap();
         let stderr_path = dir.path().join("daemon.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let data = dir.path().join("data");
+        let data = b
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
 
@@ -190,6 +202,7 @@ impl Daemon {
             messages: Vec::new(),
             expect_exit: b.expect_exit,
             stderr_path,
+            data,
         };
         daemon.addr = daemon.wait_ready();
         daemon
@@ -268,7 +281,7 @@ impl Daemon {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     pub fn stderr(&self) -> String {
