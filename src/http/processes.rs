@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 
 use super::{AppState, Problem};
 use crate::processes::{
-    Chunk, CreateRequest, LogStream, ProcessConfig, ProcessError, ReaderSlot, RunRequest,
-    StreamFilter, default_filter,
+    Chunk, CreateRequest, LogStream, ProcessConfig, ProcessError, ProcessInfo, ReaderSlot,
+    RunRequest, StreamFilter, default_filter,
 };
 
 /// Output per SSE batch or WebSocket frame run, so one reader holds little at a time.
@@ -45,6 +45,59 @@ pub fn routes() -> Router<AppState> {
 }
 
 type Params = Query<HashMap<String, String>>;
+
+/// `GET /v1/processes`.
+#[derive(serde::Serialize)]
+struct ProcessListResponse {
+    processes: Vec<ProcessInfo>,
+}
+
+/// `POST /v1/processes/{id}/input`.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InputResponse {
+    bytes_written: usize,
+}
+
+/// `POST /v1/processes/{id}/terminal/resize`, both ways.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TerminalSize {
+    cols: u32,
+    rows: u32,
+}
+
+/// One chunk of output (`ProcessLogEntry`).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LogEntry {
+    /// Byte offset just after the chunk in the process's combined output.
+    sequence: u64,
+    stream: LogStream,
+    timestamp_ms: u64,
+    /// The bytes, base64.
+    data: String,
+    encoding: &'static str,
+}
+
+/// Output that was asked for but is no longer held: bytes `[from, to)`.
+#[derive(serde::Serialize)]
+struct Gap {
+    from: u64,
+    to: u64,
+}
+
+/// `GET /v1/processes/{id}/logs` without `follow`.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProcessLogsResponse {
+    process_id: String,
+    stream: StreamFilter,
+    entries: Vec<LogEntry>,
+    /// Bytes of output written so far.
+    end: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gap: Option<Gap>,
+}
 
 fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
     let de = &mut serde_json::Deserializer::from_slice(body);
@@ -89,7 +142,7 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
             )));
         }
     };
-    Ok(axum::Json(json!({ "processes": processes })).into_response())
+    Ok(axum::Json(ProcessListResponse { processes }).into_response())
 }
 
 async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
@@ -174,13 +227,7 @@ async fn input(
     }
     let data = decode_input(&req.data, req.encoding.as_deref(), true)?;
     let n = st.processes.input(&id, &data).await?;
-    Ok(axum::Json(json!({ "bytesWritten": n })).into_response())
-}
-
-#[derive(serde::Deserialize)]
-struct ResizeRequest {
-    cols: u32,
-    rows: u32,
+    Ok(axum::Json(InputResponse { bytes_written: n }).into_response())
 }
 
 async fn resize(
@@ -188,9 +235,13 @@ async fn resize(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let req: ResizeRequest = parse_body(&body)?;
+    let req: TerminalSize = parse_body(&body)?;
     let (cols, rows) = st.processes.resize(&id, req.cols, req.rows)?;
-    Ok(axum::Json(json!({ "cols": cols, "rows": rows })).into_response())
+    Ok(axum::Json(TerminalSize {
+        cols: cols.into(),
+        rows: rows.into(),
+    })
+    .into_response())
 }
 
 /// One log entry on the wire (`ProcessLogEntry`): `sequence` is the byte offset just after the
@@ -214,15 +265,19 @@ fn entry_json(c: &Chunk, out: &mut String) {
     out.push_str(r#"","encoding":"base64"}"#);
 }
 
-fn entry(c: &Chunk) -> Value {
-    let mut s = String::new();
-    entry_json(c, &mut s);
-    // Always valid JSON (see `entry_json`); `null` keeps the answer well-formed regardless.
-    serde_json::from_str(&s).unwrap_or(Value::Null)
+/// The same entry as a value, for the JSON answer.
+fn entry(c: &Chunk) -> LogEntry {
+    LogEntry {
+        sequence: c.end(),
+        stream: c.stream,
+        timestamp_ms: c.at_ms,
+        data: B64.encode(&c.data),
+        encoding: "base64",
+    }
 }
 
-fn gap_json((from, to): (u64, u64)) -> Value {
-    json!({ "from": from, "to": to })
+fn gap_json((from, to): (u64, u64)) -> String {
+    format!(r#"{{"from":{from},"to":{to}}}"#)
 }
 
 async fn logs(
@@ -246,15 +301,13 @@ async fn logs(
     let follow = param::<bool>(&q, "follow")?.unwrap_or(false);
     if !follow {
         let logs = st.processes.logs(&id, since, tail, stream)?;
-        let mut body = json!({
-            "processId": id,
-            "stream": logs.stream,
-            "entries": logs.chunks.iter().map(entry).collect::<Vec<_>>(),
-            "end": logs.end,
-        });
-        if let Some(gap) = logs.gap {
-            body["gap"] = gap_json(gap);
-        }
+        let body = ProcessLogsResponse {
+            process_id: id,
+            stream: logs.stream,
+            entries: logs.chunks.iter().map(entry).collect(),
+            end: logs.end,
+            gap: logs.gap.map(|(from, to)| Gap { from, to }),
+        };
         return Ok(axum::Json(body).into_response());
     }
     // A reconnecting EventSource resumes after the last id it saw.
@@ -488,4 +541,39 @@ async fn terminal_session(
 async fn send_error(socket: &mut WebSocket, message: &str) -> Result<(), axum::Error> {
     let frame = json!({ "type": "error", "message": message }).to_string();
     socket.send(Message::Text(frame.into())).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hand_written_sse_entry_is_the_json_entry() {
+        for (stream, data) in [
+            (LogStream::Stdout, &b"hello\n"[..]),
+            (LogStream::Stderr, &b"\xff\x00\"\\"[..]),
+            (LogStream::Pty, &b""[..]),
+        ] {
+            let c = Chunk {
+                start: 7,
+                stream,
+                at_ms: 1234,
+                data: Bytes::copy_from_slice(data),
+            };
+            let mut s = String::new();
+            entry_json(&c, &mut s);
+            let by_hand: Value = serde_json::from_str(&s).expect("valid JSON");
+            assert_eq!(by_hand, serde_json::to_value(entry(&c)).unwrap());
+            assert_eq!(by_hand["sequence"], 7 + data.len() as u64);
+        }
+    }
+
+    #[test]
+    fn input_is_base64_unless_it_says_otherwise() {
+        assert_eq!(decode_input("aGk=", None, true).unwrap(), b"hi");
+        assert_eq!(decode_input("hi", Some("utf8"), true).unwrap(), b"hi");
+        assert_eq!(decode_input("hi", None, false).unwrap(), b"hi");
+        assert!(decode_input("hi!", None, true).is_err());
+        assert!(decode_input("hi", Some("latin1"), true).is_err());
+    }
 }
