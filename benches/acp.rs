@@ -345,7 +345,7 @@ impl Conn {
     /// POSTs `body`; returns (status, body).
     fn post(&mut self, path: &str, body: &str, extra: &str) -> (u16, Vec<u8>) {
         let req = format!(
-            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+            "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{body}",
             body.len()
         );
         self.w.write_all(req.as_bytes()).unwrap();
@@ -353,7 +353,7 @@ impl Conn {
     }
 
     fn get(&mut self, path: &str) -> (u16, Vec<u8>) {
-        write!(self.w, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        write!(self.w, "GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").unwrap();
         self.read_response()
     }
 
@@ -495,7 +495,7 @@ fn http_stream(port: u16, server: &str, subs: usize, n: u64) -> (f64, bool) {
                 // the socket, which this reader sees; with keep-alive it would wait forever.
                 write!(
                     s,
-                    "GET /v1/acp/{server} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\nconnection: close\r\n\r\n"
+                    "GET /v1/acp/{server} HTTP/1.1\r\nhost: localhost\r\naccept: text/event-stream\r\nconnection: close\r\n\r\n"
                 )
                 .unwrap();
                 let mut buf = vec![0u8; 256 * 1024];

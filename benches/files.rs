@@ -344,7 +344,9 @@ fn main() {
             || {
                 let _ = std::fs::remove_file(&dst);
                 settle();
-                let req = client.put(format!("{api}/v1/fs/file?path={}", dst.display()));
+                let req = client
+                    .put(format!("{api}/v1/fs/file?path={}", dst.display()))
+                    .header("content-type", "application/octet-stream");
                 let d = rt.block_on(send_file(req, &big));
                 assert_eq!(std::fs::metadata(&dst).unwrap().len(), GIB);
                 d

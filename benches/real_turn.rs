@@ -252,6 +252,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    sandbox_agent::install_crypto_provider();
     let tmp = tempfile::tempdir().unwrap();
     let (home, cwd) = (tmp.path().join("home"), tmp.path().join("work"));
     std::fs::create_dir_all(&home).unwrap();

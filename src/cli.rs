@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -137,7 +138,7 @@ pub struct ServerArgs {
     pub token: Option<String>,
 
     /// Serve without a token (needed to bind a non-loopback address without --token)
-    #[arg(long, env = "SANDBOX_AGENT_NO_TOKEN", conflicts_with = "token")]
+    #[arg(long, env = "SANDBOX_AGENT_NO_TOKEN", value_parser = BoolishValueParser::new(), conflicts_with_all = ["token", "token_file"])]
     pub no_token: bool,
 
     /// Where installed agents and state live [default: $STATE_DIRECTORY, else ~/.local/share/sandbox-agent]
@@ -232,11 +233,11 @@ pub struct ServerArgs {
     pub agents_file: Option<PathBuf>,
 
     /// Never install agents at run time; the first POST for a missing agent fails with 4xx
-    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_PREINSTALL")]
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_PREINSTALL", value_parser = BoolishValueParser::new())]
     pub require_preinstall: bool,
 
     /// Answer agent failures and timeouts on requests as 200 + JSON-RPC error instead of 502/504
-    #[arg(long, env = "SANDBOX_AGENT_JSONRPC_ERRORS")]
+    #[arg(long, env = "SANDBOX_AGENT_JSONRPC_ERRORS", value_parser = BoolishValueParser::new())]
     pub jsonrpc_errors: bool,
 
     /// ACP registry URL [default: the public agentclientprotocol registry]
@@ -252,7 +253,7 @@ pub struct ServerArgs {
     pub log_level: Option<String>,
 
     /// Act as init: reap every orphan and forward signals (automatic when running as PID 1)
-    #[arg(long, env = "SANDBOX_AGENT_INIT")]
+    #[arg(long, env = "SANDBOX_AGENT_INIT", value_parser = BoolishValueParser::new())]
     pub init: bool,
 
     /// Agent cgroups: auto (v1 controllers if mounted, else v2), v1, v2, or off (rlimits only)
@@ -260,6 +261,114 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_AGENT_CGROUPS", value_name = "MODE")]
     pub agent_cgroups: Option<String>,
 
+    // --- harden-edge: the edge (connections, Host/Origin, token file, runtime) ---
+    /// Read the bearer token from this file (once, at start; surrounding whitespace ignored)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Extra Host names (or name:port) accepted besides loopback and --host; `*` accepts any
+    /// (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ALLOWED_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
+
+    /// Browser origins (scheme://host[:port]) allowed besides the daemon's own; `*` allows any
+    /// (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ALLOWED_ORIGINS",
+        value_name = "ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Option<Vec<String>>,
+
+    /// How long a client may take to send a request head (from connect, or from the first byte
+    /// on an idle keep-alive connection) [default: 10s]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_HEADER_READ_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    pub header_read_timeout: Option<String>,
+
+    /// How long a connection with no request in flight may stay silent [default: 60s]
+    #[arg(long, env = "SANDBOX_AGENT_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+
+    /// Open connections held at once; more are answered 503 and closed
+    /// [default: half the open-file limit, at most 4096]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_CONNECTIONS", value_name = "COUNT")]
+    pub max_connections: Option<String>,
+
+    /// Threads of the async runtime; `auto` picks from the CPU count (see docs/config.md)
+    /// [default: auto]
+    #[arg(long, env = "SANDBOX_AGENT_WORKER_THREADS", value_name = "COUNT")]
+    pub worker_threads: Option<String>,
+
+    // --- Runtime caps (hostile clients and agents; see docs/operations.md "Limits and timeouts").
+    /// Most agent instances (serverIds) at once; more are refused 503 [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_AGENTS", value_name = "COUNT")]
+    pub max_agents: Option<String>,
+
+    /// Most SSE subscribers of one serverId [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_SUBSCRIBERS", value_name = "COUNT")]
+    pub max_subscribers: Option<String>,
+
+    /// Most SSE subscribers of all serverIds together [default: 1024]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_MAX_SUBSCRIBERS_TOTAL",
+        value_name = "COUNT"
+    )]
+    pub max_subscribers_total: Option<String>,
+
+    /// Bytes queued for one agent's stdin (it reads slower than clients POST) [default: 64M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE", value_name = "SIZE")]
+    pub stdin_queue: Option<String>,
+
+    /// Bytes queued for every agent's stdin together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_STDIN_QUEUE_TOTAL", value_name = "SIZE")]
+    pub stdin_queue_total: Option<String>,
+
+    /// Request body bytes of ACP POSTs being received at once, all together [default: 256M]
+    #[arg(long, env = "SANDBOX_AGENT_ACP_INFLIGHT_BYTES", value_name = "SIZE")]
+    pub acp_inflight_bytes: Option<String>,
+
+    /// Memory limit of all agents together (a parent cgroup); `max` for none [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_MEMORY_MAX", value_name = "SIZE")]
+    pub agents_memory_max: Option<String>,
+
+    /// Process (task) limit of all agents together (a parent cgroup); `max` for none
+    /// [default: max]
+    #[arg(long, env = "SANDBOX_AGENT_AGENTS_PIDS_MAX", value_name = "COUNT")]
+    pub agents_pids_max: Option<String>,
+
+    /// Bytes of log records waiting for the log writer; more are dropped and counted [default: 8M]
+    #[arg(long, env = "SANDBOX_AGENT_LOG_QUEUE", value_name = "SIZE")]
+    pub log_queue: Option<String>,
+
+    /// journald's native socket, for --log-format journald
+    /// [default: /run/systemd/journal/socket]
+    #[arg(long, env = "SANDBOX_AGENT_JOURNAL_SOCKET", value_name = "PATH")]
+    pub journal_socket: Option<PathBuf>,
+
+    /// Lines per second of one agent's stderr that reach the log; the rest are counted
+    /// [default: 100]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_LINES", value_name = "COUNT")]
+    pub agent_stderr_lines: Option<String>,
+
+    /// Bytes per second of one agent's stderr that reach the log [default: 64K]
+    #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_BYTES", value_name = "SIZE")]
+    pub agent_stderr_bytes: Option<String>,
     // ---- Process API (/v1/processes) ----
     /// Processes (background and `run`) that may run at once; more are refused with 429
     /// [default: 64]

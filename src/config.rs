@@ -72,6 +72,29 @@ pub struct Config {
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
     pub agent_cgroups: AgentCgroups,
+    // --- harden-edge ---
+    /// Host names (lower case, maybe with `:port`) accepted besides loopback and `host`.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, lower case) allowed besides the daemon's own.
+    pub allowed_origins: Vec<String>,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    /// Threads of the async runtime (1: the current-thread runtime).
+    pub worker_threads: usize,
+    // --- Runtime caps (see docs/operations.md "Limits and timeouts").
+    pub max_agents: usize,
+    pub max_subscribers: usize,
+    pub max_subscribers_total: usize,
+    pub stdin_queue: u64,
+    pub stdin_queue_total: u64,
+    pub acp_inflight_bytes: u64,
+    pub agents_memory_max: Option<u64>,
+    pub agents_pids_max: Option<u64>,
+    pub log_queue_bytes: u64,
+    pub journal_socket: PathBuf,
+    pub agent_stderr_lines: u64,
+    pub agent_stderr_bytes: u64,
     // ---- Process API ----
     pub process_max_concurrent: usize,
     pub process_max_log_bytes: u64,
@@ -328,6 +351,74 @@ fn parse_cpu(s: &str) -> Result<Option<f64>, String> {
     }
 }
 
+// --- harden-edge ---
+
+/// A list setting: the flag (or its variable) wins over the file; empty items are dropped.
+fn list_setting(flag: Option<Vec<String>>, file: Option<Vec<String>>) -> Vec<String> {
+    flag.or(file)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("`{s}` must be longer than zero")),
+        d => Ok(d),
+    }
+}
+
+/// `scheme://host[:port]` in lower case, without a trailing slash; `*` stays `*`.
+pub fn normalise_origin(s: &str) -> Result<String, String> {
+    let t = s.trim().trim_end_matches('/').to_ascii_lowercase();
+    if t == "*" {
+        return Ok(t);
+    }
+    match t.split_once("://") {
+        Some((scheme, rest))
+            if !scheme.is_empty() && !rest.is_empty() && !rest.contains(['/', '?', '#']) =>
+        {
+            Ok(t)
+        }
+        _ => Err(format!(
+            "`{s}` is not an origin like https://example.com:8443"
+        )),
+    }
+}
+
+/// Half the soft open-file limit (each connection is one descriptor, agents and files need the
+/// rest), at most 4096 and at least 16.
+fn default_max_connections() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    (soft / 2).clamp(16, 4096) as usize
+}
+
+/// One runtime thread up to 4 CPUs, then one per 4 CPUs, at most 4 (measured in
+/// docs/performance.md: a second worker costs more in cross-thread wake-ups than it gains until
+/// the proxy's own work saturates one core).
+fn default_worker_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus / 4).clamp(1, 4)
+}
+
+/// Reads the token once; surrounding whitespace (a trailing newline) is not part of it.
+fn read_token_file(path: &Path) -> Result<String, String> {
+    let raw = std::fs::read(path).map_err(|e| e.to_string())?;
+    let text = String::from_utf8(raw).map_err(|_| "the token is not UTF-8".to_string())?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err("the file is empty".to_string());
+    }
+    if token.contains(['\n', '\r']) || token.chars().any(char::is_control) {
+        return Err("the token spans several lines or holds control characters".to_string());
+    }
+    Ok(token.to_string())
+}
+
 fn is_loopback(ip: &IpAddr) -> bool {
     ip.is_loopback()
 }
@@ -535,6 +626,63 @@ impl Config {
             "info".to_string()
         );
         let init = flag!(init);
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
+            let from_file = args.log_level.is_none();
+            errors.push(format!(
+                "{}: `{log_level}` is not a log filter like `info` or `sandbox_agent=debug`: {e}",
+                origin("log-level", from_file, &file_path)
+            ));
+        }
+        // --- harden-edge ---
+        let token_file = path!(token_file);
+        let allowed_hosts = list_setting(
+            args.allowed_hosts.clone(),
+            file.take_list("allowed_hosts", &mut errors),
+        );
+        let allowed_origins = list_setting(
+            args.allowed_origins.clone(),
+            file.take_list("allowed_origins", &mut errors),
+        );
+        let mut origins = Vec::new();
+        for o in allowed_origins {
+            match normalise_origin(&o) {
+                Ok(o) => origins.push(o),
+                Err(e) => errors.push(format!("--allowed-origins: {e}")),
+            }
+        }
+        let allowed_origins = origins;
+        let allowed_hosts: Vec<String> = allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect();
+        let header_read_timeout = setting!(
+            header_read_timeout,
+            "header-read-timeout",
+            positive_duration,
+            Duration::from_secs(10)
+        );
+        let idle_timeout = setting!(
+            idle_timeout,
+            "idle-timeout",
+            positive_duration,
+            Duration::from_secs(60)
+        );
+        let max_connections = setting!(
+            max_connections,
+            "max-connections",
+            positive_count,
+            default_max_connections()
+        );
+        let worker_threads = setting!(
+            worker_threads,
+            "worker-threads",
+            |s: &str| if s.trim().eq_ignore_ascii_case("auto") {
+                Ok(default_worker_threads())
+            } else {
+                positive_count(s)
+            },
+            default_worker_threads()
+        );
         let agent_cgroups = setting!(
             agent_cgroups,
             "agent-cgroups",
@@ -548,6 +696,46 @@ impl Config {
             AgentCgroups::Auto
         );
 
+        // --- Runtime caps.
+        let max_agents = setting!(max_agents, "max-agents", positive_count, 64);
+        let max_subscribers = setting!(max_subscribers, "max-subscribers", positive_count, 64);
+        let max_subscribers_total = setting!(
+            max_subscribers_total,
+            "max-subscribers-total",
+            positive_count,
+            1024
+        );
+        let stdin_queue = setting!(stdin_queue, "stdin-queue", size_required, 64 << 20);
+        let stdin_queue_total = setting!(
+            stdin_queue_total,
+            "stdin-queue-total",
+            size_required,
+            256 << 20
+        );
+        let acp_inflight_bytes = setting!(
+            acp_inflight_bytes,
+            "acp-inflight-bytes",
+            size_required,
+            256 << 20
+        );
+        let agents_memory_max = setting!(agents_memory_max, "agents-memory-max", parse_size, None);
+        let agents_pids_max =
+            setting!(agents_pids_max, "agents-pids-max", parse_count_or_max, None);
+        let log_queue_bytes = setting!(log_queue, "log-queue", size_required, 8 << 20);
+        let journal_socket =
+            path!(journal_socket).unwrap_or_else(|| PathBuf::from("/run/systemd/journal/socket"));
+        let agent_stderr_lines = setting!(
+            agent_stderr_lines,
+            "agent-stderr-lines",
+            |s: &str| positive_count(s).map(|n| n as u64),
+            100
+        );
+        let agent_stderr_bytes = setting!(
+            agent_stderr_bytes,
+            "agent-stderr-bytes",
+            size_required,
+            64 << 10
+        );
         // ---- Process API ----
         let process_max_concurrent = setting!(
             process_max_concurrent,
@@ -606,6 +794,17 @@ impl Config {
             ));
         }
 
+        let token = match (token, token_file) {
+            (Some(t), _) => Some(t),
+            (None, Some(path)) => match read_token_file(&path) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    errors.push(format!("--token-file {}: {e}", path.display()));
+                    None
+                }
+            },
+            (None, None) => None,
+        };
         if !is_loopback(&host) && token.is_none() && !no_token {
             errors.push(format!(
                 "refusing to listen on {host} without authentication: pass --token <TOKEN> \
@@ -714,6 +913,24 @@ impl Config {
             agent_base_env,
             systemd,
             agent_cgroups,
+            allowed_hosts,
+            allowed_origins,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
+            worker_threads,
+            max_agents,
+            max_subscribers,
+            max_subscribers_total,
+            stdin_queue,
+            stdin_queue_total,
+            acp_inflight_bytes,
+            agents_memory_max,
+            agents_pids_max,
+            log_queue_bytes,
+            journal_socket,
+            agent_stderr_lines,
+            agent_stderr_bytes,
             process_max_concurrent,
             process_max_log_bytes,
             process_max_total_log_bytes,

@@ -41,6 +41,7 @@ fn serve(args: &ServerArgs) -> ExitCode {
             return ExitCode::from(EX_CONFIG);
         }
     };
+    protect_secrets(&config);
     // As PID 1 (a container entrypoint) the process splits before any thread exists: the parent
     // stays a tiny init that reaps and forwards signals, the child goes on to be the daemon.
     let pid1 = std::process::id() == 1;
@@ -52,17 +53,11 @@ fn serve(args: &ServerArgs) -> ExitCode {
         }
         parent_init = Some(init_pid);
     }
-    sandbox_agent::logging::init(&config);
+    // Flushes the log queue (bounded wait) when `serve` returns.
+    let _log_guard = sandbox_agent::logging::init(&config);
+    install_panic_hook();
     sandbox_agent::install_crypto_provider();
-    // One thread runs every task: the daemon is I/O-bound (CPU-heavy work such as unpacking
-    // archives or writing files goes to `spawn_blocking`), and on the small VMs it targets a
-    // second worker mostly adds cross-thread wake-ups (futex + eventfd per request). Measured
-    // with `cargo bench --bench acp` on the 2-core VM: 35 % fewer context switches, ~10 % less
-    // CPU per request and +12–15 % requests/s at c=32; c=1 latency unchanged (docs/performance.md).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match build_runtime(config.worker_threads) {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
@@ -87,4 +82,70 @@ fn serve(args: &ServerArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Leaves nothing of the token readable by another process of ours or of an agent: its copies in
+/// argv (`--token`) and in `SANDBOX_AGENT_TOKEN` are overwritten in place, and the process is
+/// made non-dumpable, so `/proc/<pid>/environ`, `mem` and ptrace need CAP_SYS_PTRACE even for
+/// processes of the same user. Done before the PID-1 fork, so the init parent is covered too.
+fn protect_secrets(config: &Config) {
+    if let Some(token) = &config.token {
+        if let Err(e) = sandbox_agent::sys::scrub_from_proc(token.as_bytes(), "SANDBOX_AGENT_TOKEN")
+        {
+            eprintln!("sandbox-agent: warning: cannot hide the token in /proc/self: {e}");
+        }
+    }
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("sandbox-agent: warning: cannot make the process non-dumpable: {e}");
+    }
+}
+
+/// One worker (the default on small machines) is tokio's current-thread runtime: the daemon is
+/// I/O-bound (CPU-heavy work goes to `spawn_blocking`), and on the 2-core VMs it targets a second
+/// worker mostly adds cross-thread wake-ups (measured: docs/performance.md). More workers give
+/// the multi-thread runtime, for machines where one core is not enough for the proxy.
+fn build_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
+}
+
+/// Every panic is logged once, through tracing (so it reaches the journal with the rest), with
+/// its location; the HTTP layer answers the request with a plain 500 and the daemon goes on.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_string());
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let thread = std::thread::current();
+        let backtrace = std::backtrace::Backtrace::capture();
+        if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+            tracing::error!(
+                thread = thread.name().unwrap_or("unnamed"),
+                %location,
+                %backtrace,
+                "panic: {message}"
+            );
+        } else {
+            tracing::error!(
+                thread = thread.name().unwrap_or("unnamed"),
+                %location,
+                "panic: {message}"
+            );
+        }
+    }));
 }

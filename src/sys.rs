@@ -11,40 +11,55 @@ pub enum Forked {
     Child,
 }
 
-/// Forks the process. Only called from `main` before any thread exists (no tokio runtime, no
-/// logging thread), so the child inherits a consistent single-threaded address space.
-pub fn fork() -> io::Result<Forked> {
-    // SAFETY: called while the process is single-threaded (see the doc comment); the child only
-    // returns into ordinary Rust code, it does not run async-signal-unsafe code on another
-    // thread's locks because there are no other threads.
+/// Forks the process, refusing unless it is single-threaded: a child forked from a threaded
+/// process may find another thread's lock held forever (the allocator's, the logger's). The
+/// precondition is checked here, not left to the caller.
+pub fn fork_single_threaded() -> io::Result<Forked> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "refusing to fork a process with {threads} threads"
+        )));
+    }
+    // SAFETY: the process has exactly one thread (checked just above; nothing between the check
+    // and the fork starts one), so the child inherits a consistent address space and returns
+    // into ordinary Rust code.
     match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
         nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent { child }),
         nix::unistd::ForkResult::Child => Ok(Forked::Child),
     }
 }
 
-/// Takes ownership of a listening socket passed by the service manager (socket activation).
-pub fn tcp_listener_from_fd(fd: RawFd) -> io::Result<std::net::TcpListener> {
+/// Takes ownership of the first socket passed by the service manager (fd 3, socket activation).
+/// The preconditions of adopting a raw descriptor are checked here: it is taken at most once in
+/// the process's life, and it must be a listening stream socket.
+pub fn take_activated_listener() -> io::Result<std::net::TcpListener> {
     use nix::fcntl::{FcntlArg, FdFlag, fcntl};
-    // SAFETY: `fd` comes from LISTEN_FDS (validated by the caller: LISTEN_PID is ours and the fd is
-    // in the range systemd passed), nothing else in the process owns it, and it is taken once.
-    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    use nix::sys::socket::{getsockopt, sockopt};
+    use std::os::fd::BorrowedFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const FD: RawFd = 3;
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    if TAKEN.swap(true, Ordering::SeqCst) {
+        return Err(io::Error::other("the activated socket was already taken"));
+    }
+    // SAFETY: only borrowed for the checks below; the borrow ends before ownership is taken.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(FD) };
+    let listening = getsockopt(&borrowed, sockopt::AcceptConn).map_err(io::Error::from)?;
+    let stream = getsockopt(&borrowed, sockopt::SockType).map_err(io::Error::from)?
+        == nix::sys::socket::SockType::Stream;
+    if !(listening && stream) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "fd 3 from socket activation is not a listening stream socket",
+        ));
+    }
+    // SAFETY: fd 3 is open (the checks above succeeded on it), it is a listening socket that
+    // systemd passed to us, and `TAKEN` guarantees it is adopted once, so nothing else owns it.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(FD) };
     // Inherited sockets come without close-on-exec; agents must not inherit our listener.
     fcntl(&listener, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(io::Error::from)?;
     Ok(listener)
-}
-
-/// Registers `f` to run in the child between fork and exec.
-pub fn pre_exec<F>(cmd: &mut tokio::process::Command, f: F)
-where
-    F: FnMut() -> io::Result<()> + Send + Sync + 'static,
-{
-    // SAFETY: every closure passed here only makes async-signal-safe system calls (setsid,
-    // setrlimit, prctl, write to an already-open cgroup file, setgid/setuid) on values prepared
-    // before the fork, and allocates nothing.
-    unsafe {
-        cmd.pre_exec(f);
-    }
 }
 
 /// Makes the child of `cmd` start a new session (setsid) before exec, leaving our process group.
@@ -150,6 +165,92 @@ pub fn start_writeback(fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: u64) -
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Overwrites, in place, every copy of `secret` in this process's argument area and the value of
+/// the variable `env_name` in its environment area, so that `/proc/<pid>/cmdline` and
+/// `/proc/<pid>/environ` no longer show them (as databases do with passwords on their command
+/// line). Returns how many copies were overwritten.
+///
+/// The areas are found from `/proc/self/stat` (`arg_start`..`env_end`) and rewritten through
+/// `/proc/self/mem`, so no Rust reference to memory Rust did not allocate is ever made. Call it
+/// while the process is single-threaded (from `main`, before the runtime): nothing may be
+/// reading `std::env::args` or the environment at the same time.
+pub fn scrub_from_proc(secret: &[u8], env_name: &str) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    if secret.is_empty() {
+        return Ok(0);
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let rest = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r)
+        .ok_or_else(|| io::Error::other("unexpected /proc/self/stat"))?;
+    // Field N of stat(5) is at index N - 3 after the command name; arg_start is field 48.
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .skip(45)
+        .take(4)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let [arg_start, arg_end, env_start, env_end] = fields[..] else {
+        return Err(io::Error::other(
+            "/proc/self/stat has no argument/environment bounds",
+        ));
+    };
+    if arg_start == 0 || arg_end < arg_start || env_end < env_start {
+        return Err(io::Error::other(
+            "the argument/environment bounds are not readable",
+        ));
+    }
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")?;
+    let mut count = 0;
+    let mut area = vec![0u8; (arg_end - arg_start) as usize];
+    mem.read_exact_at(&mut area, arg_start)?;
+    for at in find_all(&area, secret) {
+        mem.write_all_at(&vec![b'x'; secret.len()], arg_start + at as u64)?;
+        count += 1;
+    }
+    let mut area = vec![0u8; (env_end - env_start) as usize];
+    mem.read_exact_at(&mut area, env_start)?;
+    let prefix = format!("{env_name}=");
+    let mut offset = 0usize;
+    for entry in area.split(|b| *b == 0) {
+        if let Some(value) = entry.strip_prefix(prefix.as_bytes()) {
+            if !value.is_empty() {
+                let at = env_start + (offset + prefix.len()) as u64;
+                mem.write_all_at(&vec![b'x'; value.len()], at)?;
+                count += 1;
+            }
+        }
+        offset += entry.len() + 1;
+    }
+    Ok(count)
+}
+
+/// Start offsets of the non-overlapping occurrences of `needle` in `hay`.
+fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = memchr::memmem::find(&hay[from..], needle) {
+        out.push(from + i);
+        from += i + needle.len();
+    }
+    out
+}
+
+/// Returns free heap memory to the system (glibc `malloc_trim`), for after a load of large
+/// buffers has ended; a no-op on other C libraries. Slow-ish (walks every arena): call it on the
+/// blocking pool, debounced (`acp::caps::trim_soon`).
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -46,6 +46,12 @@ pub enum Subscribe {
     Live(Subscription),
     /// The log is closed (the agent is gone) and nothing is left to deliver after the given id.
     NothingLeft,
+    /// The given id is beyond the last id this log ever issued (`last`).
+    Ahead {
+        last: u64,
+    },
+    /// The log already has its most subscribers.
+    Full,
 }
 
 impl EventLog {
@@ -125,13 +131,23 @@ impl EventLog {
     }
 
     /// Registers a subscriber that first receives the retained events after `after` (preceded by
-    /// a `gap` event when some of them were evicted), then every new event.
-    pub fn subscribe(self: &Arc<Self>, after: u64) -> Subscribe {
+    /// a `gap` event when some of them were evicted), then every new event; refused when the log
+    /// has `max_subscribers` already.
+    pub fn subscribe(self: &Arc<Self>, after: u64, max_subscribers: usize) -> Subscribe {
         let mut st = self.lock();
+        if st.subscribers.len() >= max_subscribers {
+            return Subscribe::Full;
+        }
+        let last = st.next_id - 1;
+        if after > last {
+            // Not an id of this log (another instance under the same serverId, or made up):
+            // neither a gap nor "nothing missed" would be true.
+            return Subscribe::Ahead { last };
+        }
         let first_kept = st.ring.front().map_or(st.next_id, |r| r.id);
         let mut replay = VecDeque::new();
         let mut bytes = 0;
-        if after + 1 < first_kept && after + 1 < st.next_id {
+        if after + 1 < first_kept {
             let gap = gap_frame(after + 1, first_kept - 1);
             bytes += gap.len();
             replay.push_back(gap);
@@ -159,6 +175,7 @@ impl EventLog {
         Subscribe::Live(Subscription {
             log: self.clone(),
             queue,
+            _share: None,
         })
     }
 
@@ -255,6 +272,8 @@ impl Queue {
 pub struct Subscription {
     log: Arc<EventLog>,
     queue: Arc<Queue>,
+    /// Its place in the daemon-wide subscriber budget, given back on drop.
+    _share: Option<super::caps::Reservation>,
 }
 
 /// What a subscription yields next.
@@ -268,6 +287,11 @@ pub enum Next {
 }
 
 impl Subscription {
+    /// Ties a share of a global budget to this subscription's life.
+    pub fn hold(&mut self, share: super::caps::Reservation) {
+        self._share = Some(share);
+    }
+
     /// Waits for frames; several queued frames come back as one chunk (at most ~64 KiB unless a
     /// single frame is larger), which keeps the per-event cost of a fast stream low.
     pub async fn next(&self) -> Next {
@@ -340,9 +364,11 @@ mod tests {
             l.push(p.as_bytes());
         }
         l.close();
-        let got = match l.subscribe(after) {
+        let got = match l.subscribe(after, usize::MAX) {
             Subscribe::Live(s) => rt.block_on(drain(&s)),
             Subscribe::NothingLeft => "<nothing>".to_string(),
+            Subscribe::Ahead { last } => format!("<ahead of {last}>"),
+            Subscribe::Full => "<full>".to_string(),
         };
         assert_eq!(got, expected);
     }
@@ -363,6 +389,9 @@ mod tests {
             "event: message\nid: 2\ndata: {}\n\n",
         );
         check(2, &["{}", "{}"], (10, 1000), "<nothing>");
+        check(3, &["{}", "{}"], (10, 1000), "<ahead of 2>");
+        check(u64::MAX, &["{}"], (10, 1000), "<ahead of 1>");
+        check(u64::MAX, &[], (10, 1000), "<ahead of 0>");
         check(
             0,
             &["{}", "{}", "{}"],
@@ -390,10 +419,11 @@ mod tests {
             .build()
             .unwrap();
         let l = log(4, 1 << 20);
-        let (Subscribe::Live(slow), Subscribe::Live(fast)) = (l.subscribe(0), l.subscribe(0))
+        let (Subscribe::Live(slow), Subscribe::Live(fast)) = (l.subscribe(0, 2), l.subscribe(0, 2))
         else {
             panic!("open log")
         };
+        assert!(matches!(l.subscribe(0, 2), Subscribe::Full));
         for i in 0..10 {
             l.push(b"{}");
             l.wake();

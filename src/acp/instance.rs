@@ -14,9 +14,11 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 
+use super::caps::{Budget, Reservation};
 use super::events::{EventLog, LogLimits};
-use super::jsonrpc::{AgentLine, IdKey, classify_agent_line};
+use super::jsonrpc::{AgentLine, BadLine, IdKey, classify_agent_line};
 use super::{AcpError, Ended};
+use crate::logging::RateLimit;
 use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
 
 /// `starting` until the process runs, `exited` once it is gone.
@@ -32,6 +34,20 @@ pub enum Status {
 struct WriteJob {
     line: Bytes,
     done: Done,
+    /// Its bytes in the stdin budgets, given back when the job is written or dropped.
+    _queued: Reservation,
+}
+
+/// The budgets of bytes queued for stdin: this instance's and every instance's together.
+pub struct StdinCaps {
+    pub per_instance: Arc<Budget>,
+    pub total: Arc<Budget>,
+}
+
+/// Why a line could not be handed to the agent.
+enum SendFail {
+    Gone,
+    Full { what: &'static str, limit: u64 },
 }
 
 enum Done {
@@ -84,11 +100,15 @@ pub struct AcpInstance {
     grace: Duration,
     pending: Mutex<Pending>,
     running: OnceLock<Running>,
+    stdin_caps: StdinCaps,
     /// Serializes the start so that concurrent first POSTs start one process.
     start_lock: tokio::sync::Mutex<Option<AcpError>>,
     /// Set by DELETE (under this lock) so that a start in progress does not spawn afterwards.
     detached: Mutex<bool>,
     invalid_lines: AtomicU64,
+    /// Budget of the "dropped an agent stdout line" warnings: an agent writing garbage in a loop
+    /// must not flood the log (the count above still sees every line).
+    invalid_log: Mutex<RateLimit>,
     finished: AtomicBool,
     /// Resolves when the reader has recorded how the agent ended.
     ended_rx: tokio::sync::watch::Receiver<bool>,
@@ -104,7 +124,14 @@ pub enum Delivered {
 }
 
 impl AcpInstance {
-    pub fn new(server_id: String, agent: String, limits: LogLimits, grace: Duration) -> Self {
+    pub fn new(
+        server_id: String,
+        agent: String,
+        limits: LogLimits,
+        grace: Duration,
+        log_budget: RateLimit,
+        stdin_caps: StdinCaps,
+    ) -> Self {
         let created_at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -118,9 +145,11 @@ impl AcpInstance {
             grace,
             pending: Mutex::new(Pending::default()),
             running: OnceLock::new(),
+            stdin_caps,
             start_lock: tokio::sync::Mutex::new(None),
             detached: Mutex::new(false),
             invalid_lines: AtomicU64::new(0),
+            invalid_log: Mutex::new(log_budget),
             finished: AtomicBool::new(false),
             ended_rx,
             ended_tx,
@@ -269,12 +298,11 @@ impl AcpInstance {
                     p.waiters.insert(key.clone(), tx);
                     rx
                 };
-                if send_line(running, line, Done::Request(key.clone()))
-                    .await
-                    .is_err()
+                if let Err(fail) =
+                    send_line(running, &self.stdin_caps, line, Done::Request(key.clone())).await
                 {
                     self.pending().waiters.remove(&key);
-                    return Err(self.gone_error());
+                    return Err(self.send_error(fail));
                 }
                 if !wait {
                     // Dropping the receiver routes the response to the event log.
@@ -294,8 +322,8 @@ impl AcpInstance {
                     return Err(self.gone(ended));
                 }
                 let (tx, rx) = oneshot::channel();
-                match send_line(running, line, Done::Ack(tx)).await {
-                    Err(()) => Err(self.gone_error()),
+                match send_line(running, &self.stdin_caps, line, Done::Ack(tx)).await {
+                    Err(fail) => Err(self.send_error(fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
                         Ok(()) => Ok(Delivered::Accepted),
@@ -303,6 +331,17 @@ impl AcpInstance {
                     },
                 }
             }
+        }
+    }
+
+    fn send_error(&self, fail: SendFail) -> AcpError {
+        match fail {
+            SendFail::Gone => self.gone_error(),
+            SendFail::Full { what, limit } => AcpError::Capacity {
+                what,
+                limit,
+                server_id: Some(self.server_id.clone()),
+            },
         }
     }
 
@@ -337,9 +376,9 @@ impl AcpInstance {
     }
 
     /// One stdout line, already classified (see `classify`).
-    fn on_line(&self, line: Bytes, class: Option<AgentLine>) {
+    fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
         match class {
-            Some(AgentLine::Response(key)) => {
+            Ok(AgentLine::Response(key)) => {
                 let waiter = self.pending().waiters.remove(&key);
                 match waiter {
                     Some(tx) => {
@@ -356,15 +395,27 @@ impl AcpInstance {
                     }
                 }
             }
-            Some(AgentLine::Message) => {
+            Ok(AgentLine::Message) => {
                 self.events.push(&line);
             }
-            None => self.invalid_line(&line, "not a JSON object"),
+            Err(why) => self.invalid_line(&line, &why.to_string()),
         }
     }
 
     fn invalid_line(&self, line: &[u8], why: &str) {
         self.invalid_lines.fetch_add(1, Ordering::Relaxed);
+        let (admit, report) = {
+            let mut budget = self.invalid_log.lock().unwrap_or_else(|e| e.into_inner());
+            let admit = budget.admit(line.len().min(200));
+            (admit, budget.take_report(false))
+        };
+        if let Some((lines, _)) = report {
+            tracing::warn!(server_id = %self.server_id, agent = %self.agent,
+                dropped_lines = lines, "{lines} more invalid agent stdout lines were dropped without a log line each");
+        }
+        if !admit {
+            return;
+        }
         let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
         tracing::warn!(
             server_id = %self.server_id,
@@ -408,13 +459,22 @@ enum Sent {
 /// Writes one line. The fast path writes it from the caller's task at once when nothing is
 /// queued and it fits one atomic pipe write (a cancelled POST can never leave half a line); else
 /// it goes to the writer task, which waits for room in the pipe.
-async fn send_line(running: &Running, line: Bytes, done: Done) -> Result<Sent, ()> {
+async fn send_line(
+    running: &Running,
+    caps: &StdinCaps,
+    line: Bytes,
+    done: Done,
+) -> Result<Sent, SendFail> {
     let job = {
         let mut st = lock_stdin(&running.stdin);
         if st.broken {
-            return Err(());
+            return Err(SendFail::Gone);
         }
-        let mut job = WriteJob { line, done };
+        let mut job = WriteJob {
+            line,
+            done,
+            _queued: Reservation::default(),
+        };
         if !st.backlog && job.line.len() < PIPE_BUF {
             let st = &mut *st;
             st.scratch.clear();
@@ -429,20 +489,36 @@ async fn send_line(running: &Running, line: Bytes, done: Done) -> Result<Sent, (
                 Err(nix::errno::Errno::EAGAIN) => {}
                 Err(_) => {
                     st.broken = true;
-                    return Err(());
+                    return Err(SendFail::Gone);
                 }
             }
         }
+        // What waits for the agent is bounded in bytes, per instance and in total; a line that
+        // does not fit is refused at once rather than held.
+        let n = job.line.len() as u64 + 1;
+        let Some(mut queued) = caps.per_instance.try_reserve(n) else {
+            return Err(SendFail::Full {
+                what: "bytes queued for this agent's stdin",
+                limit: caps.per_instance.limit(),
+            });
+        };
+        if !queued.grow(&caps.total, n) {
+            return Err(SendFail::Full {
+                what: "bytes queued for every agent's stdin",
+                limit: caps.total.limit(),
+            });
+        }
+        job._queued = queued;
         // Queued under the lock, so the writer cannot declare the backlog empty in between.
         st.backlog = true;
         match running.writer.try_send(job) {
             Ok(()) => return Ok(Sent::Queued),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendFail::Gone),
             Err(mpsc::error::TrySendError::Full(job)) => job,
         }
     };
     // The queue is full (the agent reads slowly): wait for room, outside the lock.
-    running.writer.send(job).await.map_err(|_| ())?;
+    running.writer.send(job).await.map_err(|_| SendFail::Gone)?;
     Ok(Sent::Queued)
 }
 
@@ -523,7 +599,7 @@ async fn write_loop(
 /// only one of; the reader awaits the result, so the order of lines is kept.
 const LARGE_LINE: usize = 256 * 1024;
 
-async fn classify(line: &Bytes) -> Option<AgentLine> {
+async fn classify(line: &Bytes) -> Result<AgentLine, BadLine> {
     if line.len() <= LARGE_LINE {
         return classify_agent_line(line);
     }
@@ -619,7 +695,13 @@ struct LineReader<R> {
     scanned: usize,
     /// Discarding the rest of an oversize line; holds its first bytes for the log.
     skipping: Option<Bytes>,
+    /// A large line went through: `buf` may still share its big allocation, which would stay
+    /// with this reader for good; start a fresh buffer before the next read.
+    shrink: bool,
 }
+
+/// Lines at least this long make the reader start a fresh buffer afterwards.
+const SHRINK_AFTER: usize = 1 << 20;
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
     fn new(inner: R, max: usize) -> Self {
@@ -629,6 +711,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             max: max.max(1),
             scanned: 0,
             skipping: None,
+            shrink: false,
         }
     }
 
@@ -649,6 +732,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     return Ok(Some(Line::TooLong(prefix)));
                 }
                 line.truncate(end);
+                self.shrink |= end >= SHRINK_AFTER;
                 if line.len() > self.max {
                     line.truncate(200);
                     return Ok(Some(Line::TooLong(line.freeze())));
@@ -669,6 +753,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 }
                 self.buf.clear();
                 self.scanned = 0;
+                self.shrink = true;
+            }
+            if self.shrink && self.buf.len() <= 64 * 1024 {
+                let mut fresh = BytesMut::with_capacity(64 * 1024);
+                fresh.extend_from_slice(&self.buf);
+                self.buf = fresh;
+                self.shrink = false;
+                // The big line itself is freed once its POST or the event log is done with it.
+                super::caps::trim_soon();
             }
             if self.buf.capacity() - self.buf.len() < 4096 {
                 self.buf.reserve(64 * 1024);

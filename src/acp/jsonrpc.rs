@@ -45,6 +45,10 @@ pub enum EnvelopeError {
     Json(String),
     #[error("the object has neither `method` nor `id`, so it is no JSON-RPC message")]
     NoMethodNoId,
+    #[error("the body is not valid UTF-8 (byte {offset})")]
+    InvalidUtf8 { offset: usize },
+    #[error("the body has a lone UTF-16 surrogate escape (`\\u{code:04x}`) at byte {offset}")]
+    LoneSurrogate { offset: usize, code: u16 },
 }
 
 #[derive(Deserialize)]
@@ -74,7 +78,63 @@ impl IdKey {
     }
 }
 
+/// Checks that `text` is valid UTF-8 and that no `\\uXXXX` escape in it denotes a lone UTF-16
+/// surrogate. serde_json skips over members it does not keep (`IgnoredAny`) without checking
+/// either, and an agent handed such bytes may die of them, so both directions check first.
+/// One linear pass without recursion; meant for text that is otherwise valid JSON, where every
+/// backslash is inside a string.
+pub fn check_text(text: &[u8]) -> Result<(), EnvelopeError> {
+    if let Err(e) = std::str::from_utf8(text) {
+        return Err(EnvelopeError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        });
+    }
+    let mut i = 0;
+    // A high surrogate escape seen last (its offset and value): its low half must follow at once.
+    let mut high: Option<(usize, u16)> = None;
+    while let Some(pos) = text.get(i..).and_then(|t| memchr::memchr(b'\\', t)) {
+        let at = i + pos;
+        let is_u = text.get(at + 1) == Some(&b'u');
+        let code = if is_u {
+            text.get(at + 2..at + 6)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u16::from_str_radix(h, 16).ok())
+        } else {
+            None
+        };
+        if let Some((offset, code_hi)) = high.take() {
+            let low_follows =
+                at == offset + 6 && code.is_some_and(|c| (0xDC00..=0xDFFF).contains(&c));
+            if !low_follows {
+                return Err(EnvelopeError::LoneSurrogate {
+                    offset,
+                    code: code_hi,
+                });
+            }
+            i = at + 6;
+            continue;
+        }
+        match code {
+            Some(c @ 0xD800..=0xDBFF) => high = Some((at, c)),
+            Some(c @ 0xDC00..=0xDFFF) => {
+                return Err(EnvelopeError::LoneSurrogate {
+                    offset: at,
+                    code: c,
+                });
+            }
+            _ => {}
+        }
+        // Past the escape: `\\` must not be read as the start of another one.
+        i = if code.is_some() { at + 6 } else { at + 2 };
+    }
+    match high {
+        Some((offset, code)) => Err(EnvelopeError::LoneSurrogate { offset, code }),
+        None => Ok(()),
+    }
+}
+
 /// Classifies a POST body. Line breaks (only possible as whitespace in valid JSON) become spaces.
+/// Only valid UTF-8 JSON without lone surrogate escapes is accepted.
 pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     match first {
@@ -95,6 +155,7 @@ pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
     }
     let members: Members<'_> =
         serde_json::from_slice(&body).map_err(|e| EnvelopeError::Json(e.to_string()))?;
+    check_text(&body)?;
     let kind = match (members.method.is_some(), members.id) {
         (true, Some(id)) => Kind::Request {
             key: IdKey::from_raw(id),
@@ -119,14 +180,32 @@ pub enum AgentLine {
     Message,
 }
 
-/// Classifies one stdout line; `None` when it is not exactly one JSON object.
-pub fn classify_agent_line(line: &[u8]) -> Option<AgentLine> {
-    let first = line.iter().find(|b| !b.is_ascii_whitespace())?;
+/// Why an agent's stdout line is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadLine {
+    #[error("not a JSON object")]
+    NotAnObject,
+    #[error("not valid UTF-8")]
+    InvalidUtf8,
+    #[error("a lone UTF-16 surrogate escape")]
+    LoneSurrogate,
+}
+
+/// Classifies one stdout line: exactly one JSON object, valid UTF-8, no lone surrogate escape.
+pub fn classify_agent_line(line: &[u8]) -> Result<AgentLine, BadLine> {
+    let first = line
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .ok_or(BadLine::NotAnObject)?;
     if *first != b'{' {
-        return None;
+        return Err(BadLine::NotAnObject);
     }
-    let members: Members<'_> = serde_json::from_slice(line).ok()?;
-    Some(match (members.method.is_some(), members.id) {
+    let members: Members<'_> = serde_json::from_slice(line).map_err(|_| BadLine::NotAnObject)?;
+    check_text(line).map_err(|e| match e {
+        EnvelopeError::LoneSurrogate { .. } => BadLine::LoneSurrogate,
+        _ => BadLine::InvalidUtf8,
+    })?;
+    Ok(match (members.method.is_some(), members.id) {
         (false, Some(id)) => AgentLine::Response(IdKey::from_raw(id)),
         _ => AgentLine::Message,
     })
@@ -195,6 +274,41 @@ mod tests {
     }
 
     #[test]
+    fn only_valid_utf8_without_lone_surrogates_is_accepted() {
+        let bad = |b: &[u8]| parse_envelope(Bytes::copy_from_slice(b)).err();
+        assert!(matches!(
+            bad(b"{\"method\":\"x\",\"params\":\"\xff\xfe\"}"),
+            Some(EnvelopeError::InvalidUtf8 { offset: 24 })
+        ));
+        for body in [
+            r#"{"method":"x","params":"\ud800"}"#,
+            r#"{"method":"x","params":"\uDFFF"}"#,
+            r#"{"method":"x","params":"\ud800\u0041"}"#,
+            r#"{"method":"x","params":"\ud800\ud800\udc00"}"#,
+            r#"{"method":"x","params":"\ud800 \udc00"}"#,
+            r#"{"id":"\ud800","method":"x"}"#,
+        ] {
+            assert!(
+                matches!(
+                    bad(body.as_bytes()),
+                    Some(EnvelopeError::LoneSurrogate { .. })
+                ),
+                "{body}"
+            );
+        }
+        for body in [
+            r#"{"method":"x","params":"\ud83d\ude00 \u00e9 é \\ud800 \\"}"#,
+            r#"{"method":"x","params":"\\\ud83d\ude00"}"#,
+            r#"{"method":"x","params":"\\"}"#,
+        ] {
+            assert!(bad(body.as_bytes()).is_none(), "{body}");
+        }
+        assert!(check_text(b"\\").is_ok());
+        assert!(check_text(b"\\u").is_ok());
+        assert!(check_text(b"\\ud8").is_ok());
+    }
+
+    #[test]
     fn pretty_bodies_become_one_line() {
         let e = parse_envelope(Bytes::from_static(b"{\n  \"method\": \"x\"\r\n}\n")).unwrap();
         assert_eq!(&e.line[..], b"{   \"method\": \"x\"  }");
@@ -205,22 +319,183 @@ mod tests {
         let key = |s: &str| AgentLine::Response(IdKey(s.into()));
         assert_eq!(
             classify_agent_line(br#"{"id":7,"result":{}}"#),
-            Some(key("7"))
+            Ok(key("7"))
         );
         assert_eq!(
             classify_agent_line(br#"{"id":"x","error":{}}"#),
-            Some(key("\"x\""))
+            Ok(key("\"x\""))
         );
         assert_eq!(
             classify_agent_line(br#"{"id":1,"method":"session/request_permission"}"#),
-            Some(AgentLine::Message)
+            Ok(AgentLine::Message)
         );
         assert_eq!(
             classify_agent_line(br#"{"method":"session/update"}"#),
-            Some(AgentLine::Message)
+            Ok(AgentLine::Message)
         );
-        assert_eq!(classify_agent_line(b"not json"), None);
-        assert_eq!(classify_agent_line(b"[1]"), None);
-        assert_eq!(classify_agent_line(b"{\"a\":1} trailing"), None);
+        assert_eq!(classify_agent_line(b"not json"), Err(BadLine::NotAnObject));
+        assert_eq!(classify_agent_line(b"[1]"), Err(BadLine::NotAnObject));
+        assert_eq!(
+            classify_agent_line(b"{\"a\":1} trailing"),
+            Err(BadLine::NotAnObject)
+        );
+        assert_eq!(
+            classify_agent_line(b"{\"method\":\"x\",\"params\":\"\xff\xfe\"}"),
+            Err(BadLine::InvalidUtf8)
+        );
+        assert_eq!(
+            classify_agent_line(br#"{"method":"x","params":"\ud800"}"#),
+            Err(BadLine::LoneSurrogate)
+        );
+    }
+}
+
+/// Property tests against serde_json's full parser as the oracle: whatever the bytes, the
+/// classification never panics, and it accepts exactly the valid UTF-8 JSON objects without lone
+/// surrogates (`serde_json::Value` refuses those) that are JSON-RPC shaped. A few hundred cases
+/// run with every `cargo test`; `PROPTEST_CASES=200000` runs them longer (docs/acp.md).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// One piece of a JSON string literal's body, escapes included (surrogates on purpose).
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z é😀]{0,3}".prop_map(|s| s),
+            Just("\\\\".to_string()),
+            Just("\\\"".to_string()),
+            Just("\\n".to_string()),
+            Just("\\\\u".to_string()),
+            (0xD7F0u32..0xE010).prop_map(|c| format!("\\u{c:04x}")),
+            any::<u16>().prop_map(|c| format!("\\u{c:04X}")),
+        ]
+    }
+
+    fn string_literal() -> impl Strategy<Value = String> {
+        prop::collection::vec(piece(), 0..6).prop_map(|p| format!("\"{}\"", p.concat()))
+    }
+
+    /// JSON text (objects with distinct keys), built by hand so the escapes stay as generated.
+    fn json_text() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null".to_string()),
+            Just("true".to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            string_literal(),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::btree_map("[a-z]{1,3}", inner, 0..4).prop_map(|m| {
+                    let members: Vec<String> =
+                        m.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", members.join(",\n"))
+                }),
+            ]
+        })
+    }
+
+    /// A message-shaped object: optional `id`, optional `method`, other members.
+    fn message() -> impl Strategy<Value = String> {
+        (
+            prop::option::of(prop_oneof![
+                any::<u32>().prop_map(|n| n.to_string()),
+                string_literal(),
+                Just("null".to_string()),
+            ]),
+            prop::option::of(string_literal()),
+            prop::option::of(json_text()),
+        )
+            .prop_map(|(id, method, params)| {
+                let mut m = vec![r#""jsonrpc":"2.0""#.to_string()];
+                if let Some(id) = id {
+                    m.push(format!("\"id\":{id}"));
+                }
+                if let Some(method) = method {
+                    m.push(format!("\"method\":{method}"));
+                }
+                if let Some(p) = params {
+                    m.push(format!("\"params\":{p}"));
+                }
+                format!("{{{}}}", m.join(","))
+            })
+    }
+
+    /// What the oracle says a body is: `Some((has_method, has_id))` for a valid object.
+    fn oracle(bytes: &[u8]) -> Option<(bool, bool)> {
+        let v: Value = serde_json::from_slice(bytes).ok()?;
+        let o = v.as_object()?;
+        Some((
+            o.contains_key("method"),
+            o.get("id").is_some_and(|id| !id.is_null()),
+        ))
+    }
+
+    proptest! {
+        #[test]
+        fn envelopes_match_the_oracle(text in message()) {
+            let got = parse_envelope(Bytes::from(text.clone()));
+            match oracle(text.as_bytes()) {
+                None => prop_assert!(got.is_err(), "accepted {text:?}"),
+                Some((false, false)) => prop_assert_eq!(got.err(), Some(EnvelopeError::NoMethodNoId)),
+                Some((method, id)) => {
+                    let e = got.map_err(|e| TestCaseError::fail(format!("{e} for {text:?}")))?;
+                    prop_assert!(!e.line.contains(&b'\n') && !e.line.contains(&b'\r'));
+                    prop_assert!(std::str::from_utf8(&e.line).is_ok());
+                    let kind_ok = match e.kind {
+                        Kind::Request { .. } => method && id,
+                        Kind::Notification => method && !id,
+                        Kind::Response => !method && id,
+                    };
+                    prop_assert!(kind_ok, "{text:?}");
+                }
+            }
+        }
+
+        #[test]
+        fn agent_lines_match_the_oracle(text in message()) {
+            let line = text.replace('\n', " ");
+            let got = classify_agent_line(line.as_bytes());
+            match oracle(line.as_bytes()) {
+                None => prop_assert!(got.is_err(), "accepted {line:?}"),
+                Some((method, id)) => {
+                    let want_response = !method && id;
+                    prop_assert_eq!(matches!(got, Ok(AgentLine::Response(_))), want_response);
+                    prop_assert!(got.is_ok());
+                }
+            }
+        }
+
+        #[test]
+        fn surrogate_check_matches_serde(lit in string_literal()) {
+            let serde_ok = serde_json::from_str::<String>(&lit).is_ok();
+            prop_assert_eq!(check_text(lit.as_bytes()).is_ok(), serde_ok, "{}", lit);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = check_text(&bytes);
+            let _ = classify_agent_line(&bytes);
+            if let Ok(e) = parse_envelope(Bytes::from(bytes.clone())) {
+                prop_assert!(oracle(&bytes).is_some());
+                prop_assert!(std::str::from_utf8(&e.line).is_ok());
+            }
+        }
+
+        #[test]
+        fn raw_bytes_inside_strings_are_refused_unless_utf8(
+            prefix in "[a-z]{0,4}",
+            raw in prop::collection::vec(128u8..=255, 1..4),
+        ) {
+            let mut body = format!(r#"{{"method":"x","params":"{prefix}"#).into_bytes();
+            body.extend_from_slice(&raw);
+            body.extend_from_slice(b"\"}");
+            let utf8 = std::str::from_utf8(&body).is_ok();
+            prop_assert_eq!(parse_envelope(Bytes::from(body.clone())).is_ok(), utf8);
+            prop_assert_eq!(classify_agent_line(&body).is_ok(), utf8);
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! translates. **Invariant:** a serverId maps to at most one instance, and every instance that
 //! leaves the registry (DELETE, shutdown) is stopped to completion by a tracked task.
 
+pub mod caps;
 pub mod events;
 pub mod instance;
 pub mod jsonrpc;
@@ -34,7 +35,9 @@ pub struct Ended {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AcpError {
-    #[error("invalid serverId `{server_id}`: use 1-128 characters of A-Z a-z 0-9 . _ -")]
+    #[error(
+        "invalid serverId `{server_id}`: use 1-128 characters of A-Z a-z 0-9 . _ - (not `.` or `..`)"
+    )]
     InvalidServerId { server_id: String },
     #[error(
         "serverId `{server_id}` does not exist; its first POST must name the agent (?agent=<id>)"
@@ -81,13 +84,31 @@ pub enum AcpError {
     Gone { server_id: String },
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    #[error(
+        "Last-Event-ID {last_event_id} was never issued by `{server_id}` (its last event id is {last_id})"
+    )]
+    EventIdAhead {
+        server_id: String,
+        last_event_id: u64,
+        last_id: u64,
+    },
+    #[error("{what}: the limit of {limit} is reached")]
+    Capacity {
+        /// What is full, for the problem's title and the log.
+        what: &'static str,
+        limit: u64,
+        server_id: Option<String>,
+    },
     #[error("{0}")]
     Envelope(#[from] EnvelopeError),
 }
 
-/// A serverId is 1–128 characters of `[A-Za-z0-9._-]`.
+/// A serverId is 1–128 characters of `[A-Za-z0-9._-]`, other than `.` and `..` (which clients
+/// that normalise URLs would turn into another path, so the instance could not be reached).
 pub fn validate_server_id(id: &str) -> Result<(), AcpError> {
     let ok = !id.is_empty()
+        && id != "."
+        && id != ".."
         && id.len() <= 128
         && id
             .bytes()

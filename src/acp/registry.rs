@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::caps::Budget;
 use super::events::{LogLimits, Subscribe, Subscription};
 use super::instance::{AcpInstance, Delivered, Status};
 use super::jsonrpc::{Envelope, Kind};
@@ -22,6 +23,12 @@ use crate::supervisor::{AgentHandle, ExitReason, SpawnSpec, Supervisor};
 pub struct AcpService {
     deps: Deps,
     limits: LogLimits,
+    /// Bytes queued for every agent's stdin together (`--stdin-queue-total`).
+    stdin_total: Arc<Budget>,
+    /// SSE subscribers of every instance together (`--max-subscribers-total`).
+    subscribers_total: Arc<Budget>,
+    /// Request body bytes of ACP POSTs being received (`--acp-inflight-bytes`).
+    inflight: Arc<Budget>,
     instances: Mutex<BTreeMap<String, Arc<AcpInstance>>>,
     stops: Mutex<Vec<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -60,7 +67,13 @@ impl AcpService {
             max_events: config.event_buffer.max(1),
             max_bytes: usize::try_from(config.event_buffer_bytes).unwrap_or(usize::MAX),
         };
+        let stdin_total = Budget::new(config.stdin_queue_total);
+        let subscribers_total = Budget::new(config.max_subscribers_total as u64);
+        let inflight = Budget::new(config.acp_inflight_bytes);
         AcpService {
+            stdin_total,
+            subscribers_total,
+            inflight,
             deps: Deps {
                 config,
                 supervisor,
@@ -109,11 +122,27 @@ impl AcpService {
         if let Some(inst) = map.get(server_id) {
             return check_agent(inst.clone(), Some(agent));
         }
+        // Exited instances count until they are deleted: their event logs still hold memory.
+        if map.len() >= self.deps.config.max_agents {
+            return Err(AcpError::Capacity {
+                what: "agent instances",
+                limit: self.deps.config.max_agents as u64,
+                server_id: Some(server_id.to_string()),
+            });
+        }
         let inst = Arc::new(AcpInstance::new(
             server_id.to_string(),
             agent.to_string(),
             self.limits,
             self.deps.config.agent_grace,
+            crate::logging::RateLimit::new(
+                self.deps.config.agent_stderr_lines,
+                self.deps.config.agent_stderr_bytes,
+            ),
+            super::instance::StdinCaps {
+                per_instance: Budget::new(self.deps.config.stdin_queue),
+                total: self.stdin_total.clone(),
+            },
         ));
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)
@@ -197,10 +226,30 @@ impl AcpService {
         let inst = self.get(server_id).ok_or_else(|| AcpError::NotFound {
             server_id: server_id.to_string(),
         })?;
-        match inst.events.subscribe(last_event_id.unwrap_or(0)) {
-            Subscribe::Live(s) => Ok(s),
+        let full = |what, limit: usize| AcpError::Capacity {
+            what,
+            limit: limit as u64,
+            server_id: Some(server_id.to_string()),
+        };
+        let total = self.deps.config.max_subscribers_total;
+        let share = self
+            .subscribers_total
+            .try_reserve(1)
+            .ok_or_else(|| full("SSE subscribers of all serverIds", total))?;
+        let per = self.deps.config.max_subscribers;
+        match inst.events.subscribe(last_event_id.unwrap_or(0), per) {
+            Subscribe::Live(mut s) => {
+                s.hold(share);
+                Ok(s)
+            }
+            Subscribe::Full => Err(full("SSE subscribers of this serverId", per)),
             Subscribe::NothingLeft => Err(AcpError::Gone {
                 server_id: server_id.to_string(),
+            }),
+            Subscribe::Ahead { last } => Err(AcpError::EventIdAhead {
+                server_id: server_id.to_string(),
+                last_event_id: last_event_id.unwrap_or(0),
+                last_id: last,
             }),
         }
     }
@@ -226,10 +275,19 @@ impl AcpService {
         stops.push(task);
     }
 
-    /// Every instance, sorted by serverId.
-    pub fn list(&self) -> Vec<ServerInfo> {
+    /// Every instance, sorted by serverId. The process figures come from procfs (a few files per
+    /// process, a `/proc` scan for an agent without a cgroup), so they are read on the blocking
+    /// pool, never on the runtime thread.
+    pub async fn list(&self) -> Vec<ServerInfo> {
         let all: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
-        all.iter().map(|i| info(i)).collect()
+        tokio::task::spawn_blocking(move || all.iter().map(|i| info(i)).collect())
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    /// The budget of ACP request bodies being received; a POST reserves its bytes as they arrive.
+    pub fn inflight_budget(&self) -> &Arc<Budget> {
+        &self.inflight
     }
 
     /// How many instances of `agent` have a live process.
@@ -287,7 +345,12 @@ async fn stop_instance(inst: Arc<AcpInstance>, handle: AgentHandle, grace: Durat
 
 fn info(i: &AcpInstance) -> ServerInfo {
     let ended = i.ended();
-    let exit = ended.as_ref().and_then(|e| e.exit.clone());
+    // An agent that closed its stdout ended for the proxy before its process did; its exit is
+    // known once the stop that followed has finished.
+    let exit = ended
+        .as_ref()
+        .and_then(|e| e.exit.clone())
+        .or_else(|| i.handle().and_then(|h| h.exit()));
     let status = i.status();
     let stats = match (status, i.handle()) {
         (Status::Running, Some(h)) => Some(h.stats()),

@@ -177,7 +177,7 @@ pub async fn download(
         let path = path.to_string();
         (file, hasher) = tokio::task::spawn_blocking(move || copy_local(&path, file, hasher))
             .await
-            .map_err(|e| format!("copying {url} failed: {e}"))??;
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
     } else {
         let mut done: u64 = 0;
         let resp = client

@@ -11,7 +11,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use crate::sys::{Forked, fork};
+use crate::sys::{Forked, fork_single_threaded};
 
 /// Signals the init forwards to the daemon (SIGCHLD it handles itself).
 const FORWARDED: &[Signal] = &[
@@ -45,7 +45,7 @@ pub fn split_off_daemon(pid1: bool) -> Option<ExitCode> {
             eprintln!("sandbox-agent: init: cannot become a subreaper: {e}");
         }
     }
-    match fork() {
+    match fork_single_threaded() {
         Ok(Forked::Child) => {
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
             None

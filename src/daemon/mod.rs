@@ -3,6 +3,7 @@
 //! period (stop accepting, finish in-flight requests, stop every agent) and return.
 
 pub mod init;
+pub mod serve;
 pub mod signals;
 pub mod systemd;
 
@@ -11,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
@@ -35,56 +36,62 @@ pub enum StartError {
 }
 
 /// Runs the daemon until a stop signal; `parent_init` is our own init's pid when it forked us.
+///
+/// Shutdown is one `CancellationToken` tree: the root is cancelled by the first stop signal;
+/// the accept loop, every connection and every service hold child tokens of it. Every
+/// connection task and the watchdog run on one `TaskTracker`, so the drain is "close the
+/// tracker, wait for it" within the grace period.
 pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), StartError> {
-    let stop_signal = {
-        let emergency = crate::supervisor::emergency_kill_all;
-        signals::install(emergency).context("install signal handlers")?
-    };
+    let root = CancellationToken::new();
+    signals::install(root.clone(), crate::supervisor::emergency_kill_all)
+        .context("install signal handlers")?;
     let listener = listen(&config, parent_init).await?;
     let addr = listener.local_addr().context("read the bound address")?;
 
-    let shutdown = CancellationToken::new();
-    let state = AppState::build(config.clone(), shutdown.clone())
+    let state = AppState::build(config.clone(), root.child_token())
         .await
         .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());
 
-    let server_shutdown = shutdown.clone();
-    // TCP_NODELAY on every connection: hyper writes whole messages (one `writev` per response
-    // head and body, one write per SSE chunk), so Nagle's algorithm can only hold back a small
-    // SSE event behind an unacknowledged one until the client's delayed ACK (up to 40 ms on a
-    // real network; loopback acknowledges at once, so the benchmark cannot show it).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(server_shutdown.cancelled_owned())
-            .await
-    });
+    let tasks = TaskTracker::new();
+    let limits = serve::Limits {
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+    };
+    let server = tokio::spawn(serve::serve(
+        listener,
+        app,
+        limits,
+        root.child_token(),
+        tasks.clone(),
+    ));
 
     systemd::notify_ready(addr);
     tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");
     if let Some(every) = systemd::watchdog_interval(&config.systemd) {
-        tokio::spawn(pet_watchdog(addr, every, shutdown.clone()));
+        tasks.spawn(pet_watchdog(addr, every, root.child_token()));
     }
 
-    stop_signal.cancelled().await;
+    root.cancelled().await;
     systemd::notify_stopping();
     let deadline = Instant::now() + config.shutdown_grace;
     tracing::info!(grace = ?config.shutdown_grace, "stopping: no new connections, draining requests and agents");
-    shutdown.cancel();
 
     let drain_http = async {
-        match tokio::time::timeout_at(deadline, server).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "http server ended with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "http server task failed"),
-            Err(_) => tracing::warn!(
-                "requests still running at the end of the grace period; dropping them"
-            ),
+        // The accept loop ends at once on cancellation; then no new task can join the tracker.
+        if let Err(e) = server.await {
+            tracing::warn!(error = %e, "accept loop failed");
+        }
+        tasks.close();
+        if tokio::time::timeout_at(deadline, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = tasks.len(),
+                "connections still open at the end of the grace period; dropping them"
+            );
         }
     };
     tokio::join!(drain_http, state.stop_all(deadline));
@@ -108,7 +115,9 @@ async fn listen(config: &Config, parent_init: Option<u32>) -> Result<TcpListener
 }
 
 /// Pets the systemd watchdog only while the accept loop and router answer: each beat is a real
-/// `GET /` over loopback, so a wedged server stops the pings and systemd restarts us.
+/// `GET /` over loopback, so a wedged server stops the pings and systemd restarts us. `every` is
+/// a quarter of WatchdogSec and each probe gets as long to answer (see
+/// `systemd::watchdog_interval` for why a single late probe must not cost a restart).
 async fn pet_watchdog(addr: SocketAddr, every: Duration, shutdown: CancellationToken) {
     let probe_addr = match addr {
         SocketAddr::V4(a) if a.ip().is_unspecified() => {

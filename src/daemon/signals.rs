@@ -7,12 +7,15 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook_tokio::Signals;
 use tokio_util::sync::CancellationToken;
 
-/// Installs the handlers and returns a token that is cancelled on the first stop signal.
-/// `on_second` runs on a second stop signal, just before the process exits with 128 + signal.
-pub fn install(on_second: impl Fn() + Send + 'static) -> std::io::Result<CancellationToken> {
+/// Installs the handlers; the first stop signal cancels `root` (the root of the daemon's
+/// shutdown tree). `on_second` runs on a second stop signal, just before the process exits with
+/// 128 + signal.
+pub fn install(
+    root: CancellationToken,
+    on_second: impl Fn() + Send + 'static,
+) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGQUIT, SIGHUP])?;
-    let stop = CancellationToken::new();
-    let token = stop.clone();
+    let token = root;
     tokio::spawn(async move {
         while let Some(sig) = signals.next().await {
             if sig == SIGHUP {
@@ -33,7 +36,7 @@ pub fn install(on_second: impl Fn() + Send + 'static) -> std::io::Result<Cancell
             }
         }
     });
-    Ok(stop)
+    Ok(())
 }
 
 fn signal_name(sig: i32) -> &'static str {

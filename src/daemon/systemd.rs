@@ -9,9 +9,6 @@ use sd_notify::NotifyState;
 
 use crate::config::SystemdEnv;
 
-/// First file descriptor systemd passes (SD_LISTEN_FDS_START).
-const LISTEN_FDS_START: i32 = 3;
-
 pub fn notify_ready(addr: SocketAddr) {
     let status = format!("listening on http://{addr}");
     if let Err(e) = sd_notify::notify(&[NotifyState::Ready, NotifyState::Status(&status)]) {
@@ -31,7 +28,10 @@ pub fn notify_watchdog() {
     let _ = sd_notify::notify(&[NotifyState::Watchdog]);
 }
 
-/// The interval at which to pet the watchdog (half of WATCHDOG_USEC), when it is meant for us.
+/// The interval at which to probe and pet the watchdog, when it is meant for us: a quarter of
+/// WATCHDOG_USEC. The probe runs on the runtime thread it checks, so a stall can make one probe
+/// time out just after the runtime recovered; at a quarter, one failed probe only skips one ping
+/// and a restart needs the daemon unable to answer for about half of WatchdogSec or more.
 pub fn watchdog_interval(env: &SystemdEnv) -> Option<Duration> {
     let usec: u64 = env.watchdog_usec.as_deref()?.parse().ok()?;
     if usec == 0 {
@@ -42,7 +42,7 @@ pub fn watchdog_interval(env: &SystemdEnv) -> Option<Duration> {
             return None;
         }
     }
-    Some(Duration::from_micros(usec / 2))
+    Some(Duration::from_micros(usec / 4))
 }
 
 /// The socket passed by socket activation, if LISTEN_FDS/LISTEN_PID say there is one for us.
@@ -77,7 +77,7 @@ pub fn take_activated_listener(
             "socket activation passed several sockets; serving on the first"
         );
     }
-    let listener = crate::sys::tcp_listener_from_fd(LISTEN_FDS_START)?;
+    let listener = crate::sys::take_activated_listener()?;
     listener.set_nonblocking(true)?;
     Ok(Some(listener))
 }

@@ -168,13 +168,11 @@ where
     F: FnOnce() -> Result<T, FileError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(FileError::Io {
-            op: "run blocking task",
-            path: PathBuf::new(),
-            source: io::Error::other(e.to_string()),
-        })
-    })
+    // A panic on the blocking side goes on unwinding here, so that the edge answers a plain 500
+    // (a JoinError's text would tell the client "task N panicked with …").
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 pub struct FileService {

@@ -59,13 +59,10 @@ impl FileService {
             extract(&policy, &dest, ChannelReader::new(rx), compression, &limits)
         });
         let pumped = body::pump(body, tx, self.upload_limit).await;
-        let extracted = extractor.await.unwrap_or_else(|e| {
-            Err(FileError::Io {
-                op: "extract",
-                path: PathBuf::new(),
-                source: io::Error::other(e.to_string()),
-            })
-        });
+        // A panic in the extractor goes on unwinding: the edge answers a plain 500.
+        let extracted = extractor
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         match pumped {
             Ok(_) | Err(PumpEnd::ReceiverGone) => extracted,
             Err(PumpEnd::Failed(e)) => Err(e),

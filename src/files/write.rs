@@ -5,7 +5,6 @@
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::errno::Errno;
@@ -107,13 +106,10 @@ impl FileService {
         let writer =
             tokio::task::spawn_blocking(move || write_blocking(&policy, &target, rx, declared));
         let pumped = body::pump(body, tx, limit).await;
-        let written = writer.await.unwrap_or_else(|e| {
-            Err(FileError::Io {
-                op: "write",
-                path: PathBuf::new(),
-                source: std::io::Error::other(e.to_string()),
-            })
-        });
+        // A panic in the writer goes on unwinding: the edge answers a plain 500.
+        let written = writer
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         match pumped {
             // The writer's answer (success, or why it stopped reading) is the truth.
             Ok(_) | Err(PumpEnd::ReceiverGone) => written.map(|n| WriteOutcome {

@@ -24,7 +24,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 async fn list(State(st): State<AppState>) -> Response {
-    axum::Json(json!({ "servers": st.acp.list() })).into_response()
+    axum::Json(json!({ "servers": st.acp.list().await })).into_response()
 }
 
 /// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).
@@ -40,7 +40,7 @@ async fn post_message(
     Path(server_id): Path<String>,
     Query(query): Query<PostQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
@@ -61,6 +61,10 @@ async fn post_message(
         .with("serverId", server_id)
         .into_response();
     }
+    let (body, inflight) = match read_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(p) => return p.with("serverId", server_id).into_response(),
+    };
     // The daemon runs one runtime thread: a large envelope (an image, a big file) is parsed on the
     // blocking pool so that other requests and streams go on meanwhile.
     let parsed = if body.len() > LARGE_ENVELOPE {
@@ -78,6 +82,9 @@ async fn post_message(
                 .into_response();
         }
     };
+    // The body is now the envelope's line; if it has to wait for the agent, the stdin queue's
+    // budget accounts for it from here on.
+    drop(inflight);
     let prefer = Prefer::parse(&headers);
     let jsonrpc_errors = prefer.jsonrpc_errors || st.config.jsonrpc_errors;
     let raw_id = match (&envelope.kind, jsonrpc_errors) {
@@ -121,6 +128,59 @@ async fn post_message(
             }
         }
     }
+}
+
+/// Receives a POST body within the body limit (413) and the daemon-wide budget of ACP bodies
+/// being received (`--acp-inflight-bytes`, 503 with `Retry-After`): a declared length is reserved
+/// before anything is read, a chunked body as it arrives, so many slow large uploads cannot
+/// together hold more than the budget.
+async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, acp::caps::Reservation), Problem> {
+    use futures_util::StreamExt;
+    let limit = st.config.body_limit;
+    let budget = st.acp.inflight_budget().clone();
+    let full = || {
+        Problem::from(AcpError::Capacity {
+            what: "ACP request body bytes being received",
+            limit: budget.limit(),
+            server_id: None,
+        })
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let mut reserved = 0u64;
+    let mut held = acp::caps::Reservation::default();
+    if let Some(n) = declared {
+        if n > limit {
+            return Err(Problem::payload_too_large(limit));
+        }
+        if !held.grow(&budget, n) {
+            return Err(full());
+        }
+        reserved = n;
+    }
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let mut chunks = body.into_data_stream();
+    while let Some(data) = chunks.next().await {
+        let data = data.map_err(|e| Problem::bad_request(format!("cannot read the body: {e}")))?;
+        let total = (buf.len() + data.len()) as u64;
+        if total > limit {
+            return Err(Problem::payload_too_large(limit));
+        }
+        if total > reserved {
+            if !held.grow(&budget, total - reserved) {
+                return Err(full());
+            }
+            reserved = total;
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf.freeze(), held))
 }
 
 async fn stream(

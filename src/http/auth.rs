@@ -22,11 +22,7 @@ pub fn check_token(state: &AppState, req: &Request) -> Option<Response> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        .and_then(bearer_credentials);
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => None,
         Some(_) => Some(unauthorized("the bearer token is not valid")),
@@ -34,6 +30,13 @@ pub fn check_token(state: &AppState, req: &Request) -> Option<Response> {
             "this route needs `Authorization: Bearer <token>`",
         )),
     }
+}
+
+/// The credentials of an `Authorization: Bearer <token>` header. The scheme is matched without
+/// regard to case (RFC 9110 §11.1); the token is taken as is, minus surrounding blanks.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 fn unauthorized(detail: &str) -> Response {
@@ -55,7 +58,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{bearer_credentials, constant_time_eq};
+
+    #[test]
+    fn scheme_is_case_insensitive() {
+        for v in ["Bearer t", "bearer t", "BEARER t", "bEaReR   t "] {
+            assert_eq!(bearer_credentials(v), Some("t"), "{v}");
+        }
+        for v in ["Basic t", "Bearert", "Bearer", ""] {
+            assert_eq!(bearer_credentials(v), None, "{v}");
+        }
+    }
 
     #[test]
     fn compares_whole_strings() {

@@ -179,6 +179,26 @@ impl From<crate::acp::AcpError> for Problem {
                 .with("serverId", server_id),
             E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
             E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
+            // harden-runtime: Last-Event-ID beyond the log, and the global caps (503 + Retry-After).
+            E::EventIdAhead {
+                server_id,
+                last_event_id,
+                last_id,
+            } => Problem::bad_request(detail)
+                .title("Unknown Last-Event-ID")
+                .with("serverId", server_id)
+                .with("lastEventId", last_event_id)
+                .with("currentLastEventId", last_id),
+            E::Capacity {
+                what,
+                limit,
+                server_id,
+            } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .title("Capacity Reached")
+                .with("limit", limit)
+                .with("capacity", what)
+                .with("serverId", server_id)
+                .header(header::RETRY_AFTER, "1"),
         }
     }
 }

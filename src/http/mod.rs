@@ -7,6 +7,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod guard;
 pub mod processes;
 
 use std::sync::Arc;
@@ -121,8 +122,8 @@ async fn method_not_allowed(req: Request) -> Problem {
     )
 }
 
-/// What every request goes through, outermost first: the request log, the problem+json safety
-/// net, the bearer token. One middleware rather than three layers, because each
+/// What every request goes through, outermost first: the request log, the browser guard (Host,
+/// Origin, Content-Type: `guard.rs`), the bearer token, the problem+json safety net. One middleware rather than three layers, because each
 /// `from_fn_with_state` layer clones `AppState` and its inner service on every request.
 async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
@@ -134,9 +135,16 @@ async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .get(header::USER_AGENT)
         .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
     let started = Instant::now();
-    let resp = match auth::check_token(&state, &req) {
-        Some(refused) => refused,
-        None => problem_safety_net(&state, next.run(req).await).await,
+    let resp = match guard::check(&state.config, &req) {
+        Err(refused) => refused,
+        Ok(pass) => {
+            let mut resp = match auth::check_token(&state, &req) {
+                Some(refused) => refused,
+                None => problem_safety_net(&state, next.run(req).await).await,
+            };
+            guard::finish(pass, &mut resp);
+            resp
+        }
     };
     log_request(&method, uri.path(), probe, started, resp.status().as_u16());
     resp

@@ -295,6 +295,65 @@ impl Cgroups {
         Ok((AgentCgroup { dirs }, applied))
     }
 
+    /// Applies the budget of all agents together (`--agents-memory-max`, `--agents-pids-max`) to
+    /// our `d…` directories, which every agent group is beneath, reading each limit back. Logs
+    /// what holds and, clearly, what does not (not writable, controller missing, v1 memory
+    /// without hierarchy); agents run either way.
+    pub fn apply_budget(&self, memory: Option<u64>, pids: Option<u64>) {
+        if memory.is_none() && pids.is_none() {
+            return;
+        }
+        if self.hierarchies.is_empty() {
+            tracing::warn!(
+                memory_max = memory,
+                pids_max = pids,
+                "the budget of all agents together is NOT enforced: agents run without cgroups"
+            );
+            return;
+        }
+        let mut memory_ok = memory.is_none();
+        let mut pids_ok = pids.is_none();
+        for h in &self.hierarchies {
+            if memory.is_some() && h.controllers.contains(&"memory") {
+                if h.version == Version::V1 {
+                    // Before any child exists; always 1 on kernels from 5.16 on.
+                    let _ = write_file(&h.dir.join("memory.use_hierarchy"), "1");
+                    let hier = read_u64(&h.dir.join("memory.use_hierarchy"));
+                    if hier == Some(1) {
+                        memory_ok |= set_memory(&h.dir, h.version, memory);
+                    }
+                } else {
+                    memory_ok |= set_memory(&h.dir, h.version, memory);
+                }
+            }
+            if pids.is_some() && h.controllers.contains(&"pids") {
+                pids_ok |= set_pids(&h.dir, pids);
+            }
+        }
+        let dirs: Vec<String> = self
+            .hierarchies
+            .iter()
+            .map(|h| h.dir.display().to_string())
+            .collect();
+        if memory_ok && pids_ok {
+            tracing::info!(
+                memory_max = memory,
+                pids_max = pids,
+                ?dirs,
+                "budget of all agents together enforced by their parent cgroup"
+            );
+        } else {
+            tracing::warn!(
+                memory_max = memory,
+                pids_max = pids,
+                memory_enforced = memory_ok,
+                pids_enforced = pids_ok,
+                ?dirs,
+                "the budget of all agents together is NOT fully enforced (controller missing or not writable)"
+            );
+        }
+    }
+
     /// Best-effort removal of our own `d…` directories (at shutdown, once every agent is gone).
     /// The shared `sandbox-agent` directory goes too when no other daemon uses it, so nothing
     /// of ours is left in a cgroup someone else may want to remove.
@@ -334,7 +393,13 @@ fn claim(
 ) -> io::Result<Hierarchy> {
     let subtree = own.join(SUBTREE);
     let guard = lock_subtree(&subtree, version, enable)?;
-    clear_leftovers(&subtree);
+    // Killing a dead daemon's agents waits for them to die (sleeps between rounds): that is done
+    // on a thread of its own, not on the caller's (the runtime thread at start-up). A leftover
+    // directory is claimed by its flock, so a second daemon clearing at the same time skips it.
+    let leftovers = subtree.clone();
+    let _ = std::thread::Builder::new()
+        .name("cgroup-leftovers".into())
+        .spawn(move || clear_leftovers(&leftovers));
     let dir = subtree.join(name);
     fs::create_dir(&dir)?;
     if version == Version::V2 {

@@ -450,9 +450,11 @@ pub struct Supervisor {
     base_env: Vec<(OsString, OsString)>,
     limits: Limits,
     user: Result<Option<limits::AgentUser>, String>,
-    cgroups: cgroup::Cgroups,
+    cgroups: Arc<cgroup::Cgroups>,
     agent_grace: Duration,
     live: Registry,
+    /// Lines and bytes per second of each agent's stderr that reach the log.
+    stderr_budget: (u64, u64),
 }
 
 impl Supervisor {
@@ -471,6 +473,8 @@ impl Supervisor {
             tracing::error!(error = e, "agents cannot start until --agent-user is fixed");
         }
         let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
+        cgroups.apply_budget(config.agents_memory_max, config.agents_pids_max);
+        let cgroups = Arc::new(cgroups);
         OWN_CGROUPS
             .lock()
             .expect("cgroups lock")
@@ -482,6 +486,7 @@ impl Supervisor {
             cgroups,
             agent_grace: config.agent_grace,
             live: Registry::default(),
+            stderr_budget: (config.agent_stderr_lines, config.agent_stderr_bytes),
         }
     }
 
@@ -537,7 +542,9 @@ impl Supervisor {
             tracing::info!(agents = handles.len(), ?grace, "stopping every agent");
         }
         futures_util::future::join_all(handles.iter().map(|h| h.stop(grace))).await;
-        self.cgroups.remove_own();
+        // Takes a blocking flock: not on the runtime thread.
+        let cgroups = self.cgroups.clone();
+        let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
     }
 }
 

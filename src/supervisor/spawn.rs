@@ -135,6 +135,7 @@ pub(super) fn spawn(
                 agent: spec.agent.clone(),
                 pid,
             },
+            crate::logging::RateLimit::new(sup.stderr_budget.0, sup.stderr_budget.1),
         ))),
         (false, pipe) => {
             stderr_pipe = pipe;

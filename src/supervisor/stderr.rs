@@ -1,11 +1,18 @@
 //! An agent's stderr: read apart from the protocol channel, each line logged with the agent's
 //! fields (journald fields under systemd), and the last 64 KiB kept in memory for error bodies and
 //! the listing. Memory stays bounded whatever the agent writes (long lines are cut).
+//! **Invariant:** the pipe is always read (within budget an agent never blocks on its stderr),
+//! every byte reaches the tail, but only a budget of lines and bytes per second reaches the log
+//! (`--agent-stderr-lines`, `--agent-stderr-bytes`); what is over it is counted and the count is
+//! logged, so an agent writing in a loop cannot flood the log or hold the runtime thread (over
+//! budget the pipe is read at a bounded rate).
 
 use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 use tokio::process::ChildStderr;
+
+use crate::logging::RateLimit;
 
 /// How much of an agent's stderr is kept.
 pub const TAIL_BYTES: usize = 64 * 1024;
@@ -58,28 +65,74 @@ pub struct Fields {
     pub pid: u32,
 }
 
-/// Reads stderr to EOF: lines to the log and to the tail.
-pub async fn forward(mut stderr: ChildStderr, tail: Arc<Mutex<Tail>>, fields: Fields) {
+/// Reads stderr to EOF: every byte to the tail, lines to the log within `budget`.
+pub async fn forward(
+    mut stderr: ChildStderr,
+    tail: Arc<Mutex<Tail>>,
+    fields: Fields,
+    mut budget: RateLimit,
+) {
     let mut pending: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 8192];
+    let mut chunk = vec![0u8; 64 * 1024];
     loop {
         let n = match stderr.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        tail.lock().expect("stderr tail lock").push(&chunk[..n]);
-        pending.extend_from_slice(&chunk[..n]);
-        while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
-            log_line(&fields, &pending[..pos]);
-            pending.drain(..=pos);
+        let data = &chunk[..n];
+        tail.lock().unwrap_or_else(|e| e.into_inner()).push(data);
+        let mut start = 0;
+        for pos in memchr::memchr_iter(b'\n', data) {
+            let piece = &data[start..pos];
+            start = pos + 1;
+            if pending.is_empty() {
+                offer(&fields, &mut budget, piece);
+            } else {
+                pending.extend_from_slice(piece);
+                offer(&fields, &mut budget, &pending);
+                pending.clear();
+            }
         }
+        pending.extend_from_slice(&data[start..]);
         while pending.len() >= MAX_LOG_LINE {
-            log_line(&fields, &pending[..MAX_LOG_LINE]);
+            offer(&fields, &mut budget, &pending[..MAX_LOG_LINE]);
             pending.drain(..MAX_LOG_LINE);
+        }
+        report(&fields, &mut budget, false);
+        if budget.exhausted() {
+            // Over budget the pipe is read at most 64 KiB per 10 ms (6.4 MB/s): what an agent
+            // writes faster than that waits in its pipe, so a write loop costs the daemon a
+            // bounded share of its one runtime thread.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
     if !pending.is_empty() {
-        log_line(&fields, &pending);
+        offer(&fields, &mut budget, &pending);
+    }
+    report(&fields, &mut budget, true);
+}
+
+/// Logs the line (in pieces of at most `MAX_LOG_LINE`) when the budget allows, else counts it.
+fn offer(f: &Fields, budget: &mut RateLimit, line: &[u8]) {
+    for piece in line.chunks(MAX_LOG_LINE) {
+        if budget.admit(piece.len()) {
+            log_line(f, piece);
+        }
+    }
+}
+
+/// Logs how much was held back (at most once a second, and once more at the end).
+fn report(f: &Fields, budget: &mut RateLimit, force: bool) {
+    if let Some((lines, bytes)) = budget.take_report(force) {
+        tracing::warn!(
+            target: "sandbox_agent::agent_stderr",
+            server_id = f.server_id.as_str(),
+            agent = f.agent.as_str(),
+            pid = f.pid,
+            dropped_lines = lines,
+            dropped_bytes = bytes,
+            "agent stderr over its log budget: {lines} lines not logged (all kept in the stderr tail's last 64 KiB)"
+        );
     }
 }
 

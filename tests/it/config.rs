@@ -116,6 +116,7 @@ async fn config_requests_without_params_or_with_bad_bodies_are_400() {
     ] {
         let r = c
             .put(url(&d, kind, "proj", "n"))
+            .header("content-type", "application/json")
             .body(body)
             .send()
             .await

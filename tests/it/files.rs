@@ -37,6 +37,7 @@ fn hex(d: impl AsRef<[u8]>) -> String {
 async fn put(d: &Daemon, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
     d.client()
         .put(d.url(&format!("/v1/fs/file?path={path}")))
+        .header("content-type", "application/octet-stream")
         .body(body)
         .send()
         .await
@@ -196,7 +197,7 @@ async fn put_aborted_half_way_keeps_old_content_and_leaves_no_temporary() {
     let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
     write!(
         s,
-        "PUT /v1/fs/file?path=keep.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n"
+        "PUT /v1/fs/file?path=keep.txt HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: 4000000\r\n\r\n"
     )
     .unwrap();
     s.write_all(&pattern(2_000_000, 1)).unwrap();
@@ -534,6 +535,7 @@ async fn upload_batch_extracts_nested_trees_plain_and_gzip() {
     let r = d
         .client()
         .post(d.url("/v1/fs/upload-batch?path=plain"))
+        .header("content-type", "application/x-tar")
         .header("content-encoding", "gzip")
         .body(gzip(&finish(t)))
         .send()
@@ -767,8 +769,12 @@ async fn fs_root_confines_every_endpoint_including_symlinks() {
         c.get(u("/v1/fs/file?path=R/rel-out/s.txt")),
         c.get(u("/v1/fs/entries?path=R/rel-out")),
         c.get(u("/v1/fs/stat?path=R/abs-out")),
-        c.put(u("/v1/fs/file?path=R/rel-out/new.txt")).body("x"),
-        c.put(u("/v1/fs/file?path=R/abs-out/sub/new.txt")).body("x"),
+        c.put(u("/v1/fs/file?path=R/rel-out/new.txt"))
+            .header("content-type", "application/octet-stream")
+            .body("x"),
+        c.put(u("/v1/fs/file?path=R/abs-out/sub/new.txt"))
+            .header("content-type", "application/octet-stream")
+            .body("x"),
         c.post(u("/v1/fs/mkdir?path=R/rel-out/dir")),
         c.delete(u("/v1/fs/entry?path=R/rel-out/s.txt")),
         c.post(u("/v1/fs/move"))
@@ -777,6 +783,7 @@ async fn fs_root_confines_every_endpoint_including_symlinks() {
             &json!({"from":format!("{r_}/inside/ok.txt"),"to":format!("{r_}/abs-out/ok.txt")}),
         ),
         c.post(u("/v1/fs/upload-batch?path=R/rel-out"))
+            .header("content-type", "application/x-tar")
             .body(finish(Vec::new())),
         c.get(u(&format!(
             "/v1/config/mcp?directory={}&mcpName=x",
@@ -830,7 +837,7 @@ async fn upload_batch_aborted_half_way_leaves_nothing_behind() {
     let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
     write!(
         s,
-        "POST /v1/fs/upload-batch?path=new/dest HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-tar\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/fs/upload-batch?path=new/dest HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-tar\r\nContent-Length: {}\r\n\r\n",
         tar.len()
     )
     .unwrap();

@@ -86,7 +86,11 @@ async fn unknown_routes_and_methods_are_problems() {
     assert!(body["detail"].as_str().unwrap().contains("/v1/nope"));
     for removed in ["/v1/rpc", "/opencode/session", "/opencode"] {
         problem(c.get(d.url(removed)).send().await.unwrap(), 404).await;
-        problem(c.post(d.url(removed)).body("{}").send().await.unwrap(), 404).await;
+        let r = c
+            .post(d.url(removed))
+            .header("content-type", "application/json")
+            .body("{}");
+        problem(r.send().await.unwrap(), 404).await;
     }
     let resp = c.delete(d.url("/v1/health")).send().await.unwrap();
     assert!(resp.headers().contains_key("allow"));

@@ -4,7 +4,9 @@
 mod acp;
 mod agents;
 mod config;
+mod edge;
 mod files;
+mod hostile_agents;
 mod lifecycle;
 mod mock_agent;
 mod packaging;

@@ -53,6 +53,7 @@ pub struct DaemonBuilder {
     wrapper: Vec<OsString>,
     clear_env: bool,
     data_dir: Option<PathBuf>,
+    stderr_unread: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -65,6 +66,7 @@ impl Default for DaemonBuilder {
             wrapper: Vec::new(),
             clear_env: false,
             data_dir: None,
+            stderr_unread: false,
         }
     }
 }
@@ -117,6 +119,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's stderr becomes a pipe that nobody reads (the test keeps its read end open,
+    /// so writes block once the pipe is full); `Daemon::stderr` is then empty.
+    pub fn stderr_unread_pipe(mut self) -> Self {
+        self.stderr_unread = true;
+        self
+    }
+
     pub fn start(self) -> Daemon {
         Daemon::start_with(self)
     }
@@ -132,6 +141,8 @@ pub struct Daemon {
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
     data: PathBuf,
+    /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
+    pub stderr_pipe: Option<std::io::PipeReader>,
 }
 
 impl Daemon {
@@ -152,7 +163,14 @@ impl Daemon {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         let stderr_path = dir.path().join("daemon.stderr");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut stderr_pipe = None;
+        let stderr: Stdio = if b.stderr_unread {
+            let (r, w) = std::io::pipe().expect("pipe");
+            stderr_pipe = Some(r);
+            w.into()
+        } else {
+            std::fs::File::create(&stderr_path).unwrap().into()
+        };
         let data = b
             .data_dir
             .clone()
@@ -203,6 +221,7 @@ impl Daemon {
             expect_exit: b.expect_exit,
             stderr_path,
             data,
+            stderr_pipe,
         };
         daemon.addr = daemon.wait_ready();
         daemon

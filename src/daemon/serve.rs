@@ -1,0 +1,636 @@
+//! The accept loop and the per-connection driver: HTTP/1.1 and HTTP/2 with prior knowledge (h2c)
+//! on one port, upgrades (WebSocket) enabled, served by hyper-util with axum's router as the
+//! service. **Invariants:** a connection that has not delivered a complete request head within
+//! `header_read_timeout` is dropped; a connection with no request in flight and no bytes moved
+//! for `idle_timeout` is closed; at most `max_connections` sockets are held at once (a socket
+//! over the cap is answered with a canned 503 and closed, never read); an accept error from
+//! descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
+//! request in flight, so SSE streams and long POSTs keep working. A panic in a handler becomes a
+//! plain 500 problem (the panic hook logged it once) and the connection goes on.
+
+use std::convert::Infallible;
+use std::io;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::http::Problem;
+use crate::http::guard::LocalAddr;
+
+/// The connection-level limits (from `Config`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// From accept (or from the first byte of a new request on an idle keep-alive connection)
+    /// until the request head is complete.
+    pub header_read_timeout: Duration,
+    /// How long a connection with no request in flight may stay silent.
+    pub idle_timeout: Duration,
+    /// Open sockets held at once (upgraded ones included).
+    pub max_connections: usize,
+}
+
+/// The canned answer to a socket over the cap: written without reading anything, then closed.
+const OVER_CAP: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/problem+json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 150\r\n\r\n\
+{\"type\":\"urn:sandbox-agent:problem:service-unavailable\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"too many open connections; retry\"}";
+
+/// Serves `app` on `listener` until `stop` is cancelled, then asks every connection to finish
+/// gracefully (in-flight requests complete, idle keep-alives close). Connection tasks are
+/// spawned on `tracker`, so the caller can wait for the drain with `tracker.wait()`.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Our own watcher enforces the header-read timeout for both protocols; hyper's h1 one would
+    // also cut idle keep-alives at the same deadline, and it needs a timer we do not give it.
+    builder.http1().header_read_timeout(None).keep_alive(true);
+    let builder = Arc::new(builder);
+    let mut backoff = Backoff::default();
+    let mut over_cap = Burst::default();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let (stream, _peer) = match accepted {
+            Ok(pair) => {
+                backoff.reset();
+                pair
+            }
+            Err(e) => {
+                if backoff.pause(&e, &stop).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            over_cap.hit(|| {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    "connection cap reached; answering new connections 503 until some close"
+                )
+            });
+            // A fresh socket has nothing unread yet, so closing after the write sends FIN, not
+            // RST, and a client that waits to read gets the whole answer.
+            let _ = stream.try_write(OVER_CAP);
+            drop(stream);
+            continue;
+        };
+        over_cap.end(|n| tracing::info!(refused = n, "below the connection cap again"));
+        // Nagle would hold a small SSE event back behind an unacknowledged one until the
+        // client's delayed ACK (up to 40 ms on a real network).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        tracker.spawn(connection(
+            stream,
+            permit,
+            app.clone(),
+            builder.clone(),
+            limits,
+            stop.clone(),
+        ));
+    }
+    // Dropping the listener here stops the kernel from completing new handshakes for us.
+}
+
+/// Drives one connection to its end, enforcing the header-read and idle timeouts.
+async fn connection(
+    stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+    app: Router,
+    builder: Arc<hyper_util::server::conn::auto::Builder<TokioExecutor>>,
+    limits: Limits,
+    stop: CancellationToken,
+) {
+    let activity = Arc::new(Activity::new());
+    let local = stream.local_addr().ok().map(LocalAddr);
+    let io = Tracked {
+        inner: stream,
+        activity: activity.clone(),
+        _permit: permit,
+    };
+    let svc = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            let guard = activity.request_started();
+            if let Some(local) = local {
+                req.extensions_mut().insert(local);
+            }
+            handle(app.clone(), req, guard)
+        })
+    };
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let mut draining = false;
+    // Set once the connection was told to close for a timeout; it gets this long to do so.
+    let mut closing_by: Option<Instant> = None;
+    let timer = tokio::time::sleep(limits.header_read_timeout);
+    tokio::pin!(timer);
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.cancelled(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = activity.wake.notified() => {}
+            _ = &mut timer => {}
+        }
+        if closing_by.is_some_and(|by| Instant::now() >= by) {
+            return;
+        }
+        let next = match activity.verdict(&limits) {
+            Verdict::CheckAt(at) => at,
+            verdict @ (Verdict::HeadTooSlow | Verdict::Idle) => {
+                if closing_by.is_none() {
+                    tracing::debug!(
+                        slow_head = matches!(verdict, Verdict::HeadTooSlow),
+                        "closing a connection: request head too slow, or idle"
+                    );
+                    // Nothing is in flight: h1 closes at once, h2 sends GOAWAY first.
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                    closing_by = Some(Instant::now() + CLOSE_GRACE);
+                }
+                Instant::now() + CLOSE_GRACE
+            }
+        };
+        let next = closing_by.map_or(next, |by| next.min(by));
+        timer.as_mut().reset(next);
+    }
+}
+
+/// How long a connection told to close for a timeout may take before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Calls the router, turning a panic into a plain 500 (the panic hook has logged it) and keeping
+/// the in-flight guard alive until the response body is finished or dropped.
+async fn handle(
+    mut app: Router,
+    req: Request<Incoming>,
+    guard: InFlight,
+) -> Result<Response, Infallible> {
+    let fut = tower_service::Service::call(&mut app, req);
+    let resp = match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(never)) => match never {},
+        Err(_panic) => internal_error(),
+    };
+    Ok(resp.map(|body| {
+        Body::new(GuardedBody {
+            inner: body,
+            _guard: guard,
+        })
+    }))
+}
+
+/// The answer to a panic: nothing about it (no message, no task id) reaches the client.
+pub fn internal_error() -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal error; the daemon's log has the details",
+    )
+    .into_response()
+}
+
+/// What the watcher decides after a wake-up.
+enum Verdict {
+    HeadTooSlow,
+    Idle,
+    CheckAt(Instant),
+}
+
+/// Per-connection bookkeeping shared by the socket wrapper, the service and the watcher.
+/// Times are milliseconds since `born` (atomics, so the runtime may have several workers).
+struct Activity {
+    born: Instant,
+    last_io: AtomicU64,
+    /// When the current wait for a request head began; `NONE` while none is awaited.
+    head_since: AtomicU64,
+    in_flight: AtomicUsize,
+    wake: Notify,
+}
+
+const NONE: u64 = u64::MAX;
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            born: Instant::now(),
+            last_io: AtomicU64::new(0),
+            // A new connection owes us a request head.
+            head_since: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            wake: Notify::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.born + Duration::from_millis(ms)
+    }
+
+    fn on_read(&self) {
+        let now = self.now_ms();
+        self.last_io.store(now, Ordering::Relaxed);
+        // The first byte of a new request on an idle connection starts the head clock.
+        if self.in_flight.load(Ordering::Acquire) == 0
+            && self
+                .head_since
+                .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.wake.notify_one();
+        }
+    }
+
+    fn on_write(&self) {
+        self.last_io.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn request_started(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.head_since.store(NONE, Ordering::Release);
+        InFlight(self.clone())
+    }
+
+    fn verdict(&self, limits: &Limits) -> Verdict {
+        let now = self.now_ms();
+        let head_ms = limits.header_read_timeout.as_millis() as u64;
+        let idle_ms = limits.idle_timeout.as_millis() as u64;
+        let head_since = self.head_since.load(Ordering::Acquire);
+        if head_since != NONE {
+            let due = head_since.saturating_add(head_ms);
+            return if now >= due {
+                Verdict::HeadTooSlow
+            } else {
+                Verdict::CheckAt(self.at(due))
+            };
+        }
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            // Nothing times out while a request is in flight; look again later.
+            return Verdict::CheckAt(self.at(now.saturating_add(idle_ms)));
+        }
+        let due = self.last_io.load(Ordering::Relaxed).saturating_add(idle_ms);
+        if now >= due {
+            Verdict::Idle
+        } else {
+            Verdict::CheckAt(self.at(due))
+        }
+    }
+}
+
+/// Counts a request as in flight from the call until its response body is done or dropped.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        activity.last_io.store(activity.now_ms(), Ordering::Relaxed);
+        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The idle clock starts now; the watcher may be sleeping on an older deadline.
+            activity.wake.notify_one();
+        }
+    }
+}
+
+/// A response body that holds the in-flight guard.
+struct GuardedBody {
+    inner: Body,
+    _guard: InFlight,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The socket, noting every read and write, and holding the connection's slot under the cap
+/// for as long as the socket lives (through an upgrade too: hyper moves the IO into `Upgraded`).
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.on_read();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.on_write();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Accept errors: out of descriptors or memory → wait (10 ms doubling to 1 s) and warn once per
+/// burst; anything else is about one failed handshake and is retried at once.
+#[derive(Default)]
+struct Backoff {
+    delay: Option<Duration>,
+    errors: u64,
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        if self.delay.take().is_some() {
+            tracing::info!(failed_accepts = self.errors, "accepting connections again");
+        }
+        self.errors = 0;
+    }
+
+    /// Waits as the error asks; `Err` when `stop` was cancelled meanwhile.
+    async fn pause(&mut self, e: &io::Error, stop: &CancellationToken) -> Result<(), ()> {
+        self.errors += 1;
+        if !is_exhaustion(e) {
+            tracing::debug!(error = %e, "accept failed");
+            return Ok(());
+        }
+        let delay = match self.delay {
+            None => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot accept connections (out of descriptors or memory); backing off until \
+                     some close"
+                );
+                Duration::from_millis(10)
+            }
+            Some(d) => (d * 2).min(Duration::from_secs(1)),
+        };
+        self.delay = Some(delay);
+        tokio::select! {
+            _ = stop.cancelled() => Err(()),
+            _ = tokio::time::sleep(delay) => Ok(()),
+        }
+    }
+}
+
+fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Logs once at the start of a burst of refusals and once when it ends.
+#[derive(Default)]
+struct Burst {
+    count: u64,
+}
+
+impl Burst {
+    fn hit(&mut self, first: impl FnOnce()) {
+        if self.count == 0 {
+            first();
+        }
+        self.count += 1;
+    }
+
+    fn end(&mut self, last: impl FnOnce(u64)) {
+        if self.count > 0 {
+            last(self.count);
+            self.count = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The accept loop with a router of its own (a panicking handler, a WebSocket echo), served
+    //! on 127.0.0.1 and driven over raw TCP.
+
+    use super::*;
+    use axum::extract::ws::{Message, WebSocketUpgrade};
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(app: Router) -> (std::net::SocketAddr, CancellationToken, TaskTracker) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let limits = Limits {
+            header_read_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            max_connections: 16,
+        };
+        tokio::spawn(serve(listener, app, limits, stop.clone(), tracker.clone()));
+        (addr, stop, tracker)
+    }
+
+    /// Reads one response with a Content-Length body from a keep-alive connection.
+    async fn read_response(s: &mut TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    return text;
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_a_plain_500_and_the_connection_goes_on() {
+        let app = Router::new()
+            .route(
+                "/panic",
+                get(|| async {
+                    if std::hint::black_box(true) {
+                        panic!("secret internals");
+                    }
+                    "unreachable"
+                }),
+            )
+            .route(
+                "/blocking-panic",
+                get(|| async {
+                    tokio::task::spawn_blocking(|| -> &'static str { panic!("blocking internals") })
+                        .await
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+                }),
+            )
+            .route("/ok", get(|| async { "fine" }));
+        let (addr, stop, _) = start(app).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        for path in ["/panic", "/blocking-panic"] {
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let text = read_response(&mut s).await;
+            assert!(text.starts_with("HTTP/1.1 500"), "{text}");
+            assert!(text.contains("application/problem+json"), "{text}");
+            assert!(
+                !text.contains("internals") && !text.contains("panicked"),
+                "{text}"
+            );
+        }
+        s.write_all(b"GET /ok HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let text = read_response(&mut s).await;
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.ends_with("fine"),
+            "{text}"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn websocket_upgrades_pass_through() {
+        let app = Router::new().route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    while let Some(Ok(msg)) = socket.recv().await {
+                        if let Message::Text(t) = msg {
+                            let _ = socket.send(Message::Text(t)).await;
+                        }
+                    }
+                })
+            }),
+        );
+        let (addr, stop, tracker) = start(app).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            b"GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            assert_eq!(s.read(&mut b).await.unwrap(), 1);
+            head.push(b[0]);
+        }
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        // RFC 6455's own example key and accept value.
+        assert!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
+        // A masked text frame "hi"; the echo comes back unmasked.
+        let mask = [1u8, 2, 3, 4];
+        let payload: Vec<u8> = b"hi"
+            .iter()
+            .zip(mask.iter().cycle())
+            .map(|(b, m)| b ^ m)
+            .collect();
+        let mut frame = vec![0x81, 0x80 | 2];
+        frame.extend_from_slice(&mask);
+        frame.extend_from_slice(&payload);
+        s.write_all(&frame).await.unwrap();
+        let mut echo = [0u8; 4];
+        s.read_exact(&mut echo).await.unwrap();
+        assert_eq!(echo, [0x81, 2, b'h', b'i']);
+        stop.cancel();
+        tracker.close();
+    }
+}
