@@ -41,6 +41,8 @@ pub enum Command {
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
     #[command(name = "mock-agent")]
     MockAgent,
+    /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
+    Openapi,
 }
 
 #[derive(Debug, Subcommand)]
@@ -369,6 +371,23 @@ pub struct ServerArgs {
     /// Bytes per second of one agent's stderr that reach the log [default: 64K]
     #[arg(long, env = "SANDBOX_AGENT_AGENT_STDERR_BYTES", value_name = "SIZE")]
     pub agent_stderr_bytes: Option<String>,
+    // --- harden-files: transfers, registry, checksums ---
+    /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing
+    /// for this long is ended [default: 30s]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_TIMEOUT", value_name = "DURATION")]
+    pub transfer_timeout: Option<String>,
+
+    /// Most file transfers running at once; more are answered 503 [default: 256]
+    #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
+    pub transfer_max: Option<String>,
+
+    /// Largest ACP registry document read [default: 16M]
+    #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]
+    pub registry_max_bytes: Option<String>,
+
+    /// Refuse registry binaries that come without a sha256
+    #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
+    pub require_checksums: bool,
     // ---- Process API (/v1/processes) ----
     /// Processes (background and `run`) that may run at once; more are refused with 429
     /// [default: 64]

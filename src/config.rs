@@ -95,6 +95,13 @@ pub struct Config {
     pub journal_socket: PathBuf,
     pub agent_stderr_lines: u64,
     pub agent_stderr_bytes: u64,
+    // --- harden-files ---
+    /// Idle timeout of a file transfer's body (either direction).
+    pub transfer_timeout: Duration,
+    /// Concurrent file transfers.
+    pub transfer_max: usize,
+    pub registry_max_bytes: u64,
+    pub require_checksums: bool,
     // ---- Process API ----
     pub process_max_concurrent: usize,
     pub process_max_log_bytes: u64,
@@ -695,6 +702,25 @@ impl Config {
             },
             AgentCgroups::Auto
         );
+        // --- harden-files ---
+        let transfer_timeout = setting!(
+            transfer_timeout,
+            "transfer-timeout",
+            |s: &str| match parse_duration(s) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                Ok(_) => Err(format!("`{s}` must be longer than zero")),
+                Err(e) => Err(e),
+            },
+            Duration::from_secs(30)
+        );
+        let transfer_max = setting!(transfer_max, "transfer-max", positive_count, 256);
+        let registry_max_bytes = setting!(
+            registry_max_bytes,
+            "registry-max-bytes",
+            size_required,
+            16 << 20
+        );
+        let require_checksums = flag!(require_checksums);
 
         // --- Runtime caps.
         let max_agents = setting!(max_agents, "max-agents", positive_count, 64);
@@ -931,6 +957,10 @@ impl Config {
             journal_socket,
             agent_stderr_lines,
             agent_stderr_bytes,
+            transfer_timeout,
+            transfer_max,
+            registry_max_bytes,
+            require_checksums,
             process_max_concurrent,
             process_max_log_bytes,
             process_max_total_log_bytes,

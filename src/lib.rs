@@ -3,6 +3,7 @@
 
 pub mod acp;
 pub mod agents;
+pub mod archive;
 pub mod cli;
 pub mod config;
 pub mod config_store;

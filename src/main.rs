@@ -28,8 +28,25 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::MockAgent) => sandbox_agent::agents::mock::run(),
         Some(Command::Agents { command }) => sandbox_agent::agents::cli::run(command),
+        Some(Command::Openapi) => print_openapi(),
         Some(Command::Server(args)) => serve(&args),
         None => serve(&cli.server),
+    }
+}
+
+/// `sandbox-agent openapi`: the document on stdout, byte for byte what the daemon serves.
+fn print_openapi() -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out
+        .write_all(sandbox_agent::http::openapi::document_json())
+        .and_then(|()| out.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandbox-agent: writing the document: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

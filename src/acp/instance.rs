@@ -22,8 +22,9 @@ use crate::logging::RateLimit;
 use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
 
 /// `starting` until the process runs, `exited` once it is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = ServerStatus)]
 pub enum Status {
     Starting,
     Running,

@@ -35,7 +35,7 @@ pub struct AcpService {
 }
 
 /// One row of `GET /v1/acp`.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerInfo {
     pub server_id: String,

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, Write};
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -21,6 +20,63 @@ pub const MAX_DOWNLOAD: u64 = 2 << 30;
 pub const MAX_UNPACKED: u64 = 8 << 30;
 /// An npm install that takes longer than this is killed.
 const NPM_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// Everything putting an agent on disk can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("cannot download {url}: {reason}")]
+    Download { url: String, reason: String },
+    #[error("{url} is larger than {limit} bytes")]
+    TooLarge { url: String, limit: u64 },
+    #[error(
+        "checksum mismatch for {url}: expected sha256 {want}, got {got}; nothing was installed"
+    )]
+    Checksum {
+        url: String,
+        want: String,
+        got: String,
+    },
+    /// The archive is malformed, or broke a safety rule or a limit (then the message says
+    /// "refused").
+    #[error("{0}")]
+    Archive(#[from] crate::archive::ArchiveError),
+    #[error("the command path `{cmd}` is not a relative path inside the archive")]
+    BadCommand { cmd: String },
+    #[error("the archive has no `{cmd}`")]
+    MissingCommand { cmd: String },
+    #[error("`{cmd}` in the archive is not a file inside the archive")]
+    CommandOutside { cmd: String },
+    #[error(
+        "`npm` was not found on PATH: this agent is distributed through npm; install Node.js \
+         (20 or newer) and npm, or pre-install the agent"
+    )]
+    NpmMissing,
+    #[error("`node` was not found on PATH: this agent needs Node.js 20 or newer")]
+    NodeMissing,
+    #[error("npm install {specs} failed ({status}): {tail}")]
+    NpmFailed {
+        specs: String,
+        status: String,
+        tail: String,
+    },
+    #[error("the npm package {package} has no single command to run")]
+    NpmNoCommand { package: String },
+    #[error("the npm package {package} did not install the command `{name}`")]
+    NpmCommandMissing { package: String, name: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The agents service reports install failures as text (`AgentError::InstallFailed`).
+impl From<InstallError> for String {
+    fn from(e: InstallError) -> String {
+        e.to_string()
+    }
+}
 
 /// Where progress goes: a bar on a terminal, log lines in the daemon.
 pub trait Progress: Send + Sync {
@@ -62,15 +118,23 @@ pub struct Manifest {
     pub artifacts: Vec<Artifact>,
     /// Seconds since the epoch.
     pub installed_at: u64,
+    /// For a downloaded binary: whether its sha256 was checked (`false`: the source gave none).
+    /// Absent for npm installs (npm checks its own integrity) and older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Artifact {
     /// `agent_process` (the ACP program) or `native_agent` (the CLI it drives).
     pub kind: String,
+    #[schema(value_type = String)]
     pub path: PathBuf,
     pub version: String,
     pub source: String,
+    /// See [`Manifest::verified`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
 }
 
 impl Manifest {
@@ -83,6 +147,14 @@ impl Manifest {
         let text = std::fs::read(Self::path(agent_dir)).ok()?;
         let m: Manifest = serde_json::from_slice(&text).ok()?;
         m.program.is_file().then_some(m)
+    }
+
+    /// [`Self::write`] on the blocking pool (it fsyncs).
+    pub async fn write_async(&self, agent_dir: &Path) -> std::io::Result<()> {
+        let (m, dir) = (self.clone(), agent_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || m.write(&dir))
+            .await
+            .map_err(std::io::Error::other)?
     }
 
     pub fn write(&self, agent_dir: &Path) -> std::io::Result<()> {
@@ -108,9 +180,47 @@ impl Staging {
         Ok(Staging { path, keep: false })
     }
 
+    /// [`Self::new`] on the blocking pool.
+    pub async fn new_async(agent_dir: &Path) -> std::io::Result<Staging> {
+        let dir = agent_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Staging::new(&dir))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
+    /// [`Self::commit`] on the blocking pool (renames and the removal of an older tree).
+    pub async fn commit_async(&mut self, final_dir: &Path) -> std::io::Result<()> {
+        let (staged, final_dir) = (self.path.clone(), final_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || commit_tree(&staged, &final_dir))
+            .await
+            .map_err(std::io::Error::other)??;
+        self.keep = true;
+        Ok(())
+    }
+
+    /// Removes the staging directory now (on the blocking pool) and waits for it, so that a
+    /// failed install has left nothing behind by the time it is reported.
+    pub async fn discard(mut self) {
+        if self.keep {
+            return;
+        }
+        self.keep = true;
+        let path = std::mem::take(&mut self.path);
+        let _ = tokio::task::spawn_blocking(move || crate::files::remove_dir_all(&path)).await;
+    }
+
     /// Moves the staging directory to `final_dir` (replacing an older install of the same
     /// version): after this returns, `final_dir` is complete or untouched.
     pub fn commit(mut self, final_dir: &Path) -> std::io::Result<()> {
+        commit_tree(&self.path, final_dir)?;
+        self.keep = true;
+        Ok(())
+    }
+}
+
+/// Renames `staged` to `final_dir`, replacing (then removing) an older tree there.
+fn commit_tree(staged: &Path, final_dir: &Path) -> std::io::Result<()> {
+    {
         let parent = final_dir.parent().unwrap_or(Path::new("/"));
         let old = parent.join(format!(".old-{}-{}", std::process::id(), nonce()));
         let had_old = match std::fs::rename(final_dir, &old) {
@@ -118,15 +228,14 @@ impl Staging {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(e),
         };
-        if let Err(e) = std::fs::rename(&self.path, final_dir) {
+        if let Err(e) = std::fs::rename(staged, final_dir) {
             if had_old {
                 let _ = std::fs::rename(&old, final_dir);
             }
             return Err(e);
         }
-        self.keep = true;
         if had_old {
-            let _ = std::fs::remove_dir_all(&old);
+            let _ = crate::files::remove_dir_all(&old);
         }
         Ok(())
     }
@@ -135,7 +244,25 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
+            remove_tree_off_thread(std::mem::take(&mut self.path));
+        }
+    }
+}
+
+/// Removes a tree, on the blocking pool when called from inside a runtime (a `Drop` on the
+/// runtime thread must not walk a directory tree), inline otherwise.
+fn remove_tree_off_thread(path: PathBuf) {
+    if path.as_os_str().is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(move || {
+                let _ = crate::files::remove_dir_all(&path);
+            });
+        }
+        Err(_) => {
+            let _ = crate::files::remove_dir_all(&path);
         }
     }
 }
@@ -165,62 +292,155 @@ pub async fn download(
     sha256: Option<&str>,
     dir: &Path,
     progress: &dyn Progress,
-) -> Result<tempfile_like::TempFile, String> {
-    use futures_util::StreamExt;
-
-    let mut file = tempfile_like::TempFile::new_in(dir)
-        .map_err(|e| format!("cannot create a temporary file in {}: {e}", dir.display()))?;
-    let mut hasher = Sha256::new();
-    if let Some(path) = url.strip_prefix("file://") {
+) -> Result<tempfile_like::TempFile, InstallError> {
+    let dir_owned = dir.to_path_buf();
+    let file = tokio::task::spawn_blocking(move || tempfile_like::TempFile::new_in(&dir_owned))
+        .await
+        .map_err(join_error)?
+        .map_err(|source| InstallError::Io {
+            what: format!("cannot create a temporary file in {}", dir.display()),
+            source,
+        })?;
+    let hasher = Sha256::new();
+    let (file, hasher) = if let Some(path) = url.strip_prefix("file://") {
         // Reading, hashing and copying a local file is blocking work, and the daemon runs every
         // task on one thread: do it on the blocking pool so that requests go on meanwhile.
         let path = path.to_string();
-        (file, hasher) = tokio::task::spawn_blocking(move || copy_local(&path, file, hasher))
+        tokio::task::spawn_blocking(move || copy_local(&path, file, hasher))
             .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+            .map_err(join_error)??
     } else {
-        let mut done: u64 = 0;
-        let resp = client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| format!("cannot download {url}: {}", error_chain(&e)))?;
-        if !resp.status().is_success() {
-            return Err(format!(
-                "cannot download {url}: the server answered {}",
-                resp.status()
-            ));
-        }
-        let total = resp.content_length();
-        if total.is_some_and(|t| t > MAX_DOWNLOAD) {
-            return Err(format!("{url} is larger than {MAX_DOWNLOAD} bytes"));
-        }
-        let mut stream = resp.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| format!("download of {url} failed: {}", error_chain(&e)))?;
-            done += chunk.len() as u64;
-            if done > MAX_DOWNLOAD {
-                return Err(format!("{url} is larger than {MAX_DOWNLOAD} bytes"));
+        download_http(client, url, file, hasher, progress).await?
+    };
+    let want = sha256.map(str::to_string);
+    let url_owned = url.to_string();
+    // Flushing and hashing the tail are blocking/CPU work; on failure the temporary file is
+    // dropped (removed) there too.
+    tokio::task::spawn_blocking(move || {
+        let mut file = file;
+        file.flush().map_err(write_error)?;
+        if let Some(want) = want {
+            let got = hex(&hasher.finalize());
+            if !got.eq_ignore_ascii_case(want.trim()) {
+                return Err(InstallError::Checksum {
+                    url: url_owned,
+                    want,
+                    got,
+                });
             }
-            hasher.update(&chunk);
-            file.write_all(&chunk)
-                .map_err(|e| format!("cannot write the download: {e}"))?;
-            progress.download(done, total);
         }
-        progress.download_done();
+        Ok(file)
+    })
+    .await
+    .map_err(join_error)?
+}
+
+/// A blocking step that panicked: logged in full, reported without internals.
+fn join_error(e: tokio::task::JoinError) -> InstallError {
+    tracing::error!(error = %e, "a blocking step of the install failed");
+    InstallError::Io {
+        what: "a blocking step of the install failed".into(),
+        source: std::io::Error::other("see the daemon's log"),
     }
-    file.flush()
-        .map_err(|e| format!("cannot write the download: {e}"))?;
-    if let Some(want) = sha256 {
-        let got = hex(&hasher.finalize());
-        if !got.eq_ignore_ascii_case(want.trim()) {
-            return Err(format!(
-                "checksum mismatch for {url}: expected sha256 {want}, got {got}; nothing was installed"
-            ));
+}
+
+fn write_error(source: std::io::Error) -> InstallError {
+    InstallError::Io {
+        what: "cannot write the download".into(),
+        source,
+    }
+}
+
+/// Received bytes are written (and hashed) in batches of this size, each by one blocking step.
+const DOWNLOAD_BATCH: usize = 1 << 20;
+
+/// The http(s) branch of [`download`]: the async side receives, the blocking pool hashes and
+/// writes each batch; the runtime thread never makes a file syscall.
+async fn download_http(
+    client: &reqwest::Client,
+    url: &str,
+    file: tempfile_like::TempFile,
+    hasher: Sha256,
+    progress: &dyn Progress,
+) -> Result<(tempfile_like::TempFile, Sha256), InstallError> {
+    use futures_util::StreamExt;
+
+    // Whoever holds the file on an early return drops it off the runtime thread.
+    struct Held(Option<(tempfile_like::TempFile, Sha256)>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            if let Some(v) = self.0.take() {
+                tokio::task::spawn_blocking(move || drop(v));
+            }
         }
     }
-    Ok(file)
+    let mut held = Held(Some((file, hasher)));
+    let flush = |held: &mut Held, buf: Vec<u8>| {
+        let taken = held.0.take();
+        async move {
+            let (mut file, mut hasher) = taken.ok_or_else(abandoned)?;
+            tokio::task::spawn_blocking(move || {
+                hasher.update(&buf);
+                file.write_all(&buf).map_err(write_error)?;
+                Ok::<_, InstallError>((file, hasher))
+            })
+            .await
+            .map_err(join_error)?
+        }
+    };
+    let mut done: u64 = 0;
+    let resp = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| InstallError::Download {
+            url: url.to_string(),
+            reason: error_chain(&e),
+        })?;
+    if !resp.status().is_success() {
+        return Err(InstallError::Download {
+            url: url.to_string(),
+            reason: format!("the server answered {}", resp.status()),
+        });
+    }
+    let too_large = || InstallError::TooLarge {
+        url: url.to_string(),
+        limit: MAX_DOWNLOAD,
+    };
+    let total = resp.content_length();
+    if total.is_some_and(|t| t > MAX_DOWNLOAD) {
+        return Err(too_large());
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| InstallError::Download {
+            url: url.to_string(),
+            reason: error_chain(&e),
+        })?;
+        done += chunk.len() as u64;
+        if done > MAX_DOWNLOAD {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+        if buf.len() >= DOWNLOAD_BATCH {
+            let batch = std::mem::take(&mut buf);
+            held.0 = Some(flush(&mut held, batch).await?);
+        }
+        progress.download(done, total);
+    }
+    if !buf.is_empty() {
+        held.0 = Some(flush(&mut held, buf).await?);
+    }
+    progress.download_done();
+    held.0.take().ok_or_else(abandoned)
+}
+
+fn abandoned() -> InstallError {
+    InstallError::Io {
+        what: "the download was abandoned".into(),
+        source: std::io::Error::other("no file"),
+    }
 }
 
 /// The `file://` branch of `download`: copies `path` into `file`, hashing it, within the size cap.
@@ -228,24 +448,30 @@ fn copy_local(
     path: &str,
     mut file: tempfile_like::TempFile,
     mut hasher: Sha256,
-) -> Result<(tempfile_like::TempFile, Sha256), String> {
-    let mut src = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
+) -> Result<(tempfile_like::TempFile, Sha256), InstallError> {
+    let mut src = std::fs::File::open(path).map_err(|source| InstallError::Io {
+        what: format!("cannot open {path}"),
+        source,
+    })?;
     let mut buf = vec![0u8; 64 * 1024];
     let mut done: u64 = 0;
     loop {
-        let n = src
-            .read(&mut buf)
-            .map_err(|e| format!("cannot read {path}: {e}"))?;
+        let n = src.read(&mut buf).map_err(|source| InstallError::Io {
+            what: format!("cannot read {path}"),
+            source,
+        })?;
         if n == 0 {
             return Ok((file, hasher));
         }
         done += n as u64;
         if done > MAX_DOWNLOAD {
-            return Err(format!("file://{path} is larger than {MAX_DOWNLOAD} bytes"));
+            return Err(InstallError::TooLarge {
+                url: format!("file://{path}"),
+                limit: MAX_DOWNLOAD,
+            });
         }
         hasher.update(&buf[..n]);
-        file.write_all(&buf[..n])
-            .map_err(|e| format!("cannot write the download: {e}"))?;
+        file.write_all(&buf[..n]).map_err(write_error)?;
     }
 }
 
@@ -285,53 +511,85 @@ pub fn archive_kind(url: &str) -> ArchiveKind {
     }
 }
 
-/// Unpacks (or, for a raw binary, copies) `file` into `dest`, then returns the path of `cmd`
-/// inside it, made executable. Refuses absolute paths, `..`, links leaving `dest` (checked per
-/// entry, then again on the unpacked tree so chains of links cannot escape either) and device
-/// nodes; the caller drops the staging directory on error.
+/// Most entries an agent archive may hold.
+const MAX_ENTRIES: u64 = 1_000_000;
+
+/// Unpacks (or, for a raw binary, copies) `file` into `dest` (an empty staging directory) with
+/// the rules of [`crate::archive`], then returns the path of `cmd` inside it, made executable.
+/// The caller drops the staging directory on error.
 pub fn unpack(
     file: &mut std::fs::File,
     url: &str,
     cmd: &str,
     dest: &Path,
-) -> Result<PathBuf, String> {
-    file.rewind().map_err(|e| e.to_string())?;
-    let rel_cmd = safe_relative(Path::new(cmd)).ok_or_else(|| {
-        format!("the command path `{cmd}` is not a relative path inside the archive")
+) -> Result<PathBuf, InstallError> {
+    use crate::archive::{self, Compression};
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |source: std::io::Error| InstallError::Io { what, source }
+    };
+    file.rewind().map_err(io("cannot read the download"))?;
+    let rel_cmd = safe_relative(Path::new(cmd)).ok_or_else(|| InstallError::BadCommand {
+        cmd: cmd.to_string(),
     })?;
+    let root = nix::fcntl::open(
+        dest,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| InstallError::Io {
+        what: format!("cannot open {}", dest.display()),
+        source: e.into(),
+    })?;
+    let limits = archive::Limits {
+        bytes: Some(MAX_UNPACKED),
+        entries: MAX_ENTRIES,
+        listed: 0,
+    };
     match archive_kind(url) {
-        ArchiveKind::TarGz => unpack_tar(flate2::read::GzDecoder::new(file), dest)?,
-        ArchiveKind::Tar => unpack_tar(file, dest)?,
-        ArchiveKind::TarBz2 => unpack_tar(bzip2::read::MultiBzDecoder::new(file), dest)?,
-        ArchiveKind::Zip => unpack_zip(file, dest)?,
+        ArchiveKind::TarGz => {
+            archive::extract_tar(&mut *file, Compression::Gzip, &root, limits, None)?;
+        }
+        ArchiveKind::Tar => {
+            archive::extract_tar(&mut *file, Compression::None, &root, limits, None)?;
+        }
+        ArchiveKind::TarBz2 => {
+            archive::extract_tar(&mut *file, Compression::Bzip2, &root, limits, None)?;
+        }
+        ArchiveKind::Zip => {
+            archive::extract_zip(&mut *file, &root, limits, None)?;
+        }
         ArchiveKind::Raw => {
             let target = dest.join(&rel_cmd);
             if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                std::fs::create_dir_all(parent).map_err(io("cannot create the install"))?;
             }
-            let mut out = std::fs::File::create(&target).map_err(|e| e.to_string())?;
-            std::io::copy(file, &mut out).map_err(|e| e.to_string())?;
+            let mut out =
+                std::fs::File::create(&target).map_err(io("cannot create the install"))?;
+            std::io::copy(file, &mut out).map_err(io("cannot copy the download"))?;
         }
     }
-    check_links(dest, dest)?;
     let program = dest.join(&rel_cmd);
-    let meta =
-        std::fs::symlink_metadata(&program).map_err(|_| format!("the archive has no `{cmd}`"))?;
+    let missing = || InstallError::MissingCommand {
+        cmd: cmd.to_string(),
+    };
+    let meta = std::fs::symlink_metadata(&program).map_err(|_| missing())?;
     // The command itself may be a symlink inside the archive; it must still point inside.
-    let real = program
+    let real = program.canonicalize().map_err(|_| missing())?;
+    let real_dest = dest
         .canonicalize()
-        .map_err(|e| format!("`{cmd}`: {e}"))?;
-    let real_dest = dest.canonicalize().map_err(|e| e.to_string())?;
+        .map_err(io("cannot resolve the install"))?;
     if !real.starts_with(&real_dest) || !real.is_file() {
-        return Err(format!(
-            "`{cmd}` in the archive is not a file inside the archive"
-        ));
+        return Err(InstallError::CommandOutside {
+            cmd: cmd.to_string(),
+        });
     }
     if meta.is_file() {
         use std::os::unix::fs::PermissionsExt;
         let mut perm = meta.permissions();
         perm.set_mode(perm.mode() | 0o755);
-        std::fs::set_permissions(&program, perm).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&program, perm)
+            .map_err(io("cannot make the command executable"))?;
     }
     Ok(program)
 }
@@ -349,310 +607,6 @@ fn safe_relative(p: &Path) -> Option<PathBuf> {
     (!out.as_os_str().is_empty()).then_some(out)
 }
 
-fn unpack_tar(reader: impl Read, dest: &Path) -> Result<(), String> {
-    use tar::EntryType;
-
-    let mut archive = tar::Archive::new(reader);
-    archive.set_preserve_permissions(false);
-    archive.set_unpack_xattrs(false);
-    archive.set_overwrite(true);
-    let entries = archive
-        .entries()
-        .map_err(|e| format!("cannot read the archive: {e}"))?;
-    let mut unpacked: u64 = 0;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| format!("cannot read the archive: {e}"))?;
-        let raw_path = entry
-            .path()
-            .map_err(|e| format!("bad path in the archive: {e}"))?
-            .into_owned();
-        let shown = raw_path.display().to_string();
-        let Some(rel) = safe_relative(&raw_path) else {
-            // A lone `./` entry is harmless; anything else absolute or with `..` is refused.
-            if raw_path.components().all(|c| c == Component::CurDir) {
-                continue;
-            }
-            return Err(format!(
-                "refused: the archive entry `{shown}` is an absolute path or climbs out with `..`"
-            ));
-        };
-        // The header's size is what tar reads for this entry, so the sum is the unpacked total.
-        unpacked = unpacked.saturating_add(entry.header().size().unwrap_or(0));
-        if unpacked > MAX_UNPACKED {
-            return Err(format!(
-                "refused: the archive unpacks to more than {MAX_UNPACKED} bytes"
-            ));
-        }
-        let kind = entry.header().entry_type();
-        match kind {
-            EntryType::Regular | EntryType::Continuous | EntryType::Directory => {}
-            EntryType::Symlink | EntryType::Link => {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| format!("bad link in the archive: {e}"))?
-                    .ok_or_else(|| format!("refused: the link `{shown}` has no target"))?;
-                // Symlink targets are relative to the link's directory; hard links to the root.
-                let base = if kind == EntryType::Symlink {
-                    rel.parent().map(Path::to_path_buf).unwrap_or_default()
-                } else {
-                    PathBuf::new()
-                };
-                if !stays_inside(&base, &target) {
-                    return Err(format!(
-                        "refused: the link `{shown}` points outside the archive (`{}`)",
-                        target.display()
-                    ));
-                }
-            }
-            EntryType::XGlobalHeader
-            | EntryType::XHeader
-            | EntryType::GNULongName
-            | EntryType::GNULongLink => continue,
-            other => {
-                return Err(format!(
-                    "refused: the archive entry `{shown}` is a {other:?} (device nodes, fifos and \
-                     other special files are not installed)"
-                ));
-            }
-        }
-        // `unpack_in` also refuses to write through a symlink that leads outside `dest`.
-        match entry.unpack_in(dest) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(format!(
-                    "refused: the archive entry `{shown}` leaves the target"
-                ));
-            }
-            Err(e) => return Err(format!("cannot unpack `{shown}`: {e}")),
-        }
-    }
-    Ok(())
-}
-
-/// Whether `base/target` (lexically resolved) stays inside the root; absolute targets never do.
-fn stays_inside(base: &Path, target: &Path) -> bool {
-    let mut depth: Vec<&std::ffi::OsStr> = Vec::new();
-    for c in base.components().chain(target.components()) {
-        match c {
-            Component::Normal(s) => depth.push(s),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if depth.pop().is_none() {
-                    return false;
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return false,
-        }
-    }
-    true
-}
-
-/// The file-type bits of a unix mode (`S_IFMT`) and the types a zip entry may carry.
-const S_IFMT: u32 = 0o170_000;
-const S_IFREG: u32 = 0o100_000;
-const S_IFDIR: u32 = 0o040_000;
-const S_IFLNK: u32 = 0o120_000;
-/// Zip symlinks store their target as the entry's data; longer targets are refused.
-const MAX_LINK_TARGET: u64 = 4096;
-
-/// Unpacks a zip archive. The zip format keeps its index at the end, so this reads the (seekable)
-/// downloaded file in place rather than a stream; entry data is still copied in chunks.
-fn unpack_zip(file: &mut std::fs::File, dest: &Path) -> Result<(), String> {
-    let mut archive = zip::ZipArchive::new(std::io::BufReader::new(file))
-        .map_err(|e| format!("cannot read the zip archive: {e}"))?;
-    let mut unpacked: u64 = 0;
-    for i in 0..archive.len() {
-        let mut entry = archive
-            .by_index(i)
-            .map_err(|e| format!("cannot read the zip archive: {e}"))?;
-        let name = entry.name().to_string();
-        let raw_path = Path::new(&name);
-        let Some(rel) = safe_relative(raw_path) else {
-            if raw_path.components().all(|c| c == Component::CurDir) {
-                continue;
-            }
-            return Err(format!(
-                "refused: the archive entry `{name}` is an absolute path or climbs out with `..`"
-            ));
-        };
-        let mode = entry.unix_mode();
-        let kind = match mode.map(|m| m & S_IFMT) {
-            Some(S_IFLNK) => S_IFLNK,
-            Some(S_IFDIR) => S_IFDIR,
-            // Archives made without unix attributes carry no type: the trailing `/` decides.
-            None | Some(0) | Some(S_IFREG) if entry.is_dir() => S_IFDIR,
-            None | Some(0) | Some(S_IFREG) => S_IFREG,
-            Some(other) => {
-                return Err(format!(
-                    "refused: the archive entry `{name}` has file type {other:o} (device nodes, \
-                     fifos and other special files are not installed)"
-                ));
-            }
-        };
-        make_dirs_inside(dest, rel.parent().unwrap_or(Path::new("")), &name)?;
-        let target = dest.join(&rel);
-        match kind {
-            S_IFDIR => make_dirs_inside(dest, &rel, &name)?,
-            S_IFLNK => {
-                let mut link = Vec::new();
-                (&mut entry)
-                    .take(MAX_LINK_TARGET + 1)
-                    .read_to_end(&mut link)
-                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
-                if link.is_empty() || link.len() as u64 > MAX_LINK_TARGET {
-                    return Err(format!(
-                        "refused: the link `{name}` has an empty or oversized target"
-                    ));
-                }
-                let link = PathBuf::from(std::ffi::OsString::from_vec(link));
-                if !stays_inside(rel.parent().unwrap_or(Path::new("")), &link) {
-                    return Err(format!(
-                        "refused: the link `{name}` points outside the archive (`{}`)",
-                        link.display()
-                    ));
-                }
-                remove_non_dir(&target, &name)?;
-                std::os::unix::fs::symlink(&link, &target)
-                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
-            }
-            _ => {
-                use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-                // Only the permission bits: no setuid/setgid/sticky from an archive.
-                let perm = mode.map(|m| m & 0o777).filter(|m| *m != 0).unwrap_or(0o644);
-                remove_non_dir(&target, &name)?;
-                let mut out = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(perm)
-                    .open(&target)
-                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
-                // Count what really comes out, not what the entry declares.
-                let budget = MAX_UNPACKED - unpacked;
-                let written = std::io::copy(&mut (&mut entry).take(budget + 1), &mut out)
-                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
-                unpacked += written;
-                if written > budget {
-                    return Err(format!(
-                        "refused: the archive unpacks to more than {MAX_UNPACKED} bytes"
-                    ));
-                }
-                // `mode` above is filtered by the umask; the archive's bits are wanted as-is.
-                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(perm))
-                    .map_err(|e| format!("cannot unpack `{name}`: {e}"))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Creates `dest/rel` directory by directory, refusing to pass through anything that is not a
-/// real directory: an entry is never written through a link, so no link can carry it outside.
-fn make_dirs_inside(dest: &Path, rel: &Path, shown: &str) -> Result<(), String> {
-    let mut at = dest.to_path_buf();
-    for c in rel.components() {
-        at.push(c);
-        match std::fs::symlink_metadata(&at) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(format!(
-                    "refused: the archive entry `{shown}` would be written through a link or \
-                     file"
-                ));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(&at).map_err(|e| format!("cannot unpack `{shown}`: {e}"))?
-            }
-            Err(e) => return Err(format!("cannot unpack `{shown}`: {e}")),
-        }
-    }
-    Ok(())
-}
-
-/// A later entry replaces an earlier file or link of the same name (as with tar); never a
-/// directory.
-fn remove_non_dir(path: &Path, shown: &str) -> Result<(), String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Err(format!(
-            "refused: the archive entry `{shown}` would replace a directory"
-        )),
-        Ok(_) => std::fs::remove_file(path).map_err(|e| format!("cannot unpack `{shown}`: {e}")),
-        Err(_) => Ok(()),
-    }
-}
-
-/// Checks every symlink below `dir` (a subtree of `root`) once everything is unpacked: each
-/// link is followed through the links it meets, so a chain such as `a -> ..`,
-/// `b -> a/..` that passes the per-entry check is refused too.
-fn check_links(root: &Path, dir: &Path) -> Result<(), String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot check the install: {e}"))?;
-    for e in entries {
-        let e = e.map_err(|e| format!("cannot check the install: {e}"))?;
-        let ft = e
-            .file_type()
-            .map_err(|e| format!("cannot check the install: {e}"))?;
-        let path = e.path();
-        if ft.is_dir() {
-            check_links(root, &path)?;
-        } else if ft.is_symlink() {
-            let rel = path.strip_prefix(root).unwrap_or(&path);
-            if !resolves_inside(root, rel) {
-                return Err(format!(
-                    "refused: the link `{}` leads outside the archive",
-                    rel.display()
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether `root/rel`, following every symlink on the way (at most 40), stays inside `root`.
-/// Missing components are taken lexically, as the kernel would once they exist.
-fn resolves_inside(root: &Path, rel: &Path) -> bool {
-    use std::ffi::OsString;
-    // Pending components, last one first; `..` cannot be a normal name, so it marks a parent.
-    fn push_rev(todo: &mut Vec<OsString>, p: &Path) -> bool {
-        for c in p.components().rev() {
-            match c {
-                Component::Normal(s) => todo.push(s.to_owned()),
-                Component::ParentDir => todo.push("..".into()),
-                Component::CurDir => {}
-                Component::RootDir | Component::Prefix(_) => return false,
-            }
-        }
-        true
-    }
-    let mut todo = Vec::new();
-    if !push_rev(&mut todo, rel) {
-        return false;
-    }
-    let mut at: Vec<OsString> = Vec::new();
-    let mut hops = 0;
-    while let Some(c) = todo.pop() {
-        if c == ".." {
-            if at.pop().is_none() {
-                return false;
-            }
-            continue;
-        }
-        at.push(c);
-        let path: PathBuf = std::iter::once(root.as_os_str())
-            .chain(at.iter().map(|s| s.as_os_str()))
-            .collect();
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
-            hops += 1;
-            let Ok(target) = std::fs::read_link(&path) else {
-                return false;
-            };
-            at.pop();
-            if hops > 40 || !push_rev(&mut todo, &target) {
-                return false;
-            }
-        }
-    }
-    true
-}
-
 /// `npm install --prefix <dest> <specs…>`; `npm` and `node` must be on `path`.
 pub async fn npm_install(
     specs: &[String],
@@ -660,13 +614,10 @@ pub async fn npm_install(
     env: &[(std::ffi::OsString, std::ffi::OsString)],
     path: &std::ffi::OsStr,
     progress: &dyn Progress,
-) -> Result<(), String> {
-    let npm = find_on_path("npm", path).ok_or(
-        "`npm` was not found on PATH: this agent is distributed through npm; install Node.js \
-         (20 or newer) and npm, or pre-install the agent",
-    )?;
+) -> Result<(), InstallError> {
+    let npm = find_on_path("npm", path).ok_or(InstallError::NpmMissing)?;
     if find_on_path("node", path).is_none() {
-        return Err("`node` was not found on PATH: this agent needs Node.js 20 or newer".into());
+        return Err(InstallError::NodeMissing);
     }
     progress.step(&format!("npm install {}", specs.join(" ")));
     let mut cmd = tokio::process::Command::new(npm);
@@ -686,24 +637,26 @@ pub async fn npm_install(
         .current_dir(dest);
     let out = crate::supervisor::run_to_completion(cmd, NPM_TIMEOUT)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| InstallError::Io {
+            what: "cannot run npm".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(12).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return Err(format!(
-            "npm install {} failed ({}): {}",
-            specs.join(" "),
-            out.status,
-            tail.join("\n")
-        ));
+        return Err(InstallError::NpmFailed {
+            specs: specs.join(" "),
+            status: out.status.to_string(),
+            tail: tail.join("\n"),
+        });
     }
     Ok(())
 }
 
 /// The bin an npm package installed under `prefix` provides: `bin` when named, else the
 /// package's only bin (or the one named like the package).
-pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBuf, String> {
+pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBuf, InstallError> {
     let bin_dir = prefix.join("node_modules/.bin");
     let name = match bin {
         Some(b) => b.to_string(),
@@ -712,10 +665,15 @@ pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBu
                 .join("node_modules")
                 .join(package)
                 .join("package.json");
-            let text = std::fs::read(&pkg_json)
-                .map_err(|e| format!("cannot read {}: {e}", pkg_json.display()))?;
-            let v: serde_json::Value = serde_json::from_slice(&text)
-                .map_err(|e| format!("{}: {e}", pkg_json.display()))?;
+            let text = std::fs::read(&pkg_json).map_err(|source| InstallError::Io {
+                what: format!("cannot read {}", pkg_json.display()),
+                source,
+            })?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&text).map_err(|e| InstallError::Io {
+                    what: pkg_json.display().to_string(),
+                    source: e.into(),
+                })?;
             let base = package.rsplit('/').next().unwrap_or(package).to_string();
             match &v["bin"] {
                 serde_json::Value::String(_) => base,
@@ -724,9 +682,9 @@ pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBu
                 }
                 serde_json::Value::Object(m) if m.contains_key(&base) => base,
                 _ => {
-                    return Err(format!(
-                        "the npm package {package} has no single command to run"
-                    ));
+                    return Err(InstallError::NpmNoCommand {
+                        package: package.to_string(),
+                    });
                 }
             }
         }
@@ -735,9 +693,10 @@ pub fn npm_bin(prefix: &Path, package: &str, bin: Option<&str>) -> Result<PathBu
     if p.exists() {
         Ok(p)
     } else {
-        Err(format!(
-            "the npm package {package} did not install the command `{name}`"
-        ))
+        Err(InstallError::NpmCommandMissing {
+            package: package.to_string(),
+            name,
+        })
     }
 }
 
@@ -833,19 +792,16 @@ mod tests {
         assert_eq!(text, "hello agent");
         drop(got);
         let bad = download(&client, &url, Some(&"0".repeat(64)), &dl, &Quiet).await;
-        assert!(bad.err().unwrap().contains("checksum mismatch"));
+        assert!(matches!(bad, Err(InstallError::Checksum { .. })));
         let missing = format!("file://{}", dir.path().join("nope").display());
         let err = download(&client, &missing, None, &dl, &Quiet).await;
-        assert!(err.err().unwrap().contains("cannot open"));
+        assert!(err.err().unwrap().to_string().contains("cannot open"));
         // Neither a failure nor a dropped download leaves a temporary file behind.
         assert_eq!(std::fs::read_dir(&dl).unwrap().count(), 0);
     }
 
     #[test]
-    fn link_targets_are_resolved_lexically() {
-        assert!(stays_inside(Path::new("a/b"), Path::new("../c")));
-        assert!(!stays_inside(Path::new("a"), Path::new("../../etc/passwd")));
-        assert!(!stays_inside(Path::new(""), Path::new("/etc/passwd")));
+    fn command_paths_are_relative_and_stay_inside() {
         assert!(safe_relative(Path::new("../x")).is_none());
         assert!(safe_relative(Path::new("/x")).is_none());
         assert_eq!(
@@ -897,7 +853,8 @@ mod tests {
         let dest = tmp.path().join("dest");
         std::fs::create_dir(&dest).unwrap();
         let mut f = std::fs::File::open(&archive).unwrap();
-        let r = unpack(&mut f, &format!("https://h/{name}"), "pkg/bin/agent", &dest);
+        let r = unpack(&mut f, &format!("https://h/{name}"), "pkg/bin/agent", &dest)
+            .map_err(|e| e.to_string());
         (tmp, r)
     }
 
@@ -956,7 +913,7 @@ mod tests {
         let cases: Vec<(&str, &str, Vec<u8>)> = vec![
             (
                 "dotdot",
-                "climbs out",
+                "`..` components are refused",
                 zip_bytes(&[
                     Z::File("pkg/bin/agent", script, 0o755),
                     Z::File("../x", b"x", 0o644),
@@ -964,7 +921,7 @@ mod tests {
             ),
             (
                 "absolute",
-                "absolute path",
+                "absolute paths are refused",
                 zip_bytes(&[
                     Z::File("pkg/bin/agent", script, 0o755),
                     Z::File(abs, b"x", 0o644),
@@ -972,7 +929,7 @@ mod tests {
             ),
             (
                 "linkout",
-                "points outside",
+                "absolute symlink targets are refused",
                 zip_bytes(&[
                     Z::File("pkg/bin/agent", script, 0o755),
                     Z::Link("pkg/out", outside.path().to_str().unwrap()),
@@ -980,7 +937,7 @@ mod tests {
             ),
             (
                 "linkup",
-                "points outside",
+                "its symlink target leaves the destination",
                 zip_bytes(&[
                     Z::File("pkg/bin/agent", script, 0o755),
                     Z::Link("pkg/up", "../../etc"),
@@ -989,7 +946,7 @@ mod tests {
             // Each link stays inside on its own; followed together they climb out.
             (
                 "chain",
-                "leads outside",
+                "its symlink target leaves the destination",
                 zip_bytes(&[
                     Z::File("pkg/bin/agent", script, 0o755),
                     Z::Link("pkg/a", ".."),
@@ -999,7 +956,7 @@ mod tests {
             // A file written through an (inside) link is refused: links are never traversed.
             (
                 "through",
-                "written through",
+                "its path crosses a symlink",
                 zip_bytes(&[
                     Z::File("pkg/bin/agent", script, 0o755),
                     Z::Link("pkg/l", "bin"),
@@ -1051,7 +1008,7 @@ mod tests {
         bytes[cd + 10..cd + 12].copy_from_slice(&12u16.to_le_bytes());
         let (tmp, r) = unpack_bytes(&bytes, "a.zip");
         let err = r.unwrap_err();
-        assert!(err.contains("zip"), "{err}");
+        assert!(err.to_lowercase().contains("zip"), "{err}");
         assert!(!tmp.path().join("dest/pkg/bin/agent").exists());
     }
 
@@ -1077,28 +1034,5 @@ mod tests {
         // Not bzip2 data under a bzip2 name: a clear error, not a panic.
         let (_tmp, r) = unpack_bytes(b"not bzip2", "a.tar.bz2");
         assert!(r.is_err());
-    }
-
-    #[test]
-    fn link_chains_are_followed_when_checking() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        std::fs::create_dir_all(root.join("x/y")).unwrap();
-        std::os::unix::fs::symlink("..", root.join("x/up")).unwrap();
-        std::os::unix::fs::symlink("up/..", root.join("x/bad")).unwrap();
-        std::os::unix::fs::symlink("../up", root.join("x/y/ok")).unwrap();
-        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
-        assert!(resolves_inside(root, Path::new("x/up")));
-        assert!(resolves_inside(root, Path::new("x/y/ok")));
-        assert!(resolves_inside(root, Path::new("x/y/ok/x/y")));
-        assert!(!resolves_inside(root, Path::new("x/up/..")));
-        assert!(!resolves_inside(root, Path::new("x/bad")));
-        assert!(
-            check_links(root, root)
-                .unwrap_err()
-                .contains("leads outside")
-        );
-        assert!(!resolves_inside(root, Path::new("loop")));
-        assert!(resolves_inside(root, Path::new("missing/../x")));
     }
 }

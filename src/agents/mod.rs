@@ -55,7 +55,7 @@ pub struct InstallRequest {
 }
 
 /// The answer of an install.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct InstallOutcome {
     #[serde(rename = "alreadyInstalled")]
     pub already_installed_camel: bool,
@@ -67,13 +67,14 @@ pub struct InstallOutcome {
 }
 
 /// One agent as `GET /v1/agents` shows it (without `serverStatus`, which the proxy knows).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
     pub id: String,
     pub name: String,
     pub installed: bool,
     pub version: Option<String>,
+    #[schema(value_type = Option<String>)]
     pub path: Option<PathBuf>,
     /// `registry|fallback|builtin|local|user`; for an agent not installed, where an install would
     /// look first (`registry` or `fallback`).
@@ -88,6 +89,9 @@ pub struct AgentStatus {
     /// The install command, for agents that are not installed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub install_command: Option<String>,
+    /// For an installed downloaded binary: whether its sha256 was checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
 }
 
 pub struct Agents {
@@ -178,6 +182,7 @@ impl Agents {
                 credentials_files: Vec::new(),
                 capabilities: serde_json::json!({"builtin": true, "platforms": ["any"]}),
                 install_command: None,
+                verified: None,
             });
         }
         let def = self.catalog.get(agent)?;
@@ -202,6 +207,7 @@ impl Agents {
                 .collect(),
             capabilities: capabilities(def),
             install_command: None,
+            verified: None,
         };
         if let Some(cmd) = &def.command {
             status.source = "user".into();
@@ -214,6 +220,7 @@ impl Agents {
             status.version = Some(m.version);
             status.path = Some(m.program);
             status.source = m.source;
+            status.verified = m.verified;
         } else if let Some((p, _)) = self.local(def) {
             status.installed = true;
             status.path = Some(p);
@@ -390,6 +397,7 @@ impl Agents {
                     path: exe,
                     version: env!("CARGO_PKG_VERSION").into(),
                     source: "builtin".into(),
+                    verified: None,
                 }],
             });
         }
@@ -409,6 +417,7 @@ impl Agents {
                         path: p,
                         version: "unknown".into(),
                         source: "user".into(),
+                        verified: None,
                     }],
                 }),
                 None => Err(fail(format!(
@@ -460,7 +469,7 @@ impl Agents {
             .install_fresh(def, &req, &dir, progress)
             .await
             .map_err(fail)?;
-        manifest.write(&dir).map_err(|e| {
+        manifest.write_async(&dir).await.map_err(|e| {
             fail(format!(
                 "cannot write {}: {e}",
                 Manifest::path(&dir).display()
@@ -517,7 +526,14 @@ impl Agents {
                 self.config.acp_registry_url
             ));
             let fetched = match self.http() {
-                Ok(client) => registry::fetch(client, &self.config.acp_registry_url).await,
+                Ok(client) => {
+                    registry::fetch(
+                        client,
+                        &self.config.acp_registry_url,
+                        self.config.registry_max_bytes,
+                    )
+                    .await
+                }
                 Err(e) => Err(e),
             };
             match fetched {
@@ -673,10 +689,26 @@ impl Agents {
         dir: &Path,
         progress: &dyn Progress,
     ) -> Result<Manifest, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let staging =
-            Staging::new(dir).map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        let mut staging = Staging::new_async(dir)
+            .await
+            .map_err(|e| format!("cannot create a staging directory: {e}"))?;
+        let res = self
+            .run_plan_in(def, plan, req, dir, progress, &mut staging)
+            .await;
+        // On failure the staging tree is gone before the failure is reported.
+        staging.discard().await;
+        res
+    }
+
+    async fn run_plan_in(
+        &self,
+        def: &AgentDef,
+        plan: Plan,
+        req: &InstallRequest,
+        dir: &Path,
+        progress: &dyn Progress,
+        staging: &mut Staging,
+    ) -> Result<Manifest, String> {
         match plan {
             Plan::Binary {
                 url,
@@ -688,6 +720,18 @@ impl Agents {
                 source,
             } => {
                 let final_dir = dir.join(version_dir(&version));
+                let verified = sha256.is_some();
+                if !verified {
+                    if self.config.require_checksums {
+                        return Err(format!(
+                            "refused: {url} comes without a sha256 and --require-checksums is set"
+                        ));
+                    }
+                    tracing::warn!(agent = %def.id, %url, "installing a binary without a sha256 to check it against (unverified)");
+                    progress.step(&format!(
+                        "warning: {url} has no sha256; it is installed unverified"
+                    ));
+                }
                 progress.step(&format!("downloading {url}"));
                 let mut file =
                     install::download(self.http()?, &url, sha256.as_deref(), dir, progress).await?;
@@ -706,7 +750,8 @@ impl Agents {
                     .map_err(|e| e.to_string())?
                     .to_path_buf();
                 staging
-                    .commit(&final_dir)
+                    .commit_async(&final_dir)
+                    .await
                     .map_err(|e| format!("cannot move the install into place: {e}"))?;
                 let program = final_dir.join(rel);
                 Ok(Manifest {
@@ -724,8 +769,10 @@ impl Agents {
                         path: program,
                         version,
                         source: source.into(),
+                        verified: Some(verified),
                     }],
                     installed_at: install::now_secs(),
+                    verified: Some(verified),
                 })
             }
             Plan::Npm {
@@ -783,7 +830,8 @@ impl Agents {
                 };
                 let final_dir = dir.join(version_dir(&version));
                 staging
-                    .commit(&final_dir)
+                    .commit_async(&final_dir)
+                    .await
                     .map_err(|e| format!("cannot move the install into place: {e}"))?;
                 let bin_dir = final_dir.join("node_modules/.bin");
                 let program = bin_dir.join(bin_name);
@@ -792,6 +840,7 @@ impl Agents {
                     path: program.clone(),
                     version: version.clone(),
                     source: source.into(),
+                    verified: None,
                 }];
                 if let (Some((_, v)), Some(nb)) = (&native, &native_bin) {
                     artifacts.push(Artifact {
@@ -799,6 +848,7 @@ impl Agents {
                         path: bin_dir.join(nb.file_name().unwrap_or(OsStr::new(""))),
                         version: v.clone(),
                         source: source.into(),
+                        verified: None,
                     });
                 }
                 Ok(Manifest {
@@ -813,6 +863,7 @@ impl Agents {
                     path_prepend: vec![bin_dir],
                     artifacts,
                     installed_at: install::now_secs(),
+                    verified: None,
                 })
             }
         }

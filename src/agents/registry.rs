@@ -61,13 +61,31 @@ pub fn platform_key() -> String {
     format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
 }
 
-/// Fetches and parses the registry. `file://` URLs are read from disk (air-gapped images).
-pub async fn fetch(client: &reqwest::Client, url: &str) -> Result<Registry, String> {
+/// Fetches and parses the registry, reading at most `max` bytes (streamed: a document over the
+/// cap is refused as soon as it passes it, never held whole). `file://` URLs are read from disk
+/// (air-gapped images) on the blocking pool.
+pub async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Registry, String> {
+    let too_big =
+        || format!("{url} is larger than the registry limit of {max} bytes (--registry-max-bytes)");
     let bytes = if let Some(path) = url.strip_prefix("file://") {
-        tokio::fs::read(path)
-            .await
-            .map_err(|e| format!("cannot read {path}: {e}"))?
+        let path = path.to_string();
+        let read = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            let f = std::fs::File::open(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            let mut out = Vec::new();
+            f.take(max.saturating_add(1))
+                .read_to_end(&mut out)
+                .map_err(|e| format!("cannot read {path}: {e}"))?;
+            Ok::<_, String>(out)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if read.len() as u64 > max {
+            return Err(too_big());
+        }
+        read
     } else {
+        use futures_util::StreamExt;
         let resp = client
             .get(url)
             .timeout(Duration::from_secs(30))
@@ -77,18 +95,40 @@ pub async fn fetch(client: &reqwest::Client, url: &str) -> Result<Registry, Stri
         if !resp.status().is_success() {
             return Err(format!("{url} answered {}", resp.status()));
         }
-        resp.bytes()
-            .await
-            .map_err(|e| format!("cannot read {url}: {}", error_chain(&e)))?
-            .to_vec()
+        if resp.content_length().is_some_and(|n| n > max) {
+            return Err(too_big());
+        }
+        let mut out = Vec::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| format!("cannot read {url}: {}", error_chain(&e)))?;
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(too_big());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        out
     };
-    serde_json::from_slice(&bytes).map_err(|e| format!("{url} is not a valid ACP registry: {e}"))
+    // Parsing up to 16 MiB is CPU work: off the runtime thread.
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{url} is not a valid ACP registry: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
-/// Splits `name@version` (keeping a leading `@scope`). No version → `None`.
+/// Splits `name@version` (keeping a leading `@scope`). No version → `None`. The spec comes from
+/// the registry document, so it is sliced only at char boundaries found by searching (a leading
+/// non-ASCII character must not panic).
 pub fn split_package(spec: &str) -> (&str, Option<&str>) {
-    match spec[1.min(spec.len())..].rfind('@') {
-        Some(i) => (&spec[..i + 1], Some(&spec[i + 2..])),
+    let first = spec.chars().next().map_or(0, char::len_utf8);
+    match spec.get(first..).and_then(|rest| rest.rfind('@')) {
+        Some(i) => {
+            let at = first + i;
+            (&spec[..at], spec.get(at + 1..))
+        }
         None => (spec, None),
     }
 }
@@ -115,6 +155,12 @@ mod tests {
         assert_eq!(split_package("pkg@0.1"), ("pkg", Some("0.1")));
         assert_eq!(split_package("@a/b"), ("@a/b", None));
         assert_eq!(split_package("pkg"), ("pkg", None));
+        assert_eq!(split_package(""), ("", None));
+        assert_eq!(split_package("@"), ("@", None));
+        assert_eq!(split_package("é"), ("é", None));
+        assert_eq!(split_package("éa@1"), ("éa", Some("1")));
+        assert_eq!(split_package("€@€"), ("€", Some("€")));
+        assert_eq!(split_package("a@"), ("a", Some("")));
     }
 
     #[test]

@@ -1,61 +1,138 @@
-//! Moves a request body from the async side to a blocking writer through a bounded channel, so
-//! memory stays constant whatever the size, and enforces the byte limit while doing it.
-//! Invariant: the blocking side sees [`Chunk::End`] only after the whole body arrived within the
-//! limit; any other ending (error, limit, client gone) makes it abandon its work.
+//! Request bodies of file transfers, read on the async side only. Invariants: no blocking thread
+//! ever waits for the network — the async side collects complete batches and only then hands
+//! each one to a short blocking step (see `write.rs`, `upload.rs`); a body that sends nothing for
+//! the transfer timeout ends the transfer (408); the byte limit is enforced as bytes arrive; at
+//! most `--transfer-max` transfers run at once, the next one is refused (503 + `Retry-After`).
 
-use std::io::{self, Read};
+use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::FileError;
 
 /// A request body as the service sees it (the HTTP layer maps its own error type to io).
 pub type BodyStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 
-pub enum Chunk {
-    Data(Bytes),
-    End,
-}
-
-/// In-flight chunks between the two sides; with [`BATCH`] this bounds buffered memory to a few
-/// MiB per request.
-pub const CHANNEL_CHUNKS: usize = 4;
-/// Small frames are coalesced up to this size so the writer makes few large `write` calls.
+/// Small frames are coalesced up to this size so the blocking side makes few large `write`
+/// calls (and few trips to the blocking pool).
 const BATCH: usize = 512 << 10;
 /// Frames at least this large go to the writer as they are (hyper's frames are usually a few
 /// hundred KiB); copying them would cost more than the extra `write` call.
 const PASS_THROUGH: usize = 64 << 10;
 
-/// Why pumping stopped early.
-pub enum PumpEnd {
-    /// The blocking side hung up (it failed, or it needs no more input).
-    ReceiverGone,
-    Failed(FileError),
+/// After an early answer (limit exceeded, the writer failed), the rest of the body is read and
+/// discarded up to this much, so that a client still sending gets to read the answer instead of
+/// a connection reset (what nginx calls a lingering close).
+const LINGER_BYTES: u64 = 64 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// The transfer slots (uploads and downloads) and their idle timeout.
+pub struct Transfers {
+    slots: Arc<Semaphore>,
+    max: usize,
+    pub idle: Duration,
 }
 
-/// After an early answer (limit exceeded, the writer failed or needs no more), the rest of the
-/// body is read and discarded up to this much, so that a client still sending gets to read the
-/// answer instead of a connection reset (what nginx calls a lingering close).
-const LINGER_BYTES: u64 = 64 << 20;
-const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+impl Transfers {
+    pub fn new(max: usize, idle: Duration) -> Self {
+        Transfers {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            idle,
+        }
+    }
 
-/// Forwards `body` into `tx`, then sends `End`. Counts bytes against `limit`.
-pub async fn pump(
-    mut body: BodyStream,
-    tx: mpsc::Sender<Chunk>,
+    /// A slot for one transfer, held until the transfer ends; none free is 503 at once (a
+    /// queue would only let stalled clients hold more memory and sockets).
+    pub fn acquire(&self) -> Result<OwnedSemaphorePermit, FileError> {
+        self.slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| FileError::Busy { limit: self.max })
+    }
+}
+
+/// Reads a body in batches on the async side, with the idle timeout and the byte limit.
+pub struct BodyReader {
+    body: BodyStream,
+    idle: Duration,
     limit: Option<u64>,
-) -> Result<u64, PumpEnd> {
-    let res = forward(&mut body, tx, limit).await;
-    if matches!(
-        res,
-        Err(PumpEnd::ReceiverGone) | Err(PumpEnd::Failed(FileError::TooLarge { .. }))
-    ) {
+    total: u64,
+    pending: BytesMut,
+    done: bool,
+}
+
+impl BodyReader {
+    pub fn new(body: BodyStream, idle: Duration, limit: Option<u64>) -> Self {
+        BodyReader {
+            body,
+            idle,
+            limit,
+            total: 0,
+            pending: BytesMut::new(),
+            done: false,
+        }
+    }
+
+    /// The next batch of at least [`BATCH`] bytes (less at the end), `None` once the body is
+    /// complete. A timeout, a body error or the limit ends the body for good.
+    pub async fn next_batch(&mut self) -> Result<Option<Bytes>, FileError> {
+        while !self.done {
+            let frame = match tokio::time::timeout(self.idle, self.body.next()).await {
+                Err(_) => {
+                    self.done = true;
+                    return Err(FileError::Stalled { idle: self.idle });
+                }
+                Ok(None) => {
+                    self.done = true;
+                    break;
+                }
+                Ok(Some(Err(e))) => {
+                    self.done = true;
+                    return Err(FileError::Body(e));
+                }
+                Ok(Some(Ok(f))) => f,
+            };
+            self.total = self.total.saturating_add(frame.len() as u64);
+            if let Some(limit) = self.limit {
+                if self.total > limit {
+                    return Err(FileError::TooLarge { limit });
+                }
+            }
+            if self.pending.is_empty() && frame.len() >= PASS_THROUGH {
+                return Ok(Some(frame));
+            }
+            if self.pending.capacity() == 0 {
+                // A fresh buffer per batch: growing one by doubling would fragment the heap.
+                self.pending.reserve(BATCH);
+            }
+            self.pending.extend_from_slice(&frame);
+            if self.pending.len() >= BATCH {
+                return Ok(Some(self.pending.split().freeze()));
+            }
+        }
+        if self.pending.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some(self.pending.split().freeze()))
+        }
+    }
+
+    /// Reads and discards what the client is still sending after an early answer, bounded in
+    /// bytes and time (see [`LINGER_BYTES`]); a stalled or ended body returns at once.
+    pub async fn linger(mut self) {
+        if self.done {
+            return;
+        }
         let mut drained = 0u64;
+        let idle = self.idle.min(LINGER_TIME);
         let _ = tokio::time::timeout(LINGER_TIME, async {
-            while let Some(Ok(frame)) = body.next().await {
+            while let Ok(Some(Ok(frame))) = tokio::time::timeout(idle, self.body.next()).await {
                 drained += frame.len() as u64;
                 if drained > LINGER_BYTES {
                     break;
@@ -64,92 +141,48 @@ pub async fn pump(
         })
         .await;
     }
-    res
 }
 
-/// The forwarding loop of [`pump`]; dropping `tx` on any early return tells the writer to
-/// abandon its work.
-async fn forward(
-    body: &mut BodyStream,
-    tx: mpsc::Sender<Chunk>,
-    limit: Option<u64>,
-) -> Result<u64, PumpEnd> {
-    let mut total: u64 = 0;
-    let mut pending = BytesMut::new();
-    while let Some(frame) = body.next().await {
-        let frame = frame.map_err(|e| PumpEnd::Failed(FileError::Body(e)))?;
-        total += frame.len() as u64;
-        if let Some(limit) = limit {
-            if total > limit {
-                return Err(PumpEnd::Failed(FileError::TooLarge { limit }));
-            }
+/// Drops `value` (a temporary file and its directory, say) on the blocking pool: its `Drop`
+/// makes syscalls that must not run on the runtime thread.
+pub fn drop_off_thread<T: Send + 'static>(value: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(move || drop(value));
         }
-        let out = if pending.is_empty() && frame.len() >= PASS_THROUGH {
-            frame
-        } else {
-            if pending.capacity() == 0 {
-                // A fresh buffer per batch: growing one by doubling would fragment the heap.
-                pending.reserve(BATCH);
-            }
-            pending.extend_from_slice(&frame);
-            if pending.len() < BATCH {
-                continue;
-            }
-            pending.split().freeze()
-        };
-        tx.send(Chunk::Data(out))
-            .await
-            .map_err(|_| PumpEnd::ReceiverGone)?;
-    }
-    if !pending.is_empty() {
-        tx.send(Chunk::Data(pending.freeze()))
-            .await
-            .map_err(|_| PumpEnd::ReceiverGone)?;
-    }
-    tx.send(Chunk::End)
-        .await
-        .map_err(|_| PumpEnd::ReceiverGone)?;
-    Ok(total)
-}
-
-/// The blocking side of the channel as a `Read`: EOF only on `End`; a channel closed without
-/// `End` is an error, so a half-received body never looks complete.
-pub struct ChannelReader {
-    rx: mpsc::Receiver<Chunk>,
-    cur: Bytes,
-    done: bool,
-}
-
-impl ChannelReader {
-    pub fn new(rx: mpsc::Receiver<Chunk>) -> Self {
-        ChannelReader {
-            rx,
-            cur: Bytes::new(),
-            done: false,
-        }
+        Err(_) => drop(value),
     }
 }
 
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.cur.is_empty() {
-            if self.done {
-                return Ok(0);
-            }
-            match self.rx.blocking_recv() {
-                Some(Chunk::Data(b)) => self.cur = b,
-                Some(Chunk::End) => self.done = true,
-                None => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        "the request body ended early",
-                    ));
-                }
-            }
+/// Holds a value whose `Drop` makes syscalls (unlinking a temporary, closing a large unnamed
+/// file) while it sits on the async side between blocking steps. A request cancelled there (the
+/// client went away) drops its future on the runtime thread; this sends the value to the
+/// blocking pool instead.
+pub struct OffThread<T: Send + 'static>(Option<T>);
+
+impl<T: Send + 'static> OffThread<T> {
+    pub fn new(value: T) -> Self {
+        OffThread(Some(value))
+    }
+
+    /// Takes the value out for a blocking step (which drops it there if the step fails).
+    pub fn take(&mut self) -> Result<T, FileError> {
+        self.0.take().ok_or_else(|| FileError::Io {
+            op: "continue",
+            path: std::path::PathBuf::from("a transfer"),
+            source: io::Error::other("its file was lost after a failed step"),
+        })
+    }
+
+    pub fn put(&mut self, value: T) {
+        self.0 = Some(value);
+    }
+}
+
+impl<T: Send + 'static> Drop for OffThread<T> {
+    fn drop(&mut self) {
+        if let Some(v) = self.0.take() {
+            drop_off_thread(v);
         }
-        let n = buf.len().min(self.cur.len());
-        buf[..n].copy_from_slice(&self.cur[..n]);
-        let _ = self.cur.split_to(n);
-        Ok(n)
     }
 }

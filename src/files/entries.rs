@@ -22,30 +22,106 @@ fn lstat_at(dir: &OwnedFd, name: &OsStr) -> nix::Result<FileStat> {
 }
 
 /// Removes `name` in `dir` and, for a directory, everything beneath it, without following any
-/// symlink (each level is opened with `O_NOFOLLOW`).
+/// symlink. Iterative, holding two descriptors at most, whatever the depth (a tree 15,000 levels
+/// deep must neither overflow the stack nor exhaust descriptors): it descends with `O_NOFOLLOW`
+/// and climbs back through `..`, checking that `..` is still the directory it came from (same
+/// device and inode), so a tree moved meanwhile stops the removal instead of redirecting it.
 pub(super) fn remove_tree(dir: &OwnedFd, name: &OsStr) -> nix::Result<()> {
     let st = lstat_at(dir, name)?;
     if kind(&st) != SFlag::S_IFDIR {
         return nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir);
     }
-    let child = nix::fcntl::openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    for n in dir_names(&child)? {
-        remove_tree(&child, &n)?;
+    let open_dir = |at: &OwnedFd, n: &OsStr| {
+        nix::fcntl::openat(
+            at.as_fd(),
+            n,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let id = |fd: &OwnedFd| nix::sys::stat::fstat(fd.as_fd()).map(|s| (s.st_dev, s.st_ino));
+    // Unlinks what is not a directory in `d`; returns its subdirectories, still to do.
+    let clear = |d: &OwnedFd| -> nix::Result<Vec<OsString>> {
+        let mut dirs = Vec::new();
+        for n in dir_names(d)? {
+            let Ok(cst) = lstat_at(d, &n) else {
+                continue; // removed meanwhile
+            };
+            if kind(&cst) == SFlag::S_IFDIR {
+                dirs.push(n);
+                continue;
+            }
+            match nix::unistd::unlinkat(d.as_fd(), n.as_os_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(dirs)
+    };
+    let mut cur = open_dir(dir, name)?;
+    if id(&cur)? != (st.st_dev, st.st_ino) {
+        return Err(Errno::ESTALE);
     }
-    nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::RemoveDir)
+    // One frame per directory we are inside: its name in its parent, the parent's identity and
+    // the subdirectories still to remove.
+    let mut stack: Vec<(OsString, (u64, u64), Vec<OsString>)> =
+        vec![(name.to_os_string(), id(dir)?, clear(&cur)?)];
+    loop {
+        let Some((_, _, todo)) = stack.last_mut() else {
+            return Ok(());
+        };
+        if let Some(n) = todo.pop() {
+            let next = match open_dir(&cur, &n) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            let frame = (n, id(&cur)?, clear(&next)?);
+            stack.push(frame);
+            cur = next;
+            continue;
+        }
+        // `cur` is empty: climb to its parent and remove it there.
+        let Some((n, parent_id, _)) = stack.pop() else {
+            return Ok(());
+        };
+        if stack.is_empty() {
+            return nix::unistd::unlinkat(dir.as_fd(), n.as_os_str(), UnlinkatFlags::RemoveDir);
+        }
+        let parent = open_dir(&cur, OsStr::new(".."))?;
+        if id(&parent)? != parent_id {
+            return Err(Errno::ESTALE);
+        }
+        nix::unistd::unlinkat(parent.as_fd(), n.as_os_str(), UnlinkatFlags::RemoveDir)?;
+        cur = parent;
+    }
 }
 
-/// The names in a directory (without `.` and `..`).
+/// Removes the tree at `path` (a path the daemon itself chose, e.g. an installer's staging
+/// directory) with [`remove_tree`]: iterative, never following a symlink.
+pub fn remove_dir_all(path: &std::path::Path) -> std::io::Result<()> {
+    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("no name to remove"))?;
+    let dir = nix::fcntl::open(
+        parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(remove_tree(&dir, name)?)
+}
+
+/// The names in a directory (without `.` and `..`), read through a fresh descriptor so that the
+/// read always starts at the beginning.
 pub(super) fn dir_names(dir: &OwnedFd) -> nix::Result<Vec<OsString>> {
-    let dup = dir
-        .try_clone()
-        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
-    let mut d = nix::dir::Dir::from_fd(dup)?;
+    let fresh = nix::fcntl::openat(
+        dir.as_fd(),
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut d = nix::dir::Dir::from_fd(fresh)?;
     let mut out = Vec::new();
     for e in d.iter() {
         let e = e?;
@@ -56,7 +132,6 @@ pub(super) fn dir_names(dir: &OwnedFd) -> nix::Result<Vec<OsString>> {
     }
     Ok(out)
 }
-
 fn mtime(st: &FileStat) -> Option<String> {
     let t = std::time::UNIX_EPOCH.checked_add(std::time::Duration::new(
         st.st_mtime.max(0) as u64,
@@ -82,15 +157,12 @@ fn copy_across(
     )
     .map_err(|e| FileError::from_errno("open", from, e))?;
     let mut src = std::fs::File::from(src);
-    let temp = super::write::TempEntry::new(ddir, "move");
-    let out = nix::fcntl::openat(
-        ddir.as_fd(),
-        temp.name.as_os_str(),
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+    let (temp, mut out) = super::write::TempEntry::create(
+        ddir,
+        "move",
         Mode::from_bits_truncate(sst.st_mode & 0o7777),
-    )
-    .map_err(|e| FileError::from_errno("create", to, e))?;
-    let mut out = std::fs::File::from(out);
+        to,
+    )?;
     std::io::copy(&mut src, &mut out).map_err(|e| FileError::from_io("copy", to, e))?;
     if let Ok(m) = src.metadata().and_then(|m| m.modified()) {
         let _ = out.set_modified(m);
@@ -169,6 +241,20 @@ impl FileService {
                 size: st.st_size.max(0) as u64,
                 modified: mtime(&st),
             })
+        })
+        .await
+    }
+
+    /// The device, inode and directory-ness of what `path` resolves to (symlinks followed
+    /// beneath the root): the identity of a directory however it is spelled.
+    pub async fn identity(&self, path: &str) -> Result<(u64, u64, bool), FileError> {
+        let p = self.policy.resolve(path)?;
+        let policy = self.policy.clone();
+        blocking(move || {
+            let fd = policy.open(&p, OFlag::O_PATH)?;
+            let st = nix::sys::stat::fstat(fd.as_fd())
+                .map_err(|e| FileError::from_errno("stat", &p.abs, e))?;
+            Ok((st.st_dev, st.st_ino, kind(&st) == SFlag::S_IFDIR))
         })
         .await
     }

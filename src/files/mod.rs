@@ -18,6 +18,8 @@ use serde::Serialize;
 
 use crate::config::Config;
 pub use body::BodyStream;
+use body::Transfers;
+pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};
 pub use read::{OpenedFile, stream_range};
 pub use upload::Compression;
@@ -58,6 +60,12 @@ pub enum FileError {
     RangeNotSatisfiable { size: u64 },
     #[error("reading the request body failed: {0}")]
     Body(#[source] io::Error),
+    #[error("the client sent nothing for {}", humantime::format_duration(*idle))]
+    Stalled { idle: std::time::Duration },
+    #[error("all {limit} transfer slots are in use; retry later")]
+    Busy { limit: usize },
+    #[error("unsupported content type {got:?}; expected one of {expected}")]
+    UnsupportedMediaType { got: String, expected: &'static str },
     #[error("{op} {}: {source}", path.display())]
     Io {
         op: &'static str,
@@ -109,14 +117,14 @@ impl FileError {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EntryType {
     File,
     Directory,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FsEntry {
     pub name: String,
@@ -127,7 +135,7 @@ pub struct FsEntry {
     pub modified: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FsStat {
     pub path: String,
@@ -137,14 +145,14 @@ pub struct FsStat {
     pub modified: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WriteOutcome {
     pub path: String,
     pub bytes_written: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct UploadOutcome {
     pub paths: Vec<String>,
     pub truncated: bool,
@@ -160,6 +168,17 @@ fn rfc3339(t: io::Result<SystemTime>) -> Option<String> {
 
 fn shown(p: &Path) -> String {
     p.to_string_lossy().into_owned()
+}
+
+/// A blocking step that panicked or was cancelled: logged in full, answered without internals
+/// (no "task N panicked" in a response).
+pub(crate) fn internal(e: tokio::task::JoinError) -> FileError {
+    tracing::error!(error = %e, "a blocking file operation failed");
+    FileError::Io {
+        op: "internal error in",
+        path: PathBuf::from("a file operation"),
+        source: io::Error::other("see the daemon's log"),
+    }
 }
 
 /// Runs blocking filesystem work on the blocking pool (never on a reactor thread).
@@ -179,6 +198,9 @@ pub struct FileService {
     policy: std::sync::Arc<PathPolicy>,
     upload_limit: Option<u64>,
     upload_max_entries: u64,
+    transfers: Transfers,
+    /// Where upload-batch bodies are spooled (as unnamed files) before extraction.
+    spool_dir: PathBuf,
 }
 
 impl FileService {
@@ -191,6 +213,8 @@ impl FileService {
             )?),
             upload_limit: config.upload_limit,
             upload_max_entries: config.upload_max_entries,
+            transfers: Transfers::new(config.transfer_max, config.transfer_timeout),
+            spool_dir: config.data_dir.join("tmp"),
         })
     }
 

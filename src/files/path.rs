@@ -154,6 +154,17 @@ impl PathPolicy {
 
     /// `mkdir -p` beneath the root; returns the final directory.
     pub fn create_dirs(&self, rel: &Path, shown: &Path) -> Result<OwnedFd, FileError> {
+        self.create_dirs_tracked(rel, shown, &mut Vec::new())
+    }
+
+    /// [`Self::create_dirs`], recording each directory it created as (parent, name), in order,
+    /// so that a caller failing later can remove exactly those again.
+    pub fn create_dirs_tracked(
+        &self,
+        rel: &Path,
+        shown: &Path,
+        created: &mut Vec<(OwnedFd, OsString)>,
+    ) -> Result<OwnedFd, FileError> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
         let mut prefix = PathBuf::new();
         let mut fd = self
@@ -172,7 +183,12 @@ impl PathPolicy {
                 Ok(next) => fd = next,
                 Err(Errno::ENOENT) => {
                     match nix::sys::stat::mkdirat(fd.as_fd(), n, Mode::from_bits_truncate(0o777)) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Ok(()) => {
+                            if let Ok(parent) = fd.try_clone() {
+                                created.push((parent, n.to_os_string()));
+                            }
+                        }
+                        Err(Errno::EEXIST) => {}
                         Err(e) => return Err(FileError::from_errno("mkdir", shown, e)),
                     }
                     fd = self

@@ -1,44 +1,98 @@
-//! `PUT /v1/fs/file`: the body streams into a temporary file beside the target, which is fsynced
-//! and renamed over the target only once the whole body arrived. Invariant: on any failure
-//! (client gone, over the limit, full disk) the old file is untouched and the temporary removed.
+//! `PUT /v1/fs/file`: the body is read on the async side and each complete batch is written to a
+//! temporary file beside the target by a short blocking step; the file is fsynced and renamed
+//! over the target only once the whole body arrived. Invariants: on any failure (client gone or
+//! stalled, over the limit, full disk) the old file is untouched and the temporary removed; a
+//! temporary name is random and created with `O_EXCL`, and only what we created is ever removed;
+//! disk space is taken only as data arrives (the declared size is checked against free space,
+//! never reserved).
 
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
-use tokio::sync::mpsc;
 
-use super::body::{self, CHANNEL_CHUNKS, Chunk, PumpEnd};
+use super::body::{BodyReader, OffThread};
 use super::{BodyStream, FileError, FileService, WriteOutcome, blocking, shown};
 
 /// How much written data may accumulate before its writeback is started.
 const WRITEBACK_STEP: u64 = 8 << 20;
+/// Attempts at a fresh random temporary name before giving up (each collision is a name some
+/// other party created; it is left alone).
+const TEMP_ATTEMPTS: usize = 16;
 
-/// A temporary name in `dir`, removed on drop unless `keep` was called.
-pub(super) struct TempEntry<'a> {
-    pub dir: &'a OwnedFd,
+/// A random hidden name: nobody can plant a file under the name we are about to use.
+pub(super) fn random_name(stem: &str) -> OsString {
+    let mut b = [0u8; 12];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No entropy source: fall back to time and a counter; O_EXCL still protects us.
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        b[..8].copy_from_slice(&t.to_le_bytes());
+        b[8..].copy_from_slice(&(SEQ.fetch_add(1, Ordering::Relaxed) as u32).to_le_bytes());
+    }
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(".sandbox-agent-{stem}-{hex}").into()
+}
+
+/// A temporary file this process created in `dir`, removed on drop unless `keep` was called.
+/// It exists only after a successful `O_CREAT|O_EXCL`, so a name someone else planted is never
+/// removed.
+pub(super) struct TempEntry {
+    pub dir: OwnedFd,
     pub name: OsString,
     kept: bool,
 }
 
-impl<'a> TempEntry<'a> {
-    pub fn new(dir: &'a OwnedFd, stem: &str) -> Self {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            ".sandbox-agent-{stem}-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        TempEntry {
-            dir,
-            name: name.into(),
-            kept: false,
+impl TempEntry {
+    /// Creates a fresh temporary regular file in `dir` (a duplicate of the descriptor is kept).
+    pub fn create(
+        dir: &OwnedFd,
+        stem: &str,
+        mode: Mode,
+        shown_path: &Path,
+    ) -> Result<(TempEntry, File), FileError> {
+        let dir = dir
+            .try_clone()
+            .map_err(|e| FileError::from_io("open", shown_path, e))?;
+        for _ in 0..TEMP_ATTEMPTS {
+            let name = random_name(stem);
+            match nix::fcntl::openat(
+                dir.as_fd(),
+                name.as_os_str(),
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_RDWR
+                    | OFlag::O_CLOEXEC
+                    | OFlag::O_NOFOLLOW,
+                mode,
+            ) {
+                Ok(fd) => {
+                    return Ok((
+                        TempEntry {
+                            dir,
+                            name,
+                            kept: false,
+                        },
+                        File::from(fd),
+                    ));
+                }
+                Err(Errno::EEXIST) => continue,
+                Err(e) => return Err(FileError::from_errno("create", shown_path, e)),
+            }
         }
+        Err(FileError::AlreadyExists {
+            path: shown_path.to_path_buf(),
+        })
     }
 
     pub fn keep(mut self) {
@@ -46,7 +100,7 @@ impl<'a> TempEntry<'a> {
     }
 }
 
-impl Drop for TempEntry<'_> {
+impl Drop for TempEntry {
     fn drop(&mut self) {
         if !self.kept {
             let _ = nix::unistd::unlinkat(
@@ -56,6 +110,28 @@ impl Drop for TempEntry<'_> {
             );
         }
     }
+}
+
+/// Free bytes for an unprivileged writer on the filesystem of `dir`.
+pub(super) fn free_bytes(dir: &OwnedFd) -> Option<u64> {
+    let st = nix::sys::statvfs::fstatvfs(dir.as_fd()).ok()?;
+    Some((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+}
+
+/// Refuses (507) a body that declares more than the filesystem has free.
+pub(super) fn check_space(
+    dir: &OwnedFd,
+    declared: Option<u64>,
+    shown_path: &Path,
+) -> Result<(), FileError> {
+    if let (Some(n), Some(free)) = (declared, free_bytes(dir)) {
+        if n > free {
+            return Err(FileError::NoSpace {
+                path: shown_path.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The permission bits of an existing regular file, so a rewrite keeps them (executables stay
@@ -85,14 +161,90 @@ fn existing_mode(
     }
 }
 
+/// One PUT in progress: the temporary file and where it goes. Every method is a short blocking
+/// step; the value travels between the async side and the blocking pool.
+struct PutFile {
+    dir: OwnedFd,
+    name: OsString,
+    shown: PathBuf,
+    temp: TempEntry,
+    file: File,
+    written: u64,
+    flushed: u64,
+}
+
+impl PutFile {
+    fn create(
+        policy: &super::PathPolicy,
+        target: &super::SandboxPath,
+        declared: Option<u64>,
+    ) -> Result<PutFile, FileError> {
+        let (dir, name) = policy.open_parent(target, true)?;
+        let mode = existing_mode(&dir, &name, &target.abs)?;
+        check_space(&dir, declared, &target.abs)?;
+        let (temp, file) =
+            TempEntry::create(&dir, "write", Mode::from_bits_truncate(0o666), &target.abs)?;
+        if let Some(mode) = mode {
+            let _ = nix::sys::stat::fchmod(file.as_fd(), mode);
+        }
+        Ok(PutFile {
+            dir,
+            name,
+            shown: target.abs.clone(),
+            temp,
+            file,
+            written: 0,
+            flushed: 0,
+        })
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<(), FileError> {
+        self.file
+            .write_all(data)
+            .map_err(|e| FileError::from_io("write", &self.shown, e))?;
+        self.written += data.len() as u64;
+        // Keep writeback running behind the incoming body instead of leaving a whole file of
+        // dirty pages to the final fsync.
+        if self.written - self.flushed >= WRITEBACK_STEP {
+            let _ = crate::sys::start_writeback(
+                self.file.as_fd(),
+                self.flushed,
+                self.written - self.flushed,
+            );
+            self.flushed = self.written;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<u64, FileError> {
+        self.file
+            .sync_all()
+            .map_err(|e| FileError::from_io("fsync", &self.shown, e))?;
+        drop(self.file);
+        nix::fcntl::renameat(
+            self.temp.dir.as_fd(),
+            self.temp.name.as_os_str(),
+            self.dir.as_fd(),
+            self.name.as_os_str(),
+        )
+        .map_err(|e| FileError::from_errno("rename", &self.shown, e))?;
+        self.temp.keep();
+        // The rename is durable only once the directory itself is synced.
+        let _ = nix::unistd::fsync(self.dir.as_fd());
+        Ok(self.written)
+    }
+}
+
 impl FileService {
-    /// Writes `body` to `path` atomically; `declared` is the Content-Length, checked up front.
+    /// Writes `body` to `path` atomically; `declared` is the Content-Length, checked up front
+    /// against the upload limit and the free space.
     pub async fn write_file(
         &self,
         path: &str,
         body: BodyStream,
         declared: Option<u64>,
     ) -> Result<WriteOutcome, FileError> {
+        let _slot = self.transfers.acquire()?;
         let target = self.policy.resolve(path)?;
         let limit = self.upload_limit;
         if let (Some(limit), Some(n)) = (limit, declared) {
@@ -100,102 +252,46 @@ impl FileService {
                 return Err(FileError::TooLarge { limit });
             }
         }
-        let (tx, rx) = mpsc::channel::<Chunk>(CHANNEL_CHUNKS);
+        let mut reader = BodyReader::new(body, self.transfers.idle, limit);
         let policy = self.policy.clone();
         let abs = target.abs.clone();
-        let writer =
-            tokio::task::spawn_blocking(move || write_blocking(&policy, &target, rx, declared));
-        let pumped = body::pump(body, tx, limit).await;
-        // A panic in the writer goes on unwinding: the edge answers a plain 500.
-        let written = writer
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-        match pumped {
-            // The writer's answer (success, or why it stopped reading) is the truth.
-            Ok(_) | Err(PumpEnd::ReceiverGone) => written.map(|n| WriteOutcome {
-                path: shown(&abs),
-                bytes_written: n,
-            }),
-            // The body failed or exceeded the limit: the writer saw no `End` and removed its
-            // temporary file; report the body's problem.
-            Err(PumpEnd::Failed(e)) => Err(e),
-        }
-    }
-}
-
-fn write_blocking(
-    policy: &super::PathPolicy,
-    target: &super::SandboxPath,
-    rx: mpsc::Receiver<Chunk>,
-    declared: Option<u64>,
-) -> Result<u64, FileError> {
-    let (dir, name) = policy.open_parent(target, true)?;
-    let mode = existing_mode(&dir, &name, &target.abs)?;
-    let temp = TempEntry::new(&dir, "write");
-    let fd = nix::fcntl::openat(
-        dir.as_fd(),
-        temp.name.as_os_str(),
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
-        Mode::from_bits_truncate(0o666),
-    )
-    .map_err(|e| FileError::from_errno("create", &target.abs, e))?;
-    let mut file = std::fs::File::from(fd);
-    if let Some(mode) = mode {
-        let _ = nix::sys::stat::fchmod(file.as_fd(), mode);
-    }
-    // Reserve the declared size up front: a body that cannot fit is refused (507) before it is
-    // received, and the blocks are allocated in one go. KEEP_SIZE leaves the length to the data.
-    // Filesystems without fallocate (EOPNOTSUPP) simply allocate as the data arrives.
-    if let Some(len) = declared.filter(|&l| l > 0) {
-        let reserved = nix::fcntl::fallocate(
-            file.as_fd(),
-            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
-            0,
-            len.min(i64::MAX as u64) as i64,
-        );
-        if let Err(e @ (Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG)) = reserved {
-            return Err(FileError::from_errno("allocate", &target.abs, e));
-        }
-    }
-    let mut rx = rx;
-    let mut n: u64 = 0;
-    let mut flushed: u64 = 0;
-    loop {
-        match rx.blocking_recv() {
-            Some(Chunk::Data(b)) => {
-                file.write_all(&b)
-                    .map_err(|e| FileError::from_io("write", &target.abs, e))?;
-                n += b.len() as u64;
-                // Keep writeback running behind the incoming body instead of leaving a whole
-                // file of dirty pages to the final fsync.
-                if n - flushed >= WRITEBACK_STEP {
-                    let _ = crate::sys::start_writeback(file.as_fd(), flushed, n - flushed);
-                    flushed = n;
+        let mut put = match blocking(move || PutFile::create(&policy, &target, declared)).await {
+            Ok(p) => OffThread::new(p),
+            Err(e) => {
+                reader.linger().await;
+                return Err(e);
+            }
+        };
+        loop {
+            match reader.next_batch().await {
+                Ok(Some(chunk)) => {
+                    // On a failed write the temporary is dropped (removed) on the blocking side.
+                    let mut p = put.take()?;
+                    match blocking(move || p.write(&chunk).map(|()| p)).await {
+                        Ok(p) => put.put(p),
+                        Err(e) => {
+                            reader.linger().await;
+                            return Err(e);
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    drop(put);
+                    if matches!(e, FileError::TooLarge { .. }) {
+                        reader.linger().await;
+                    }
+                    return Err(e);
                 }
             }
-            Some(Chunk::End) => break,
-            // The request ended without its body: drop the temporary, keep the old file.
-            None => {
-                return Err(FileError::Body(std::io::Error::other(
-                    "the request body ended early",
-                )));
-            }
         }
+        let p = put.take()?;
+        let n = blocking(move || p.finish()).await?;
+        Ok(WriteOutcome {
+            path: shown(&abs),
+            bytes_written: n,
+        })
     }
-    file.sync_all()
-        .map_err(|e| FileError::from_io("fsync", &target.abs, e))?;
-    drop(file);
-    nix::fcntl::renameat(
-        dir.as_fd(),
-        temp.name.as_os_str(),
-        dir.as_fd(),
-        name.as_os_str(),
-    )
-    .map_err(|e| FileError::from_errno("rename", &target.abs, e))?;
-    temp.keep();
-    // The rename is durable only once the directory itself is synced.
-    let _ = nix::unistd::fsync(dir.as_fd());
-    Ok(n)
 }
 
 impl FileService {
@@ -206,16 +302,10 @@ impl FileService {
         data: Vec<u8>,
     ) -> Result<(), FileError> {
         let policy = self.policy.clone();
-        let len = data.len() as u64;
         blocking(move || {
-            let (tx, rx) = mpsc::channel::<Chunk>(2);
-            tx.try_send(Chunk::Data(data.into()))
-                .and_then(|_| tx.try_send(Chunk::End))
-                .map_err(|_| FileError::Invalid {
-                    reason: "internal channel full".into(),
-                })?;
-            drop(tx);
-            write_blocking(&policy, &path, rx, Some(len)).map(|_| ())
+            let mut put = PutFile::create(&policy, &path, Some(data.len() as u64))?;
+            put.write(&data)?;
+            put.finish().map(|_| ())
         })
         .await
     }

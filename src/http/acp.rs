@@ -4,27 +4,65 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{AppState, Problem};
 use crate::acp::events::KEEPALIVE_FRAME;
 use crate::acp::{self, AcpError, Delivered, Kind, Next, Subscription};
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/v1/acp", get(list)).route(
-        "/v1/acp/{server_id}",
-        get(stream).post(post_message).delete(delete),
-    )
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(stream, post_message, delete))
 }
 
+/// `GET /v1/acp`: every instance, sorted by serverId.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ServerList {
+    servers: Vec<crate::acp::ServerInfo>,
+}
+
+/// One JSON-RPC 2.0 message (request, notification or response), passed through untouched: the
+/// proxy reads only `id` and `method` to route it and never interprets ACP methods or params.
+#[derive(utoipa::ToSchema)]
+#[schema(as = JsonRpcMessage)]
+#[allow(dead_code)] // only its schema is used: envelopes are forwarded as bytes
+struct JsonRpcMessage {
+    #[schema(value_type = String, pattern = "^2\\.0$", example = "2.0")]
+    jsonrpc: String,
+    /// Present on requests and responses: a number or a string, echoed unchanged.
+    #[schema(value_type = Object, nullable = false, required = false)]
+    id: Option<serde_json::Value>,
+    /// Present on requests and notifications.
+    #[schema(nullable = false)]
+    method: Option<String>,
+    #[schema(value_type = Object, nullable = false, required = false)]
+    params: Option<serde_json::Value>,
+    #[schema(value_type = Object, nullable = false, required = false)]
+    result: Option<serde_json::Value>,
+    #[schema(value_type = Object, nullable = false, required = false)]
+    error: Option<serde_json::Value>,
+}
+
+/// Every agent instance with its process status and figures.
+#[utoipa::path(
+    get,
+    path = "/v1/acp",
+    operation_id = "listAcpServers",
+    tag = "acp",
+    responses((status = 200, description = "Every instance, sorted by serverId", body = ServerList)),
+)]
 async fn list(State(st): State<AppState>) -> Response {
-    axum::Json(json!({ "servers": st.acp.list().await })).into_response()
+    axum::Json(ServerList {
+        servers: st.acp.list().await,
+    })
+    .into_response()
 }
 
 /// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).
@@ -35,6 +73,56 @@ struct PostQuery {
     agent: Option<String>,
 }
 
+/// Sends one JSON-RPC message to the agent of `serverId`, starting (and if needed installing) the
+/// agent on the first POST. A request is answered with the agent's response; a notification or
+/// a response to an agent's request with 202 once written to the agent's stdin.
+#[utoipa::path(
+    post,
+    path = "/v1/acp/{serverId}",
+    operation_id = "postAcpMessage",
+    tag = "acp",
+    params(
+        ("serverId" = String, Path, description = "Client-chosen instance id",
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
+        ("agent" = Option<String>, Query, description = "The agent to start (e.g. `mock`, \
+            `claude`); needed on the first POST to a serverId, and must match on later ones. \
+            An empty value counts as absent.", example = "mock"),
+        ("Prefer" = Option<String>, Header, description = "RFC 7240 preferences: \
+            `respond-async` answers a request 202 at once (its response goes to the SSE stream); \
+            `jsonrpc-errors` answers an agent failure or timeout on a request with 200 and a \
+            JSON-RPC error object (`code` -32603, `data` the problem) instead of 502/504.",
+            example = "respond-async"),
+    ),
+    request_body(content = JsonRpcMessage, content_type = "application/json",
+        description = "Exactly one JSON-RPC 2.0 object (no batches). `Content-Type` must be \
+            `application/json` (parameters allowed).",
+        example = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}})),
+    responses(
+        (status = 200, description = "The agent's response to the request, its `id` unchanged \
+            (or, with `jsonrpc-errors`, a JSON-RPC error object)", body = JsonRpcMessage,
+            example = json!({"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": 1,
+                "agentCapabilities": {}, "agentInfo": {"name": "mock"}, "authMethods": []}})),
+        (status = 202, description = "A notification or a response was written to the agent, \
+            or `Prefer: respond-async` was given; no body"),
+        (status = 400, description = "Invalid serverId, missing or unknown `agent`, a body that \
+            is not one JSON-RPC object (unparseable, not an object, a batch)",
+            body = super::openapi::ProblemSchema, content_type = "application/problem+json",
+            example = json!({"type": "urn:sandbox-agent:problem:unknown-agent",
+                "title": "Unknown Agent", "status": 400,
+                "detail": "unknown agent `nope`", "agent": "nope"})),
+        (status = 404, description = "The instance was deleted while it was starting"),
+        (status = 406, description = "`Accept` excludes `application/json`"),
+        (status = 409, description = "The serverId is bound to another agent (Agent Mismatch), \
+            a request with the same id is still in flight (Duplicate Request Id), or the agent \
+            is not installed and `--require-preinstall` is set (`installCommand`)"),
+        (status = 415, description = "`Content-Type` is not `application/json`"),
+        (status = 502, description = "The agent is gone (exited, killed, failed to start or to \
+            install); `exitCode`, `signal`, `exitReason`, `stderrTail` say how"),
+        (status = 504, description = "The agent did not answer within the request timeout; its \
+            late answer goes to the SSE stream (`timeoutMs`)"),
+    )
+)]
 async fn post_message(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
@@ -183,6 +271,38 @@ async fn read_body(
     Ok((buf.freeze(), held))
 }
 
+/// The agent's messages that are not POST answers, as Server-Sent Events: first every retained
+/// event (after `Last-Event-ID`), then live ones.
+#[utoipa::path(
+    get,
+    path = "/v1/acp/{serverId}",
+    operation_id = "streamAcpEvents",
+    tag = "acp",
+    params(
+        ("serverId" = String, Path, description = "Client-chosen instance id",
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: \
+            the retained events with a greater id are replayed first. A non-numeric value is 400.",
+            pattern = "^\\s*[0-9]{1,19}\\s*$", example = "41"),
+    ),
+    responses(
+        (status = 200, description = "An endless `text/event-stream`. Each agent message that \
+            is not a POST answer (notifications, agent-to-client requests, late responses) is \
+            one event: `event: message`, `id: <n>` (per serverId, from 1, strictly increasing), \
+            `data: <one JSON-RPC object on one line>`. When retained events were evicted before \
+            the client read them, `event: gap` with `data: {\"from\":<first missing>,\"to\":<last \
+            missing>}` comes first. A comment line `: keepalive` is sent when nothing else was \
+            for `--keepalive`. The stream ends when the instance is deleted or its agent exited \
+            and everything was delivered.",
+            content_type = "text/event-stream", body = String,
+            example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
+        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` that is not a \
+            number or is beyond the last event"),
+        (status = 404, description = "No instance with this serverId"),
+        (status = 406, description = "`Accept` excludes `text/event-stream`"),
+        (status = 410, description = "The agent exited and every event was delivered"),
+    )
+)]
 async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
@@ -265,6 +385,22 @@ fn sse_frames(
     )
 }
 
+/// Detaches the instance (no longer listed, its streams end) and stops its agent in the
+/// background (TERM to the process group, grace, KILL). Idempotent.
+#[utoipa::path(
+    delete,
+    path = "/v1/acp/{serverId}",
+    operation_id = "deleteAcpServer",
+    tag = "acp",
+    params(
+        ("serverId" = String, Path, description = "Client-chosen instance id",
+            pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128, example = "s1"),
+    ),
+    responses(
+        (status = 204, description = "Detached (or was not there); the stop runs on"),
+        (status = 400, description = "Invalid serverId"),
+    )
+)]
 async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();

@@ -3,31 +3,55 @@
 //! artifacts and where they came from.
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::agents::{AgentError, AgentStatus, InstallRequest};
+use crate::agents::{AgentError, AgentStatus, InstallOutcome, InstallRequest};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/agents", get(list))
-        .route("/v1/agents/{agent}", get(one))
-        .route("/v1/agents/{agent}/install", post(install))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(one))
+        .routes(routes!(install))
 }
 
-fn with_server_status(state: &AppState, status: AgentStatus) -> Value {
+/// One agent: its install status and how many of its processes the proxy runs.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    #[serde(flatten)]
+    status: AgentStatus,
+    server_status: ServerStatus,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = AgentServerStatus)]
+pub struct ServerStatus {
+    /// Agent processes of this agent running now.
+    running: usize,
+    /// `running` when at least one runs.
+    #[schema(value_type = String, pattern = "^(running|stopped)$")]
+    status: &'static str,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AgentList {
+    agents: Vec<AgentInfo>,
+}
+
+fn with_server_status(state: &AppState, status: AgentStatus) -> AgentInfo {
     let running = running_instances(state, &status.id);
-    let mut v = serde_json::to_value(status).unwrap_or_default();
-    v["serverStatus"] = json!({
-        "running": running,
-        "status": if running > 0 { "running" } else { "stopped" },
-    });
-    v
+    AgentInfo {
+        status,
+        server_status: ServerStatus {
+            running,
+            status: if running > 0 { "running" } else { "stopped" },
+        },
+    }
 }
 
 /// How many agent processes of this agent the proxy runs now.
@@ -35,20 +59,40 @@ fn running_instances(state: &AppState, agent: &str) -> usize {
     state.acp.running_count(agent)
 }
 
-async fn list(State(state): State<AppState>) -> Json<Value> {
-    let agents: Vec<Value> = state
+/// Every known agent (built in and from the agents file) with install and runtime status.
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    operation_id = "listAgents",
+    tag = "agents",
+    responses((status = 200, description = "Every known agent", body = AgentList)),
+)]
+async fn list(State(state): State<AppState>) -> Json<AgentList> {
+    let agents: Vec<AgentInfo> = state
         .agents
         .statuses()
         .into_iter()
         .map(|s| with_server_status(&state, s))
         .collect();
-    Json(json!({ "agents": agents }))
+    Json(AgentList { agents })
 }
 
+/// One known agent.
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{agent}",
+    operation_id = "getAgent",
+    tag = "agents",
+    params(("agent" = String, Path, description = "Agent id (e.g. `claude`, `mock`)")),
+    responses(
+        (status = 200, description = "The agent", body = AgentInfo),
+        (status = 404, description = "No such agent"),
+    )
+)]
 async fn one(
     State(state): State<AppState>,
     Path(agent): Path<String>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<AgentInfo>, Problem> {
     let status = state
         .agents
         .status(&agent)
@@ -56,22 +100,60 @@ async fn one(
     Ok(Json(with_server_status(&state, status)))
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Install options; every member is optional, and so is the body.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = InstallRequest)]
 struct InstallBody {
+    /// Install again even when installed.
     #[serde(default)]
     reinstall: bool,
+    /// Version of the native CLI, for agents that install one separately.
     #[serde(default)]
+    #[schema(min_length = 1)]
     agent_version: Option<String>,
+    /// Version of the ACP agent process.
     #[serde(default)]
+    #[schema(min_length = 1)]
     agent_process_version: Option<String>,
 }
 
+/// Installs an agent (or checks that it is installed) and waits for the install to finish.
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{agent}/install",
+    operation_id = "installAgent",
+    tag = "agents",
+    params(("agent" = String, Path, description = "Agent id (e.g. `claude`, `mock`)")),
+    request_body(content = Option<InstallBody>, content_type = "application/json",
+        description = "Optional; no body (or an empty one) means defaults",
+        example = json!({"reinstall": false})),
+    responses(
+        (status = 200, description = "Installed (or already installed): the artifacts and where \
+            they came from", body = InstallOutcome,
+            example = json!({"alreadyInstalled": false, "already_installed": false,
+                "source": "registry", "version": "0.4.1", "artifacts": [{"kind": "agent_process",
+                "path": "/var/lib/sandbox-agent/agents/claude/0.4.1/node_modules/.bin/claude-agent-acp",
+                "version": "0.4.1", "source": "registry"}]})),
+        (status = 400, description = "Invalid body or version pin"),
+        (status = 404, description = "No such agent"),
+        (status = 409, description = "Not installed and `--require-preinstall` is set; \
+            `installCommand` says how to install it",
+            body = super::openapi::ProblemSchema, content_type = "application/problem+json",
+            example = json!({"type": "urn:sandbox-agent:problem:agent-not-installed",
+                "title": "Agent Not Installed", "status": 409,
+                "detail": "agent `claude` is not installed and installs at run time are \
+                    disabled; run `sandbox-agent agents install claude`",
+                "agent": "claude", "installCommand": "sandbox-agent agents install claude"})),
+        (status = 502, description = "The install failed (download, checksum, npm); `detail` \
+            says why"),
+    )
+)]
 async fn install(
     State(state): State<AppState>,
     Path(agent): Path<String>,
     body: Bytes,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<InstallOutcome>, Problem> {
     if !state.agents.is_known(&agent) {
         return Err(Problem::not_found(format!("unknown agent `{agent}`")));
     }
@@ -110,5 +192,5 @@ async fn install(
             },
         )
         .await?;
-    Ok(Json(serde_json::to_value(outcome).unwrap_or_default()))
+    Ok(Json(outcome))
 }

@@ -4,31 +4,117 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::config_store::{ConfigError, ConfigKind};
+use crate::config_store::{ConfigError, ConfigKind, McpEntry, SkillsEntry};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/config/mcp",
-            get(|s, q| read(ConfigKind::Mcp, s, q))
-                .put(|s, q, b| write(ConfigKind::Mcp, s, q, b))
-                .delete(|s, q| remove(ConfigKind::Mcp, s, q)),
-        )
-        .route(
-            "/v1/config/skills",
-            get(|s, q| read(ConfigKind::Skills, s, q))
-                .put(|s, q, b| write(ConfigKind::Skills, s, q, b))
-                .delete(|s, q| remove(ConfigKind::Skills, s, q)),
-        )
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_mcp, put_mcp, delete_mcp))
+        .routes(routes!(get_skill, put_skill, delete_skill))
 }
+
+/// One handler per method and kind: each carries its own OpenAPI description.
+macro_rules! config_routes {
+    ($kind:expr, $path:literal, $name_param:literal, $entry:ty, $what:literal,
+     $get:ident, $put:ident, $delete:ident) => {
+        #[doc = concat!("Reads one ", $what, " entry of a directory.")]
+        #[utoipa::path(
+            get,
+            path = $path,
+            operation_id = stringify!($get),
+            tag = "config",
+            params(
+                ("directory" = String, Query, description = "An existing directory; the entry is \
+                    stored in `<directory>/.sandbox-agent/config/`", min_length = 1),
+                ($name_param = String, Query, description = "The entry's name", min_length = 1),
+            ),
+            responses(
+                (status = 200, description = "The entry as stored", body = $entry),
+                (status = 400, description = "A missing parameter, or `directory` is not a directory"),
+                (status = 404, description = "No such entry, or no such directory"),
+                (status = 500, description = "The stored file is corrupt"),
+            )
+        )]
+        async fn $get(s: State<AppState>, q: Params) -> Result<Response, Problem> {
+            read($kind, s, q).await
+        }
+
+        #[doc = concat!("Creates or replaces one ", $what, " entry of a directory.")]
+        #[utoipa::path(
+            put,
+            path = $path,
+            operation_id = stringify!($put),
+            tag = "config",
+            params(
+                ("directory" = String, Query, description = "An existing directory; the entry is \
+                    stored in `<directory>/.sandbox-agent/config/`", min_length = 1),
+                ($name_param = String, Query, description = "The entry's name", min_length = 1),
+            ),
+            request_body(content = $entry, content_type = "application/json"),
+            responses(
+                (status = 204, description = "Stored"),
+                (status = 400, description = "A missing parameter, an invalid entry (the reason \
+                    names the field), or `directory` is not a directory"),
+                (status = 404, description = "No such directory"),
+                (status = 500, description = "The stored file is corrupt"),
+                (status = 507, description = "No space left on the device"),
+            )
+        )]
+        async fn $put(s: State<AppState>, q: Params, b: Bytes) -> Result<Response, Problem> {
+            write($kind, s, q, b).await
+        }
+
+        #[doc = concat!("Deletes one ", $what, " entry of a directory.")]
+        #[utoipa::path(
+            delete,
+            path = $path,
+            operation_id = stringify!($delete),
+            tag = "config",
+            params(
+                ("directory" = String, Query, description = "An existing directory; the entry is \
+                    stored in `<directory>/.sandbox-agent/config/`", min_length = 1),
+                ($name_param = String, Query, description = "The entry's name", min_length = 1),
+            ),
+            responses(
+                (status = 204, description = "Deleted"),
+                (status = 400, description = "A missing parameter, or `directory` is not a directory"),
+                (status = 404, description = "No such entry, or no such directory"),
+                (status = 500, description = "The stored file is corrupt"),
+            )
+        )]
+        async fn $delete(s: State<AppState>, q: Params) -> Result<Response, Problem> {
+            remove($kind, s, q).await
+        }
+    };
+}
+
+config_routes!(
+    ConfigKind::Mcp,
+    "/v1/config/mcp",
+    "mcpName",
+    McpEntry,
+    "MCP server",
+    get_mcp,
+    put_mcp,
+    delete_mcp
+);
+config_routes!(
+    ConfigKind::Skills,
+    "/v1/config/skills",
+    "skillName",
+    SkillsEntry,
+    "skills",
+    get_skill,
+    put_skill,
+    delete_skill
+);
 
 type Params = Query<HashMap<String, String>>;
 

@@ -263,6 +263,15 @@ impl From<crate::files::FileError> for Problem {
                 p
             }
             E::Io { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            // harden-files: transfer limits and content types.
+            E::Stalled { .. } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                .header(header::CONNECTION, "close"),
+            E::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            E::UnsupportedMediaType { .. } => {
+                Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
+            }
         }
     }
 }
@@ -277,7 +286,28 @@ impl From<crate::config_store::ConfigError> for Problem {
             }
             E::NotFound { .. } => Problem::not_found(detail),
             E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            E::TooLarge { limit, .. } => {
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
+            }
             E::File(f) => Problem::from(f),
+        }
+    }
+}
+
+/// A JSON body axum could not take: an invalid body is 400 (axum's own answer would be 422,
+/// which the contract does not use), a missing JSON content type 415, a body over the limit 413.
+impl From<axum::extract::rejection::JsonRejection> for Problem {
+    fn from(e: axum::extract::rejection::JsonRejection) -> Self {
+        use axum::extract::rejection::JsonRejection as R;
+        match e {
+            R::MissingJsonContentType(_) => Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the body with Content-Type: application/json",
+            ),
+            R::JsonDataError(_) | R::JsonSyntaxError(_) => {
+                Problem::bad_request(format!("invalid request body: {}", e.body_text()))
+            }
+            other => Problem::new(other.status(), other.body_text()),
         }
     }
 }

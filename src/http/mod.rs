@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod guard;
+pub mod openapi;
 pub mod processes;
 
 use std::sync::Arc;
@@ -18,9 +19,9 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::config::Config;
 pub use error::Problem;
@@ -76,17 +77,24 @@ impl AppState {
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/health", get(health))
+/// Every route, each registered with its OpenAPI description (`routes!` of a handler carrying
+/// `#[utoipa::path]`). A feature adds one `.merge(feature::routes())` line here, its `routes()`
+/// returning an `OpenApiRouter`; see "Adding a route" in docs/api.md.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(root))
+        .routes(routes!(health))
+        .merge(openapi::routes())
         .merge(acp::routes())
         .merge(agents::routes())
         .merge(files::routes())
         .merge(config::routes())
-        .merge(processes::routes());
-    Router::new()
-        .route("/", get(root))
-        .merge(v1)
+        .merge(processes::routes())
+}
+
+pub fn router(state: AppState) -> Router {
+    let (routes, _) = api().split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))
@@ -95,12 +103,47 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn root() -> impl IntoResponse {
-    axum::Json(json!({ "name": "Sandbox Agent", "version": env!("CARGO_PKG_VERSION") }))
+/// What this is; the one route that never needs the token (probes use it).
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "getRoot",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The daemon's name and version", body = RootInfo),
+    )
+)]
+async fn root() -> axum::Json<RootInfo> {
+    axum::Json(RootInfo {
+        name: "Sandbox Agent",
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
-async fn health() -> impl IntoResponse {
-    axum::Json(json!({ "status": "ok" }))
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct RootInfo {
+    #[schema(example = "Sandbox Agent")]
+    name: &'static str,
+    version: &'static str,
+}
+
+/// Liveness: answers while the daemon serves.
+#[utoipa::path(
+    get,
+    path = "/v1/health",
+    operation_id = "getHealth",
+    tag = "meta",
+    responses((status = 200, description = "The daemon serves", body = Health)),
+)]
+async fn health() -> axum::Json<Health> {
+    axum::Json(Health { status: "ok" })
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schema(example = "ok")]
+    status: &'static str,
 }
 
 async fn not_found(req: Request) -> Problem {

@@ -9,65 +9,65 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::{AppState, Problem};
 use crate::processes::{
     Chunk, CreateRequest, LogStream, ProcessConfig, ProcessError, ProcessInfo, ReaderSlot,
-    RunRequest, StreamFilter, default_filter,
+    RunRequest, RunResponse, StreamFilter, default_filter,
 };
 
 /// Output per SSE batch or WebSocket frame run, so one reader holds little at a time.
 const BATCH_BYTES: usize = 256 * 1024;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/processes", get(list).post(create))
-        .route("/v1/processes/config", get(get_config).post(set_config))
-        .route("/v1/processes/run", post(run))
-        .route("/v1/processes/{id}", get(get_one).delete(delete))
-        .route("/v1/processes/{id}/input", post(input))
-        .route("/v1/processes/{id}/stop", post(stop))
-        .route("/v1/processes/{id}/kill", post(kill))
-        .route("/v1/processes/{id}/logs", get(logs))
-        .route("/v1/processes/{id}/terminal/resize", post(resize))
-        .route("/v1/processes/{id}/terminal/ws", get(terminal_ws))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(get_config, set_config))
+        .routes(routes!(run))
+        .routes(routes!(get_one, delete))
+        .routes(routes!(input))
+        .routes(routes!(stop))
+        .routes(routes!(kill))
+        .routes(routes!(logs))
+        .routes(routes!(resize))
+        .routes(routes!(terminal_ws))
 }
 
 type Params = Query<HashMap<String, String>>;
 
 /// `GET /v1/processes`.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 struct ProcessListResponse {
     processes: Vec<ProcessInfo>,
 }
 
 /// `POST /v1/processes/{id}/input`.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct InputResponse {
     bytes_written: usize,
 }
 
 /// `POST /v1/processes/{id}/terminal/resize`, both ways.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 struct TerminalSize {
     cols: u32,
     rows: u32,
 }
 
 /// One chunk of output (`ProcessLogEntry`).
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct LogEntry {
     /// Byte offset just after the chunk in the process's combined output.
@@ -76,18 +76,20 @@ struct LogEntry {
     timestamp_ms: u64,
     /// The bytes, base64.
     data: String,
+    /// Always `base64`.
+    #[schema(value_type = String, example = "base64")]
     encoding: &'static str,
 }
 
 /// Output that was asked for but is no longer held: bytes `[from, to)`.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 struct Gap {
     from: u64,
     to: u64,
 }
 
 /// `GET /v1/processes/{id}/logs` without `follow`.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct ProcessLogsResponse {
     process_id: String,
@@ -96,6 +98,7 @@ struct ProcessLogsResponse {
     /// Bytes of output written so far.
     end: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     gap: Option<Gap>,
 }
 
@@ -131,6 +134,21 @@ fn wait_param(q: &HashMap<String, String>) -> Result<Duration, Problem> {
     ))
 }
 
+/// Every process record (running and exited), oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/processes",
+    operation_id = "listProcesses",
+    tag = "processes",
+    params(
+        ("owner" = Option<String>, Query, description = "`user` (every process of this API), \
+            `desktop` or `system` (none)", example = "user"),
+    ),
+    responses(
+        (status = 200, description = "The records", body = ProcessListResponse),
+        (status = 400, description = "An unknown owner"),
+    )
+)]
 async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, Problem> {
     let processes = match q.get("owner").map(String::as_str) {
         None | Some("") | Some("user") => st.processes.list(),
@@ -145,34 +163,131 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
     Ok(axum::Json(ProcessListResponse { processes }).into_response())
 }
 
+/// Starts a process in the background (pipes, or a terminal with `tty`).
+#[utoipa::path(
+    post,
+    path = "/v1/processes",
+    operation_id = "createProcess",
+    tag = "processes",
+    request_body(content = CreateRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Started", body = ProcessInfo),
+        (status = 400, description = "An invalid request, or the program or directory does not exist"),
+        (status = 429, description = "`maxConcurrentProcesses` processes are running (`Retry-After`)"),
+        (status = 500, description = "No terminal could be opened"),
+        (status = 502, description = "The program could not be started"),
+        (status = 503, description = "The total output budget is used up, or the daemon is shutting down (`Retry-After`)"),
+    )
+)]
 async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: CreateRequest = parse_body(&body)?;
     Ok(axum::Json(st.processes.create(req)?).into_response())
 }
 
+/// Runs a program to completion (or its timeout) and returns its output.
+#[utoipa::path(
+    post,
+    path = "/v1/processes/run",
+    operation_id = "runProcess",
+    tag = "processes",
+    request_body(content = RunRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The run's result (also when it timed out)", body = RunResponse),
+        (status = 400, description = "An invalid request, or the program or directory does not exist"),
+        (status = 429, description = "`maxConcurrentProcesses` processes are running (`Retry-After`)"),
+        (status = 502, description = "The program could not be started"),
+        (status = 503, description = "The total output budget cannot hold the capture, or the daemon is shutting down (`Retry-After`)"),
+    )
+)]
 async fn run(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: RunRequest = parse_body(&body)?;
     Ok(axum::Json(st.processes.run(req).await?).into_response())
 }
 
+/// The process API's runtime limits.
+#[utoipa::path(
+    get,
+    path = "/v1/processes/config",
+    operation_id = "getProcessConfig",
+    tag = "processes",
+    responses((status = 200, description = "The limits", body = ProcessConfig))
+)]
 async fn get_config(State(st): State<AppState>) -> Response {
     axum::Json(st.processes.config()).into_response()
 }
 
+/// Replaces the runtime limits (every value positive and within its hard ceiling).
+#[utoipa::path(
+    post,
+    path = "/v1/processes/config",
+    operation_id = "setProcessConfig",
+    tag = "processes",
+    request_body(content = ProcessConfig, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The limits now in force", body = ProcessConfig),
+        (status = 400, description = "A value is 0, above its ceiling, or unknown"),
+    )
+)]
 async fn set_config(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: ProcessConfig = parse_body(&body)?;
     Ok(axum::Json(st.processes.set_config(req)?).into_response())
 }
 
+/// One process record.
+#[utoipa::path(
+    get,
+    path = "/v1/processes/{id}",
+    operation_id = "getProcess",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+    ),
+    responses(
+        (status = 200, description = "The record", body = ProcessInfo),
+        (status = 404, description = "No such process"),
+    )
+)]
 async fn get_one(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
     Ok(axum::Json(st.processes.get(&id)?.info()).into_response())
 }
 
+/// Forgets an exited process and its output log.
+#[utoipa::path(
+    delete,
+    path = "/v1/processes/{id}",
+    operation_id = "deleteProcess",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+    ),
+    responses(
+        (status = 204, description = "Forgotten"),
+        (status = 404, description = "No such process"),
+        (status = 409, description = "Still running: stop or kill it first"),
+    )
+)]
 async fn delete(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
     st.processes.delete(&id)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// SIGTERM to the process group, the grace period, then SIGKILL to the group and its cgroup.
+#[utoipa::path(
+    post,
+    path = "/v1/processes/{id}/stop",
+    operation_id = "stopProcess",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+        ("waitMs" = Option<u64>, Query, description = "Wait up to this long (at most 60 s) for \
+            the end before answering"),
+    ),
+    responses(
+        (status = 200, description = "The record after the wait", body = ProcessInfo),
+        (status = 400, description = "An invalid `waitMs`"),
+        (status = 404, description = "No such process"),
+    )
+)]
 async fn stop(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -182,6 +297,23 @@ async fn stop(
     Ok(axum::Json(st.processes.stop(&id, wait).await?).into_response())
 }
 
+/// SIGKILL to the process group and everything in its cgroup at once.
+#[utoipa::path(
+    post,
+    path = "/v1/processes/{id}/kill",
+    operation_id = "killProcess",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+        ("waitMs" = Option<u64>, Query, description = "Wait up to this long (at most 60 s) for \
+            the end before answering"),
+    ),
+    responses(
+        (status = 200, description = "The record after the wait", body = ProcessInfo),
+        (status = 400, description = "An invalid `waitMs`"),
+        (status = 404, description = "No such process"),
+    )
+)]
 async fn kill(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -191,7 +323,7 @@ async fn kill(
     Ok(axum::Json(st.processes.kill(&id, wait).await?).into_response())
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 struct InputRequest {
     data: String,
     #[serde(default)]
@@ -214,6 +346,25 @@ fn decode_input(data: &str, encoding: Option<&str>, default_b64: bool) -> Result
         .map_err(|e| Problem::bad_request(format!("data is not valid base64: {e}")))
 }
 
+/// Writes to the process's stdin, or to its terminal.
+#[utoipa::path(
+    post,
+    path = "/v1/processes/{id}/input",
+    operation_id = "sendProcessInput",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+    ),
+    request_body(content = InputRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Written", body = InputResponse),
+        (status = 400, description = "Invalid base64 or an unknown encoding"),
+        (status = 404, description = "No such process"),
+        (status = 409, description = "The process has exited, or has no stdin (not `interactive`)"),
+        (status = 413, description = "More than `maxInputBytesPerRequest` bytes"),
+        (status = 504, description = "The program did not take the input within 10 s"),
+    )
+)]
 async fn input(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -230,6 +381,24 @@ async fn input(
     Ok(axum::Json(InputResponse { bytes_written: n }).into_response())
 }
 
+/// Sets the terminal's size (TIOCSWINSZ) and signals SIGWINCH to the process group.
+#[utoipa::path(
+    post,
+    path = "/v1/processes/{id}/terminal/resize",
+    operation_id = "resizeProcessTerminal",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+    ),
+    request_body(content = TerminalSize, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The new size", body = TerminalSize),
+        (status = 400, description = "A size outside 1..65535"),
+        (status = 404, description = "No such process"),
+        (status = 409, description = "The process has no terminal"),
+        (status = 500, description = "The terminal refused the size"),
+    )
+)]
 async fn resize(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -280,6 +449,38 @@ fn gap_json((from, to): (u64, u64)) -> String {
     format!(r#"{{"from":{from},"to":{to}}}"#)
 }
 
+/// The process's output: a JSON page, or with `follow=true` an SSE stream.
+#[utoipa::path(
+    get,
+    path = "/v1/processes/{id}/logs",
+    operation_id = "getProcessLogs",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+        ("since" = Option<u64>, Query, description = "Only entries after this byte offset \
+            (an entry's `sequence` is the offset just after it)"),
+        ("tail" = Option<u64>, Query, description = "Only the last N entries"),
+        ("stream" = Option<StreamFilter>, Query, description = "Which stream; default `pty` for \
+            a terminal process, else `combined`"),
+        ("follow" = Option<bool>, Query, description = "Answer with an SSE stream that replays, \
+            then follows, and ends when the process has exited and all output was sent"),
+        ("Last-Event-ID" = Option<String>, Header, description = "With `follow`: resume after \
+            this offset (overrides `since`)", pattern = "^\\s*[0-9]{1,19}\\s*$"),
+    ),
+    responses(
+        (status = 200, description = "The entries (JSON), or with `follow=true` a \
+            `text/event-stream` of `event: log` / `id: <sequence>` / `data: <entry>` frames; \
+            output that was dropped before the reader got it is announced as `event: gap` with \
+            `data: {\"from\":F,\"to\":T}` (bytes [F, T) lost) and no id.",
+            content(
+                (ProcessLogsResponse = "application/json"),
+                (String = "text/event-stream"),
+            )),
+        (status = 400, description = "An invalid parameter or `Last-Event-ID`"),
+        (status = 404, description = "No such process"),
+        (status = 429, description = "16 readers follow this process already (`Retry-After`)"),
+    )
+)]
 async fn logs(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -403,6 +604,25 @@ fn sse_frames(
     })
 }
 
+/// The terminal as a WebSocket: binary frames are terminal output (server to client) or raw
+/// input; text frames are JSON control frames (`ready`, `exit`, `error` from the server;
+/// `input`, `resize`, `close` from the client).
+#[utoipa::path(
+    get,
+    path = "/v1/processes/{id}/terminal/ws",
+    operation_id = "connectProcessTerminal",
+    tag = "processes",
+    params(
+        ("id" = String, Path, description = "Process id", example = "proc_1"),
+    ),
+    responses(
+        (status = 101, description = "Switched to the WebSocket protocol"),
+        (status = 400, description = "Not a WebSocket upgrade request"),
+        (status = 404, description = "No such process"),
+        (status = 409, description = "The process has no terminal"),
+        (status = 429, description = "16 readers follow this process already (`Retry-After`)"),
+    )
+)]
 async fn terminal_ws(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -14,7 +14,9 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 /// Which stream a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogStream {
     Stdout,
@@ -24,7 +26,9 @@ pub enum LogStream {
 }
 
 /// Which chunks a reader wants (`?stream=`); `Combined` is every stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum StreamFilter {
     Stdout,

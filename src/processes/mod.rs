@@ -102,7 +102,9 @@ impl ProcessError {
 }
 
 /// The runtime settings; the wire shape of `GET/POST /v1/processes/config`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProcessConfig {
     pub max_concurrent_processes: usize,
@@ -114,7 +116,7 @@ pub struct ProcessConfig {
 }
 
 /// `POST /v1/processes`.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateRequest {
     pub command: String,
@@ -136,7 +138,7 @@ pub struct CreateRequest {
 }
 
 /// `POST /v1/processes/run`.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRequest {
     pub command: String,
@@ -152,11 +154,13 @@ pub struct RunRequest {
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunResponse {
+    /// `null` when the run timed out or was ended by a signal.
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub exit_signal: Option<i32>,
     pub timed_out: bool,
     pub stdout: String,
@@ -167,32 +171,43 @@ pub struct RunResponse {
 }
 
 /// A process record on the wire (`ProcessInfo`), plus our exit details and process figures.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessInfo {
     pub id: String,
     pub command: String,
     pub args: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub cwd: Option<String>,
     pub tty: bool,
     pub interactive: bool,
+    /// Always `user` (processes started through this API).
+    #[schema(value_type = String, example = "user")]
     pub owner: &'static str,
+    /// `running`, or `exited` once the whole tree is gone and its output is in the log.
+    #[schema(value_type = String, example = "running")]
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub pid: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub exit_signal: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub exit_reason: Option<ExitReason>,
     pub created_at_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub exited_at_ms: Option<u64>,
     /// Bytes of output written so far (the offset the next chunk starts at).
     pub log_end: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub stats: Option<ProcessStats>,
 }
 

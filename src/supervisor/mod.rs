@@ -58,7 +58,7 @@ pub enum SpawnError {
 }
 
 /// How an agent ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ExitReason {
     /// Ended by itself; `code` is set.
@@ -93,7 +93,7 @@ pub struct ExitInfo {
 }
 
 /// Process figures for the listing, summed over the agent's processes.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessStats {
     pub rss_bytes: u64,

@@ -332,6 +332,8 @@ async fn registry_install_is_verified_recorded_and_runs() {
 
     let (_, after) = get_json(&d, "/v1/agents/testagent").await;
     assert_eq!(after["installed"], true);
+    assert_eq!(after["verified"], true, "{after}");
+    assert_eq!(art["verified"], true, "{art}");
     assert_eq!(after["source"], "registry");
     assert_eq!(after["version"], "1.2.3");
     assert_eq!(after["serverStatus"]["running"], 0);
@@ -1180,4 +1182,100 @@ async fn missing_npm_is_a_clear_install_error() {
     let (s, body) = acp_post(&d, "c1", Some("codex"), initialize(1)).await;
     assert_eq!(s, 502, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("npm"), "{body}");
+}
+
+#[tokio::test]
+async fn binaries_without_a_sha256_install_unverified_or_are_refused_with_require_checksums() {
+    let archive = good_archive();
+    let srv = FileServer::start(vec![(
+        "/a/test-agent.tar.gz".into(),
+        archive.clone(),
+        Duration::ZERO,
+    )]);
+    let reg = registry_json(vec![registry_entry(
+        "test-acp",
+        "1.0.0",
+        &srv.url("/a/test-agent.tar.gz"),
+        None,
+    )]);
+    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
+    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
+    // With --require-checksums: refused before anything is downloaded.
+    let strict = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/registry.json"))
+        .arg("--require-checksums")
+        .start();
+    let (s, body) = post_install(&strict, "testagent", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("--require-checksums"), "{detail}");
+    assert_eq!(srv.hits("/a/test-agent.tar.gz"), 0);
+    assert!(files_below(&strict.data_dir().join("agents/testagent")).is_empty());
+    // Without it: installed, logged and shown as unverified.
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/registry.json"))
+        .start();
+    let (s, body) = post_install(&d, "testagent", json!({})).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["artifacts"][0]["verified"], false, "{body}");
+    let (_, st) = get_json(&d, "/v1/agents/testagent").await;
+    assert_eq!(st["verified"], false, "{st}");
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(d.data_dir().join("agents/testagent/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["verified"], false, "{manifest}");
+    assert!(
+        d.stderr().contains("unverified"),
+        "the install is logged as unverified"
+    );
+}
+
+#[tokio::test]
+async fn hostile_registry_documents_fail_cleanly() {
+    // A package name starting with a non-ASCII character (a byte slice used to panic on it).
+    let weird = json!({"id": "weird-acp", "version": "1",
+        "distribution": {"npx": {"package": "é@1"}}});
+    // Padding that makes the document larger than the configured cap.
+    let padding = json!({"id": "pad", "description": "p".repeat(4096)});
+    let reg = registry_json(vec![weird.clone()]);
+    let big = registry_json(vec![weird, padding]);
+    let regsrv = FileServer::start(vec![
+        ("/registry.json".into(), reg, Duration::ZERO),
+        ("/big.json".into(), big, Duration::ZERO),
+    ]);
+    let (_g, file) = agents_file("[[agent]]\nid = \"weird\"\nregistry_id = \"weird-acp\"\n");
+    let empty_path = tempfile::tempdir().unwrap();
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/registry.json"))
+        // No npm on PATH: the install must fail fast and cleanly, after the name was split.
+        .env("PATH", empty_path.path())
+        .start();
+    let (s, body) = post_install(&d, "weird", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("npm"), "{body}");
+    let (s, _) = get_json(&d, "/v1/health").await;
+    assert_eq!(s, 200);
+    // A document over --registry-max-bytes is refused without being read whole.
+    let small = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/big.json"))
+        .args(["--registry-max-bytes", "2K"])
+        .env("PATH", empty_path.path())
+        .start();
+    let (s, body) = post_install(&small, "weird", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("registry limit"), "{detail}");
 }

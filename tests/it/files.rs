@@ -842,21 +842,40 @@ async fn upload_batch_aborted_half_way_leaves_nothing_behind() {
     )
     .unwrap();
     s.write_all(&tar[..tar.len() / 2]).unwrap();
-    // Extraction is under way once the staging directory has files in it.
-    eventually(Duration::from_secs(10), "staged entries", || {
-        walk(&d.work_dir())
-            .iter()
-            .any(|p| p.to_string_lossy().contains(".sandbox-agent-upload-") && p.ends_with("f3"))
-            .then_some(())
+    // The half-received body is spooled into an unnamed file under the data dir: it is on
+    // disk once the daemon holds it open (a deleted `/proc/<pid>/fd` target).
+    let spool = d.data_dir().join("tmp");
+    eventually(Duration::from_secs(10), "the body to be spooled", || {
+        spooled_bytes(d.pid(), &spool)
+            .filter(|&n| n > 0)
+            .map(|_| ())
     });
+    // Nothing exists at the destination before the whole body arrived, and no named file.
+    assert!(!d.path("new").exists());
+    assert!(leftovers(&d.work_dir()).is_empty());
+    assert!(walk(&spool).is_empty(), "{:?}", walk(&spool));
     s.shutdown(std::net::Shutdown::Both).unwrap();
     let _ = s.read_to_end(&mut Vec::new());
-    // The staging directory goes, and so do the parents the upload created.
-    eventually(
-        Duration::from_secs(10),
-        "the upload's directories to go",
-        || (leftovers(&d.work_dir()).is_empty() && !d.path("new").exists()).then_some(()),
-    );
+    // The spool is closed (and so gone), nothing was created.
+    eventually(Duration::from_secs(10), "the spool to be closed", || {
+        spooled_bytes(d.pid(), &spool).is_none().then_some(())
+    });
+    assert!(leftovers(&d.work_dir()).is_empty() && !d.path("new").exists());
+}
+
+/// The size of the daemon's open unnamed spool file under `dir`, if it holds one.
+fn spooled_bytes(pid: u32, dir: &Path) -> Option<u64> {
+    let prefix = dir.to_string_lossy().to_string();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let t = target.to_string_lossy();
+        if t.starts_with(&prefix) && t.ends_with("(deleted)") {
+            return std::fs::metadata(e.path()).ok().map(|m| m.len());
+        }
+    }
+    None
 }
 
 #[tokio::test]

@@ -52,6 +52,7 @@ pub struct DaemonBuilder {
     expect_exit: Option<i32>,
     wrapper: Vec<OsString>,
     clear_env: bool,
+    confine_to_work_dir: bool,
     data_dir: Option<PathBuf>,
     stderr_unread: bool,
 }
@@ -65,6 +66,7 @@ impl Default for DaemonBuilder {
             expect_exit: Some(0),
             wrapper: Vec::new(),
             clear_env: false,
+            confine_to_work_dir: false,
             data_dir: None,
             stderr_unread: false,
         }
@@ -123,6 +125,13 @@ impl DaemonBuilder {
     /// so writes block once the pipe is full); `Daemon::stderr` is then empty.
     pub fn stderr_unread_pipe(mut self) -> Self {
         self.stderr_unread = true;
+        self
+    }
+
+    /// Also passes `--fs-root <work dir>`: every filesystem path is confined to the test's
+    /// private work directory.
+    pub fn confine_to_work_dir(mut self) -> Self {
+        self.confine_to_work_dir = true;
         self
     }
 
@@ -209,6 +218,9 @@ impl Daemon {
             .stderr(stderr);
         if let Some(t) = &b.token {
             cmd.arg("--token").arg(t);
+        }
+        if b.confine_to_work_dir {
+            cmd.arg("--fs-root").arg(&work);
         }
         let child = cmd.spawn().expect("spawn sandbox-agent");
         let mut daemon = Daemon {

@@ -1,0 +1,281 @@
+//! Unit and property tests of the archive rules. The property tests use a small seeded generator
+//! (no dependency): the seed count is `ARCHIVE_PROPTEST_CASES` (default 2,000, a fraction of a
+//! second), raised by hand for longer runs (see docs/files.md, "Property tests").
+
+use super::*;
+
+fn check_entry(raw: &str, expected: Result<&str, &str>) {
+    let got = entry_path(Path::new(raw), raw).map_err(|e| e.to_string());
+    match (got, expected) {
+        (Ok(p), Ok(e)) => assert_eq!(p, Path::new(e), "{raw}"),
+        (Err(m), Err(e)) => assert!(m.contains(e), "{raw}: {m}"),
+        (got, expected) => panic!("{raw}: got {got:?}, expected {expected:?}"),
+    }
+}
+
+#[test]
+fn entry_paths_keep_only_normal_components() {
+    check_entry("a/b", Ok("a/b"));
+    check_entry("./a/./b/", Ok("a/b"));
+    check_entry("./", Ok(""));
+    check_entry("/etc/passwd", Err("absolute"));
+    check_entry("a/../../x", Err("`..`"));
+    check_entry("..", Err("`..`"));
+}
+
+#[test]
+fn symlink_targets_are_checked_from_the_link_directory() {
+    let check = |parent: &str, target: &str, expected: bool| {
+        assert_eq!(
+            link_target_stays(Path::new(parent), Path::new(target)),
+            expected,
+            "{parent} -> {target}"
+        );
+    };
+    check("", "a", true);
+    check("", "../a", false);
+    check("d", "../a", true);
+    check("d", "../../a", false);
+    check("d/e", "../../x/../y", true);
+    check("d", "./../..", false);
+    check("", "/etc", false);
+}
+
+/// One raw tar entry: name, type flag, link target, data.
+type RawEntry<'a> = (&'a str, u8, &'a str, &'a [u8]);
+
+/// A tar built by hand, so hostile names and links are possible.
+fn tar(entries: &[RawEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, kind, link, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.as_mut_bytes()[..name.len()].copy_from_slice(name.as_bytes());
+        h.as_mut_bytes()[157..157 + link.len()].copy_from_slice(link.as_bytes());
+        h.set_entry_type(tar::EntryType::new(*kind));
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+fn extract_into(bytes: &[u8]) -> (tempfile::TempDir, Result<Extracted, ArchiveError>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root_path = tmp.path().join("root");
+    std::fs::create_dir(&root_path).unwrap();
+    let root = nix::fcntl::open(&root_path, DIR, Mode::empty()).unwrap();
+    let limits = Limits {
+        bytes: Some(1 << 20),
+        entries: 100,
+        listed: 10,
+    };
+    let r = extract_tar(bytes, Compression::Sniff, &root, limits, None);
+    (tmp, r)
+}
+
+#[test]
+fn chains_of_links_that_each_stay_inside_are_refused_on_disk() {
+    let (_t, r) = extract_into(&tar(&[
+        ("x/y/", b'5', "", b""),
+        ("x/up", b'2', "..", b""),
+        ("x/bad", b'2', "up/..", b""),
+    ]));
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("refused") && e.contains("leaves"), "{e}");
+    let (t, r) = extract_into(&tar(&[
+        ("x/y/", b'5', "", b""),
+        ("x/up", b'2', "..", b""),
+        ("x/y/ok", b'2', "../up", b""),
+        ("x/y/f", b'0', "", b"data"),
+    ]));
+    let got = r.unwrap();
+    assert_eq!(got.symlinks.len(), 2);
+    assert_eq!(std::fs::read(t.path().join("root/x/y/f")).unwrap(), b"data");
+}
+
+#[test]
+fn hostile_entries_are_refused_and_nothing_escapes() {
+    let cases: &[(&str, &[RawEntry], &str)] = &[
+        ("dotdot", &[("../x", b'0', "", b"x")], "`..`"),
+        ("absolute", &[("/tmp/x", b'0', "", b"x")], "absolute"),
+        ("link-abs", &[("l", b'2', "/etc", b"")], "absolute symlink"),
+        ("link-up", &[("d/l", b'2', "../../x", b"")], "leaves"),
+        (
+            "through",
+            &[("l", b'2', ".", b""), ("l/x", b'0', "", b"x")],
+            "crosses a symlink",
+        ),
+        ("fifo", &[("f", b'6', "", b"")], "fifos"),
+        ("device", &[("c", b'3', "", b"")], "device"),
+        (
+            "hardlink-out",
+            &[("h", b'1', "../../etc/passwd", b"")],
+            "hard link",
+        ),
+        ("hardlink-missing", &[("h", b'1', "nope", b"")], "earlier"),
+    ];
+    for (name, entries, why) in cases {
+        let (t, r) = extract_into(&tar(entries));
+        let e = r.expect_err(name).to_string();
+        assert!(e.contains("refused") && e.contains(why), "{name}: {e}");
+        assert!(!t.path().join("x").exists(), "{name}");
+    }
+}
+
+#[test]
+fn a_huge_base256_mtime_is_ignored() {
+    let mut t = tar(&[("f", b'0', "", b"x")]);
+    t[136] = 0x80;
+    t[137..148].fill(0xff);
+    t[148..156].fill(b' ');
+    let sum: u64 = t[..512].iter().map(|&b| b as u64).sum();
+    t[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let (tmp, r) = extract_into(&t);
+    r.unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("root/f")).unwrap(), b"x");
+}
+
+#[test]
+fn limits_stop_extraction() {
+    let (_t, r) = extract_into(&tar(&[("big", b'0', "", &vec![0u8; (1 << 20) + 1])]));
+    assert!(matches!(r, Err(ArchiveError::TooLarge { .. })), "{r:?}");
+    let many: Vec<(String, u8, &str, &[u8])> = (0..101)
+        .map(|i| (format!("f{i}"), b'0', "", &b""[..]))
+        .collect();
+    let refs: Vec<RawEntry> = many
+        .iter()
+        .map(|(n, k, l, d)| (n.as_str(), *k, *l, *d))
+        .collect();
+    let (_t, r) = extract_into(&tar(&refs));
+    assert!(
+        matches!(r, Err(ArchiveError::TooManyEntries { .. })),
+        "{r:?}"
+    );
+}
+
+/// xorshift64*: deterministic, seedable, good enough to spread cases.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn cases() -> u64 {
+    std::env::var("ARCHIVE_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+/// A random path from pieces that matter: `..`, `.`, empty, `/`, long, non-UTF-8-looking names.
+fn random_path(rng: &mut Rng) -> String {
+    const PIECES: &[&str] = &["a", "..", ".", "", "b", "é", "/", "c/..", "...", "x y"];
+    let n = rng.below(6) + 1;
+    let mut s = String::new();
+    if rng.below(5) == 0 {
+        s.push('/');
+    }
+    for i in 0..n {
+        if i > 0 {
+            s.push('/');
+        }
+        s.push_str(PIECES[rng.below(PIECES.len() as u64) as usize]);
+    }
+    s
+}
+
+/// Property: an accepted entry path is relative, has only normal components, and never climbs;
+/// a path is refused exactly when it is absolute or has a `..` component.
+#[test]
+fn property_entry_paths_never_leave_the_root() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..cases() {
+        let raw = random_path(&mut rng);
+        let p = Path::new(&raw);
+        let bad = p.is_absolute() || p.components().any(|c| c == Component::ParentDir);
+        match entry_path(p, &raw) {
+            Ok(out) => {
+                assert!(!bad, "{raw:?} accepted");
+                assert!(
+                    out.components().all(|c| matches!(c, Component::Normal(_))),
+                    "{raw:?} -> {out:?}"
+                );
+            }
+            Err(e) => {
+                assert!(bad, "{raw:?} refused: {e}");
+                assert!(e.to_string().contains("refused"));
+            }
+        }
+    }
+}
+
+/// Property: `link_target_stays` agrees with a model that resolves the joined path lexically
+/// and checks it never goes above the root.
+#[test]
+fn property_link_targets_agree_with_a_lexical_model() {
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    for _ in 0..cases() {
+        let parent = random_path(&mut rng).trim_start_matches('/').to_string();
+        let Ok(parent) = entry_path(Path::new(&parent), "") else {
+            continue;
+        };
+        let target = random_path(&mut rng);
+        let mut depth: i64 = parent.components().count() as i64;
+        let mut ok = !target.starts_with('/');
+        for c in Path::new(&target).components() {
+            match c {
+                Component::ParentDir => {
+                    depth -= 1;
+                    ok &= depth >= 0;
+                }
+                Component::Normal(_) => depth += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(
+            link_target_stays(&parent, Path::new(&target)),
+            ok,
+            "{parent:?} -> {target:?}"
+        );
+    }
+}
+
+/// Property: random bytes after a valid tar header never panic the extractor and never write
+/// outside the root.
+#[test]
+fn property_mangled_archives_fail_cleanly() {
+    let mut rng = Rng(0xA076_1D64_78BD_642F);
+    let base = tar(&[
+        ("d/", b'5', "", b""),
+        ("d/f", b'0', "", b"hello"),
+        ("d/l", b'2', "f", b""),
+    ]);
+    for _ in 0..cases() / 4 {
+        let mut t = base.clone();
+        for _ in 0..rng.below(8) + 1 {
+            let i = rng.below(t.len() as u64) as usize;
+            t[i] = rng.next() as u8;
+        }
+        let (tmp, r) = extract_into(&t);
+        let _ = r;
+        let outside: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n != "root")
+            .collect();
+        assert!(outside.is_empty(), "{outside:?}");
+    }
+}

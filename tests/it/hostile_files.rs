@@ -1,0 +1,668 @@
+//! Hostile clients of `/v1/fs/*` and `/v1/config/*` (issue 10, part B), through the real binary:
+//! stalled uploads and downloads (no blocking thread held, idle timeout, slot cap), declared sizes
+//! that reserve nothing, trees deeper than any stack, hostile tar headers, planted temporary
+//! names, config writes through several spellings of one directory, and entries that could not
+//! be read back. Each test also checks that nothing is left behind once the attack ends.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, eventually};
+
+/// Opens a connection and sends `head` (a request without its final CRLF CRLF) and `body`.
+fn stalled(d: &Daemon, head: &str, body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(&d.addr).unwrap();
+    s.write_all(format!("{head}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .unwrap();
+    s.write_all(body).unwrap();
+    s
+}
+
+/// The status line of the answer on `s`, waiting up to `timeout`.
+fn status_of(s: &mut TcpStream, timeout: Duration) -> String {
+    s.set_read_timeout(Some(timeout)).unwrap();
+    let mut buf = [0u8; 512];
+    let mut got = Vec::new();
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// How many descriptors of the daemon point at something whose path starts with `prefix`.
+fn fds_to(pid: u32, prefix: &Path) -> usize {
+    let prefix = prefix.to_string_lossy().to_string();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with(&prefix))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Our temporaries and staging directories below `dir`.
+fn temporaries(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with(".sandbox-agent-")
+            {
+                out.push(p.clone());
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// A well-behaved client: PUT, GET back, upload a tar, list. Each with its own deadline.
+async fn good_client_works(d: &Daemon, tag: &str) {
+    sandbox_agent::install_crypto_provider();
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .build()
+        .unwrap();
+    let r = c
+        .put(d.url(&format!("/v1/fs/file?path=good/{tag}.txt")))
+        .body(format!("hello {tag}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = c
+        .get(d.url(&format!("/v1/fs/file?path=good/{tag}.txt")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), format!("hello {tag}"));
+    let r = c
+        .post(d.url(&format!("/v1/fs/upload-batch?path=good/{tag}")))
+        .header("content-type", "application/x-tar")
+        .body(tar_of(&[("a/b.txt", b"tar")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = c
+        .get(d.url("/v1/fs/entries?path=good"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c.get(d.url("/v1/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn hundreds_of_stalled_transfers_hold_no_thread_and_a_good_client_gets_through() {
+    let d = Daemon::builder()
+        .args(["--transfer-max", "1000", "--transfer-timeout", "120s"])
+        .start();
+    let big = d.work_dir().join("big.bin");
+    std::fs::write(&big, vec![7u8; 16 << 20]).unwrap();
+    let pid = d.pid();
+    let mut socks = Vec::new();
+    // 150 PUTs and 100 upload-batches that send headers and 1 KiB, then nothing.
+    for i in 0..150 {
+        socks.push(stalled(
+            &d,
+            &format!(
+                "PUT /v1/fs/file?path=stalled/{i}.bin HTTP/1.1\r\nContent-Length: 1048576\r\nContent-Type: application/octet-stream"
+            ),
+            &[1u8; 1024],
+        ));
+    }
+    for i in 0..100 {
+        socks.push(stalled(
+            &d,
+            &format!(
+                "POST /v1/fs/upload-batch?path=stalled-up/{i} HTTP/1.1\r\nContent-Length: 1048576\r\nContent-Type: application/x-tar"
+            ),
+            &[0u8; 1024],
+        ));
+    }
+    // 50 downloads of a 16 MiB file whose client never reads.
+    for _ in 0..50 {
+        socks.push(stalled(
+            &d,
+            &format!("GET /v1/fs/file?path={} HTTP/1.1", big.display()),
+            b"",
+        ));
+    }
+    // Every stalled transfer reached its handler: a temporary per PUT, a spool per upload, an
+    // open descriptor on the big file per download.
+    eventually(Duration::from_secs(30), "300 transfers under way", || {
+        let puts = temporaries(&d.work_dir().join("stalled")).len();
+        let spools = fds_to(pid, &d.data_dir().join("tmp"));
+        let downloads = fds_to(pid, &big);
+        (puts == 150 && spools == 100 && downloads == 50).then_some(())
+    });
+    // None of them holds a thread (the old design held one blocking thread per transfer for as
+    // long as it stalled). Their short blocking steps started pool threads, which exit once
+    // idle for tokio's keep-alive (10 s); threads still blocked on a client would not.
+    eventually(Duration::from_secs(30), "idle pool threads to exit", || {
+        (threads(pid) < 24).then_some(())
+    });
+    good_client_works(&d, "during").await;
+    // The attack ends: every temporary, spool and descriptor goes.
+    drop(socks);
+    eventually(
+        Duration::from_secs(20),
+        "the stalled transfers to end",
+        || {
+            let left = temporaries(&d.work_dir());
+            (left.is_empty()
+                && fds_to(pid, &d.data_dir().join("tmp")) == 0
+                && fds_to(pid, &big) == 0)
+                .then_some(())
+        },
+    );
+    assert!(!d.work_dir().join("stalled-up").exists());
+    good_client_works(&d, "after").await;
+}
+
+#[tokio::test]
+async fn transfer_slots_are_capped_with_503_and_stalled_bodies_time_out_with_408() {
+    let d = Daemon::builder()
+        .args(["--transfer-max", "4", "--transfer-timeout", "2s"])
+        .start();
+    let mut socks: Vec<TcpStream> = (0..4)
+        .map(|i| {
+            stalled(
+                &d,
+                &format!("PUT /v1/fs/file?path=s/{i} HTTP/1.1\r\nContent-Length: 100000"),
+                &[1u8; 1024],
+            )
+        })
+        .collect();
+    let c = d.client();
+    // With every slot held by a stalled PUT, the next transfer is refused at once.
+    let refused = loop {
+        let r = c
+            .put(d.url("/v1/fs/file?path=s/extra"))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 503 {
+            break r;
+        }
+        assert_eq!(r.status(), 200, "the slots were not all taken yet");
+        assert!(
+            temporaries(&d.work_dir().join("s")).len() <= 4,
+            "more than 4 transfers ran"
+        );
+    };
+    assert_eq!(
+        refused.headers()["retry-after"],
+        "1",
+        "{:?}",
+        refused.headers()
+    );
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["limit"], 4, "{body}");
+    // Downloads share the slots.
+    std::fs::write(d.work_dir().join("small"), b"abc").unwrap();
+    let r = c.get(d.url("/v1/fs/file?path=small")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    // The stalled bodies end with 408 after the transfer timeout; their temporaries go.
+    for s in &mut socks {
+        let line = status_of(s, Duration::from_secs(15));
+        assert!(line.contains(" 408 "), "{line:?}");
+    }
+    eventually(Duration::from_secs(10), "a free slot", || {
+        temporaries(&d.work_dir()).is_empty().then_some(())
+    });
+    let r = c
+        .put(d.url("/v1/fs/file?path=s/after"))
+        .body("ok")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(!d.work_dir().join("s/0").exists());
+}
+
+#[tokio::test]
+async fn a_download_whose_client_takes_nothing_releases_its_slot_after_the_timeout() {
+    let d = Daemon::builder()
+        .args(["--transfer-max", "1", "--transfer-timeout", "1s"])
+        .start();
+    let big = d.work_dir().join("big.bin");
+    std::fs::write(&big, vec![3u8; 32 << 20]).unwrap();
+    let sock = stalled(
+        &d,
+        &format!("GET /v1/fs/file?path={} HTTP/1.1", big.display()),
+        b"",
+    );
+    eventually(Duration::from_secs(10), "the download to start", || {
+        (fds_to(d.pid(), &big) == 1).then_some(())
+    });
+    let c = d.client();
+    let r = c
+        .put(d.url("/v1/fs/file?path=x"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "the download holds the only slot");
+    // The client never reads: after the timeout the file is closed and the slot is free, even
+    // though the connection is still open.
+    eventually(
+        Duration::from_secs(10),
+        "the stalled download to give up",
+        || (fds_to(d.pid(), &big) == 0).then_some(()),
+    );
+    let r = c
+        .put(d.url("/v1/fs/file?path=x"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(sock);
+}
+
+#[tokio::test]
+async fn a_declared_size_reserves_no_disk_and_more_than_the_free_space_is_507() {
+    let d = Daemon::start();
+    let st = nix::sys::statvfs::statvfs(&d.work_dir()).unwrap();
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    // More than the filesystem has: refused before any byte of the body is read.
+    let mut s = stalled(
+        &d,
+        &format!(
+            "PUT /v1/fs/file?path=huge.bin HTTP/1.1\r\nContent-Length: {}",
+            free + (1 << 30)
+        ),
+        b"",
+    );
+    let line = status_of(&mut s, Duration::from_secs(10));
+    assert!(line.contains(" 507 "), "{line:?}");
+    assert!(temporaries(&d.work_dir()).is_empty());
+    // A large declared size that fits: only what arrived takes blocks.
+    let declared = 5_000_000_000u64.min(free / 2);
+    let s = stalled(
+        &d,
+        &format!("PUT /v1/fs/file?path=big.bin HTTP/1.1\r\nContent-Length: {declared}"),
+        &[9u8; 1024],
+    );
+    let temp = eventually(Duration::from_secs(10), "the temporary file", || {
+        temporaries(&d.work_dir()).pop()
+    });
+    use std::os::unix::fs::MetadataExt;
+    let blocks = std::fs::metadata(&temp).unwrap().blocks() * 512;
+    assert!(
+        blocks <= 1 << 20,
+        "{blocks} bytes allocated for 1 KiB received"
+    );
+    drop(s);
+    eventually(Duration::from_secs(10), "the temporary to go", || {
+        temporaries(&d.work_dir()).is_empty().then_some(())
+    });
+}
+
+/// Creates `depth` nested directories named `d` below `top` without any path longer than a name
+/// (openat one level at a time), with a file at the bottom.
+fn deep_tree(top: &Path, depth: usize) {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::Mode;
+    std::fs::create_dir_all(top).unwrap();
+    let mut fd =
+        nix::fcntl::open(top, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
+    for _ in 0..depth {
+        nix::sys::stat::mkdirat(fd.as_fd(), "d", Mode::from_bits_truncate(0o755)).unwrap();
+        fd = openat(
+            fd.as_fd(),
+            "d",
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+    }
+    let f = openat(
+        fd.as_fd(),
+        "leaf",
+        OFlag::O_CREAT | OFlag::O_WRONLY,
+        Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    drop(f);
+}
+
+#[tokio::test]
+async fn a_tree_15000_levels_deep_is_deleted_without_recursion() {
+    let d = Daemon::start();
+    let top = d.work_dir().join("deep");
+    deep_tree(&top, 15_000);
+    let c = d.client();
+    let r = c
+        .delete(d.url("/v1/fs/entry?path=deep&recursive=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert!(!top.exists());
+    let r = c.get(d.url("/v1/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the daemon survived");
+}
+
+#[tokio::test]
+async fn an_upload_merging_into_a_deep_existing_tree_walks_it_without_recursion() {
+    let d = Daemon::start();
+    // Paths in an archive stop at PATH_MAX, so about 2,000 levels is as deep as a merge goes.
+    let depth = 2_000;
+    deep_tree(&d.work_dir().join("m"), depth);
+    let deep_name: String = std::iter::repeat_n("d/", depth).collect::<String>() + "new.txt";
+    let r = d
+        .client()
+        .post(d.url("/v1/fs/upload-batch?path=m"))
+        .header("content-type", "application/x-tar")
+        .body(tar_of(&[(deep_name.as_str(), b"deep")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = d
+        .client()
+        .delete(d.url("/v1/fs/entry?path=m&recursive=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(temporaries(&d.work_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn a_tar_entry_with_a_huge_base256_mtime_is_extracted_without_a_panic() {
+    let d = Daemon::start();
+    let mut t = tar_of(&[("t.txt", b"time")]);
+    // mtime field (offset 136, 12 bytes): base-256 marker and all ones, then fix the checksum.
+    t[136] = 0x80;
+    t[137..148].fill(0xff);
+    t[148..156].fill(b' ');
+    let sum: u64 = t[..512].iter().map(|&b| b as u64).sum();
+    t[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let r = d
+        .client()
+        .post(d.url("/v1/fs/upload-batch?path=when"))
+        .header("content-type", "application/x-tar")
+        .body(t)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        std::fs::read(d.work_dir().join("when/t.txt")).unwrap(),
+        b"time"
+    );
+    let r = d.client().get(d.url("/v1/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn planted_temporary_names_neither_fail_a_put_nor_get_deleted() {
+    let d = Daemon::start();
+    let dir = d.work_dir().join("p");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The old scheme was `.sandbox-agent-write-<pid>-<n>`: plant the first hundred.
+    let planted: Vec<PathBuf> = (0..100)
+        .map(|n| dir.join(format!(".sandbox-agent-write-{}-{n}", d.pid())))
+        .collect();
+    for p in &planted {
+        std::fs::write(p, b"mine").unwrap();
+    }
+    for i in 0..20 {
+        let r = d
+            .client()
+            .put(d.url(&format!("/v1/fs/file?path=p/f{i}")))
+            .body("data")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    for p in &planted {
+        assert_eq!(std::fs::read(p).unwrap(), b"mine", "{}", p.display());
+    }
+}
+
+#[tokio::test]
+async fn a_failed_upload_through_dotdot_creates_no_directory() {
+    let d = Daemon::start();
+    let mut bad = tar_of(&[("ok.txt", b"x")]);
+    // Drop the end-of-archive blocks and add an entry that climbs out (written raw: the tar
+    // crate refuses to build one), refused after the first entry was staged.
+    bad.truncate(bad.len() - 1024);
+    let mut h = tar::Header::new_gnu();
+    h.as_mut_bytes()[..4].copy_from_slice(b"../x");
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.set_cksum();
+    bad.extend_from_slice(h.as_bytes());
+    bad.push(b'y');
+    bad.resize(bad.len().div_ceil(512) * 512 + 1024, 0);
+    let r = d
+        .client()
+        .post(d.url("/v1/fs/upload-batch?path=m1/../m2/m3"))
+        .header("content-type", "application/x-tar")
+        .body(bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "{:?}", r.text().await);
+    assert!(!d.work_dir().join("m1").exists(), "m1 left behind");
+    assert!(!d.work_dir().join("m2").exists(), "m2 left behind");
+    assert!(temporaries(&d.work_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn upload_batch_takes_only_archive_content_types() {
+    let d = Daemon::start();
+    let c = d.client();
+    let tar = tar_of(&[("f", b"x")]);
+    for (ctype, want) in [
+        (Some("text/plain"), 415),
+        (Some("application/x-www-form-urlencoded"), 415),
+        (Some("multipart/form-data; boundary=x"), 415),
+        (None, 415),
+        (Some("application/x-tar"), 200),
+        (Some("application/octet-stream"), 200),
+        (Some("Application/X-Tar; charset=binary"), 200),
+    ] {
+        let mut req = c
+            .post(d.url("/v1/fs/upload-batch?path=ct"))
+            .body(tar.clone());
+        if let Some(t) = ctype {
+            req = req.header("content-type", t);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), want, "{ctype:?}");
+        if want == 415 {
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+        }
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar_of(&[("g", b"y")])).unwrap();
+    let gz = gz.finish().unwrap();
+    for ctype in ["application/gzip", "application/x-gzip"] {
+        let r = c
+            .post(d.url("/v1/fs/upload-batch?path=ct"))
+            .header("content-type", ctype)
+            .body(gz.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{ctype}");
+    }
+    // Nothing was extracted by the refused requests before the accepted ones.
+    assert_eq!(std::fs::read(d.work_dir().join("ct/g")).unwrap(), b"y");
+}
+
+#[tokio::test]
+async fn a_signed_range_is_ignored_and_bad_move_json_is_400() {
+    let d = Daemon::start();
+    std::fs::write(d.work_dir().join("r.txt"), b"0123456789").unwrap();
+    let c = d.client();
+    for range in ["bytes=+1-2", "bytes=1-+2", "bytes=-+3"] {
+        let r = c
+            .get(d.url("/v1/fs/file?path=r.txt"))
+            .header("range", range)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{range}");
+        assert_eq!(r.text().await.unwrap(), "0123456789");
+    }
+    for body in ["{", r#"{"from":1}"#, r#"{"from":"a","to":"b","x":1}"#, "[]"] {
+        let r = c
+            .post(d.url("/v1/fs/move"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+    }
+}
+
+fn config_url(d: &Daemon, dir: &str, name: &str) -> String {
+    d.url(&format!("/v1/config/mcp?directory={dir}&mcpName={name}"))
+}
+
+#[tokio::test]
+async fn config_writes_through_every_spelling_of_a_directory_are_all_kept() {
+    let d = Daemon::start();
+    std::fs::create_dir_all(d.work_dir().join("d")).unwrap();
+    std::fs::create_dir_all(d.work_dir().join("sub")).unwrap();
+    let spellings = ["d", "sub/../d", "d/../d", "./d"];
+    let c = d.client();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let url = config_url(&d, spellings[i % spellings.len()], &format!("n{i}"));
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.put(url)
+                .header("content-type", "application/json")
+                .body(json!({"type":"local","command":format!("cmd{i}")}).to_string())
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 204);
+    }
+    let stored: Value = serde_json::from_slice(
+        &std::fs::read(d.work_dir().join("d/.sandbox-agent/config/mcp.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stored.as_object().unwrap().len(), 64, "{stored}");
+}
+
+#[tokio::test]
+async fn config_that_could_not_be_read_back_is_refused_up_front() {
+    let d = Daemon::start();
+    std::fs::create_dir_all(d.work_dir().join("c")).unwrap();
+    let c = d.client();
+    let entry =
+        |bytes: usize| json!({"type":"local","command":"x","args":["a".repeat(bytes)]}).to_string();
+    // One entry over the entry cap (1 MiB): 413 with the limit.
+    let r = c
+        .put(config_url(&d, "c", "big"))
+        .body(entry(2 << 20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["limit"], 1 << 20, "{body}");
+    // A stored file just under the 16 MiB file cap (written directly, to keep the test short):
+    // one more entry under the entry cap would make it unreadable, so it is refused, and the
+    // directory stays readable and writable.
+    let mut stored = serde_json::Map::new();
+    for i in 0..16 {
+        stored.insert(
+            format!("e{i}"),
+            json!({"type":"local","command":"x","args":["a".repeat(1_000_000)]}),
+        );
+    }
+    let file = d.work_dir().join("c/.sandbox-agent/config/mcp.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, serde_json::to_vec_pretty(&stored).unwrap()).unwrap();
+    assert!(std::fs::metadata(&file).unwrap().len() < 16 << 20);
+    let r = c
+        .put(config_url(&d, "c", "e16"))
+        .body(entry(1_000_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413, "{:?}", r.text().await);
+    assert!(
+        std::fs::metadata(&file).unwrap().len() < 16 << 20,
+        "nothing written"
+    );
+    let r = c.get(config_url(&d, "c", "e0")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the directory is still readable");
+    let r = c
+        .put(config_url(&d, "c", "small"))
+        .body(json!({"type":"local","command":"y"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "and still writable");
+    let r = c.delete(config_url(&d, "c", "e1")).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let r = c.get(config_url(&d, "c", "e1")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
