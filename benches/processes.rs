@@ -158,6 +158,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    sandbox_agent::install_crypto_provider();
     rt.block_on(async {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(10);
