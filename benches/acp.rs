@@ -541,6 +541,308 @@ fn http_stream(port: u16, server: &str, subs: usize, n: u64) -> (f64, bool) {
     (n as f64 / slowest.as_secs_f64(), all)
 }
 
+// ---------- WebSocket and the RFD transport ----------
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn ws_connect(port: u16, path: &str) -> (Ws, Option<String>) {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://127.0.0.1:{port}{path}")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("host", "localhost".parse().unwrap());
+    let (ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let conn = resp
+        .headers()
+        .get("acp-connection-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    (ws, conn)
+}
+
+/// The id of the next answer frame on `ws` (pings and other frames skipped).
+async fn ws_next_id(ws: &mut Ws) -> Option<u64> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        match ws.next().await? {
+            Ok(Message::Text(t)) => return answer_id(t.as_bytes()),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// c=1 over one socket: send, wait for the answer, repeat. `path` is our endpoint
+/// (`/v1/acp/..?agent=mock`) or the RFD's WebSocket profile.
+fn ws_c1(port: u16, path: &str, n: u64) -> (Latency, u64) {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    runtime().block_on(async {
+        let (mut ws, _) = ws_connect(port, path).await;
+        let init =
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
+        ws.send(Message::text(init)).await.unwrap();
+        assert_eq!(ws_next_id(&mut ws).await, Some(0));
+        let mut lat = Vec::with_capacity(n as usize);
+        let mut errors = 0;
+        for id in 1..=n + 1000 {
+            let t = Instant::now();
+            ws.send(Message::text(echo_line(id))).await.unwrap();
+            if ws_next_id(&mut ws).await != Some(id) {
+                errors += 1;
+            }
+            if id > 1000 {
+                lat.push(t.elapsed());
+            }
+        }
+        (summarize(lat), errors)
+    })
+}
+
+/// `inflight` requests in flight on one socket for `dur`: each answer releases the next request.
+fn ws_one_socket(port: u16, path: &str, inflight: u64, dur: Duration) -> (f64, u64) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    runtime().block_on(async {
+        let (mut ws, _) = ws_connect(port, path).await;
+        let init =
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
+        ws.send(Message::text(init)).await.unwrap();
+        assert_eq!(ws_next_id(&mut ws).await, Some(0));
+        let (mut tx, mut rx) = ws.split();
+        let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let writer = tokio::spawn(async move {
+            let mut next = 1u64;
+            for _ in 0..inflight {
+                tx.feed(Message::text(echo_line(next))).await.unwrap();
+                next += 1;
+            }
+            tx.flush().await.unwrap();
+            while free_rx.recv().await.is_some() {
+                // Send whatever was released meanwhile in one flush.
+                let mut k = 1;
+                while free_rx.try_recv().is_ok() {
+                    k += 1;
+                }
+                for _ in 0..k {
+                    if tx.feed(Message::text(echo_line(next))).await.is_err() {
+                        return;
+                    }
+                    next += 1;
+                }
+                if tx.flush().await.is_err() {
+                    return;
+                }
+            }
+        });
+        let start = Instant::now();
+        let mut done = 0u64;
+        let mut errors = 0u64;
+        let mut expect = 1u64;
+        while start.elapsed() < dur {
+            match rx.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    // One socket, one agent: answers come back in the order sent.
+                    if answer_id(t.as_bytes()) != Some(expect) {
+                        errors += 1;
+                    }
+                    expect += 1;
+                    done += 1;
+                    let _ = free_tx.send(());
+                }
+                Some(Ok(_)) => {}
+                _ => {
+                    errors += 1;
+                    break;
+                }
+            }
+        }
+        let rate = done as f64 / start.elapsed().as_secs_f64();
+        drop(free_tx);
+        writer.abort();
+        (rate, errors)
+    })
+}
+
+/// `sockets` sockets on one serverId, each at c=1 for `dur`. Every answer is an event of the
+/// serverId's log, so every socket receives every socket's answers: a socket counts its own.
+fn ws_many_sockets(port: u16, server: &str, sockets: u64, dur: Duration) -> (f64, u64) {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    runtime().block_on(async {
+        let (mut first, _) = ws_connect(port, &format!("/v1/acp/{server}?agent=mock")).await;
+        let init =
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
+        first.send(Message::text(init)).await.unwrap();
+        assert_eq!(ws_next_id(&mut first).await, Some(0));
+        drop(first);
+        let done = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..sockets)
+            .map(|k| {
+                let done = done.clone();
+                let server = server.to_string();
+                tokio::spawn(async move {
+                    // Start after the initialize answer (event 1); other sockets' answers that
+                    // are replayed are skipped like the live ones.
+                    let (mut ws, _) =
+                        ws_connect(port, &format!("/v1/acp/{server}?lastEventId=1")).await;
+                    let mut errors = 0u64;
+                    let mut i = 0u64;
+                    while start.elapsed() < dur {
+                        let id = 1_000_000 + k * 100_000_000 + i;
+                        ws.send(Message::text(echo_line(id))).await.unwrap();
+                        loop {
+                            match ws_next_id(&mut ws).await {
+                                Some(got) if got == id => break,
+                                Some(_) => {}
+                                None => {
+                                    errors += 1;
+                                    return errors;
+                                }
+                            }
+                        }
+                        i += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    errors
+                })
+            })
+            .collect();
+        let mut errors = 0;
+        for t in tasks {
+            errors += t.await.unwrap();
+        }
+        (
+            done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
+            errors,
+        )
+    })
+}
+
+/// The RFD's Streamable HTTP: POSTs answered 202 on `conns` keep-alive connections, each at
+/// c=1, the answers read from the connection stream. Returns (c=1 latency when conns == 1, rate).
+fn rfd_http(port: u16, conns: u64, n: u64, dur: Duration) -> (Latency, f64, u64) {
+    use std::collections::HashMap;
+    let mut c = Conn::open(port);
+    let path = "/v1/agents/mock/acp";
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{init}",
+        init.len()
+    );
+    c.w.write_all(req.as_bytes()).unwrap();
+    // Read the head by hand for the connection id.
+    let mut conn_id = String::new();
+    let mut line = String::new();
+    let mut len = 0;
+    loop {
+        line.clear();
+        c.r.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("acp-connection-id") {
+                conn_id = v.trim().to_string();
+            }
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    c.r.read_exact(&mut body).unwrap();
+    assert!(!conn_id.is_empty());
+    // The connection stream: a reader thread hands each answer to its waiting sender.
+    let waiters: Arc<Mutex<HashMap<u64, std::sync::mpsc::Sender<Instant>>>> = Arc::default();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\naccept: text/event-stream\r\nacp-connection-id: {conn_id}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let w2 = waiters.clone();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(s);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if r.read_until(b'\n', &mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some(data) = line.strip_prefix(b"data: ")
+                && let Some(id) = answer_id(data)
+                && let Some(tx) = w2.lock().unwrap().remove(&id)
+            {
+                let _ = tx.send(Instant::now());
+            }
+        }
+    });
+    let call = move |c: &mut Conn, id: u64| -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        waiters.lock().unwrap().insert(id, tx);
+        let (st, _) = c.post(
+            path,
+            &echo_line(id),
+            &format!("acp-connection-id: {conn_id}\r\n"),
+        );
+        st == 202 && rx.recv_timeout(Duration::from_secs(10)).is_ok()
+    };
+    let call = Arc::new(call);
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    if conns == 1 {
+        for id in 1..=n + 1000 {
+            let t = Instant::now();
+            if !call(&mut c, id) {
+                errors += 1;
+            }
+            if id > 1000 {
+                lat.push(t.elapsed());
+            }
+        }
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conns)
+        .map(|t| {
+            let (call, done, bad) = (call.clone(), done.clone(), bad.clone());
+            std::thread::spawn(move || {
+                let mut c = Conn::open(port);
+                let mut i = 0;
+                while start.elapsed() < dur {
+                    if !call(&mut c, 10_000_000 + t * 100_000_000 + i) {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let lat = if lat.is_empty() {
+        summarize(vec![Duration::ZERO])
+    } else {
+        summarize(lat)
+    };
+    (lat, rate, errors + bad.load(Ordering::Relaxed))
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing to parse.
     let n: u64 = std::env::var("ACP_BENCH_N")
@@ -584,6 +886,13 @@ fn main() {
     let (h32, e4) = http_concurrent(d.port, 32, dur);
     let (s1, all1) = http_stream(d.port, "stream1", 1, stream_n);
     let (s8, all8) = http_stream(d.port, "stream8", 8, stream_n);
+    let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
+    let (w32, e7) = ws_one_socket(d.port, "/v1/acp/ws32?agent=mock", 32, dur);
+    let (wmany, e8) = ws_many_sockets(d.port, "wsmany", 32, dur);
+    let (rw1, e9) = ws_c1(d.port, "/v1/agents/mock/acp", n);
+    let (rw32, e10) = ws_one_socket(d.port, "/v1/agents/mock/acp", 32, dur);
+    let (rh1, _, e11) = rfd_http(d.port, 1, n, Duration::ZERO);
+    let (_, rh32, e12) = rfd_http(d.port, 32, 0, dur);
     drop(d);
 
     println!("ACP proxy benchmark (mock agent, _mock/echo; {n} round trips at c=1, 5 s at c=32)");
@@ -624,5 +933,28 @@ fn main() {
         "SSE, 8 subs    /stream {stream_n}: {s8:9.0} events/s per subscriber ({:.2}x pipe){}",
         s8 / pipe_rate,
         if all8 { "" } else { "  SUBSCRIBER CUT OFF" }
+    );
+    println!(
+        "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe",
+        us(w1.p50),
+        us(w1.p99),
+        us(w1.p50) / us(pipe1.p50)
+    );
+    println!(
+        "WebSocket      32 in flight, 1 socket  {w32:9.0} msg/s   errors {e7}   {:.2}x async pipe",
+        w32 / apipe32
+    );
+    println!(
+        "WebSocket      32 sockets, 1 serverId {wmany:9.0} msg/s   errors {e8}   (each answer goes to all 32)"
+    );
+    println!(
+        "RFD WebSocket  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e9};  32 in flight {rw32:.0} msg/s errors {e10}",
+        us(rw1.p50),
+        us(rw1.p99)
+    );
+    println!(
+        "RFD HTTP/1.1   c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e11};  c=32 (32 conns) {rh32:.0} msg/s errors {e12}",
+        us(rh1.p50),
+        us(rh1.p99)
     );
 }

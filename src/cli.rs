@@ -388,6 +388,14 @@ pub struct ServerArgs {
     /// Refuse registry binaries that come without a sha256
     #[arg(long, env = "SANDBOX_AGENT_REQUIRE_CHECKSUMS")]
     pub require_checksums: bool,
+    /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open stream
+    /// or socket before its agent is stopped [default: 30s]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_ACP_CONNECTION_IDLE",
+        value_name = "DURATION"
+    )]
+    pub acp_connection_idle: Option<String>,
     // ---- Process API (/v1/processes) ----
     /// Processes (background and `run`) that may run at once; more are refused with 429
     /// [default: 64]

@@ -102,6 +102,8 @@ pub struct Config {
     pub transfer_max: usize,
     pub registry_max_bytes: u64,
     pub require_checksums: bool,
+    /// An RFD transport connection with no reader for this long is stopped.
+    pub acp_connection_idle: Duration,
     // ---- Process API ----
     pub process_max_concurrent: usize,
     pub process_max_log_bytes: u64,
@@ -614,6 +616,12 @@ impl Config {
             },
             DEFAULT_ACP_REGISTRY_URL.to_string()
         );
+        let acp_connection_idle = setting!(
+            acp_connection_idle,
+            "acp-connection-idle",
+            dur,
+            Duration::from_secs(30)
+        );
         let log_format = setting!(
             log_format,
             "log-format",
@@ -961,6 +969,7 @@ impl Config {
             transfer_max,
             registry_max_bytes,
             require_checksums,
+            acp_connection_idle,
             process_max_concurrent,
             process_max_log_bytes,
             process_max_total_log_bytes,

@@ -327,6 +327,14 @@ impl Subscription {
     }
 }
 
+impl Subscription {
+    /// True once this subscriber was cut off for falling behind. A face that may be blocked on a
+    /// socket write (the WebSocket) polls this, so that it can drop a reader that stopped reading.
+    pub fn is_cut(&self) -> bool {
+        self.queue.lock().cut
+    }
+}
+
 impl Drop for Subscription {
     fn drop(&mut self) {
         self.log.unsubscribe(&self.queue);

@@ -4,7 +4,9 @@
 //! leaves the registry (DELETE, shutdown) is stopped to completion by a tracked task.
 
 pub mod caps;
+pub mod connection;
 pub mod events;
+pub mod frames;
 pub mod instance;
 pub mod jsonrpc;
 mod registry;
@@ -18,6 +20,7 @@ use crate::agents::{AgentError, Agents};
 use crate::config::Config;
 use crate::supervisor::{ExitInfo, SpawnError, Supervisor};
 
+pub use connection::{Connection, ConnectionError, Connections, StreamReader};
 pub use events::{Next, Subscribe, Subscription};
 pub use instance::{AcpInstance, Delivered, Status};
 pub use jsonrpc::{Envelope, EnvelopeError, Kind};

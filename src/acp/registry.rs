@@ -148,6 +148,12 @@ impl AcpService {
         Ok(inst)
     }
 
+    /// Makes sure `server_id` exists (creating it for `agent`, as a first POST would) without
+    /// starting its agent; the other faces (WebSocket, RFD transport) subscribe before they send.
+    pub fn open(&self, server_id: &str, agent: Option<&str>) -> Result<(), AcpError> {
+        self.find_or_create(server_id, agent).map(|_| ())
+    }
+
     /// Delivers one envelope to `server_id`, starting its agent first if needed.
     /// `respond_async`: a request is answered `Accepted` once written; its response goes to SSE.
     pub async fn post(

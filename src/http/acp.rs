@@ -33,7 +33,7 @@ pub struct ServerList {
 #[derive(utoipa::ToSchema)]
 #[schema(as = JsonRpcMessage)]
 #[allow(dead_code)] // only its schema is used: envelopes are forwarded as bytes
-struct JsonRpcMessage {
+pub(super) struct JsonRpcMessage {
     #[schema(value_type = String, pattern = "^2\\.0$", example = "2.0")]
     jsonrpc: String,
     /// Present on requests and responses: a number or a string, echoed unchanged.
@@ -221,7 +221,7 @@ async fn post_message(
 /// Receives a POST body within the body limit (413) and the daemon-wide budget of ACP bodies
 /// being received (`--acp-inflight-bytes`, 503 with `Retry-After`): a declared length is reserved
 /// before anything is read, a chunked body as it arrives, so many slow large uploads cannot
-/// together hold more than the budget.
+/// together hold more than the budget; a body that stalls for `--idle-timeout` is 408.
 async fn read_body(
     st: &AppState,
     headers: &HeaderMap,
@@ -252,9 +252,25 @@ async fn read_body(
         }
         reserved = n;
     }
-    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    // Grown as bytes arrive: a declared length is only a promise.
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
     let mut chunks = body.into_data_stream();
-    while let Some(data) = chunks.next().await {
+    // A client that stops sending mid-body would otherwise hold its share of the budget for good.
+    let idle = st.config.idle_timeout;
+    loop {
+        let next = match tokio::time::timeout(idle, chunks.next()).await {
+            Ok(n) => n,
+            Err(_) => {
+                return Err(Problem::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "no body bytes for {} (--idle-timeout)",
+                        humantime::format_duration(idle)
+                    ),
+                ));
+            }
+        };
+        let Some(data) = next else { break };
         let data = data.map_err(|e| Problem::bad_request(format!("cannot read the body: {e}")))?;
         let total = (buf.len() + data.len()) as u64;
         if total > limit {
@@ -284,6 +300,16 @@ async fn read_body(
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id: \
             the retained events with a greater id are replayed first. A non-numeric value is 400.",
             pattern = "^\\s*[0-9]{1,19}\\s*$", example = "41"),
+        ("Upgrade" = Option<String>, Header, description = "`websocket` (with the other RFC \
+            6455 headers) asks for the same serverId over a WebSocket instead of SSE: JSON-RPC \
+            text frames both ways, requests pipelined, every event of the log sent as a frame \
+            (ids implicit and consecutive), `_sandboxagent/gap` when events were evicted, close \
+            frames with a reason (docs/acp.md)", example = "websocket"),
+        ("agent" = Option<String>, Query, description = "WebSocket only: the agent to start when \
+            the serverId does not exist yet (as a first POST's `?agent=`)", example = "mock"),
+        ("lastEventId" = Option<String>, Query, description = "WebSocket only: resume after this \
+            event id, as `Last-Event-ID` on SSE", pattern = "^\\s*[0-9]{1,19}\\s*$",
+            example = "41"),
     ),
     responses(
         (status = 200, description = "An endless `text/event-stream`. Each agent message that \
@@ -296,10 +322,15 @@ async fn read_body(
             and everything was delivered.",
             content_type = "text/event-stream", body = String,
             example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
-        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` that is not a \
-            number or is beyond the last event"),
+        (status = 101, description = "With `Upgrade: websocket`: the WebSocket (see the \
+            `Upgrade` parameter)"),
+        (status = 400, description = "Invalid serverId, or a `Last-Event-ID` (`lastEventId`) \
+            that is not a number or is beyond the last event; with `Upgrade`, an unknown `agent` \
+            or a bad upgrade request"),
         (status = 404, description = "No instance with this serverId"),
         (status = 406, description = "`Accept` excludes `text/event-stream`"),
+        (status = 409, description = "With `Upgrade` and `agent`: the serverId runs another \
+            agent"),
         (status = 410, description = "The agent exited and every event was delivered"),
     )
 )]
@@ -307,9 +338,18 @@ async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
+    }
+    // The same serverId over a WebSocket (`http::ws`).
+    if super::ws::wants_upgrade(&headers) {
+        return super::ws::acp_socket(st, server_id, uri, upgrade).await;
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(
@@ -409,7 +449,7 @@ async fn delete(State(st): State<AppState>, Path(server_id): Path<String>) -> Re
     StatusCode::NO_CONTENT.into_response()
 }
 
-fn is_json_content_type(headers: &HeaderMap) -> bool {
+pub(super) fn is_json_content_type(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -418,7 +458,7 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 }
 
 /// True when the Accept header (absent means anything) admits `kind/sub`.
-fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
+pub(super) fn accepts(headers: &HeaderMap, kind: &str, sub: &str) -> bool {
     let mut values = headers.get_all(header::ACCEPT).iter().peekable();
     if values.peek().is_none() {
         return true;

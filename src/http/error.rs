@@ -203,6 +203,43 @@ impl From<crate::acp::AcpError> for Problem {
     }
 }
 
+impl From<crate::acp::ConnectionError> for Problem {
+    fn from(e: crate::acp::ConnectionError) -> Self {
+        use crate::acp::ConnectionError as E;
+        let detail = e.to_string();
+        match e {
+            E::UnknownAgent { agent } => Problem::not_found(detail)
+                .title("Unknown Agent")
+                .with("agent", agent),
+            E::MissingConnectionId | E::NotInitialize | E::InvalidSessionId => {
+                Problem::bad_request(detail)
+            }
+            E::UnknownConnection { connection_id } => {
+                Problem::not_found(detail).with("connectionId", connection_id)
+            }
+            E::AgentMismatch {
+                connection_id,
+                bound,
+                requested,
+            } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Agent Mismatch")
+                .with("connectionId", connection_id)
+                .with("agent", bound)
+                .with("requestedAgent", requested),
+            E::StreamBusy { connection_id, .. } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Stream Busy")
+                .with("connectionId", connection_id),
+            E::TooManySessions {
+                connection_id,
+                limit,
+            } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                .with("connectionId", connection_id)
+                .with("limit", limit),
+            E::Acp(e) => Problem::from(e),
+        }
+    }
+}
+
 impl From<crate::agents::AgentError> for Problem {
     fn from(e: crate::agents::AgentError) -> Self {
         agent_problem(&e)

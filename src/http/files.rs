@@ -244,7 +244,8 @@ async fn move_entry(
     params(("path" = String, Query, min_length = 1,
         description = "Absolute, or relative to the working root (`--work-dir`)")),
     request_body(content = Binary, content_type = "application/octet-stream",
-        description = "The file's bytes (any Content-Type is accepted and ignored)"),
+        description = "The file's bytes. Any Content-Type but the CORS-simple ones \
+            (`text/plain`, form types) is accepted and ignored; a body needs one."),
     responses(
         (status = 200, description = "Written", body = WriteOutcome),
         (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \

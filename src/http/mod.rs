@@ -10,6 +10,9 @@ pub mod files;
 pub mod guard;
 pub mod openapi;
 pub mod processes;
+pub mod rfd;
+pub mod ui;
+pub mod ws;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +37,8 @@ pub struct AppState {
     pub supervisor: Arc<crate::supervisor::Supervisor>,
     pub agents: Arc<crate::agents::Agents>,
     pub acp: Arc<crate::acp::AcpService>,
+    /// The ACP RFD transport's connections (each also an instance of `acp`).
+    pub connections: Arc<crate::acp::Connections>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
@@ -50,6 +55,11 @@ impl AppState {
             agents.clone(),
             shutdown.clone(),
         ));
+        let connections = Arc::new(crate::acp::Connections::new(
+            acp.clone(),
+            agents.clone(),
+            &config,
+        ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         let processes = Arc::new(crate::processes::ProcessService::new(
@@ -63,6 +73,7 @@ impl AppState {
             supervisor,
             agents,
             acp,
+            connections,
             files,
             config_store,
             processes,
@@ -86,6 +97,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(health))
         .merge(openapi::routes())
         .merge(acp::routes())
+        .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())
         .merge(config::routes())
@@ -95,6 +107,8 @@ pub fn api() -> OpenApiRouter<AppState> {
 pub fn router(state: AppState) -> Router {
     let (routes, _) = api().split_for_parts();
     routes
+        // The inspector's static files: not API routes, so not in the document (src/http/ui.rs).
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))

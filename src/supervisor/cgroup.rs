@@ -124,6 +124,9 @@ struct Hierarchy {
 pub struct Cgroups {
     hierarchies: Vec<Hierarchy>,
     next: AtomicU64,
+    /// `remove_own` ran: a second call (the supervisor's drop) has nothing to do and must not
+    /// take the blocking flock again.
+    removed: AtomicBool,
 }
 
 /// One agent's groups (one per hierarchy; the first is used to list its processes).
@@ -146,6 +149,7 @@ impl Cgroups {
         Cgroups {
             hierarchies: Vec::new(),
             next: AtomicU64::new(1),
+            removed: AtomicBool::new(false),
         }
     }
 
@@ -247,6 +251,7 @@ impl Cgroups {
         Cgroups {
             hierarchies,
             next: AtomicU64::new(1),
+            removed: AtomicBool::new(false),
         }
     }
 
@@ -358,6 +363,9 @@ impl Cgroups {
     /// The shared `sandbox-agent` directory goes too when no other daemon uses it, so nothing
     /// of ours is left in a cgroup someone else may want to remove.
     pub fn remove_own(&self) {
+        if self.removed.swap(true, Ordering::AcqRel) {
+            return;
+        }
         for h in &self.hierarchies {
             if let Err(e) = fs::remove_dir(&h.dir)
                 && e.kind() != io::ErrorKind::NotFound

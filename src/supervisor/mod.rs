@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use std::os::fd::OwnedFd;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::watch;
@@ -282,10 +282,54 @@ impl HandleInner {
         Pid::from_raw(self.pid as i32)
     }
 
+    /// True once the top process (the group leader) has been reaped. Before that its pid, and so
+    /// the process group id, cannot be reused, and `killpg` can only reach our own processes;
+    /// after it, the id may already name a stranger's group, so nothing is sent to it any more.
+    fn leader_reaped(&self) -> bool {
+        self.status.borrow().is_some()
+    }
+
+    /// The live members of the agent's process group, proven ours without `killpg`: the
+    /// cgroup's processes that are in the group, or (no cgroup) a `/proc` scan. Blocking: call
+    /// it on the blocking pool.
+    fn group_members_now(&self) -> Vec<i32> {
+        let pgid = self.pid as i32;
+        match &self.cgroup {
+            Some(cg) => cg
+                .pids()
+                .into_iter()
+                .filter(|p| stats::read_stat(*p).is_some_and(|s| s.pgrp == pgid))
+                .collect(),
+            None => stats::group_members(pgid),
+        }
+    }
+
+    /// Sends `sig` to the agent's process group: `killpg` while the leader is unreaped, else
+    /// each member found by `group_members_now`.
+    async fn signal_group(self: &Arc<Self>, sig: Signal) {
+        if !self.leader_reaped() {
+            let _ = killpg(self.pgid(), sig);
+            return;
+        }
+        let me = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for p in me.group_members_now() {
+                let _ = kill(Pid::from_raw(p), sig);
+            }
+        })
+        .await;
+    }
+
     /// True when the top process is reaped and its process group is empty: everything that got
     /// our TERM has gone. (Processes that left the group never got it; `clear` kills them.)
-    fn group_gone(&self) -> bool {
-        self.status.borrow().is_some() && killpg(self.pgid(), None).is_err()
+    async fn group_gone(self: &Arc<Self>) -> bool {
+        if !self.leader_reaped() {
+            return false;
+        }
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.group_members_now().is_empty())
+            .await
+            .unwrap_or(false)
     }
 
     async fn top_status(&self) -> RawStatus {
@@ -302,7 +346,7 @@ impl HandleInner {
 
     /// KILL the group and everything in the cgroup until it is empty, then remove the cgroup.
     async fn clear(self: &Arc<Self>) {
-        let _ = killpg(self.pgid(), Signal::SIGKILL);
+        self.signal_group(Signal::SIGKILL).await;
         let Some(cg) = &self.cgroup else { return };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -333,11 +377,11 @@ impl HandleInner {
 
     async fn run_stop(self: Arc<Self>, grace: Duration, term: bool) {
         if term {
-            let _ = killpg(self.pgid(), Signal::SIGTERM);
+            self.signal_group(Signal::SIGTERM).await;
         }
         let graceful = tokio::time::timeout(grace, async {
             self.top_status().await;
-            while !self.group_gone() {
+            while !self.group_gone().await {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
@@ -565,7 +609,15 @@ pub fn emergency_kill_all() {
         .cloned()
         .collect();
     for h in &handles {
-        let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
+        // Never a group whose leader is reaped (its id may be reused); its cgroup, or the
+        // members a scan finds, instead.
+        if !h.inner.leader_reaped() {
+            let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
+        } else if h.inner.cgroup.is_none() {
+            for p in h.inner.group_members_now() {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+        }
         if let Some(cg) = &h.inner.cgroup {
             cg.kill_all();
         }

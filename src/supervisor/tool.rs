@@ -56,9 +56,16 @@ pub async fn run_to_completion(
     })?;
     let mut guard = GroupGuard(child.id().map(|pid| Pid::from_raw(pid as i32)));
     let result = tokio::time::timeout(timeout, child.wait_with_output()).await;
-    // Whatever the leader did, nothing it started may outlive it.
+    // Whatever the leader did, nothing it started may outlive it. The leader is reaped by now
+    // (or being killed on drop), so its group id may be reused: only the members a `/proc` scan
+    // finds in the group are killed, never the id blindly (on the blocking pool: a scan).
     if let Some(pgid) = guard.0.take() {
-        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = tokio::task::spawn_blocking(move || {
+            for p in super::stats::group_members(pgid.as_raw()) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+        })
+        .await;
     }
     match result {
         Ok(Ok(out)) => Ok(out),

@@ -716,3 +716,134 @@ async fn the_pids_budget_of_all_agents_together_holds_across_agents() {
     assert!(counts[0] + counts[1] < 30, "{counts:?}");
     assert!(health_ok(&d).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cgroups_the_rest_of_the_group_is_killed_after_the_leader_was_reaped() {
+    // Once the leader is reaped its group id may be reused, so the daemon no longer sends
+    // anything to that id: it kills the members it finds in the group instead.
+    let dir = tempfile::tempdir().unwrap();
+    let script = concat!(
+        "sleep 600 &\n",
+        "printf '{\"jsonrpc\":\"2.0\",\"method\":\"child\",\"params\":{\"pid\":%d}}\\n' $!\n",
+        "read _hello\n",
+        "read _go\n",
+        "exit 3\n"
+    );
+    let file = agents_file(dir.path(), &[("leaver", script)]);
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .args(["--agent-cgroups", "off"])
+        .start();
+    start_with_notification(&d, "leaver", "leaver").await;
+    let text = sse_until(&d, "leaver", "\"pid\":").await;
+    let child: u32 = text
+        .split("\"pid\":")
+        .nth(1)
+        .and_then(|t| t.split('}').next()?.trim().parse().ok())
+        .expect("the child's pid");
+    assert!(pid_alive(child));
+    // The script read the first notification; one more line lets it exit by itself.
+    let s = eventually_async(Duration::from_secs(10), "the agent ended", || async {
+        let _ = post_json(
+            &d,
+            "/v1/acp/leaver",
+            json!({"jsonrpc": "2.0", "method": "go"}),
+        )
+        .await;
+        let s = server(&d, "leaver").await?;
+        (s["status"] == "exited").then_some(s)
+    })
+    .await;
+    assert_eq!(s["exitReason"], "exited", "{s}");
+    assert_eq!(s["exitCode"], 3, "{s}");
+    crate::support::eventually(Duration::from_secs(5), "the group member killed", || {
+        (!pid_alive(child)).then_some(())
+    });
+    delete(&d, "leaver").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_body_that_stops_arriving_is_408_and_gives_its_share_back() {
+    let d = Daemon::builder()
+        .args(["--idle-timeout", "1s", "--acp-inflight-bytes", "1M"])
+        .start();
+    let (status, text) = initialize(&d, "m", 0).await;
+    assert_eq!(status, 200, "{text}");
+    // Declares the whole budget, sends a few bytes, then nothing.
+    let (code, answer) = tokio::task::spawn_blocking({
+        let addr = d.addr.clone();
+        move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            write!(
+                s,
+                "POST /v1/acp/m HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"jsonrpc\":",
+                1 << 20
+            )
+            .unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let code: u16 = text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            (code, text)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 408, "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    // The budget is whole again: a body of 1 MiB minus a little fits.
+    let pad = "x".repeat((1 << 20) - 200);
+    let (status, _, text) = post_raw(
+        &d,
+        "/v1/acp/m",
+        format!(r#"{{"jsonrpc":"2.0","id":9,"method":"_mock/echo","params":{{"p":"{pad}"}}}}"#)
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_budget_of_all_agents_together_stops_a_hog_without_its_own_limit() {
+    if !crate::support::is_root() {
+        crate::support::skip("needs root for cgroups");
+        return;
+    }
+    let d = Daemon::builder()
+        .args(["--agents-memory-max", "96M", "--agent-memory-max", "max"])
+        .start();
+    let log = crate::support::eventually(Duration::from_secs(5), "the budget log line", || {
+        let log = d.stderr();
+        log.contains("budget of all agents together").then_some(log)
+    });
+    if log.contains("NOT") {
+        crate::support::skip("the memory controller is not writable here");
+        return;
+    }
+    let (status, _, text) = post_json(
+        &d,
+        "/v1/acp/hog?agent=mock",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    // Its own limit is off; only the budget of all agents can stop it.
+    let (status, _, text) = post_json(
+        &d,
+        "/v1/acp/hog",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+               "params": {"sessionId": "mock-1", "prompt": [{"type": "text", "text": "/alloc 300"}]}}),
+    )
+    .await;
+    assert_eq!(status, 502, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["exitReason"], "oom", "{body}");
+    assert!(health_ok(&d).await);
+}

@@ -151,7 +151,7 @@ pub struct Daemon {
     stderr_path: PathBuf,
     data: PathBuf,
     /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
-    pub stderr_pipe: Option<std::io::PipeReader>,
+    pub stderr_pipe: Option<std::os::fd::OwnedFd>,
 }
 
 impl Daemon {
@@ -174,7 +174,7 @@ impl Daemon {
         let stderr_path = dir.path().join("daemon.stderr");
         let mut stderr_pipe = None;
         let stderr: Stdio = if b.stderr_unread {
-            let (r, w) = std::io::pipe().expect("pipe");
+            let (r, w) = nix::unistd::pipe().expect("pipe");
             stderr_pipe = Some(r);
             w.into()
         } else {

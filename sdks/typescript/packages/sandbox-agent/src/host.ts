@@ -1,0 +1,214 @@
+/**
+ * The daemon's host APIs as plain methods (health, agents, instances, files, config): one HTTP call
+ * each, no connection needed.
+ *
+ * Invariants: bodies and downloads stream (a 200 MB file never sits in memory unless the caller asks
+ * for bytes); every non-2xx answer becomes an {@link HttpError} with the problem body.
+ */
+import { networkProblem, problemFromResponse } from "acp-http-client/errors";
+import { HttpError } from "./errors.js";
+import type {
+  AgentInfo,
+  FsEntry,
+  FsStat,
+  Health,
+  InstallAgentRequest,
+  InstallAgentResult,
+  InstanceInfo,
+  McpEntry,
+  MoveRequest,
+  MoveResult,
+  PathResult,
+  SkillsEntry,
+  UploadBatchResult,
+  WriteFileResult,
+} from "./types.js";
+
+export interface HostOptions {
+  /** Base URL of the daemon, e.g. `http://127.0.0.1:2468`. */
+  baseUrl: string;
+  /** Bearer token, when the daemon has one. */
+  token?: string;
+  /** `fetch` to use (defaults to the global one). */
+  fetch?: typeof fetch;
+  /** Extra headers on every request. */
+  headers?: Record<string, string>;
+}
+
+/** What `writeFile` and `uploadBatch` accept as a body. */
+export type BodySource = ReadableStream<Uint8Array> | Uint8Array | ArrayBuffer | Blob | string;
+
+export interface ConfigKey {
+  /** Directory whose `.sandbox-agent/config/` holds the entry. */
+  directory: string;
+}
+
+type Query = Record<string, string | number | boolean | undefined>;
+
+export class HostApi {
+  /** The daemon's base URL, without a trailing slash. */
+  readonly baseUrl: string;
+  protected readonly token?: string;
+  protected readonly fetcher: typeof fetch;
+  protected readonly extraHeaders: Record<string, string>;
+
+  constructor(options: HostOptions) {
+    if (!options.baseUrl) throw new TypeError("baseUrl is required");
+    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    this.token = options.token;
+    this.fetcher = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
+    this.extraHeaders = options.headers ?? {};
+  }
+
+  getHealth(): Promise<Health> {
+    return this.json("GET", "/v1/health");
+  }
+
+  async listAgents(): Promise<AgentInfo[]> {
+    return (await this.json<{ agents: AgentInfo[] }>("GET", "/v1/agents")).agents;
+  }
+
+  getAgent(agent: string): Promise<AgentInfo> {
+    return this.json("GET", `/v1/agents/${encodeURIComponent(agent)}`);
+  }
+
+  installAgent(agent: string, request: InstallAgentRequest = {}): Promise<InstallAgentResult> {
+    return this.json("POST", `/v1/agents/${encodeURIComponent(agent)}/install`, { body: request });
+  }
+
+  /** Every agent instance (`serverId`) the daemon runs, with its status and process figures. */
+  async listInstances(): Promise<InstanceInfo[]> {
+    return (await this.json<{ servers: InstanceInfo[] }>("GET", "/v1/acp")).servers;
+  }
+
+  listEntries(path?: string): Promise<FsEntry[]> {
+    return this.json("GET", "/v1/fs/entries", { query: { path } });
+  }
+
+  stat(path: string): Promise<FsStat> {
+    return this.json("GET", "/v1/fs/stat", { query: { path } });
+  }
+
+  /** The file's bytes as a stream (nothing is buffered). `range` is an HTTP byte range, e.g. `bytes=0-99`. */
+  async readFileStream(path: string, options: { range?: string } = {}): Promise<ReadableStream<Uint8Array>> {
+    const res = await this.send("GET", "/v1/fs/file", {
+      query: { path },
+      headers: options.range ? { Range: options.range } : {},
+    });
+    if (!res.body) throw new HttpError(networkProblem(new Error("response has no body")));
+    return res.body;
+  }
+
+  /** The whole file in memory. */
+  async readFile(path: string, options: { range?: string } = {}): Promise<Uint8Array> {
+    const res = await this.send("GET", "/v1/fs/file", {
+      query: { path },
+      headers: options.range ? { Range: options.range } : {},
+    });
+    return new Uint8Array(await res.arrayBuffer());
+  }
+
+  /** Writes (atomically replaces) a file from bytes, text, a Blob or a stream. */
+  writeFile(path: string, body: BodySource): Promise<WriteFileResult> {
+    return this.json("PUT", "/v1/fs/file", {
+      query: { path },
+      raw: body,
+      headers: { "Content-Type": "application/octet-stream" },
+    });
+  }
+
+  deleteEntry(path: string, options: { recursive?: boolean } = {}): Promise<PathResult> {
+    return this.json("DELETE", "/v1/fs/entry", {
+      query: { path, recursive: options.recursive ? "true" : undefined },
+    });
+  }
+
+  /** `mkdir -p`. */
+  mkdir(path: string): Promise<PathResult> {
+    return this.json("POST", "/v1/fs/mkdir", { query: { path } });
+  }
+
+  move(request: MoveRequest): Promise<MoveResult> {
+    return this.json("POST", "/v1/fs/move", { body: request });
+  }
+
+  /** Extracts a tar (or, with `gzip`, tar.gz) archive into `path` (default: the work dir), all or nothing. */
+  uploadBatch(archive: BodySource, options: { path?: string; gzip?: boolean } = {}): Promise<UploadBatchResult> {
+    return this.json("POST", "/v1/fs/upload-batch", {
+      query: { path: options.path },
+      raw: archive,
+      headers: { "Content-Type": options.gzip ? "application/gzip" : "application/x-tar" },
+    });
+  }
+
+  getMcpConfig(key: ConfigKey & { mcpName: string }): Promise<McpEntry> {
+    return this.json("GET", "/v1/config/mcp", { query: { ...key } });
+  }
+  async setMcpConfig(key: ConfigKey & { mcpName: string }, entry: McpEntry): Promise<void> {
+    await this.send("PUT", "/v1/config/mcp", { query: { ...key }, body: entry });
+  }
+  async deleteMcpConfig(key: ConfigKey & { mcpName: string }): Promise<void> {
+    await this.send("DELETE", "/v1/config/mcp", { query: { ...key } });
+  }
+
+  getSkillsConfig(key: ConfigKey & { skillName: string }): Promise<SkillsEntry> {
+    return this.json("GET", "/v1/config/skills", { query: { ...key } });
+  }
+  async setSkillsConfig(key: ConfigKey & { skillName: string }, entry: SkillsEntry): Promise<void> {
+    await this.send("PUT", "/v1/config/skills", { query: { ...key }, body: entry });
+  }
+  async deleteSkillsConfig(key: ConfigKey & { skillName: string }): Promise<void> {
+    await this.send("DELETE", "/v1/config/skills", { query: { ...key } });
+  }
+
+  protected authHeaders(): Record<string, string> {
+    const h: Record<string, string> = { ...this.extraHeaders };
+    if (this.token) h.Authorization = `Bearer ${this.token}`;
+    return h;
+  }
+
+  protected async json<T>(
+    method: string,
+    path: string,
+    init: { query?: Query; body?: unknown; raw?: BodySource; headers?: Record<string, string> } = {},
+  ): Promise<T> {
+    const res = await this.send(method, path, init);
+    return (await res.json()) as T;
+  }
+
+  /** One request; resolves with a 2xx response, throws {@link HttpError} otherwise. */
+  protected async send(
+    method: string,
+    path: string,
+    init: { query?: Query; body?: unknown; raw?: BodySource; headers?: Record<string, string> } = {},
+  ): Promise<Response> {
+    const url = new URL(this.baseUrl + path);
+    for (const [k, v] of Object.entries(init.query ?? {})) {
+      if (v !== undefined) url.searchParams.set(k, String(v));
+    }
+    const headers: Record<string, string> = { ...this.authHeaders(), ...init.headers };
+    const req: RequestInit & { duplex?: "half" } = { method, headers };
+    if (init.body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      req.body = JSON.stringify(init.body);
+    } else if (init.raw !== undefined) {
+      req.body = init.raw as BodyInit;
+      if (init.raw instanceof ReadableStream) {
+        // A stream body needs half-duplex in fetch (Node and browsers alike). `redirect: "error"`
+        // matters for memory: otherwise fetch clones the request for a possible redirect, which
+        // tees the body and keeps every chunk sent until the answer (measured: a 200 MB upload
+        // held 200 MB in Node 20's fetch). The daemon never redirects.
+        req.duplex = "half";
+        req.redirect = "error";
+      }
+    }
+    let res: Response;
+    try {
+      res = await this.fetcher(url, req);
+    } catch (error) {
+      throw new HttpError(networkProblem(error));
+    }
+    if (!res.ok) throw new HttpError(await problemFromResponse(res));
+    return res;
+  }
+}

@@ -1,0 +1,18 @@
+/**
+ * `sandbox-agent`: the TypeScript SDK of the Sandbox Agent daemon. Browser-safe: Node-only parts
+ * live in `sandbox-agent/local` (starting a daemon) and `sandbox-agent/file-store`.
+ */
+export {
+  SandboxAgentClient,
+  type SandboxAgentClientOptions,
+  type SessionUpdateEvent,
+  type PermissionRequest,
+  type PermissionReply,
+  type NewSessionOptions,
+  type PromptOptions,
+} from "./client.js";
+export { HostApi, type HostOptions, type BodySource, type ConfigKey } from "./host.js";
+export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError } from "./errors.js";
+export { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
+export type { GapEvent, ProblemDetails } from "acp-http-client";
+export type * from "./types.js";

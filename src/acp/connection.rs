@@ -1,0 +1,644 @@
+//! The connections of the ACP RFD transport (`/v1/agents/{agent}/acp`). Each connection is an
+//! ordinary instance of the proxy — serverId `acp-conn-<connectionId>`, listed, supervised, limited
+//! and stopped like any other — plus this bookkeeping: which request belongs to which session, and
+//! one outbox per RFD stream (the connection stream and one per `Acp-Session-Id`) fed by a router
+//! task that reads the instance's event log. **Invariant:** every event of the instance is routed
+//! to exactly one outbox, in log order; an outbox never holds more than twice the log's bounds
+//! (a stream that falls further behind is cut off); a connection with no open stream or socket and
+//! no POST in progress for `--acp-connection-idle` is deleted like `DELETE /v1/acp/{serverId}`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::events::LogLimits;
+use super::frames::{LogItem, split};
+use super::jsonrpc::IdKey;
+use super::{AcpError, AcpService, Next, Subscription};
+use crate::agents::Agents;
+use crate::config::Config;
+
+/// The prefix of the serverId of an RFD connection; the rest is the connection id.
+pub const SERVER_ID_PREFIX: &str = "acp-conn-";
+
+/// At most this many session streams per connection (each holds an outbox).
+pub const MAX_SESSIONS: usize = 256;
+
+/// At most this many session-scoped requests remembered per connection; beyond it the oldest
+/// routes are forgotten (their responses then go to the connection stream).
+const MAX_ROUTES: usize = 65_536;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("unknown agent `{agent}`")]
+    UnknownAgent { agent: String },
+    #[error("this request needs the Acp-Connection-Id header")]
+    MissingConnectionId,
+    #[error("the first message of a connection must be an `initialize` request")]
+    NotInitialize,
+    #[error("no connection `{connection_id}`")]
+    UnknownConnection { connection_id: String },
+    #[error("connection `{connection_id}` runs agent `{bound}`, not `{requested}`")]
+    AgentMismatch {
+        connection_id: String,
+        bound: String,
+        requested: String,
+    },
+    #[error("invalid Acp-Session-Id: use 1-256 visible ASCII characters")]
+    InvalidSessionId,
+    #[error("the {stream} of connection `{connection_id}` already has a reader")]
+    StreamBusy {
+        connection_id: String,
+        stream: String,
+    },
+    #[error("connection `{connection_id}` already has {limit} session streams")]
+    TooManySessions { connection_id: String, limit: usize },
+    #[error("{0}")]
+    Acp(#[from] AcpError),
+}
+
+/// Every RFD connection of the daemon.
+pub struct Connections {
+    acp: Arc<AcpService>,
+    agents: Arc<Agents>,
+    limits: LogLimits,
+    idle: Duration,
+    map: Mutex<HashMap<String, Arc<Connection>>>,
+}
+
+/// One RFD connection.
+pub struct Connection {
+    pub id: String,
+    pub server_id: String,
+    pub agent: String,
+    limits: LogLimits,
+    routes: Mutex<Routes>,
+    /// Wakes the router when a reader attaches or leaves (the idle clock).
+    readers_changed: Notify,
+}
+
+#[derive(Default)]
+struct Routes {
+    connection: Outbox,
+    sessions: HashMap<String, Outbox>,
+    /// Session-scoped requests in flight: id → sessionId (the response goes to that session).
+    requests: HashMap<IdKey, String>,
+    request_order: VecDeque<IdKey>,
+    /// Open streams and sockets of this connection.
+    readers: usize,
+    idle_since: Option<Instant>,
+    ended: bool,
+}
+
+/// The queue of one RFD stream.
+#[derive(Default)]
+struct Outbox {
+    frames: VecDeque<Bytes>,
+    bytes: usize,
+    attached: bool,
+    /// The attached reader fell behind: its stream ends; the next reader starts afresh.
+    cut: bool,
+    notify: Arc<Notify>,
+}
+
+impl Outbox {
+    fn offer(&mut self, frame: Bytes, limits: LogLimits, what: &dyn Fn() -> String) {
+        if self.frames.len() >= limits.max_events.saturating_mul(2)
+            || self.bytes + frame.len() > limits.max_bytes.saturating_mul(2)
+        {
+            tracing::warn!(stream = %what(), dropped = self.frames.len(),
+                "an ACP stream fell behind; its queued messages were dropped and its reader cut off");
+            self.frames.clear();
+            self.bytes = 0;
+            self.cut = self.attached;
+            self.notify.notify_one();
+            if self.cut {
+                return;
+            }
+        }
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+        self.notify.notify_one();
+    }
+}
+
+/// What the routing of one message needs to know about it.
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(default)]
+    method: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct SessionProbe {
+    #[serde(rename = "sessionId", default)]
+    session_id: Option<String>,
+}
+
+/// `params.sessionId` (or `result.sessionId`) when the member is an object with a string there.
+pub fn session_of(raw: Option<&RawValue>) -> Option<String> {
+    let raw = raw?;
+    if !raw.get().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str::<SessionProbe>(raw.get())
+        .ok()?
+        .session_id
+}
+
+fn valid_session_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 256 && s.bytes().all(|b| (0x21..0x7f).contains(&b))
+}
+
+impl Connections {
+    pub fn new(acp: Arc<AcpService>, agents: Arc<Agents>, config: &Config) -> Self {
+        let limits = LogLimits {
+            max_events: config.event_buffer.max(1),
+            max_bytes: usize::try_from(config.event_buffer_bytes).unwrap_or(usize::MAX),
+        };
+        let idle = config.acp_connection_idle;
+        Connections {
+            acp,
+            agents,
+            limits,
+            idle,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Connection>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn acp(&self) -> &Arc<AcpService> {
+        &self.acp
+    }
+
+    /// A new connection running `agent`: its instance exists (the agent starts with the first
+    /// message) and the router reads its log from the first event. `routed == false` (the
+    /// WebSocket profile) leaves the log to the socket: no router, no outboxes.
+    pub fn create(
+        self: &Arc<Self>,
+        agent: &str,
+        routed: bool,
+    ) -> Result<(Arc<Connection>, Option<Subscription>), ConnectionError> {
+        if !self.agents.is_known(agent) {
+            return Err(ConnectionError::UnknownAgent {
+                agent: agent.to_string(),
+            });
+        }
+        let id = new_connection_id();
+        let server_id = format!("{SERVER_ID_PREFIX}{id}");
+        self.acp.open(&server_id, Some(agent))?;
+        let sub = self.acp.subscribe(&server_id, None)?;
+        let conn = Arc::new(Connection {
+            id: id.clone(),
+            server_id,
+            agent: agent.to_string(),
+            limits: self.limits,
+            routes: Mutex::new(Routes {
+                idle_since: Some(Instant::now()),
+                ..Routes::default()
+            }),
+            readers_changed: Notify::new(),
+        });
+        self.map().insert(id, conn.clone());
+        let sub = if routed {
+            tokio::spawn(route_loop(Arc::downgrade(self), conn.clone(), sub));
+            None
+        } else {
+            tokio::spawn(idle_loop(Arc::downgrade(self), conn.clone()));
+            Some(sub)
+        };
+        Ok((conn, sub))
+    }
+
+    /// The connection named by an `Acp-Connection-Id` header, for `agent`.
+    pub fn get(
+        &self,
+        connection_id: &str,
+        agent: &str,
+    ) -> Result<Arc<Connection>, ConnectionError> {
+        let conn = self.map().get(connection_id).cloned().ok_or_else(|| {
+            ConnectionError::UnknownConnection {
+                connection_id: connection_id.chars().take(200).collect(),
+            }
+        })?;
+        if conn.agent != agent {
+            return Err(ConnectionError::AgentMismatch {
+                connection_id: conn.id.clone(),
+                bound: conn.agent.clone(),
+                requested: agent.to_string(),
+            });
+        }
+        Ok(conn)
+    }
+
+    /// Ends a connection: its instance is deleted (stopped in the background) and its streams end.
+    pub fn delete(&self, conn: &Connection) {
+        self.acp.delete(&conn.server_id);
+        self.forget(conn);
+    }
+
+    fn forget(&self, conn: &Connection) {
+        let mut map = self.map();
+        if map.get(&conn.id).is_some_and(|c| std::ptr::eq(&**c, conn)) {
+            map.remove(&conn.id);
+        }
+    }
+
+    /// How many connections exist.
+    pub fn count(&self) -> usize {
+        self.map().len()
+    }
+}
+
+impl Connection {
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers that the request `key` belongs to `session`, so that its response goes to that
+    /// session's stream. Called before the request is written to the agent.
+    pub fn route_request(&self, key: IdKey, session: String) {
+        let mut r = self.routes();
+        if r.requests.insert(key.clone(), session).is_none() {
+            r.request_order.push_back(key);
+        }
+        while r.request_order.len() > MAX_ROUTES {
+            if let Some(old) = r.request_order.pop_front() {
+                r.requests.remove(&old);
+            }
+        }
+    }
+
+    /// Forgets a route whose request could not be delivered.
+    pub fn unroute_request(&self, key: &IdKey) {
+        self.routes().requests.remove(key);
+    }
+
+    /// Attaches the one reader of the connection stream (`session == None`) or of a session's
+    /// stream. A second reader of the same stream is refused (409).
+    pub fn attach(
+        self: &Arc<Self>,
+        session: Option<&str>,
+    ) -> Result<StreamReader, ConnectionError> {
+        let mut r = self.routes();
+        let busy = |stream: String| ConnectionError::StreamBusy {
+            connection_id: self.id.clone(),
+            stream,
+        };
+        if let Some(s) = session {
+            if !valid_session_id(s) {
+                return Err(ConnectionError::InvalidSessionId);
+            }
+            if !r.sessions.contains_key(s) && r.sessions.len() >= MAX_SESSIONS {
+                return Err(ConnectionError::TooManySessions {
+                    connection_id: self.id.clone(),
+                    limit: MAX_SESSIONS,
+                });
+            }
+        }
+        let outbox = match session {
+            None => &mut r.connection,
+            Some(s) => r.sessions.entry(s.to_string()).or_default(),
+        };
+        if outbox.attached {
+            return Err(busy(match session {
+                None => "connection stream".to_string(),
+                Some(s) => format!("stream of session `{s}`"),
+            }));
+        }
+        outbox.attached = true;
+        outbox.cut = false;
+        let notify = outbox.notify.clone();
+        r.readers += 1;
+        r.idle_since = None;
+        drop(r);
+        self.readers_changed.notify_one();
+        Ok(StreamReader {
+            conn: self.clone(),
+            session: session.map(str::to_string),
+            notify,
+        })
+    }
+
+    /// Counts a reader that is not an outbox's (the WebSocket profile's socket, a POST in
+    /// progress): the idle clock starts again when the last one leaves.
+    pub fn hold(self: &Arc<Self>) -> ReaderGuard {
+        let mut r = self.routes();
+        r.readers += 1;
+        r.idle_since = None;
+        drop(r);
+        self.readers_changed.notify_one();
+        ReaderGuard { conn: self.clone() }
+    }
+
+    fn reader_left(&self) {
+        let mut r = self.routes();
+        r.readers = r.readers.saturating_sub(1);
+        if r.readers == 0 {
+            r.idle_since = Some(Instant::now());
+        }
+        drop(r);
+        self.readers_changed.notify_one();
+    }
+
+    /// Routes one event of the log: a response to a session-scoped request goes to that
+    /// session; a message whose `params.sessionId` names a session goes to it (held until its
+    /// reader attaches); everything else goes to the connection stream.
+    fn route(&self, json: &[u8], frame: Bytes) {
+        let probe: Option<Probe<'_>> = serde_json::from_slice(json).ok();
+        let mut r = self.routes();
+        let session = match &probe {
+            Some(p) if p.method.is_none() => match p.id {
+                Some(id) => r.requests.remove(&IdKey::from_raw(id)),
+                None => None,
+            },
+            Some(p) => session_of(p.params),
+            None => None,
+        };
+        let limits = self.limits;
+        let id = &self.id;
+        match session {
+            Some(s) if r.sessions.contains_key(&s) || r.sessions.len() < MAX_SESSIONS => {
+                let what = || format!("{id}/session {s}");
+                r.sessions
+                    .entry(s.clone())
+                    .or_default()
+                    .offer(frame, limits, &what);
+            }
+            _ => {
+                let what = || format!("{id}/connection");
+                r.connection.offer(frame, limits, &what);
+            }
+        }
+    }
+
+    /// The log ended (agent gone, deleted, shutdown): every stream ends once drained.
+    fn end(&self) {
+        let mut r = self.routes();
+        r.ended = true;
+        r.connection.notify.notify_one();
+        for o in r.sessions.values() {
+            o.notify.notify_one();
+        }
+    }
+}
+
+/// The reader of one RFD stream. Dropping it detaches it (the stream may be opened again).
+pub struct StreamReader {
+    conn: Arc<Connection>,
+    session: Option<String>,
+    notify: Arc<Notify>,
+}
+
+impl StreamReader {
+    /// Waits for frames (several come back as one chunk); `End` when the connection ended and
+    /// everything was delivered, `CutOff` when this reader fell behind.
+    pub async fn next(&self) -> Next {
+        loop {
+            {
+                let mut r = self.conn.routes();
+                let ended = r.ended;
+                let outbox = match &self.session {
+                    None => Some(&mut r.connection),
+                    Some(s) => r.sessions.get_mut(s),
+                };
+                let Some(outbox) = outbox else {
+                    return Next::End;
+                };
+                if outbox.cut {
+                    return Next::CutOff;
+                }
+                if !outbox.frames.is_empty() {
+                    let mut chunk = BytesMut::new();
+                    while let Some(f) = outbox.frames.front() {
+                        if !chunk.is_empty() && chunk.len() + f.len() > 64 * 1024 {
+                            break;
+                        }
+                        let f = outbox.frames.pop_front().expect("front exists");
+                        outbox.bytes -= f.len();
+                        chunk.extend_from_slice(&f);
+                    }
+                    return Next::Frames(chunk.freeze());
+                }
+                if ended {
+                    return Next::End;
+                }
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+impl Drop for StreamReader {
+    fn drop(&mut self) {
+        {
+            let mut r = self.conn.routes();
+            let outbox = match &self.session {
+                None => Some(&mut r.connection),
+                Some(s) => r.sessions.get_mut(s),
+            };
+            if let Some(o) = outbox {
+                o.attached = false;
+                o.cut = false;
+            }
+        }
+        self.conn.reader_left();
+    }
+}
+
+/// Keeps a connection counted as read (the WebSocket profile's socket).
+pub struct ReaderGuard {
+    conn: Arc<Connection>,
+}
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        self.conn.reader_left();
+    }
+}
+
+/// Deletes the connection once it has had no reader for the idle time; returns when it ended.
+async fn wait_idle(conns: &Weak<Connections>, conn: &Connection) -> bool {
+    let Some(idle) = conns.upgrade().map(|c| c.idle) else {
+        return true;
+    };
+    let since = conn.routes().idle_since;
+    match since {
+        Some(t) if t + idle <= Instant::now() => {
+            if let Some(c) = conns.upgrade() {
+                tracing::info!(connection_id = %conn.id, server_id = %conn.server_id,
+                    "an ACP connection had no reader for {}; stopping it",
+                    humantime::format_duration(idle));
+                c.delete(conn);
+            }
+            true
+        }
+        Some(t) => {
+            tokio::select! {
+                _ = tokio::time::sleep_until(t + idle) => {}
+                _ = conn.readers_changed.notified() => {}
+            }
+            false
+        }
+        None => {
+            conn.readers_changed.notified().await;
+            false
+        }
+    }
+}
+
+/// The WebSocket profile: no routing, only the idle clock.
+async fn idle_loop(conns: Weak<Connections>, conn: Arc<Connection>) {
+    while !wait_idle(&conns, &conn).await {}
+}
+
+/// Reads the instance's log and routes every event to its outbox, until the log ends.
+async fn route_loop(conns: Weak<Connections>, conn: Arc<Connection>, sub: Subscription) {
+    let mut idle_done = false;
+    loop {
+        tokio::select! {
+            next = sub.next() => match next {
+                Next::Frames(chunk) => {
+                    for item in split(&chunk) {
+                        match item {
+                            LogItem::Message { json, frame, .. } => conn.route(&json, frame),
+                            LogItem::Gap { from, to } => tracing::warn!(connection_id = %conn.id,
+                                from, to, "ACP connection lost events before its router read them"),
+                        }
+                    }
+                }
+                Next::End => break,
+                Next::CutOff => {
+                    // Cannot happen (the router never waits), but if it did the streams could no
+                    // longer be trusted: end the connection rather than lose messages silently.
+                    tracing::warn!(connection_id = %conn.id, "ACP connection router fell behind");
+                    if let Some(c) = conns.upgrade() {
+                        c.delete(&conn);
+                    }
+                    break;
+                }
+            },
+            done = wait_idle(&conns, &conn), if !idle_done => idle_done = done,
+        }
+    }
+    conn.end();
+    // The log ended: deleted (already forgotten), shut down, or the agent exited. In the last
+    // case the connection stays until its readers are gone and the idle time passed, so that
+    // POSTs meanwhile learn how the agent ended (502 with its exit) rather than 404.
+    if !idle_done {
+        while !wait_idle(&conns, &conn).await {}
+    }
+}
+
+/// 128 random bits as 32 hex digits. The id is not a credential (the bearer token is), but an
+/// unguessable id keeps one client from stumbling into another's connection.
+fn new_connection_id() -> String {
+    // 16 bytes of /dev/urandom: never blocks once the kernel's pool is initialised, which is long
+    // before a daemon serves requests, so it may run on the runtime thread.
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if random.is_err() {
+        // No /dev/urandom (an odd sandbox): fall back to the std hasher's random keys.
+        use std::hash::{BuildHasher, Hasher};
+        for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(i);
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection() -> Connection {
+        Connection {
+            id: "c".to_string(),
+            server_id: "acp-conn-c".to_string(),
+            agent: "mock".to_string(),
+            limits: LogLimits {
+                max_events: 100,
+                max_bytes: 1 << 20,
+            },
+            routes: Mutex::new(Routes::default()),
+            readers_changed: Notify::new(),
+        }
+    }
+
+    /// Routes each agent message (after registering `requests` as session-scoped) and checks
+    /// which stream each one landed on (`""` for the connection stream).
+    fn check(requests: &[(&str, &str)], messages: &[&str], expected: &[&str]) {
+        let conn = connection();
+        for (id, session) in requests {
+            let raw = RawValue::from_string(id.to_string()).unwrap();
+            conn.route_request(IdKey::from_raw(&raw), session.to_string());
+        }
+        for m in messages {
+            conn.route(m.as_bytes(), Bytes::from(m.to_string()));
+        }
+        let r = conn.routes();
+        let mut got: Vec<(usize, &str)> = Vec::new();
+        let position = |frame: &Bytes| messages.iter().position(|m| m.as_bytes() == &frame[..]);
+        for f in &r.connection.frames {
+            got.push((position(f).unwrap(), ""));
+        }
+        for (s, o) in &r.sessions {
+            for f in &o.frames {
+                got.push((position(f).unwrap(), s.as_str()));
+            }
+        }
+        got.sort();
+        let got: Vec<&str> = got.into_iter().map(|(_, s)| s).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn routing() {
+        check(
+            &[("2", "s1")],
+            &[
+                r#"{"id":1,"result":{"sessionId":"s1"}}"#,
+                r#"{"method":"session/update","params":{"sessionId":"s1","update":{}}}"#,
+                r#"{"id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}"#,
+                r#"{"id":2,"result":{"stopReason":"end_turn"}}"#,
+                r#"{"id":2,"result":{"again":true}}"#,
+                r#"{"method":"session/update","params":{"sessionId":"s2"}}"#,
+                r#"{"method":"_x/notice","params":[1,2]}"#,
+                r#"not json"#,
+            ],
+            &["", "s1", "s1", "s1", "", "s2", "", ""],
+        );
+        // Ids match by their canonical JSON text: "2" (a string) is not 2.
+        check(&[("\"2\"", "s1")], &[r#"{"id":2,"result":{}}"#], &[""]);
+    }
+
+    #[test]
+    fn session_ids() {
+        assert!(valid_session_id("mock-1"));
+        assert!(!valid_session_id(""));
+        assert!(!valid_session_id("a b"));
+        assert!(!valid_session_id(&"x".repeat(257)));
+    }
+}

@@ -1,0 +1,339 @@
+//! WebSocket faces of an ACP instance: `GET /v1/acp/{serverId}` with `Upgrade: websocket` (our
+//! own endpoint, resumable with `?lastEventId=`) and the socket of the RFD transport's WebSocket
+//! profile. Both are framing only: client frames go to `AcpService::post` (never waiting, so
+//! responses become events), and the instance's event log is written out frame by frame.
+//! **Invariant:** event frames leave in log order with no frame of the log skipped silently (a
+//! gap is announced); a socket whose reader fell behind is closed and its queue dropped, even
+//! while a write to it is blocked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, Uri, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::{AppState, Problem};
+use crate::acp::connection::ReaderGuard;
+use crate::acp::frames::{LogItem, split};
+use crate::acp::jsonrpc::parse_envelope;
+use crate::acp::{self, AcpError, Connection, Next, Subscription};
+
+/// True when the request asks for a WebSocket (HTTP/1.1 `Upgrade: websocket`).
+pub fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+}
+
+#[derive(Default, serde::Deserialize)]
+struct SocketQuery {
+    agent: Option<String>,
+    #[serde(rename = "lastEventId")]
+    last_event_id: Option<String>,
+}
+
+fn parse_query(uri: &Uri) -> Result<(Option<String>, Option<u64>), Problem> {
+    let q = match uri.query() {
+        None => SocketQuery::default(),
+        Some(_) => {
+            axum::extract::Query::<SocketQuery>::try_from_uri(uri)
+                .map_err(|e| Problem::bad_request(format!("bad query string: {e}")))?
+                .0
+        }
+    };
+    let last = match q.last_event_id {
+        None => None,
+        Some(v) => Some(
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| Problem::bad_request("lastEventId must be a non-negative integer"))?,
+        ),
+    };
+    Ok((q.agent.filter(|a| !a.is_empty()), last))
+}
+
+/// `GET /v1/acp/{serverId}` with `Upgrade: websocket`. Everything that can fail is checked before
+/// the upgrade, so that it is answered as problem+json.
+pub async fn acp_socket(
+    st: AppState,
+    server_id: String,
+    uri: Uri,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let upgrade = match upgrade {
+        Ok(u) => u,
+        Err(e) => {
+            return Problem::bad_request(format!("bad WebSocket upgrade: {e}"))
+                .with("serverId", server_id)
+                .into_response();
+        }
+    };
+    let (agent, last_event_id) = match parse_query(&uri) {
+        Ok(q) => q,
+        Err(p) => return p.with("serverId", server_id).into_response(),
+    };
+    if let Some(agent) = &agent {
+        if let Err(e) = st.acp.open(&server_id, Some(agent)) {
+            return Problem::from(e).into_response();
+        }
+    }
+    let sub = match st.acp.subscribe(&server_id, last_event_id) {
+        Ok(s) => s,
+        Err(e) => return Problem::from(e).into_response(),
+    };
+    let plan = SocketPlan {
+        server_id,
+        sub,
+        after: last_event_id.unwrap_or(0),
+        gap_notifications: true,
+        connection: None,
+    };
+    upgrade
+        .max_message_size(body_limit(&st))
+        .on_upgrade(move |socket| run_socket(socket, st, plan))
+}
+
+pub fn body_limit(st: &AppState) -> usize {
+    usize::try_from(st.config.body_limit).unwrap_or(usize::MAX)
+}
+
+/// What one socket serves.
+pub struct SocketPlan {
+    pub server_id: String,
+    pub sub: Subscription,
+    /// The id of the last event before the first one this socket sends.
+    pub after: u64,
+    /// Announce evicted events with a `_sandboxagent/gap` notification (our endpoint); the RFD
+    /// profile speaks plain ACP and only logs them.
+    pub gap_notifications: bool,
+    /// The RFD connection this socket is the reader of (its idle clock stops while it is open).
+    pub connection: Option<(Arc<Connection>, ReaderGuard)>,
+}
+
+/// Why the daemon closes a socket.
+fn close(code: u16, reason: impl Into<String>) -> Message {
+    let mut reason: String = reason.into();
+    // A close frame's payload is at most 125 bytes, two of which are the code.
+    if reason.len() > 123 {
+        let mut cut = 123;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+    }
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: Utf8Bytes::from(reason),
+    }))
+}
+
+/// Serves one socket until either side ends it.
+pub async fn run_socket(socket: WebSocket, st: AppState, plan: SocketPlan) {
+    let (sink, stream) = socket.split();
+    // Frames the daemon itself answers (errors) go through the writer, so that one task writes.
+    let (own_tx, own_rx) = mpsc::channel::<Message>(64);
+    let reader = read_frames(stream, &st, &plan.server_id, own_tx);
+    let writer = write_frames(sink, &st, &plan, own_rx);
+    tokio::select! {
+        _ = reader => {}
+        _ = writer => {}
+    }
+    if let Some((conn, _guard)) = &plan.connection {
+        tracing::debug!(connection_id = %conn.id, "ACP WebSocket closed");
+    }
+}
+
+/// Forwards the client's frames to the agent, in order, without waiting for responses.
+async fn read_frames(
+    mut stream: futures_util::stream::SplitStream<WebSocket>,
+    st: &AppState,
+    server_id: &str,
+    own_tx: mpsc::Sender<Message>,
+) {
+    while let Some(frame) = stream.next().await {
+        let text = match frame {
+            Ok(Message::Text(t)) => Bytes::from(t),
+            Ok(Message::Close(_)) => {
+                // Let the writer complete the closing handshake (the library queued the reply),
+                // then end.
+                if own_tx.send(Message::Close(None)).await.is_ok() {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
+                }
+                return;
+            }
+            Err(_) => return,
+            // Binary frames are ignored (the RFD's rule); pings are answered by the library.
+            Ok(_) => continue,
+        };
+        let envelope = if text.len() > 256 * 1024 {
+            tokio::task::spawn_blocking(move || parse_envelope(text))
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        } else {
+            parse_envelope(text)
+        };
+        let envelope = match envelope {
+            Ok(e) => e,
+            Err(e) => {
+                let code = match e {
+                    acp::EnvelopeError::Json(_) => -32700,
+                    _ => -32600,
+                };
+                let problem = Problem::from(AcpError::from(e)).with("serverId", server_id);
+                let frame = error_frame(serde_json::Value::Null, code, &problem);
+                if own_tx.send(frame).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let raw_id = match &envelope.kind {
+            acp::Kind::Request { raw_id, .. } => Some(raw_id.clone()),
+            _ => None,
+        };
+        match st.acp.post(server_id, None, envelope, true).await {
+            Ok(_) => {}
+            Err(e) => {
+                let fatal = matches!(
+                    e,
+                    AcpError::Launch { .. }
+                        | AcpError::Spawn { .. }
+                        | AcpError::MissingAgent { .. }
+                        | AcpError::NotFound { .. }
+                        | AcpError::ShuttingDown
+                );
+                let problem = Problem::from(e);
+                if let Some(id) = raw_id {
+                    let id: serde_json::Value =
+                        serde_json::from_str(id.get()).unwrap_or(serde_json::Value::Null);
+                    if own_tx
+                        .send(error_frame(id, -32603, &problem))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if fatal {
+                    // The agent cannot start (or the serverId is gone): nothing more can happen.
+                    let _ = own_tx.send(close(1011, problem.detail.clone())).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A JSON-RPC error response made by the daemon; `data` is the problem object.
+fn error_frame(id: serde_json::Value, code: i64, problem: &Problem) -> Message {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": code, "message": problem.title, "data": problem.body() },
+    });
+    Message::Text(Utf8Bytes::from(body.to_string()))
+}
+
+/// Resolves once `sub` was cut off (polled: the log cuts a subscriber without waking a blocked
+/// writer).
+async fn cut_off(sub: &Subscription) {
+    loop {
+        if sub.is_cut() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes the event log (and the daemon's own frames) to the socket.
+async fn write_frames(
+    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    st: &AppState,
+    plan: &SocketPlan,
+    mut own_rx: mpsc::Receiver<Message>,
+) {
+    let keepalive = st.config.keepalive.max(Duration::from_millis(10));
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+    let mut last_sent = plan.after;
+    let sub = &plan.sub;
+    let mut batch: Vec<Message> = Vec::new();
+    loop {
+        let end: Option<Message> = tokio::select! {
+            biased;
+            _ = st.shutdown.cancelled() => Some(close(1001, "the daemon is shutting down")),
+            own = own_rx.recv() => match own {
+                Some(m @ Message::Close(_)) => Some(m),
+                Some(m) => { batch.push(m); None }
+                None => return,
+            },
+            next = sub.next() => match next {
+                Next::Frames(chunk) => {
+                    for item in split(&chunk) {
+                        match item {
+                            LogItem::Message { id, json, .. } => {
+                                last_sent = id;
+                                batch.push(Message::Text(text_of(json)));
+                            }
+                            LogItem::Gap { from, to } => {
+                                if plan.gap_notifications {
+                                    let gap = json!({"jsonrpc": "2.0", "method": "_sandboxagent/gap",
+                                        "params": {"from": from, "to": to}});
+                                    batch.push(Message::Text(Utf8Bytes::from(gap.to_string())));
+                                } else {
+                                    tracing::warn!(server_id = %plan.server_id, from, to,
+                                        "a WebSocket reader missed evicted events");
+                                }
+                            }
+                        }
+                    }
+                    None
+                }
+                Next::End => Some(close(1000, "the ACP server ended")),
+                Next::CutOff => {
+                    tracing::info!(server_id = %plan.server_id,
+                        "a WebSocket reader fell behind and was disconnected");
+                    Some(close(1008, format!("fell behind; resume with lastEventId={last_sent}")))
+                }
+            },
+            _ = ping.tick() => { batch.push(Message::Ping(Bytes::new())); None }
+        };
+        if !batch.is_empty() {
+            let n = batch.len();
+            let mut frames = futures_util::stream::iter(batch.drain(..).map(Ok));
+            let sent = tokio::select! {
+                r = sink.send_all(&mut frames) => r.is_ok(),
+                _ = cut_off(sub) => {
+                    // The reader stopped reading: its queue is already dropped; drop the socket
+                    // too (a close frame could not get through a full TCP buffer).
+                    tracing::info!(server_id = %plan.server_id, pending = n,
+                        "a WebSocket reader stopped reading and was disconnected");
+                    return;
+                }
+                _ = st.shutdown.cancelled() => return,
+            };
+            if !sent {
+                return;
+            }
+        }
+        if let Some(close_frame) = end {
+            let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_frame)).await;
+            return;
+        }
+    }
+}
+
+fn text_of(json: Bytes) -> Utf8Bytes {
+    match Utf8Bytes::try_from(json.clone()) {
+        Ok(t) => t,
+        // A text frame must be UTF-8; an agent line that is not is passed on with replacements.
+        Err(_) => Utf8Bytes::from(String::from_utf8_lossy(&json).into_owned()),
+    }
+}

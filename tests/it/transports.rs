@@ -1,0 +1,976 @@
+//! The remote transports: WebSocket on `/v1/acp/{serverId}` (ordering under pipelining, resume
+//! with `lastEventId`, cut-off of a reader that stops reading, one event log shared with SSE), the
+//! ACP RFD transport at `/v1/agents/{agent}/acp` (status codes, streams, idle stop), and interop
+//! with the official TypeScript and Python ACP clients, unmodified (`tests/transports/`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::support::{self, Daemon, eventually_async};
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+const TOKEN: &str = "transport-test-token";
+
+/// A daemon with a token; RFD connections without a reader go after 3 s (unless `extra` says
+/// otherwise), so that the tests of a closed WebSocket do not wait the default 30 s.
+fn daemon(extra: &[&str]) -> Daemon {
+    let mut b = Daemon::builder().token(TOKEN);
+    if !extra.contains(&"--acp-connection-idle") {
+        b = b.args(["--acp-connection-idle", "3s"]);
+    }
+    b.args(extra.iter().copied()).start()
+}
+
+fn request(id: Value, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn prompt(id: Value, session: &str, text: &str) -> Value {
+    request(
+        id,
+        "session/prompt",
+        json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}),
+    )
+}
+
+async fn connect(d: &Daemon, path: &str) -> Socket {
+    let url = d.url(path).replacen("http://", "ws://", 1);
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let (ws, resp) = tokio_tungstenite::connect_async(req)
+        .await
+        .unwrap_or_else(|e| panic!("WebSocket to {path}: {e}"));
+    assert_eq!(resp.status(), 101);
+    ws
+}
+
+async fn send(ws: &mut Socket, msg: &Value) {
+    ws.send(Message::text(msg.to_string())).await.unwrap();
+}
+
+/// The next text frame as JSON (pings skipped); `None` when the socket ended.
+async fn next_json(ws: &mut Socket) -> Option<Value> {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a frame within 20 s");
+        match frame {
+            Some(Ok(Message::Text(t))) => return Some(serde_json::from_str(&t).unwrap()),
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => continue,
+        }
+    }
+}
+
+/// Frames until (and including) the response with `id`.
+async fn until_response(ws: &mut Socket, id: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let m = next_json(ws).await.expect("the socket ended early");
+        let done = m.get("method").is_none() && m["id"] == *id;
+        out.push(m);
+        if done {
+            return out;
+        }
+    }
+}
+
+async fn listing(d: &Daemon) -> Vec<Value> {
+    let v: Value = d
+        .client()
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["servers"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn ws_pipelined_requests_are_all_answered_in_order() {
+    let d = daemon(&[]);
+    let mut ws = connect(&d, "/v1/acp/pipe?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    // 1,000 requests without waiting for any answer.
+    for i in 1..=1000 {
+        send(&mut ws, &request(json!(i), "_mock/echo", json!({"n": i}))).await;
+    }
+    let init = next_json(&mut ws).await.unwrap();
+    assert_eq!(init["id"], 0);
+    assert_eq!(init["result"]["agentInfo"]["name"], "mock");
+    for i in 1..=1000 {
+        let m = next_json(&mut ws).await.unwrap();
+        assert_eq!(
+            m["id"], i,
+            "answers arrive in the order the agent wrote them"
+        );
+        assert_eq!(m["result"], json!({"n": i}));
+    }
+    // Every answer was an event of the serverId's log.
+    let info = listing(&d).await;
+    assert_eq!(info[0]["lastEventId"], 1001);
+    assert_eq!(info[0]["pendingRequests"], 0);
+}
+
+/// Reads the whole SSE log of `server_id` until a message with response id `last`.
+async fn sse_log(d: &Daemon, server_id: &str, last: &Value) -> Vec<(u64, Value)> {
+    let mut resp = d
+        .client()
+        .get(d.url(&format!("/v1/acp/{server_id}")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut raw = String::new();
+    let mut out = Vec::new();
+    loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
+            .await
+            .expect("SSE within 20 s")
+            .unwrap()
+            .expect("the stream ended early");
+        raw.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = raw.find("\n\n") {
+            let frame: String = raw.drain(..end + 2).collect();
+            let id = frame
+                .lines()
+                .find_map(|l| l.strip_prefix("id: "))
+                .map(|v| v.parse::<u64>().unwrap());
+            let data = frame.lines().find_map(|l| l.strip_prefix("data: "));
+            if let (Some(id), Some(data)) = (id, data) {
+                let v: Value = serde_json::from_str(data).unwrap();
+                let done = v.get("method").is_none() && v["id"] == *last;
+                out.push((id, v));
+                if done {
+                    return out;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn ws_resume_after_a_dropped_socket_loses_nothing() {
+    let d = daemon(&[]);
+    let mut ws = connect(&d, "/v1/acp/resume?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    send(
+        &mut ws,
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    let mut seen = until_response(&mut ws, &json!(1)).await;
+    assert_eq!(seen.len(), 2);
+    send(&mut ws, &prompt(json!(2), "mock-1", "/stream 200")).await;
+    // Take a few events of the stream, then lose the socket without a close handshake.
+    for _ in 0..10 {
+        seen.push(next_json(&mut ws).await.unwrap());
+    }
+    drop(ws);
+    let last_id = seen.len() as u64;
+    let mut ws = connect(&d, &format!("/v1/acp/resume?lastEventId={last_id}")).await;
+    seen.extend(until_response(&mut ws, &json!(2)).await);
+    // The SSE face of the same serverId shows the same log: the WebSocket frames are exactly its
+    // events, in order, ids implicit and consecutive.
+    let log = sse_log(&d, "resume", &json!(2)).await;
+    assert_eq!(
+        log.len(),
+        seen.len(),
+        "one frame per event, none lost or repeated"
+    );
+    for (i, (id, event)) in log.iter().enumerate() {
+        assert_eq!(*id, i as u64 + 1);
+        assert_eq!(*event, seen[i], "event {id}");
+    }
+    let chunks = seen
+        .iter()
+        .filter(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .count();
+    assert_eq!(chunks, 200);
+}
+
+#[tokio::test]
+async fn ws_gap_is_announced_when_events_were_evicted() {
+    let d = daemon(&["--event-buffer", "5"]);
+    // The events come from POSTs to the same serverId: one log for every face.
+    let post = |msg: Value| {
+        d.client()
+            .post(d.url("/v1/acp/gap?agent=mock"))
+            .header("content-type", "application/json")
+            .body(msg.to_string())
+            .send()
+    };
+    assert_eq!(
+        post(request(json!(0), "initialize", json!({})))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let new = post(request(
+        json!(1),
+        "session/new",
+        json!({"cwd": "/", "mcpServers": []}),
+    ));
+    assert_eq!(new.await.unwrap().status(), 200);
+    let done = post(prompt(json!(2), "mock-1", "/stream 20"))
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    // 20 events (the chunks); the ring keeps the last 5 (16..=20).
+    let mut ws = connect(&d, "/v1/acp/gap?lastEventId=3").await;
+    let gap = next_json(&mut ws).await.unwrap();
+    assert_eq!(gap["method"], "_sandboxagent/gap");
+    assert_eq!(gap["params"], json!({"from": 4, "to": 15}));
+    for n in 16..=20 {
+        let m = next_json(&mut ws).await.unwrap();
+        assert_eq!(
+            m["params"]["update"]["content"]["text"],
+            format!("chunk {n} of 20")
+        );
+    }
+}
+
+/// The daemon's resident memory, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+#[tokio::test]
+async fn ws_reader_that_stops_reading_is_cut_off_with_memory_bounded() {
+    let d = daemon(&["--event-buffer", "100", "--event-buffer-bytes", "64K"]);
+    let mut ws = connect(&d, "/v1/acp/slow?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    send(
+        &mut ws,
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    until_response(&mut ws, &json!(1)).await;
+    let before = rss_bytes(d.pid());
+    // About 25 MB of updates, far more than the socket buffers hold; this client reads nothing.
+    send(&mut ws, &prompt(json!(2), "mock-1", "/stream 100000")).await;
+    eventually_async(Duration::from_secs(60), "the prompt to finish", || async {
+        let info = listing(&d).await;
+        (info[0]["pendingRequests"] == 0 && info[0]["lastEventId"].as_u64() > Some(100_000))
+            .then_some(())
+    })
+    .await;
+    let info = listing(&d).await;
+    assert_eq!(info[0]["subscribers"], 0, "the silent reader was cut off");
+    let grown = rss_bytes(d.pid()).saturating_sub(before);
+    assert!(
+        grown < 24 << 20,
+        "the daemon grew by {grown} bytes while a reader did not read 25 MB"
+    );
+    // The daemon dropped the socket: after what was already in flight, the stream ends.
+    let mut frames = 0u64;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("the socket ends")
+        {
+            Some(Ok(Message::Close(frame))) => {
+                if let Some(f) = frame {
+                    assert_eq!(u16::from(f.code), 1008, "{f:?}");
+                    assert!(f.reason.contains("lastEventId="), "{f:?}");
+                }
+                break;
+            }
+            Some(Ok(_)) => frames += 1,
+            Some(Err(_)) | None => break,
+        }
+    }
+    assert!(
+        frames < 100_000,
+        "the reader got {frames} frames, so it was never cut off"
+    );
+}
+
+#[tokio::test]
+async fn ws_upgrade_refusals_are_problems() {
+    let d = daemon(&[]);
+    let client = d.client();
+    let upgrade = |path: &str| {
+        client
+            .get(d.url(path))
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-version", "13")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+    };
+    for (path, status) in [
+        ("/v1/acp/nothing-here", 404),
+        ("/v1/acp/x?agent=no-such-agent", 400),
+        ("/v1/acp/x?agent=mock&lastEventId=soon", 400),
+        ("/v1/acp/bad%20id?agent=mock", 400),
+    ] {
+        let resp = upgrade(path).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{path}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+    }
+    // Without the token: 401 like every /v1 route.
+    let resp = reqwest::Client::new()
+        .get(d.url("/v1/acp/x?agent=mock"))
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    // A deleted serverId ends its sockets with a close frame and a reason.
+    let mut ws = connect(&d, "/v1/acp/closing?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    until_response(&mut ws, &json!(0)).await;
+    let del = client
+        .delete(d.url("/v1/acp/closing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    match tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap()
+    {
+        Some(Ok(Message::Close(Some(f)))) => {
+            assert_eq!(u16::from(f.code), 1000);
+            assert_eq!(f.reason.as_str(), "the ACP server ended");
+        }
+        other => panic!("expected a close frame, got {other:?}"),
+    }
+}
+
+// ---- the RFD transport -------------------------------------------------------------------
+
+const RFD: &str = "/v1/agents/mock/acp";
+
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    text: String,
+}
+
+async fn rfd_post(d: &Daemon, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut req = d
+        .client()
+        .post(d.url(RFD))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.body(body.to_string()).send().await.unwrap();
+    Answer {
+        status: resp.status().as_u16(),
+        headers: resp.headers().clone(),
+        text: resp.text().await.unwrap(),
+    }
+}
+
+async fn rfd_initialize(d: &Daemon) -> String {
+    let a = rfd_post(
+        d,
+        &[],
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})).to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let body: Value = serde_json::from_str(&a.text).unwrap();
+    assert_eq!(body["id"], 0);
+    assert_eq!(body["result"]["agentInfo"]["name"], "mock");
+    a.headers["acp-connection-id"].to_str().unwrap().to_string()
+}
+
+/// An open RFD SSE stream.
+struct Stream {
+    resp: reqwest::Response,
+    raw: String,
+}
+
+impl Stream {
+    async fn open(d: &Daemon, conn: &str, session: Option<&str>) -> Result<Stream, u16> {
+        let mut req = d
+            .client()
+            .get(d.url(RFD))
+            .header("accept", "text/event-stream")
+            .header("acp-connection-id", conn);
+        if let Some(s) = session {
+            req = req.header("acp-session-id", s);
+        }
+        let resp = req.send().await.unwrap();
+        if resp.status() != 200 {
+            return Err(resp.status().as_u16());
+        }
+        Ok(Stream {
+            resp,
+            raw: String::new(),
+        })
+    }
+
+    /// The next message (keepalives skipped); `None` when the stream ended.
+    async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(end) = self.raw.find("\n\n") {
+                let frame: String = self.raw.drain(..end + 2).collect();
+                if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                    return Some(serde_json::from_str(data).unwrap());
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(20), self.resp.chunk())
+                .await
+                .expect("SSE within 20 s")
+                .ok()??;
+            self.raw.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+#[tokio::test]
+async fn rfd_http_flow_routes_responses_and_holds_session_messages() {
+    let d = daemon(&[]);
+    let conn = rfd_initialize(&d).await;
+    // The connection is an ordinary instance, listed under a serverId derived from its id.
+    let info = listing(&d).await;
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0]["serverId"], format!("acp-conn-{conn}"));
+    assert_eq!(info[0]["agent"], "mock");
+
+    let mut main = Stream::open(&d, &conn, None).await.unwrap();
+    let h = [("acp-connection-id", conn.as_str())];
+    let a = rfd_post(
+        &d,
+        &h,
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        )
+        .to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.text);
+    assert!(a.text.is_empty());
+    let new = main.next().await.unwrap();
+    assert_eq!(
+        new["id"], 1,
+        "session/new is answered on the connection stream"
+    );
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+
+    // The prompt goes out before the session's stream is open (as the Python client may do):
+    // the session's messages are held until its reader attaches.
+    let a = rfd_post(&d, &h, &prompt(json!(2), &session, "/stream 3").to_string()).await;
+    assert_eq!(a.status, 202);
+    eventually_async(
+        Duration::from_secs(10),
+        "the prompt to be answered",
+        || async { (listing(&d).await[0]["pendingRequests"] == 0).then_some(()) },
+    )
+    .await;
+    let mut sess = Stream::open(&d, &conn, Some(&session))
+        .await
+        .unwrap_or_else(|s| panic!("{s}: {}", d.stderr()));
+    for i in 1..=3 {
+        let m = sess.next().await.unwrap();
+        assert_eq!(m["method"], "session/update");
+        assert_eq!(
+            m["params"]["update"]["content"]["text"],
+            format!("chunk {i} of 3")
+        );
+    }
+    let done = sess.next().await.unwrap();
+    assert_eq!(done["id"], 2);
+    assert_eq!(done["result"]["stopReason"], "end_turn");
+
+    // A second reader of a stream that has one: 409.
+    assert_eq!(
+        Stream::open(&d, &conn, Some(&session)).await.err(),
+        Some(409)
+    );
+    assert_eq!(Stream::open(&d, &conn, None).await.err(), Some(409));
+
+    // A permission request goes to the session stream; the answer may come without
+    // Acp-Session-Id (as the Python client sends it).
+    let a = rfd_post(
+        &d,
+        &h,
+        &prompt(json!(3), &session, "/permission").to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 202);
+    let ask = sess.next().await.unwrap();
+    assert_eq!(ask["method"], "session/request_permission");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"outcome": {"outcome": "selected", "optionId": "reject-once"}}});
+    let a = rfd_post(&d, &h, &answer.to_string()).await;
+    assert_eq!(a.status, 202);
+    let chunk = sess.next().await.unwrap();
+    assert_eq!(
+        chunk["params"]["update"]["content"]["text"],
+        "permission: reject-once"
+    );
+    assert_eq!(sess.next().await.unwrap()["id"], 3);
+
+    // DELETE ends the connection: 202, streams end, the instance goes away.
+    let del = d
+        .client()
+        .delete(d.url(RFD))
+        .header("acp-connection-id", &conn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 202);
+    assert_eq!(main.next().await, None);
+    assert_eq!(sess.next().await, None);
+    assert!(listing(&d).await.is_empty());
+    let again = d
+        .client()
+        .delete(d.url(RFD))
+        .header("acp-connection-id", &conn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 404);
+}
+
+#[tokio::test]
+async fn rfd_streamable_http_over_h2c_with_prior_knowledge() {
+    // The RFD requires HTTP/2 for Streamable HTTP: POSTs and the long-lived GET multiplexed on
+    // one h2c connection, on the same port as HTTP/1.1.
+    let d = daemon(&[]);
+    sandbox_agent::install_crypto_provider();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    let init = h2
+        .post(d.url(RFD))
+        .header("authorization", &auth)
+        .header("content-type", "application/json")
+        .body(request(json!(0), "initialize", json!({"protocolVersion": 1})).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(init.version(), reqwest::Version::HTTP_2);
+    assert_eq!(init.status(), 200);
+    let conn = init.headers()["acp-connection-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut stream = h2
+        .get(d.url(RFD))
+        .header("authorization", &auth)
+        .header("accept", "text/event-stream")
+        .header("acp-connection-id", &conn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(stream.version(), reqwest::Version::HTTP_2);
+    for id in 1..=3 {
+        let a = h2
+            .post(d.url(RFD))
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .header("acp-connection-id", &conn)
+            .body(request(json!(id), "_mock/echo", json!({"n": id})).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status(), 202);
+    }
+    let mut raw = String::new();
+    let mut answered = Vec::new();
+    while answered.len() < 3 {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+            .await
+            .expect("an answer within 20 s")
+            .unwrap()
+            .expect("the stream stays open");
+        raw.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = raw.find("\n\n") {
+            let frame: String = raw.drain(..end + 2).collect();
+            if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                let v: Value = serde_json::from_str(data).unwrap();
+                answered.push(v["id"].as_u64().unwrap());
+            }
+        }
+    }
+    assert_eq!(answered, [1, 2, 3]);
+    drop(stream);
+    drop(h2);
+    // The daemon's drop waits for its exit; meanwhile this runtime must keep running the h2
+    // client's connection task, which answers the daemon's GOAWAY and closes the connection.
+    tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
+}
+
+#[tokio::test]
+async fn rfd_refusals_are_problems() {
+    let d = daemon(&[]);
+    let init = request(json!(0), "initialize", json!({"protocolVersion": 1})).to_string();
+    let check = |a: &Answer, status: u16| {
+        assert_eq!(a.status, status, "{}", a.text);
+        assert_eq!(a.headers["content-type"], "application/problem+json");
+    };
+    // Not initialize without a connection: 400. Unknown connection: 404. Batch: 400.
+    let a = rfd_post(
+        &d,
+        &[],
+        &request(json!(1), "session/new", json!({})).to_string(),
+    )
+    .await;
+    check(&a, 400);
+    let a = rfd_post(&d, &[("acp-connection-id", "nope")], &init).await;
+    check(&a, 404);
+    let a = rfd_post(&d, &[], &format!("[{init}]")).await;
+    check(&a, 400);
+    // Wrong content type 415; Accept without JSON 406.
+    let resp = d
+        .client()
+        .post(d.url(RFD))
+        .header("content-type", "text/plain")
+        .body(init.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
+    let a = rfd_post(&d, &[("accept", "text/html")], &init).await;
+    check(&a, 406);
+    // Unknown agent: 404 (the path names it).
+    let resp = d
+        .client()
+        .post(d.url("/v1/agents/no-such-agent/acp"))
+        .header("content-type", "application/json")
+        .body(init.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    // GET without the header 400, unknown 404, wrong Accept 406; DELETE without it 400.
+    let get = |conn: Option<&str>, accept: &str| {
+        let mut r = d.client().get(d.url(RFD)).header("accept", accept);
+        if let Some(c) = conn {
+            r = r.header("acp-connection-id", c);
+        }
+        r
+    };
+    assert_eq!(
+        get(None, "text/event-stream")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    assert_eq!(
+        get(Some("nope"), "text/event-stream")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let conn = rfd_initialize(&d).await;
+    assert_eq!(
+        get(Some(&conn), "application/json")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        406
+    );
+    assert_eq!(
+        d.client().delete(d.url(RFD)).send().await.unwrap().status(),
+        400
+    );
+    // The connection belongs to its agent.
+    let resp = d
+        .client()
+        .get(d.url("/v1/agents/claude/acp"))
+        .header("accept", "text/event-stream")
+        .header("acp-connection-id", &conn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    // Without the token: 401 like every /v1 route.
+    let resp = reqwest::Client::new()
+        .post(d.url(RFD))
+        .header("content-type", "application/json")
+        .body(init)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+}
+
+#[tokio::test]
+async fn rfd_connection_without_a_reader_is_stopped_after_the_idle_time() {
+    let d = daemon(&["--acp-connection-idle", "1s"]);
+    let conn = rfd_initialize(&d).await;
+    let pid = listing(&d).await[0]["pid"].as_u64().unwrap() as u32;
+    // Nobody opens a stream: 1 s after the initialize POST the agent is stopped.
+    eventually_async(
+        Duration::from_secs(30),
+        "the idle connection to go",
+        || async { listing(&d).await.is_empty().then_some(()) },
+    )
+    .await;
+    eventually_async(
+        Duration::from_secs(30),
+        "the agent process to exit",
+        || async { (!support::pid_alive(pid)).then_some(()) },
+    )
+    .await;
+    let resp = d
+        .client()
+        .get(d.url(RFD))
+        .header("accept", "text/event-stream")
+        .header("acp-connection-id", &conn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+}
+
+#[tokio::test]
+async fn rfd_connection_whose_agent_exited_reports_the_exit_then_goes() {
+    let d = daemon(&[]);
+    let conn = rfd_initialize(&d).await;
+    let h = [("acp-connection-id", conn.as_str())];
+    let mut main = Stream::open(&d, &conn, None).await.unwrap();
+    let new = request(
+        json!(1),
+        "session/new",
+        json!({"cwd": "/", "mcpServers": []}),
+    );
+    assert_eq!(rfd_post(&d, &h, &new.to_string()).await.status, 202);
+    assert_eq!(main.next().await.unwrap()["id"], 1);
+    let crash = prompt(json!(2), "mock-1", "/crash 3");
+    assert_eq!(rfd_post(&d, &h, &crash.to_string()).await.status, 202);
+    // The stream ends with the agent; a later POST learns how it ended.
+    assert_eq!(main.next().await, None);
+    let a = rfd_post(
+        &d,
+        &h,
+        &request(json!(3), "_mock/echo", json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 502, "{}", a.text);
+    let body: Value = serde_json::from_str(&a.text).unwrap();
+    assert_eq!(body["exitCode"], 3);
+    // With no reader left, the connection and its instance go after the idle time.
+    eventually_async(
+        Duration::from_secs(30),
+        "the exited connection to go",
+        || async { listing(&d).await.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn rfd_websocket_profile_announces_its_connection_and_ends_with_the_socket() {
+    let d = daemon(&[]);
+    let url = d.url(RFD).replacen("http://", "ws://", 1);
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let (mut ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let conn = resp.headers()["acp-connection-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    send(
+        &mut ws,
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    send(&mut ws, &prompt(json!(2), "mock-1", "/stream 2")).await;
+    let frames = until_response(&mut ws, &json!(2)).await;
+    assert_eq!(frames[0]["id"], 0);
+    assert_eq!(frames[1]["id"], 1);
+    assert_eq!(frames.len(), 5);
+    assert_eq!(listing(&d).await[0]["serverId"], format!("acp-conn-{conn}"));
+    // Closing the socket sends no DELETE; the connection ends after the idle time.
+    ws.close(None).await.unwrap();
+    eventually_async(Duration::from_secs(30), "the connection to go", || async {
+        listing(&d).await.is_empty().then_some(())
+    })
+    .await;
+}
+
+// ---- the official clients ----------------------------------------------------------------
+
+fn interop_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/transports")
+}
+
+fn tool_works(cmd: &str, args: &[&str]) -> bool {
+    std::process::Command::new(cmd)
+        .args(args)
+        .current_dir(interop_dir())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs one official client against a fresh daemon and checks what it saw, then that its
+/// instance is gone.
+async fn interop(program: &str, script: &str, mode: &str) {
+    let d = daemon(&[]);
+    let out = tokio::process::Command::new(program)
+        .arg(script)
+        .arg(mode)
+        .arg(d.url(""))
+        .arg(TOKEN)
+        .current_dir(interop_dir())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the client finishes within 60 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{program} {script} {mode} failed ({}):\n{stdout}\n{}\ndaemon:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        d.stderr()
+    );
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(seen["agent"], "mock");
+    assert_eq!(seen["streamedStop"], "end_turn");
+    assert_eq!(
+        seen["texts"],
+        json!([
+            "chunk 1 of 3",
+            "chunk 2 of 3",
+            "chunk 3 of 3",
+            "permission: allow-once"
+        ]),
+        "streamed updates and the permission answer"
+    );
+    assert_eq!(seen["permissionAsked"], 1);
+    assert_eq!(seen["permissionStop"], "end_turn");
+    assert_eq!(seen["cancelledStop"], "cancelled");
+    // Closed: by DELETE (HTTP) or by the socket's end and the idle time (WebSocket).
+    eventually_async(
+        Duration::from_secs(30),
+        "the connection's instance to go",
+        || async { listing(&d).await.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+fn ts_ready() -> bool {
+    if !tool_works("node", &["--version"]) {
+        support::skip("node is not installed (.ci/install-transports.sh)");
+        return false;
+    }
+    if !interop_dir()
+        .join("node_modules/@agentclientprotocol/sdk/package.json")
+        .exists()
+    {
+        support::skip("tests/transports/node_modules is missing (.ci/install-transports.sh)");
+        return false;
+    }
+    true
+}
+
+fn python_ready() -> bool {
+    if !tool_works("python3", &["-c", "import acp.http.client, acp.ws.client"]) {
+        support::skip(
+            "python3 with agent-client-protocol[http] is missing (.ci/install-transports.sh)",
+        );
+        return false;
+    }
+    true
+}
+
+#[tokio::test]
+async fn typescript_sdk_http_client_interop() {
+    if ts_ready() {
+        interop("node", "ts-client.mjs", "http").await;
+    }
+}
+
+#[tokio::test]
+async fn typescript_sdk_websocket_client_interop() {
+    if ts_ready() {
+        interop("node", "ts-client.mjs", "ws").await;
+    }
+}
+
+#[tokio::test]
+async fn python_sdk_http_client_interop() {
+    if python_ready() {
+        interop("python3", "py-client.py", "http").await;
+    }
+}
+
+#[tokio::test]
+async fn python_sdk_websocket_client_interop() {
+    if python_ready() {
+        interop("python3", "py-client.py", "ws").await;
+    }
+}

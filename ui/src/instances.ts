@@ -1,0 +1,139 @@
+// The running instances (`GET /v1/acp`): status, pid and process figures, subscribers, pending
+// requests, and for an exited one its exit code or signal, exit reason and stderr tail; Stop
+// sends DELETE; Attach connects the page to a running instance it did not start. Refreshed every 2 s while this tab is shown and auto-refresh is on, and whenever
+// the page's own connection changes; a refresh never overlaps the previous one.
+// The listing does not carry the stderr tail (the daemon puts it in the problem body of a request
+// to an exited instance), so the tail shown is, in order: the listing's own `stderrTail` if a
+// daemon sends one, the one this page's connection was told when its agent ended, or one fetched
+// on demand ("Show stderr") with a request the exited instance answers with its exit details.
+
+import { api, type Instance } from "./api";
+import { byId, bytes, h } from "./dom";
+
+export class InstancesPanel {
+  private readonly body = byId("instances").querySelector("tbody")!;
+  private readonly auto = byId<HTMLInputElement>("instances-auto");
+  private busy = false;
+  private failing = false;
+  /** Exit details learnt outside the listing, by serverId. */
+  private readonly exits = new Map<string, { stderrTail?: unknown }>();
+
+  constructor(
+    private readonly current: () => string | null,
+    private readonly onError: (error: unknown) => void,
+    /** Attaches the page to a running instance. */
+    private readonly onAttach: (agent: string, serverId: string) => void,
+  ) {
+    byId("instances-refresh").addEventListener("click", () => void this.refresh());
+    // Polled only while the tab is shown (each poll is a line in the daemon's request log).
+    const panel = byId("panel-instances");
+    setInterval(() => {
+      if (this.auto.checked && !panel.hidden && document.visibilityState === "visible" && !this.failing) void this.refresh();
+    }, 2000);
+  }
+
+  /** Records what the daemon said about an instance's end (a problem body with `stderrTail`). */
+  remember(serverId: string, problem: Record<string, unknown>): void {
+    this.exits.set(serverId, problem);
+  }
+
+  /** Stops polling after an error until the next explicit refresh (e.g. a new token). */
+  async refresh(): Promise<void> {
+    if (this.busy) return;
+    this.busy = true;
+    try {
+      const servers = await api().listInstances();
+      this.failing = false;
+      this.render(servers);
+    } catch (error) {
+      this.failing = true;
+      this.onError(error);
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  private render(servers: Instance[]) {
+    const rows: HTMLElement[] = [];
+    for (const s of servers) {
+      const status = s.status ?? "running";
+      const exit =
+        status === "exited"
+          ? [s.exitCode != null ? `code ${s.exitCode}` : null, s.signal != null ? `signal ${String(s.signal)}` : null, s.exitReason]
+              .filter(Boolean)
+              .join(", ")
+          : "";
+      const stop = h("button", { type: "button", class: "small", "data-testid": "stop-button" }, status === "exited" ? "Remove" : "Stop");
+      stop.addEventListener("click", async () => {
+        stop.disabled = true;
+        try {
+          await api().stopInstance(s.serverId);
+        } catch (error) {
+          this.onError(error);
+        }
+        await this.refresh();
+      });
+      let attach: HTMLElement | null = null;
+      if (status !== "exited" && s.serverId !== this.current()) {
+        attach = h("button", { type: "button", class: "small", "data-testid": "attach-button" }, "Attach");
+        attach.addEventListener("click", () => this.onAttach(s.agent, s.serverId));
+      }
+      const figures = h(
+        "div",
+        { class: "figures" },
+        fig("pid", s.pid),
+        fig("RSS", s.rssBytes != null ? bytes(s.rssBytes) : null),
+        fig("CPU", s.cpuMs != null ? `${(s.cpuMs / 1000).toFixed(2)} s` : null),
+        fig("procs", s.processes),
+        fig("subs", s.subscribers),
+        fig("pending", s.pendingRequests),
+        fig("last id", s.lastEventId),
+      );
+      rows.push(
+        h(
+          "tr",
+          { "data-server-id": s.serverId, "data-status": status, class: s.serverId === this.current() ? "current" : "" },
+          h("th", { scope: "row" }, h("div", { class: "sid" }, s.serverId), h("div", { class: "muted" }, s.agent), stop, attach),
+          h(
+            "td",
+            {},
+            h("span", { class: `badge st-${status}`, "data-field": "status" }, status),
+            exit ? h("div", { "data-field": "exit" }, exit) : null,
+            s.exitCode != null ? h("span", { hidden: true, "data-field": "exit-code" }, String(s.exitCode)) : null,
+          ),
+          h("td", {}, figures),
+        ),
+      );
+      const tail = s.stderrTail ?? (this.exits.get(s.serverId)?.stderrTail as string | undefined);
+      if (status === "exited" && tail === undefined) {
+        const show = h("button", { type: "button", class: "small", "data-testid": "stderr-button" }, "Show stderr");
+        show.addEventListener("click", async () => {
+          show.disabled = true;
+          try {
+            this.remember(s.serverId, await api().exitDetails(s.serverId));
+          } catch (error) {
+            this.onError(error);
+          }
+          await this.refresh();
+        });
+        rows.push(h("tr", { class: "stderr-row" }, h("td", { colspan: 3 }, show)));
+      }
+      if (status === "exited" && tail !== undefined) {
+        rows.push(
+          h(
+            "tr",
+            { class: "stderr-row", "data-stderr-of": s.serverId },
+            h("td", { colspan: 3 }, h("details", { open: true }, h("summary", {}, "stderr (last lines)"), h("pre", { class: "stderr", "data-field": "stderr-tail" }, tail || "(nothing on stderr)"))),
+          ),
+        );
+      }
+    }
+    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "no instances")));
+    // Keep open <details> state out of it: the table is small and rebuilt whole.
+    this.body.replaceChildren(...rows);
+  }
+}
+
+function fig(label: string, value: string | number | null | undefined): HTMLElement {
+  return h("span", { class: "fig" }, h("span", { class: "muted" }, `${label} `), value == null ? "–" : String(value));
+}
