@@ -396,4 +396,59 @@ pub struct ServerArgs {
         value_name = "DURATION"
     )]
     pub acp_connection_idle: Option<String>,
+    // ---- Process API (/v1/processes) ----
+    /// Processes (background and `run`) that may run at once; more are refused with 429
+    /// [default: 64]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_PROCESS_MAX_CONCURRENT",
+        value_name = "COUNT"
+    )]
+    pub process_max_concurrent: Option<usize>,
+
+    /// Output kept per background process; older output is dropped (readers see a gap)
+    /// [default: 4M]
+    #[arg(long, env = "SANDBOX_AGENT_PROCESS_MAX_LOG_BYTES", value_name = "SIZE")]
+    pub process_max_log_bytes: Option<String>,
+
+    /// Output kept over all process records; a create that does not fit is refused with 503
+    /// [default: 256M]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_PROCESS_MAX_TOTAL_LOG_BYTES",
+        value_name = "SIZE"
+    )]
+    pub process_max_total_log_bytes: Option<String>,
+
+    /// Output a `run` captures per stream before truncating [default: 1M]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_PROCESS_MAX_OUTPUT_BYTES",
+        value_name = "SIZE"
+    )]
+    pub process_max_output_bytes: Option<String>,
+
+    /// Timeout of a `run` that names none [default: 30s]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_PROCESS_RUN_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    pub process_run_timeout: Option<String>,
+
+    /// Longest timeout a `run` may ask for [default: 5m]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_PROCESS_MAX_RUN_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    pub process_max_run_timeout: Option<String>,
+
+    /// Largest decoded input one request may write to a process [default: 64K]
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_PROCESS_MAX_INPUT_BYTES",
+        value_name = "SIZE"
+    )]
+    pub process_max_input_bytes: Option<String>,
 }

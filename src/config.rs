@@ -104,6 +104,14 @@ pub struct Config {
     pub require_checksums: bool,
     /// An RFD transport connection with no reader for this long is stopped.
     pub acp_connection_idle: Duration,
+    // ---- Process API ----
+    pub process_max_concurrent: usize,
+    pub process_max_log_bytes: u64,
+    pub process_max_total_log_bytes: u64,
+    pub process_max_output_bytes: u64,
+    pub process_run_timeout: Duration,
+    pub process_max_run_timeout: Duration,
+    pub process_max_input_bytes: u64,
 }
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
@@ -762,6 +770,54 @@ impl Config {
             size_required,
             64 << 10
         );
+        // ---- Process API ----
+        let process_max_concurrent = setting!(
+            process_max_concurrent,
+            "process-max-concurrent",
+            positive_count,
+            64
+        );
+        let process_max_log_bytes = setting!(
+            process_max_log_bytes,
+            "process-max-log-bytes",
+            size_required,
+            4 << 20
+        );
+        let process_max_total_log_bytes = setting!(
+            process_max_total_log_bytes,
+            "process-max-total-log-bytes",
+            size_required,
+            256 << 20
+        );
+        let process_max_output_bytes = setting!(
+            process_max_output_bytes,
+            "process-max-output-bytes",
+            size_required,
+            1 << 20
+        );
+        let process_run_timeout = setting!(
+            process_run_timeout,
+            "process-run-timeout",
+            dur,
+            Duration::from_secs(30)
+        );
+        let process_max_run_timeout = setting!(
+            process_max_run_timeout,
+            "process-max-run-timeout",
+            dur,
+            Duration::from_secs(300)
+        );
+        let process_max_input_bytes = setting!(
+            process_max_input_bytes,
+            "process-max-input-bytes",
+            size_required,
+            64 << 10
+        );
+        if process_max_log_bytes > process_max_total_log_bytes {
+            errors.push(
+                "--process-max-log-bytes is larger than --process-max-total-log-bytes".to_string(),
+            );
+        }
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
@@ -914,6 +970,13 @@ impl Config {
             registry_max_bytes,
             require_checksums,
             acp_connection_idle,
+            process_max_concurrent,
+            process_max_log_bytes,
+            process_max_total_log_bytes,
+            process_max_output_bytes,
+            process_run_timeout,
+            process_max_run_timeout,
+            process_max_input_bytes,
         })
     }
 

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod files;
 pub mod http;
 pub mod logging;
+pub mod processes;
 pub mod supervisor;
 pub mod sys;
 

@@ -253,3 +253,63 @@ pub fn trim_heap() {
         libc::malloc_trim(0);
     }
 }
+
+// ---- Process API: terminals (kept in one block) ----
+
+/// Makes fd 0 of `cmd`'s child its controlling terminal before exec. Register it after
+/// `agent_child_setup`, whose `setsid` must come first (only a session leader without a
+/// controlling terminal may take one).
+pub fn controlling_tty_on_exec(cmd: &mut tokio::process::Command) {
+    // SAFETY: the closure only calls ioctl(2) on fd 0, which std has already set to the
+    // terminal; async-signal-safe and allocation-free.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sets a terminal's window size (TIOCSWINSZ); the kernel then sends SIGWINCH to the
+/// terminal's foreground process group.
+pub fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, cols: u16, rows: u16) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: `fd` is borrowed, so open for the call; TIOCSWINSZ reads exactly one `winsize`
+    // from the pointer, which points at a live local.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            &size as *const libc::winsize,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Registers an owned descriptor (a terminal's master side) with the reactor.
+pub fn async_fd(
+    fd: std::os::fd::OwnedFd,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    use tokio::io::Interest;
+    // SAFETY: an `OwnedFd` is a valid open descriptor that only it closes, and its `as_raw_fd`
+    // returns that same descriptor for its whole life; the `AsyncFd` owns it from here on.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(
+            fd,
+            Interest::READABLE | Interest::WRITABLE,
+        )
+    }
+    .map_err(io::Error::from)
+}

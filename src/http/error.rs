@@ -348,3 +348,43 @@ impl From<axum::extract::rejection::JsonRejection> for Problem {
         }
     }
 }
+
+impl From<crate::processes::ProcessError> for Problem {
+    fn from(e: crate::processes::ProcessError) -> Self {
+        use crate::processes::ProcessError as E;
+        let detail = e.to_string();
+        let bad_command = e.is_bad_command();
+        match e {
+            E::Invalid(_) => Problem::bad_request(detail),
+            E::NotFound { id } => Problem::not_found(detail).with("processId", id),
+            E::Conflict { id, .. } => {
+                Problem::new(StatusCode::CONFLICT, detail).with("processId", id)
+            }
+            E::TooManyProcesses { limit } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            E::TooManyReaders { id, limit } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                .with("processId", id)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            E::LogBudget { total } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .title("Log Budget Exhausted")
+                .with("limit", total)
+                .header(header::RETRY_AFTER, "5"),
+            E::InputTooLarge { limit } => {
+                Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
+            }
+            E::InputTimeout { id } => {
+                Problem::new(StatusCode::GATEWAY_TIMEOUT, detail).with("processId", id)
+            }
+            E::Spawn { command, .. } if bad_command => Problem::bad_request(detail)
+                .title("Process Start Failed")
+                .with("command", command),
+            E::Spawn { command, .. } => Problem::new(StatusCode::BAD_GATEWAY, detail)
+                .title("Process Start Failed")
+                .with("command", command),
+            E::Io(_) => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
+        }
+    }
+}

@@ -9,6 +9,7 @@ pub mod error;
 pub mod files;
 pub mod guard;
 pub mod openapi;
+pub mod processes;
 pub mod rfd;
 pub mod ui;
 pub mod ws;
@@ -40,6 +41,7 @@ pub struct AppState {
     pub connections: Arc<crate::acp::Connections>,
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
+    pub processes: Arc<crate::processes::ProcessService>,
 }
 
 impl AppState {
@@ -60,6 +62,11 @@ impl AppState {
         ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
+        let processes = Arc::new(crate::processes::ProcessService::new(
+            &config,
+            supervisor.clone(),
+            shutdown.clone(),
+        ));
         Ok(AppState {
             config,
             shutdown,
@@ -69,6 +76,7 @@ impl AppState {
             connections,
             files,
             config_store,
+            processes,
         })
     }
 
@@ -93,6 +101,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(agents::routes())
         .merge(files::routes())
         .merge(config::routes())
+        .merge(processes::routes())
 }
 
 pub fn router(state: AppState) -> Router {

@@ -42,6 +42,7 @@ RFC 9457 `application/problem+json` body (`Problem`). Generated from the code: \
         (name = "agents", description = "Known agents, their install and runtime status"),
         (name = "fs", description = "Files beneath the daemon's working root (and `--fs-root`)"),
         (name = "config", description = "Per-directory MCP and skills configuration"),
+        (name = "processes", description = "Programs run next to the agents: runs, background processes, logs, terminals"),
     ),
     components(schemas(ProblemSchema))
 )]

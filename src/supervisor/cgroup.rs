@@ -404,10 +404,17 @@ fn claim(
     // Killing a dead daemon's agents waits for them to die (sleeps between rounds): that is done
     // on a thread of its own, not on the caller's (the runtime thread at start-up). A leftover
     // directory is claimed by its flock, so a second daemon clearing at the same time skips it.
+    // The sweep takes the subtree's lock too, so it never runs while a daemon is between
+    // creating its directory and locking it (below, under the same lock).
     let leftovers = subtree.clone();
+    let controllers = enable.to_vec();
     let _ = std::thread::Builder::new()
         .name("cgroup-leftovers".into())
-        .spawn(move || clear_leftovers(&leftovers));
+        .spawn(move || {
+            if let Ok(_guard) = lock_subtree(&leftovers, version, &controllers) {
+                clear_leftovers(&leftovers);
+            }
+        });
     let dir = subtree.join(name);
     fs::create_dir(&dir)?;
     if version == Version::V2 {

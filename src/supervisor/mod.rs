@@ -20,9 +20,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::os::fd::OwnedFd;
+
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use tokio::process::{ChildStdin, ChildStdout};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -91,7 +93,7 @@ pub struct ExitInfo {
 }
 
 /// Process figures for the listing, summed over the agent's processes.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessStats {
     pub rss_bytes: u64,
@@ -104,6 +106,27 @@ pub struct ProcessStats {
 pub struct AgentProcess {
     pub stdin: ChildStdin,
     pub stdout: ChildStdout,
+    pub handle: AgentHandle,
+}
+
+/// How a child's standard streams are connected.
+#[derive(Debug)]
+pub enum ChildStdio {
+    /// stdin and stdout piped to the caller; stderr logged line by line with its tail kept
+    /// (what agents get).
+    Pipes,
+    /// stdin, stdout and stderr all piped to the caller; nothing is logged or kept here.
+    AllPipes,
+    /// All three on this terminal (the slave side of a pseudo-terminal), which becomes the
+    /// controlling terminal of the child's new session.
+    Terminal(OwnedFd),
+}
+
+/// A freshly spawned child: whichever pipes its `ChildStdio` made, and its handle.
+pub struct Spawned {
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Option<ChildStdout>,
+    pub stderr: Option<ChildStderr>,
     pub handle: AgentHandle,
 }
 
@@ -188,6 +211,23 @@ impl AgentHandle {
     /// everything left in the cgroup; returns how it ended. Idempotent. The stop runs in its own
     /// task, so it completes even if the caller stops waiting.
     pub async fn stop(&self, grace: Duration) -> ExitInfo {
+        self.end(grace, true).await
+    }
+
+    /// KILL the whole tree at once (no TERM first); returns how it ended. Idempotent; a stop
+    /// already under way goes on as it was.
+    pub async fn kill(&self) -> ExitInfo {
+        self.end(Duration::ZERO, false).await
+    }
+
+    /// Sends `signal` to the process group while the process runs (nothing once it has ended).
+    pub fn signal_group(&self, signal: Signal) {
+        if self.exit().is_none() && self.inner.status.borrow().is_none() {
+            let _ = killpg(self.inner.pgid(), signal);
+        }
+    }
+
+    async fn end(&self, grace: Duration, term: bool) -> ExitInfo {
         let first = {
             let mut phase = self.inner.phase.lock().expect("phase lock");
             if *phase == Phase::Running {
@@ -198,7 +238,7 @@ impl AgentHandle {
             }
         };
         if first {
-            tokio::spawn(self.inner.clone().run_stop(grace));
+            tokio::spawn(self.inner.clone().run_stop(grace, term));
         }
         self.wait().await
     }
@@ -335,8 +375,10 @@ impl HandleInner {
         .await;
     }
 
-    async fn run_stop(self: Arc<Self>, grace: Duration) {
-        self.signal_group(Signal::SIGTERM).await;
+    async fn run_stop(self: Arc<Self>, grace: Duration, term: bool) {
+        if term {
+            self.signal_group(Signal::SIGTERM).await;
+        }
         let graceful = tokio::time::timeout(grace, async {
             self.top_status().await;
             while !self.group_gone().await {
@@ -345,7 +387,7 @@ impl HandleInner {
         })
         .await
         .is_ok();
-        if !graceful {
+        if !graceful && term {
             tracing::info!(
                 server_id = self.server_id,
                 agent = self.agent,
@@ -499,7 +541,25 @@ impl Supervisor {
 
     /// Starts an agent in its own session, process group and cgroup, with piped stdio.
     pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
-        spawn::spawn(self, spec)
+        let s = spawn::spawn(self, spec, ChildStdio::Pipes)?;
+        match (s.stdin, s.stdout) {
+            (Some(stdin), Some(stdout)) => Ok(AgentProcess {
+                stdin,
+                stdout,
+                handle: s.handle,
+            }),
+            // `Pipes` always yields both; kept total rather than panicking.
+            _ => Err(SpawnError::Exec {
+                program: PathBuf::new(),
+                source: std::io::Error::other("stdio pipes missing"),
+            }),
+        }
+    }
+
+    /// Starts a child exactly as `spawn` does, with its standard streams connected as `stdio`
+    /// says.
+    pub fn spawn_with(&self, spec: SpawnSpec, stdio: ChildStdio) -> Result<Spawned, SpawnError> {
+        spawn::spawn(self, spec, stdio)
     }
 
     /// Every agent of this supervisor that has not ended yet.

@@ -11,11 +11,15 @@ use tokio::sync::watch;
 
 use super::stderr::{self, Fields, Tail};
 use super::{
-    AgentHandle, AgentProcess, HandleInner, Phase, SpawnError, SpawnSpec, Supervisor,
+    AgentHandle, ChildStdio, HandleInner, Phase, SpawnError, SpawnSpec, Spawned, Supervisor,
     announce_fallback, register,
 };
 
-pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
+pub(super) fn spawn(
+    sup: &Supervisor,
+    spec: SpawnSpec,
+    stdio: ChildStdio,
+) -> Result<Spawned, SpawnError> {
     let fail = |source: std::io::Error| SpawnError::Exec {
         program: spec.program.clone(),
         source,
@@ -56,16 +60,38 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
         announce_fallback("memory");
     }
 
+    let stdio_logs_stderr = matches!(stdio, ChildStdio::Pipes);
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
         .envs(sup.base_env.iter().map(|(k, v)| (k, v)))
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .kill_on_drop(false);
+    let terminal = match stdio {
+        ChildStdio::Pipes | ChildStdio::AllPipes => {
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            false
+        }
+        ChildStdio::Terminal(tty) => {
+            // Three descriptors for the three streams; ours are closed when `cmd` is dropped.
+            let (a, b) = match (tty.try_clone(), tty.try_clone()) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    if let Some(cg) = &cgroup {
+                        cg.remove_dirs();
+                    }
+                    return Err(fail(e));
+                }
+            };
+            cmd.stdin(Stdio::from(tty))
+                .stdout(Stdio::from(a))
+                .stderr(Stdio::from(b));
+            true
+        }
+    };
     crate::sys::agent_child_setup(
         &mut cmd,
         crate::sys::ChildSetup {
@@ -74,9 +100,16 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
             user,
         },
     );
+    if terminal {
+        // Registered after the setup above, so it runs after setsid: the new session leader
+        // takes the terminal on fd 0 as its controlling terminal.
+        crate::sys::controlling_tty_on_exec(&mut cmd);
+    }
     let spawned = cmd.spawn();
-    // The child has joined (or failed); our copies of the cgroup.procs files go now.
+    // The child has joined (or failed); our copies of the cgroup.procs files go now, and so do
+    // our copies of a terminal's slave side (the reader sees EIO once the child's tree is gone).
     drop(procs_files);
+    drop(cmd);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -87,21 +120,29 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
         }
     };
     let pid = child.id().unwrap_or(0);
-    let stdin = child.stdin.take().expect("stdin is piped");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr_pipe = child.stderr.take().expect("stderr is piped");
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let mut stderr_pipe = child.stderr.take();
 
     let tail = Arc::new(Mutex::new(Tail::default()));
-    let stderr_task = tokio::spawn(stderr::forward(
-        stderr_pipe,
-        tail.clone(),
-        Fields {
-            server_id: spec.server_id.clone(),
-            agent: spec.agent.clone(),
-            pid,
-        },
-        crate::logging::RateLimit::new(sup.stderr_budget.0, sup.stderr_budget.1),
-    ));
+    // Agents' stderr is logged here; with `AllPipes` it belongs to the caller.
+    let stderr_task = match (stdio_logs_stderr, stderr_pipe.take()) {
+        (true, Some(pipe)) => Some(tokio::spawn(stderr::forward(
+            pipe,
+            tail.clone(),
+            Fields {
+                server_id: spec.server_id.clone(),
+                agent: spec.agent.clone(),
+                pid,
+            },
+            crate::logging::RateLimit::new(sup.stderr_budget.0, sup.stderr_budget.1),
+        ))),
+        (false, pipe) => {
+            stderr_pipe = pipe;
+            None
+        }
+        (true, None) => None,
+    };
     let (status_tx, status_rx) = watch::channel(None);
     let inner = Arc::new(HandleInner {
         pid,
@@ -112,7 +153,7 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
         exit: watch::channel(None).0,
         phase: Mutex::new(Phase::Running),
         stderr_tail: tail,
-        stderr_reader: Mutex::new(Some(stderr_task)),
+        stderr_reader: Mutex::new(stderr_task),
         registry: sup.live.clone(),
     });
     let handle = AgentHandle {
@@ -141,9 +182,10 @@ pub(super) fn spawn(sup: &Supervisor, spec: SpawnSpec) -> Result<AgentProcess, S
         inner.on_top_exit(status).await;
     });
 
-    Ok(AgentProcess {
+    Ok(Spawned {
         stdin,
         stdout,
+        stderr: stderr_pipe,
         handle,
     })
 }

@@ -13,6 +13,7 @@ mod lifecycle;
 mod mock_agent;
 mod openapi;
 mod packaging;
+mod processes;
 mod real_agents;
 mod sdk;
 mod supervisor;

@@ -1,0 +1,242 @@
+//! Benchmark of the process API (not a test: it prints figures for docs/performance.md).
+//! 1. Output throughput: `yes | head -c N` (N = `PROC_BENCH_BYTES`, default 1 GiB) read straight
+//!    from the pipe, against the same command started with `POST /v1/processes` and read through
+//!    `GET …/logs?follow=true` (SSE, base64 JSON entries decoded by the client). Bytes lost to the
+//!    log's cap (gap events) are counted and reported, never hidden.
+//! 2. Start latency: `true` run with fork+exec directly, against `POST /v1/processes/run`
+//!    (`PROC_BENCH_RUNS`, default 300, after 20 warm-up runs).
+//!
+//! Run: `cargo bench --bench processes` (builds the release daemon; log level warn).
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn script(bytes: u64) -> String {
+    format!("yes | head -c {bytes}")
+}
+
+fn direct_throughput(bytes: u64) -> (u64, Duration) {
+    let t = Instant::now();
+    let mut child = Command::new("sh")
+        .args(["-c", &script(bytes)])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn sh");
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = out.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    child.wait().expect("wait");
+    (total, t.elapsed())
+}
+
+struct Followed {
+    delivered: u64,
+    lost: u64,
+    took: Duration,
+}
+
+async fn follow_throughput(client: &reqwest::Client, base: &str, bytes: u64) -> Followed {
+    let t = Instant::now();
+    let info: Value = client
+        .post(format!("{base}/v1/processes"))
+        .json(&json!({"command": "sh", "args": ["-c", script(bytes)]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = info["id"].as_str().expect("created").to_string();
+    let resp = client
+        .get(format!("{base}/v1/processes/{id}/logs?follow=true"))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let (mut delivered, mut lost) = (0u64, 0u64);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.unwrap());
+        let mut start = 0;
+        while let Some(i) = memchr_frame(&buf[start..]) {
+            let frame = &buf[start..start + i];
+            start += i + 2;
+            let text = std::str::from_utf8(frame).unwrap();
+            let event = text
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))
+                .unwrap_or("");
+            let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(data).unwrap();
+            match event {
+                "log" => delivered += b64.decode(v["data"].as_str().unwrap()).unwrap().len() as u64,
+                "gap" => lost += v["to"].as_u64().unwrap() - v["from"].as_u64().unwrap(),
+                _ => {}
+            }
+        }
+        buf.drain(..start);
+    }
+    let took = t.elapsed();
+    let _ = client
+        .delete(format!("{base}/v1/processes/{id}"))
+        .send()
+        .await;
+    Followed {
+        delivered,
+        lost,
+        took,
+    }
+}
+
+fn memchr_frame(b: &[u8]) -> Option<usize> {
+    b.windows(2).position(|w| w == b"\n\n")
+}
+
+fn mbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e6
+}
+
+fn main() {
+    let bytes = env_u64("PROC_BENCH_BYTES", 1 << 30);
+    let runs = env_u64("PROC_BENCH_RUNS", 300) as usize;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let work = std::env::temp_dir().join(format!("proc-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let mut daemon = Command::new(BIN)
+        .args([
+            "--no-token",
+            "--log-level",
+            "warn",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["--process-max-log-bytes", "256M"])
+        .args(["--process-max-total-log-bytes", "512M"])
+        .arg("--data-dir")
+        .arg(work.join("data"))
+        .arg("--work-dir")
+        .arg(&work)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the daemon");
+    let base = format!("http://127.0.0.1:{port}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    sandbox_agent::install_crypto_provider();
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while client
+            .get(format!("{base}/v1/health"))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "daemon did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        println!("== output throughput, {bytes} bytes of `yes`");
+        for round in 1..=2 {
+            let (n, took) = direct_throughput(bytes);
+            println!(
+                "direct pipe      round {round}: {:.0} MB/s ({n} bytes in {:.2?})",
+                mbps(n, took),
+                took
+            );
+            let f = follow_throughput(&client, &base, bytes).await;
+            println!(
+                "through follow   round {round}: {:.0} MB/s delivered ({} bytes, {} lost to the cap, in {:.2?})",
+                mbps(f.delivered, f.took),
+                f.delivered,
+                f.lost,
+                f.took
+            );
+        }
+
+        println!("== start latency of `true` ({runs} runs after 20 warm-up)");
+        let mut direct = Vec::with_capacity(runs);
+        for i in 0..runs + 20 {
+            let t = Instant::now();
+            let st = Command::new("true").status().unwrap();
+            assert!(st.success());
+            if i >= 20 {
+                direct.push(t.elapsed());
+            }
+        }
+        let mut api = Vec::with_capacity(runs);
+        let mut errors = 0;
+        for i in 0..runs + 20 {
+            let t = Instant::now();
+            let r: Value = client
+                .post(format!("{base}/v1/processes/run"))
+                .json(&json!({"command": "true"}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if r["exitCode"] != 0 {
+                errors += 1;
+            }
+            if i >= 20 {
+                api.push(t.elapsed());
+            }
+        }
+        direct.sort();
+        api.sort();
+        println!(
+            "fork+exec direct:        p50 {:.0?}  p99 {:.0?}",
+            percentile(&direct, 0.5),
+            percentile(&direct, 0.99)
+        );
+        println!(
+            "POST /v1/processes/run:  p50 {:.0?}  p99 {:.0?}  (errors {errors})",
+            percentile(&api, 0.5),
+            percentile(&api, 0.99)
+        );
+    });
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -1,0 +1,972 @@
+//! The process API's service: programs a client starts next to the agents (`/v1/processes`),
+//! either synchronously (`run`: output captured up to a limit, a timeout) or in the background
+//! (an output log with byte offsets, optional stdin, optional terminal). Every process is started,
+//! signalled and reaped by the supervisor exactly as agents are (own session, process group and
+//! cgroup, the agents' clean environment and user); this module only keeps the records, the logs
+//! and the limits.
+//!
+//! **Invariants:** a process counts against `maxConcurrentProcesses` from admission until its
+//! tree is gone and its output drained; every background process reserves its log cap from the
+//! total log budget while it runs and keeps only the bytes it holds once it has exited, until it
+//! is deleted; a `run` whose caller goes away is killed.
+
+pub mod log;
+mod pty;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::ChildStdin;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::supervisor::{
+    AgentHandle, ChildStdio, ExitInfo, ExitReason, ProcessStats, SpawnError, SpawnSpec, Supervisor,
+};
+
+pub use log::{Chunk, LogStream, OutputLog, StreamFilter};
+
+/// Exited records kept (the oldest beyond this are forgotten when a new process starts).
+pub const MAX_EXITED_RECORDS: usize = 1024;
+/// Log followers and terminal sockets per process.
+pub const MAX_READERS_PER_PROCESS: usize = 16;
+/// How long one input request may wait for the process to take its bytes.
+pub const INPUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `waitMs` of stop and kill.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// After the tree is gone, how long its output pipes get to drain (a process that escaped every
+/// cgroup could hold them open for ever).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// One read of a child's output.
+const READ_CHUNK: usize = 64 * 1024;
+/// Hard ceilings of the runtime settings (`POST /v1/processes/config`).
+const CEIL_CONCURRENT: usize = 1024;
+const CEIL_OUTPUT_BYTES: u64 = 64 << 20;
+const CEIL_INPUT_BYTES: u64 = 16 << 20;
+const CEIL_RUN_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no process {id}")]
+    NotFound { id: String },
+    #[error("process {id}: {reason}")]
+    Conflict { id: String, reason: &'static str },
+    #[error("{limit} processes are running already (maxConcurrentProcesses)")]
+    TooManyProcesses { limit: usize },
+    #[error(
+        "the output logs of all processes would exceed {total} bytes (--process-max-total-log-bytes); delete exited processes"
+    )]
+    LogBudget { total: u64 },
+    #[error("{limit} readers follow process {id} already")]
+    TooManyReaders { id: String, limit: usize },
+    #[error("the input is larger than {limit} bytes (maxInputBytesPerRequest)")]
+    InputTooLarge { limit: u64 },
+    #[error("process {id} did not take its input within {}s", INPUT_TIMEOUT.as_secs())]
+    InputTimeout { id: String },
+    #[error("{source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: SpawnError,
+    },
+    #[error("{0}")]
+    Io(String),
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+}
+
+impl ProcessError {
+    /// True when a failed start is the request's fault (no such program or directory, not
+    /// executable) rather than the machine's.
+    pub fn is_bad_command(&self) -> bool {
+        match self {
+            ProcessError::Spawn {
+                source: SpawnError::Exec { source, .. },
+                ..
+            } => matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// The runtime settings; the wire shape of `GET/POST /v1/processes/config`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProcessConfig {
+    pub max_concurrent_processes: usize,
+    pub default_run_timeout_ms: u64,
+    pub max_run_timeout_ms: u64,
+    pub max_output_bytes: u64,
+    pub max_log_bytes_per_process: u64,
+    pub max_input_bytes_per_request: u64,
+}
+
+/// `POST /v1/processes`.
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateRequest {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tty: bool,
+    #[serde(default)]
+    pub interactive: bool,
+    /// Terminal size for `tty` (default 80×24).
+    #[serde(default)]
+    pub cols: Option<u16>,
+    #[serde(default)]
+    pub rows: Option<u16>,
+}
+
+/// `POST /v1/processes/run`.
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRequest {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunResponse {
+    /// `null` when the run timed out or was ended by a signal.
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub exit_signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// A process record on the wire (`ProcessInfo`), plus our exit details and process figures.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessInfo {
+    pub id: String,
+    pub command: String,
+    pub args: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cwd: Option<String>,
+    pub tty: bool,
+    pub interactive: bool,
+    /// Always `user` (processes started through this API).
+    #[schema(value_type = String, example = "user")]
+    pub owner: &'static str,
+    /// `running`, or `exited` once the whole tree is gone and its output is in the log.
+    #[schema(value_type = String, example = "running")]
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub exit_signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub exit_reason: Option<ExitReason>,
+    pub created_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub exited_at_ms: Option<u64>,
+    /// Bytes of output written so far (the offset the next chunk starts at).
+    pub log_end: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub stats: Option<ProcessStats>,
+}
+
+/// One background process.
+pub struct ManagedProcess {
+    pub id: String,
+    command: String,
+    args: Vec<String>,
+    cwd: Option<String>,
+    pub tty: bool,
+    interactive: bool,
+    created_at_ms: u64,
+    handle: AgentHandle,
+    pub log: Arc<OutputLog>,
+    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    pty: Option<Arc<pty::Pty>>,
+    /// Set once the tree is gone and the output drained: how it ended and when.
+    ended: watch::Sender<Option<(ExitInfo, u64)>>,
+    readers: AtomicUsize,
+}
+
+impl ManagedProcess {
+    /// How it ended, once its tree is gone and its output is all in the log.
+    pub fn ended(&self) -> Option<(ExitInfo, u64)> {
+        self.ended.borrow().clone()
+    }
+
+    /// Resolves when `ended` is set.
+    pub async fn wait_ended(&self) -> (ExitInfo, u64) {
+        let mut rx = self.ended.subscribe();
+        loop {
+            if let Some(e) = rx.borrow_and_update().clone() {
+                return e;
+            }
+            // The sender lives in `self`: `changed` cannot fail while we are borrowed.
+            if rx.changed().await.is_err() {
+                return (self.handle.wait().await, now_ms());
+            }
+        }
+    }
+
+    pub fn info(&self) -> ProcessInfo {
+        let ended = self.ended();
+        let exit = ended.as_ref().map(|(e, _)| e);
+        ProcessInfo {
+            id: self.id.clone(),
+            command: self.command.clone(),
+            args: self.args.clone(),
+            cwd: self.cwd.clone(),
+            tty: self.tty,
+            interactive: self.interactive,
+            owner: "user",
+            status: if ended.is_some() { "exited" } else { "running" },
+            pid: ended.is_none().then(|| self.handle.pid()),
+            exit_code: exit.and_then(|e| e.code),
+            exit_signal: exit.and_then(|e| e.signal),
+            exit_reason: exit.map(|e| e.reason),
+            created_at_ms: self.created_at_ms,
+            exited_at_ms: ended.as_ref().map(|(_, at)| *at),
+            log_end: self.log.end(),
+            stats: ended.is_none().then(|| self.handle.stats()),
+        }
+    }
+}
+
+/// A reader's place among a process's bounded readers; released on drop.
+pub struct ReaderSlot {
+    pub process: Arc<ManagedProcess>,
+}
+
+impl Drop for ReaderSlot {
+    fn drop(&mut self) {
+        self.process.readers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The result of `GET …/logs` without `follow`.
+pub struct Logs {
+    pub chunks: Vec<Chunk>,
+    pub gap: Option<(u64, u64)>,
+    pub stream: StreamFilter,
+    pub end: u64,
+}
+
+/// The bytes reserved for output logs over all records.
+struct Budget {
+    total: u64,
+    reserved: AtomicU64,
+}
+
+impl Budget {
+    fn reserve(&self, n: u64) -> bool {
+        self.reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                r.checked_add(n).filter(|&t| t <= self.total)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: u64) {
+        let _ = self
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                Some(r.saturating_sub(n))
+            });
+    }
+}
+
+pub struct ProcessService {
+    supervisor: Arc<Supervisor>,
+    work_dir: PathBuf,
+    grace: Duration,
+    settings: Mutex<ProcessConfig>,
+    records: Mutex<BTreeMap<u64, Arc<ManagedProcess>>>,
+    next_id: AtomicU64,
+    /// Runs are labelled apart, so that background ids stay dense.
+    next_run: AtomicU64,
+    running: Arc<AtomicUsize>,
+    budget: Arc<Budget>,
+    shutdown: CancellationToken,
+}
+
+/// A slot among the running processes; released on drop.
+struct RunningSlot(Arc<AtomicUsize>);
+
+impl Drop for RunningSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Kills a `run`'s process if the request goes away before it ended.
+struct KillOnDrop(Option<AgentHandle>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take()
+            && h.exit().is_none()
+        {
+            tokio::spawn(async move {
+                h.kill().await;
+            });
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl ProcessService {
+    pub fn new(config: &Config, supervisor: Arc<Supervisor>, shutdown: CancellationToken) -> Self {
+        let settings = ProcessConfig {
+            max_concurrent_processes: config.process_max_concurrent,
+            default_run_timeout_ms: config.process_run_timeout.as_millis() as u64,
+            max_run_timeout_ms: config.process_max_run_timeout.as_millis() as u64,
+            max_output_bytes: config.process_max_output_bytes,
+            max_log_bytes_per_process: config.process_max_log_bytes,
+            max_input_bytes_per_request: config.process_max_input_bytes,
+        };
+        ProcessService {
+            supervisor,
+            work_dir: config.work_dir.clone(),
+            grace: config.agent_grace,
+            settings: Mutex::new(clamp(settings)),
+            records: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+            next_run: AtomicU64::new(1),
+            running: Arc::new(AtomicUsize::new(0)),
+            budget: Arc::new(Budget {
+                total: config.process_max_total_log_bytes,
+                reserved: AtomicU64::new(0),
+            }),
+            shutdown,
+        }
+    }
+
+    pub fn config(&self) -> ProcessConfig {
+        *self.settings.lock().expect("settings lock")
+    }
+
+    /// Replaces the runtime settings: every value must be positive and within the hard
+    /// ceilings; the default run timeout is clamped to the maximum.
+    pub fn set_config(&self, new: ProcessConfig) -> Result<ProcessConfig, ProcessError> {
+        let checks: [(&str, u64, u64); 6] = [
+            (
+                "maxConcurrentProcesses",
+                new.max_concurrent_processes as u64,
+                CEIL_CONCURRENT as u64,
+            ),
+            (
+                "defaultRunTimeoutMs",
+                new.default_run_timeout_ms,
+                CEIL_RUN_TIMEOUT_MS,
+            ),
+            (
+                "maxRunTimeoutMs",
+                new.max_run_timeout_ms,
+                CEIL_RUN_TIMEOUT_MS,
+            ),
+            ("maxOutputBytes", new.max_output_bytes, CEIL_OUTPUT_BYTES),
+            (
+                "maxLogBytesPerProcess",
+                new.max_log_bytes_per_process,
+                self.budget.total,
+            ),
+            (
+                "maxInputBytesPerRequest",
+                new.max_input_bytes_per_request,
+                CEIL_INPUT_BYTES,
+            ),
+        ];
+        for (name, value, ceil) in checks {
+            if value == 0 {
+                return Err(ProcessError::Invalid(format!(
+                    "{name} must be greater than 0"
+                )));
+            }
+            if value > ceil {
+                return Err(ProcessError::Invalid(format!(
+                    "{name} must be at most {ceil}"
+                )));
+            }
+        }
+        let new = clamp(new);
+        *self.settings.lock().expect("settings lock") = new;
+        Ok(new)
+    }
+
+    /// Takes `bytes` from the total output budget (503 when it does not fit).
+    fn reserve(&self, bytes: u64) -> Result<ReservationGuard, ProcessError> {
+        if !self.budget.reserve(bytes) {
+            return Err(ProcessError::LogBudget {
+                total: self.budget.total,
+            });
+        }
+        Ok(ReservationGuard {
+            budget: self.budget.clone(),
+            bytes,
+        })
+    }
+
+    fn admit(&self) -> Result<RunningSlot, ProcessError> {
+        if self.shutdown.is_cancelled() {
+            return Err(ProcessError::ShuttingDown);
+        }
+        let limit = self.config().max_concurrent_processes;
+        self.running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .map_err(|_| ProcessError::TooManyProcesses { limit })?;
+        Ok(RunningSlot(self.running.clone()))
+    }
+
+    fn spec(
+        &self,
+        id: &str,
+        command: &str,
+        args: &[String],
+        cwd: Option<&str>,
+        env: &BTreeMap<String, String>,
+        tty: bool,
+    ) -> Result<SpawnSpec, ProcessError> {
+        if command.is_empty() {
+            return Err(ProcessError::Invalid("command must not be empty".into()));
+        }
+        if command.contains('\0') || args.iter().any(|a| a.contains('\0')) {
+            return Err(ProcessError::Invalid(
+                "command and args must not contain NUL".into(),
+            ));
+        }
+        for (k, v) in env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(ProcessError::Invalid(format!(
+                    "`{k}` is not a valid environment variable name (or its value has a NUL)"
+                )));
+            }
+        }
+        let cwd = match cwd {
+            Some(c) if c.contains('\0') => {
+                return Err(ProcessError::Invalid("cwd must not contain NUL".into()));
+            }
+            Some(c) if !c.is_empty() => self.work_dir.join(c),
+            _ => self.work_dir.clone(),
+        };
+        let mut env: Vec<(OsString, OsString)> = env
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        if tty && !env.iter().any(|(k, _)| k == "TERM") {
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
+        Ok(SpawnSpec {
+            program: PathBuf::from(command),
+            args: args.iter().map(OsString::from).collect(),
+            env,
+            cwd,
+            server_id: id.to_string(),
+            agent: format!("process:{}", basename(command)),
+        })
+    }
+
+    /// Starts a background process.
+    pub fn create(&self, req: CreateRequest) -> Result<ProcessInfo, ProcessError> {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("proc_{n}");
+        let spec = self.spec(
+            &id,
+            &req.command,
+            &req.args,
+            req.cwd.as_deref(),
+            &req.env,
+            req.tty,
+        )?;
+        let (cols, rows) = (req.cols.unwrap_or(80), req.rows.unwrap_or(24));
+        if req.tty && (cols == 0 || rows == 0) {
+            return Err(ProcessError::Invalid(
+                "cols and rows must be positive".into(),
+            ));
+        }
+        let slot = self.admit()?;
+        // The log's own floor (room for one byte), so that what it holds never exceeds what
+        // was reserved.
+        let cap = self
+            .config()
+            .max_log_bytes_per_process
+            .max(log::CHUNK_OVERHEAD + 1);
+        let reservation = self.reserve(cap)?;
+        let (pty, stdio) = if req.tty {
+            let (pty, slave) =
+                pty::open(cols, rows).map_err(|e| ProcessError::Io(format!("openpty: {e}")))?;
+            (Some(Arc::new(pty)), ChildStdio::Terminal(slave))
+        } else {
+            (None, ChildStdio::AllPipes)
+        };
+        let spawned =
+            self.supervisor
+                .spawn_with(spec, stdio)
+                .map_err(|source| ProcessError::Spawn {
+                    command: req.command.clone(),
+                    source,
+                })?;
+        let log = Arc::new(OutputLog::new(cap));
+        let mut readers = Vec::new();
+        if let Some(out) = spawned.stdout {
+            readers.push(tokio::spawn(pump(out, LogStream::Stdout, log.clone())));
+        }
+        if let Some(err) = spawned.stderr {
+            readers.push(tokio::spawn(pump(err, LogStream::Stderr, log.clone())));
+        }
+        if let Some(p) = &pty {
+            readers.push(tokio::spawn(pump_pty(p.clone(), log.clone())));
+        }
+        // Without `interactive` the child sees end of input at once.
+        let stdin = if req.interactive { spawned.stdin } else { None };
+        let process = Arc::new(ManagedProcess {
+            id: id.clone(),
+            command: req.command,
+            args: req.args,
+            cwd: req.cwd,
+            tty: req.tty,
+            interactive: req.interactive,
+            created_at_ms: now_ms(),
+            handle: spawned.handle,
+            log,
+            stdin: tokio::sync::Mutex::new(stdin),
+            pty,
+            ended: watch::channel(None).0,
+            readers: AtomicUsize::new(0),
+        });
+        reservation.keep();
+        tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
+        let info = process.info();
+        let mut records = self.records.lock().expect("records lock");
+        records.insert(n, process);
+        self.forget_oldest_exited(&mut records);
+        Ok(info)
+    }
+
+    fn forget_oldest_exited(&self, records: &mut BTreeMap<u64, Arc<ManagedProcess>>) {
+        let exited: Vec<u64> = records
+            .iter()
+            .filter(|(_, p)| p.ended().is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        if exited.len() > MAX_EXITED_RECORDS {
+            for k in &exited[..exited.len() - MAX_EXITED_RECORDS] {
+                if let Some(p) = records.remove(k) {
+                    self.budget.release(p.log.held());
+                }
+            }
+        }
+    }
+
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        let records: Vec<Arc<ManagedProcess>> = self
+            .records
+            .lock()
+            .expect("records lock")
+            .values()
+            .cloned()
+            .collect();
+        records.iter().map(|p| p.info()).collect()
+    }
+
+    pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {
+        let n = id.strip_prefix("proc_").and_then(|n| n.parse::<u64>().ok());
+        n.and_then(|n| self.records.lock().expect("records lock").get(&n).cloned())
+            .ok_or_else(|| ProcessError::NotFound { id: id.to_string() })
+    }
+
+    /// Removes an exited process's record and its log.
+    pub fn delete(&self, id: &str) -> Result<(), ProcessError> {
+        let p = self.get(id)?;
+        if p.ended().is_none() {
+            return Err(ProcessError::Conflict {
+                id: id.to_string(),
+                reason: "the process is still running; stop or kill it first",
+            });
+        }
+        let mut records = self.records.lock().expect("records lock");
+        if let Some(n) = id.strip_prefix("proc_").and_then(|n| n.parse::<u64>().ok())
+            && records.remove(&n).is_some()
+        {
+            self.budget.release(p.log.held());
+        }
+        Ok(())
+    }
+
+    /// TERM to the tree, the grace period, then KILL; waits up to `wait` for the end.
+    pub async fn stop(&self, id: &str, wait: Duration) -> Result<ProcessInfo, ProcessError> {
+        let p = self.get(id)?;
+        let grace = self.grace;
+        self.end(p, wait, move |h| async move { h.stop(grace).await })
+            .await
+    }
+
+    /// KILL to the whole tree at once; waits up to `wait` for the end.
+    pub async fn kill(&self, id: &str, wait: Duration) -> Result<ProcessInfo, ProcessError> {
+        let p = self.get(id)?;
+        self.end(p, wait, |h| async move { h.kill().await }).await
+    }
+
+    async fn end<F, Fut>(
+        &self,
+        p: Arc<ManagedProcess>,
+        wait: Duration,
+        how: F,
+    ) -> Result<ProcessInfo, ProcessError>
+    where
+        F: FnOnce(AgentHandle) -> Fut,
+        Fut: std::future::Future<Output = ExitInfo> + Send + 'static,
+    {
+        let wait = wait.min(MAX_WAIT);
+        // The supervisor runs the stop in its own task; the first poll starts it.
+        let stopping = tokio::spawn(how(p.handle.clone()));
+        let _ = tokio::time::timeout(wait, async {
+            let _ = stopping.await;
+            p.wait_ended().await;
+        })
+        .await;
+        Ok(p.info())
+    }
+
+    pub fn logs(
+        &self,
+        id: &str,
+        since: Option<u64>,
+        tail: Option<usize>,
+        stream: Option<StreamFilter>,
+    ) -> Result<Logs, ProcessError> {
+        let p = self.get(id)?;
+        let stream = stream.unwrap_or(default_filter(&p));
+        let since = since.unwrap_or(0);
+        let (chunks, gap) = match tail {
+            Some(n) => (p.log.tail(since, stream, n), None),
+            None => {
+                let r = p.log.read_after(since, stream, usize::MAX);
+                (r.chunks, r.gap)
+            }
+        };
+        Ok(Logs {
+            chunks,
+            gap,
+            stream,
+            end: p.log.end(),
+        })
+    }
+
+    /// A place among the process's readers (log followers, terminal sockets).
+    pub fn reader(&self, id: &str) -> Result<ReaderSlot, ProcessError> {
+        let p = self.get(id)?;
+        p.readers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_READERS_PER_PROCESS).then_some(n + 1)
+            })
+            .map_err(|_| ProcessError::TooManyReaders {
+                id: id.to_string(),
+                limit: MAX_READERS_PER_PROCESS,
+            })?;
+        Ok(ReaderSlot { process: p })
+    }
+
+    /// The limit on one input request's decoded bytes.
+    pub fn max_input_bytes(&self) -> u64 {
+        self.config().max_input_bytes_per_request
+    }
+
+    /// Writes to the process's stdin (or its terminal); returns the bytes written.
+    pub async fn input(&self, id: &str, data: &[u8]) -> Result<usize, ProcessError> {
+        let p = self.get(id)?;
+        write_input(&p, data, self.max_input_bytes()).await
+    }
+
+    /// Sets a terminal's size (TIOCSWINSZ) and signals SIGWINCH to its process group.
+    pub fn resize(&self, id: &str, cols: u32, rows: u32) -> Result<(u16, u16), ProcessError> {
+        let p = self.get(id)?;
+        resize(&p, cols, rows)?;
+        Ok((cols as u16, rows as u16))
+    }
+
+    /// Runs a program to completion (or its timeout) and returns its output.
+    pub async fn run(&self, req: RunRequest) -> Result<RunResponse, ProcessError> {
+        let n = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let spec = self.spec(
+            &format!("run_{n}"),
+            &req.command,
+            &req.args,
+            req.cwd.as_deref(),
+            &req.env,
+            false,
+        )?;
+        let settings = self.config();
+        let timeout = Duration::from_millis(
+            req.timeout_ms
+                .unwrap_or(settings.default_run_timeout_ms)
+                .min(settings.max_run_timeout_ms),
+        );
+        let limit = req
+            .max_output_bytes
+            .unwrap_or(settings.max_output_bytes)
+            .min(settings.max_output_bytes) as usize;
+        let _slot = self.admit()?;
+        // What the capture may hold (both streams) comes out of the same budget as the logs,
+        // for the run's duration.
+        let _reservation = self.reserve(2 * limit as u64)?;
+        let started = Instant::now();
+        let spawned = self
+            .supervisor
+            .spawn_with(spec, ChildStdio::AllPipes)
+            .map_err(|source| ProcessError::Spawn {
+                command: req.command.clone(),
+                source,
+            })?;
+        drop(spawned.stdin);
+        let handle = spawned.handle;
+        let guard = KillOnDrop(Some(handle.clone()));
+        let out = tokio::spawn(capture(spawned.stdout, limit));
+        let err = tokio::spawn(capture(spawned.stderr, limit));
+        let (exit, timed_out) = match tokio::time::timeout(timeout, handle.wait()).await {
+            Ok(exit) => (exit, false),
+            Err(_) => (handle.kill().await, true),
+        };
+        drop(guard);
+        let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            (out.await.unwrap_or_default(), err.await.unwrap_or_default())
+        })
+        .await;
+        let ((stdout, stdout_truncated), (stderr, stderr_truncated)) = drained.unwrap_or_default();
+        Ok(RunResponse {
+            exit_code: if timed_out { None } else { exit.code },
+            exit_signal: if timed_out { None } else { exit.signal },
+            timed_out,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            stdout_truncated,
+            stderr_truncated,
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+}
+
+/// Undoes a log reservation unless `create` got far enough to hand it to the monitor.
+struct ReservationGuard {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl ReservationGuard {
+    /// The reservation now belongs to the process (its monitor and its deletion give it back).
+    fn keep(mut self) {
+        self.bytes = 0;
+    }
+}
+
+impl Drop for ReservationGuard {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+/// The stream a process's logs show by default: its terminal, or everything.
+pub fn default_filter(p: &ManagedProcess) -> StreamFilter {
+    if p.tty {
+        StreamFilter::Pty
+    } else {
+        StreamFilter::Combined
+    }
+}
+
+/// Writes input to a process (shared by `POST …/input` and the terminal socket).
+pub async fn write_input(
+    p: &ManagedProcess,
+    data: &[u8],
+    limit: u64,
+) -> Result<usize, ProcessError> {
+    if data.len() as u64 > limit {
+        return Err(ProcessError::InputTooLarge { limit });
+    }
+    let conflict = |reason| ProcessError::Conflict {
+        id: p.id.clone(),
+        reason,
+    };
+    if p.ended().is_some() || p.handle.exit().is_some() {
+        return Err(conflict("the process is not running"));
+    }
+    let write = async {
+        if let Some(pty) = &p.pty {
+            if !p.interactive {
+                return Err(conflict("the process was not started with `interactive`"));
+            }
+            return pty
+                .write_all(data)
+                .await
+                .map_err(|_| conflict("the terminal does not take input"));
+        }
+        let mut stdin = p.stdin.lock().await;
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(conflict(
+                "the process has no stdin (not started with `interactive`, or it exited)",
+            ));
+        };
+        let res = async {
+            pipe.write_all(data).await?;
+            pipe.flush().await
+        }
+        .await;
+        if res.is_err() {
+            *stdin = None;
+            return Err(conflict("the process closed its stdin"));
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(INPUT_TIMEOUT, write).await {
+        Ok(Ok(())) => Ok(data.len()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ProcessError::InputTimeout { id: p.id.clone() }),
+    }
+}
+
+/// Resizes a process's terminal (shared by `POST …/terminal/resize` and the terminal socket).
+pub fn resize(p: &ManagedProcess, cols: u32, rows: u32) -> Result<(), ProcessError> {
+    let Some(pty) = &p.pty else {
+        return Err(ProcessError::Conflict {
+            id: p.id.clone(),
+            reason: "the process has no terminal (not started with `tty`)",
+        });
+    };
+    let valid = |v: u32| (1..=u16::MAX as u32).contains(&v);
+    if !valid(cols) || !valid(rows) {
+        return Err(ProcessError::Invalid(format!(
+            "cols and rows must be between 1 and {}",
+            u16::MAX
+        )));
+    }
+    pty.resize(cols as u16, rows as u16)
+        .map_err(|e| ProcessError::Io(format!("resize: {e}")))?;
+    // The kernel signals the terminal's foreground group only when the size changed; the
+    // explicit signal makes a resize to the same size observable too.
+    p.handle.signal_group(nix::sys::signal::Signal::SIGWINCH);
+    Ok(())
+}
+
+fn clamp(mut c: ProcessConfig) -> ProcessConfig {
+    c.default_run_timeout_ms = c.default_run_timeout_ms.min(c.max_run_timeout_ms);
+    c
+}
+
+fn basename(command: &str) -> &str {
+    Path::new(command)
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or(command)
+}
+
+/// Copies a pipe into the log until end of file. Each chunk is copied out of the read buffer so
+/// the log's byte count is the memory it holds.
+async fn pump(mut pipe: impl AsyncRead + Unpin, stream: LogStream, log: Arc<OutputLog>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => log.append(stream, Bytes::copy_from_slice(&buf[..n]), now_ms()),
+        }
+    }
+}
+
+async fn pump_pty(pty: Arc<pty::Pty>, log: Arc<OutputLog>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match pty.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => log.append(LogStream::Pty, Bytes::copy_from_slice(&buf[..n]), now_ms()),
+        }
+    }
+}
+
+/// Reads a pipe to its end, keeping the first `limit` bytes (the rest is read and dropped so
+/// the child never blocks on a full pipe).
+async fn capture(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> (Vec<u8>, bool) {
+    let Some(mut pipe) = pipe else {
+        return (Vec::new(), false);
+    };
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return (kept, truncated),
+            Ok(n) => {
+                let room = limit.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                truncated |= n > room;
+            }
+        }
+    }
+}
+
+/// Waits for the tree to end, lets the output drain, closes the log, publishes the end and
+/// gives back the running slot and the unused part of the log reservation.
+async fn monitor(
+    p: Arc<ManagedProcess>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    slot: RunningSlot,
+    budget: Arc<Budget>,
+) {
+    let exit = p.handle.wait().await;
+    let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures_util::future::join_all(readers)).await;
+    for a in aborts {
+        a.abort();
+    }
+    p.log.close();
+    *p.stdin.lock().await = None;
+    budget.release(p.log.cap().saturating_sub(p.log.held()));
+    drop(slot);
+    p.ended.send_replace(Some((exit, now_ms())));
+}
