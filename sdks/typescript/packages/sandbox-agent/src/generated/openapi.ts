@@ -106,10 +106,13 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["openRfdStream"];
+        /** The RFD transport's GET: an SSE stream, or with `Upgrade: websocket` the WebSocket profile. */
+        get: operations["openAcpConnectionStream"];
         put?: never;
-        post: operations["postRfdMessage"];
-        delete: operations["deleteRfdConnection"];
+        /** The RFD transport's POST: `initialize` without `Acp-Connection-Id` opens a connection. */
+        post: operations["postAcpConnectionMessage"];
+        /** The RFD transport's DELETE: ends the connection and stops its agent in the background. */
+        delete: operations["deleteAcpConnection"];
         options?: never;
         head?: never;
         patch?: never;
@@ -321,6 +324,183 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/processes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every process record (running and exited), oldest first. */
+        get: operations["listProcesses"];
+        put?: never;
+        /** Starts a process in the background (pipes, or a terminal with `tty`). */
+        post: operations["createProcess"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/config": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The process API's runtime limits. */
+        get: operations["getProcessConfig"];
+        put?: never;
+        /** Replaces the runtime limits (every value positive and within its hard ceiling). */
+        post: operations["setProcessConfig"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Runs a program to completion (or its timeout) and returns its output. */
+        post: operations["runProcess"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One process record. */
+        get: operations["getProcess"];
+        put?: never;
+        post?: never;
+        /** Forgets an exited process and its output log. */
+        delete: operations["deleteProcess"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}/input": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Writes to the process's stdin, or to its terminal. */
+        post: operations["sendProcessInput"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}/stop": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SIGTERM to the process group, the grace period, then SIGKILL to the group and its cgroup. */
+        post: operations["stopProcess"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}/kill": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SIGKILL to the process group and everything in its cgroup at once. */
+        post: operations["killProcess"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}/logs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The process's output: a JSON page, or with `follow=true` an SSE stream. */
+        get: operations["getProcessLogs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}/terminal/resize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Sets the terminal's size (TIOCSWINSZ) and signals SIGWINCH to the process group. */
+        post: operations["resizeProcessTerminal"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/processes/{id}/terminal/ws": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The terminal as a WebSocket: binary frames are terminal output (server to client) or raw
+         *     input; text frames are JSON control frames (`ready`, `exit`, `error` from the server;
+         *     `input`, `resize`, `close` from the client).
+         */
+        get: operations["connectProcessTerminal"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -378,6 +558,24 @@ export interface components {
          * @description Raw bytes (`type: string, format: binary`).
          */
         Binary: string;
+        /** @description `POST /v1/processes`. */
+        CreateRequest: {
+            command: string;
+            args?: string[];
+            cwd?: string | null;
+            env?: {
+                [key: string]: string;
+            };
+            tty?: boolean;
+            interactive?: boolean;
+            /**
+             * Format: int32
+             * @description Terminal size for `tty` (default 80×24).
+             */
+            cols?: number | null;
+            /** Format: int32 */
+            rows?: number | null;
+        };
         /** @enum {string} */
         EntryType: "file" | "directory";
         /**
@@ -415,12 +613,27 @@ export interface components {
             size: number;
             modified?: string | null;
         };
+        /** @description Output that was asked for but is no longer held: bytes `[from, to)`. */
+        Gap: {
+            /** Format: int64 */
+            from: number;
+            /** Format: int64 */
+            to: number;
+        };
         Health: {
             /**
              * @description Always `ok`.
              * @example ok
              */
             status: string;
+        };
+        InputRequest: {
+            data: string;
+            encoding?: string | null;
+        };
+        /** @description `POST /v1/processes/{id}/input`. */
+        InputResponse: {
+            bytesWritten: number;
         };
         /** @description The answer of an install. */
         InstallOutcome: {
@@ -455,6 +668,29 @@ export interface components {
             result?: Record<string, never>;
             error?: Record<string, never>;
         };
+        /** @description One chunk of output (`ProcessLogEntry`). */
+        LogEntry: {
+            /**
+             * Format: int64
+             * @description Byte offset just after the chunk in the process's combined output.
+             */
+            sequence: number;
+            stream: components["schemas"]["LogStream"];
+            /** Format: int64 */
+            timestampMs: number;
+            /** @description The bytes, base64. */
+            data: string;
+            /**
+             * @description Always `base64`.
+             * @example base64
+             */
+            encoding: string;
+        };
+        /**
+         * @description Which stream a chunk came from.
+         * @enum {string}
+         */
+        LogStream: "stdout" | "stderr" | "pty";
         McpCommand: string | string[];
         /** @description One MCP server entry: a local (stdio) command or a remote (HTTP/SSE) server. */
         McpEntry: {
@@ -546,10 +782,116 @@ export interface components {
             /** @description 409 Duplicate Request Id: the JSON-RPC id still in flight (number or string). */
             id?: Record<string, never>;
         };
+        /** @description The runtime settings; the wire shape of `GET/POST /v1/processes/config`. */
+        ProcessConfig: {
+            maxConcurrentProcesses: number;
+            /** Format: int64 */
+            defaultRunTimeoutMs: number;
+            /** Format: int64 */
+            maxRunTimeoutMs: number;
+            /** Format: int64 */
+            maxOutputBytes: number;
+            /** Format: int64 */
+            maxLogBytesPerProcess: number;
+            /** Format: int64 */
+            maxInputBytesPerRequest: number;
+        };
+        /** @description A process record on the wire (`ProcessInfo`), plus our exit details and process figures. */
+        ProcessInfo: {
+            id: string;
+            command: string;
+            args: string[];
+            cwd?: string;
+            tty: boolean;
+            interactive: boolean;
+            /**
+             * @description Always `user` (processes started through this API).
+             * @example user
+             */
+            owner: string;
+            /**
+             * @description `running`, or `exited` once the whole tree is gone and its output is in the log.
+             * @example running
+             */
+            status: string;
+            /** Format: int32 */
+            pid?: number;
+            /** Format: int32 */
+            exitCode?: number;
+            /** Format: int32 */
+            exitSignal?: number;
+            exitReason?: components["schemas"]["ExitReason"];
+            /** Format: int64 */
+            createdAtMs: number;
+            /** Format: int64 */
+            exitedAtMs?: number;
+            /**
+             * Format: int64
+             * @description Bytes of output written so far (the offset the next chunk starts at).
+             */
+            logEnd: number;
+            stats?: components["schemas"]["ProcessStats"];
+        };
+        /** @description `GET /v1/processes`. */
+        ProcessListResponse: {
+            processes: components["schemas"]["ProcessInfo"][];
+        };
+        /** @description `GET /v1/processes/{id}/logs` without `follow`. */
+        ProcessLogsResponse: {
+            processId: string;
+            stream: components["schemas"]["StreamFilter"];
+            entries: components["schemas"]["LogEntry"][];
+            /**
+             * Format: int64
+             * @description Bytes of output written so far.
+             */
+            end: number;
+            gap?: components["schemas"]["Gap"];
+        };
+        /** @description Process figures for the listing, summed over the agent's processes. */
+        ProcessStats: {
+            /** Format: int64 */
+            rssBytes: number;
+            /** Format: int64 */
+            cpuMs: number;
+            /** Format: int64 */
+            processes: number;
+            /** Format: int64 */
+            openFds: number;
+        };
         RootInfo: {
             /** @example Sandbox Agent */
             name: string;
             version: string;
+        };
+        /** @description `POST /v1/processes/run`. */
+        RunRequest: {
+            command: string;
+            args?: string[];
+            cwd?: string | null;
+            env?: {
+                [key: string]: string;
+            };
+            /** Format: int64 */
+            maxOutputBytes?: number | null;
+            /** Format: int64 */
+            timeoutMs?: number | null;
+        };
+        RunResponse: {
+            /**
+             * Format: int32
+             * @description `null` when the run timed out or was ended by a signal.
+             */
+            exitCode?: number | null;
+            /** Format: int32 */
+            exitSignal?: number;
+            timedOut: boolean;
+            stdout: string;
+            stderr: string;
+            stdoutTruncated: boolean;
+            stderrTruncated: boolean;
+            /** Format: int64 */
+            durationMs: number;
         };
         /** @description One row of `GET /v1/acp`. */
         ServerInfo: {
@@ -599,6 +941,18 @@ export interface components {
         /** @description One skills entry: where its skills come from. */
         SkillsEntry: {
             sources: components["schemas"]["SkillSource"][];
+        };
+        /**
+         * @description Which chunks a reader wants (`?stream=`); `Combined` is every stream.
+         * @enum {string}
+         */
+        StreamFilter: "stdout" | "stderr" | "combined" | "pty";
+        /** @description `POST /v1/processes/{id}/terminal/resize`, both ways. */
+        TerminalSize: {
+            /** Format: int32 */
+            cols: number;
+            /** Format: int32 */
+            rows: number;
         };
         UploadOutcome: {
             paths: string[];
@@ -784,13 +1138,29 @@ export interface operations {
     };
     streamAcpEvents: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description WebSocket only: the agent to start when the serverId does not exist yet (as a first POST's `?agent=`)
+                 * @example mock
+                 */
+                agent?: string;
+                /**
+                 * @description WebSocket only: resume after this event id, as `Last-Event-ID` on SSE
+                 * @example 41
+                 */
+                lastEventId?: string;
+            };
             header?: {
                 /**
                  * @description Resume after this event id: the retained events with a greater id are replayed first. A non-numeric value is 400.
                  * @example 41
                  */
                 "Last-Event-ID"?: string | null;
+                /**
+                 * @description `websocket` (with the other RFC 6455 headers) asks for the same serverId over a WebSocket instead of SSE: JSON-RPC text frames both ways, requests pipelined, every event of the log sent as a frame (ids implicit and consecutive), `_sandboxagent/gap` when events were evicted, close frames with a reason (docs/acp.md)
+                 * @example websocket
+                 */
+                Upgrade?: string | null;
             };
             path: {
                 /**
@@ -803,7 +1173,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description With `Upgrade: websocket`: the same instance over a WebSocket (`?agent=` on first connect, `?lastEventId=N` to resume): one JSON-RPC message per text frame both ways, agent messages in event-log order, `gap` as a JSON text frame; see docs/acp.md */
+            /** @description With `Upgrade: websocket`: the WebSocket (see the `Upgrade` parameter) */
             101: {
                 headers: {
                     [name: string]: unknown;
@@ -824,7 +1194,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description Invalid serverId, or a `Last-Event-ID` that is not a number or is beyond the last event */
+            /** @description Invalid serverId, or a `Last-Event-ID` (`lastEventId`) that is not a number or is beyond the last event; with `Upgrade`, an unknown `agent` or a bad upgrade request */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -846,6 +1216,15 @@ export interface operations {
             };
             /** @description `Accept` excludes `text/event-stream` */
             406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description With `Upgrade` and `agent`: the serverId runs another agent */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1059,18 +1438,23 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
         };
     };
-    openRfdStream: {
+    openAcpConnectionStream: {
         parameters: {
             query?: never;
             header?: {
-                /** @description The connection, as answered to its `initialize`; absent only on that first POST */
+                /** @description SSE: the connection (required); ignored with `Upgrade`, which opens a new connection */
                 "Acp-Connection-Id"?: string | null;
-                /** @description Selects a session's stream (GET) or names the session a message belongs to (POST); 1-256 visible ASCII characters */
+                /** @description SSE: that session's stream instead of the connection stream */
                 "Acp-Session-Id"?: string | null;
+                /**
+                 * @description `websocket`: the RFD's WebSocket profile, one new connection per socket, JSON-RPC text frames both ways
+                 * @example websocket
+                 */
+                Upgrade?: string | null;
             };
             path: {
                 /**
-                 * @description The agent of the connection (e.g. `mock`, `claude`); installed on first use like `?agent=` of `/v1/acp`
+                 * @description A known agent id
                  * @example mock
                  */
                 agent: string;
@@ -1079,14 +1463,16 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description With `Upgrade: websocket`: the WebSocket profile, one JSON-RPC message per text frame in both directions */
+            /** @description The WebSocket profile; the new connection's id is in the `Acp-Connection-Id` header */
             101: {
                 headers: {
+                    /** @description The new connection */
+                    "Acp-Connection-Id"?: string;
                     [name: string]: unknown;
                 };
                 content?: never;
             };
-            /** @description With `Accept: text/event-stream`: the connection stream (without `Acp-Session-Id`) or a session's stream; each event's data is one JSON-RPC message */
+            /** @description An endless `text/event-stream`: `event: message`, `id`, `data: <one JSON-RPC object>` for each message routed to this stream; `: keepalive` comments */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1095,7 +1481,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description Missing or invalid header */
+            /** @description No `Acp-Connection-Id` (SSE), a bad header or session id, or a bad upgrade request */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1106,7 +1492,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
-            /** @description Unknown agent or connection */
+            /** @description Unknown agent, or unknown connection */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1124,7 +1510,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description That stream already has a reader */
+            /** @description The stream already has a reader, or the connection belongs to another agent */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1135,7 +1521,7 @@ export interface operations {
             };
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
-            /** @description Too many session streams on this connection */
+            /** @description The connection has its most session streams */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1147,48 +1533,61 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
         };
     };
-    postRfdMessage: {
+    postAcpConnectionMessage: {
         parameters: {
             query?: never;
             header?: {
-                /** @description The connection, as answered to its `initialize`; absent only on that first POST */
+                /** @description The connection, from `initialize`'s answer; absent only on the `initialize` that opens a connection */
                 "Acp-Connection-Id"?: string | null;
-                /** @description Selects a session's stream (GET) or names the session a message belongs to (POST); 1-256 visible ASCII characters */
+                /** @description The session of a session-scoped message; optional (`params.sessionId` says the same) */
                 "Acp-Session-Id"?: string | null;
             };
             path: {
                 /**
-                 * @description The agent of the connection (e.g. `mock`, `claude`); installed on first use like `?agent=` of `/v1/acp`
+                 * @description A known agent id
                  * @example mock
                  */
                 agent: string;
             };
             cookie?: never;
         };
-        /** @description One JSON-RPC 2.0 object. Without `Acp-Connection-Id` it must be `initialize`, which starts a new instance of `{agent}` (listed in `GET /v1/acp`). */
+        /** @description Exactly one JSON-RPC 2.0 object (no batches) */
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "id": 0,
+                 *       "jsonrpc": "2.0",
+                 *       "method": "initialize",
+                 *       "params": {
+                 *         "clientCapabilities": {},
+                 *         "protocolVersion": 1
+                 *       }
+                 *     }
+                 */
                 "application/json": components["schemas"]["JsonRpcMessage"];
             };
         };
         responses: {
-            /** @description The `initialize` response, with the new connection's id in the `Acp-Connection-Id` header */
+            /** @description `initialize` without `Acp-Connection-Id`: the agent's answer; the new connection's id is in the `Acp-Connection-Id` header */
             200: {
                 headers: {
+                    /** @description The new connection (32 hex digits) */
+                    "Acp-Connection-Id"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["JsonRpcMessage"];
                 };
             };
-            /** @description Accepted: the answer (if any) arrives on the connection stream or on the session's stream */
+            /** @description Written to the agent; a request's response arrives on the connection's stream or its session's stream */
             202: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content?: never;
             };
-            /** @description Not one JSON-RPC object, a batch, a first message that is not `initialize`, or an invalid header */
+            /** @description No `Acp-Connection-Id` on a message other than `initialize`, a bad header, or a body that is not one JSON-RPC object */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1217,7 +1616,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The connection runs another agent */
+            /** @description The connection belongs to another agent, or a request with the same id is in flight */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1237,7 +1636,7 @@ export interface operations {
                 };
             };
             429: components["responses"]["TooManyRequests"];
-            /** @description The agent is gone; `exitCode`, `signal`, `stderrTail` */
+            /** @description The agent is gone or could not start */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -1247,18 +1646,27 @@ export interface operations {
                 };
             };
             503: components["responses"]["ServiceUnavailable"];
+            /** @description The agent did not answer `initialize` in time */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
-    deleteRfdConnection: {
+    deleteAcpConnection: {
         parameters: {
             query?: never;
-            header?: {
-                /** @description The connection, as answered to its `initialize`; absent only on that first POST */
-                "Acp-Connection-Id"?: string | null;
+            header: {
+                /** @description The connection to end */
+                "Acp-Connection-Id": string;
             };
             path: {
                 /**
-                 * @description The agent of the connection (e.g. `mock`, `claude`); installed on first use like `?agent=` of `/v1/acp`
+                 * @description A known agent id
                  * @example mock
                  */
                 agent: string;
@@ -1267,7 +1675,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The connection's instance is being stopped (TERM, grace, KILL) in the background */
+            /** @description Detached; its streams end and its agent is stopped in the background */
             202: {
                 headers: {
                     [name: string]: unknown;
@@ -1287,6 +1695,15 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             /** @description Unknown connection */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The connection belongs to another agent */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2493,6 +2910,732 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             /** @description The stored file is corrupt */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listProcesses: {
+        parameters: {
+            query?: {
+                /**
+                 * @description `user` (every process of this API), `desktop` or `system` (none)
+                 * @example user
+                 */
+                owner?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The records */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessListResponse"];
+                };
+            };
+            /** @description An unknown owner */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    createProcess: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateRequest"];
+            };
+        };
+        responses: {
+            /** @description Started */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description An invalid request, or the program or directory does not exist */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            /** @description `maxConcurrentProcesses` processes are running (`Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No terminal could be opened */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The program could not be started */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The total output budget is used up, or the daemon is shutting down (`Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getProcessConfig: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The limits */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessConfig"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    setProcessConfig: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ProcessConfig"];
+            };
+        };
+        responses: {
+            /** @description The limits now in force */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessConfig"];
+                };
+            };
+            /** @description A value is 0, above its ceiling, or unknown */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    runProcess: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunRequest"];
+            };
+        };
+        responses: {
+            /** @description The run's result (also when it timed out) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunResponse"];
+                };
+            };
+            /** @description An invalid request, or the program or directory does not exist */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            /** @description `maxConcurrentProcesses` processes are running (`Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The program could not be started */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The total output budget cannot hold the capture, or the daemon is shutting down (`Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getProcess: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The record */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    deleteProcess: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Forgotten */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Still running: stop or kill it first */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    sendProcessInput: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["InputRequest"];
+            };
+        };
+        responses: {
+            /** @description Written */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InputResponse"];
+                };
+            };
+            /** @description Invalid base64 or an unknown encoding */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The process has exited, or has no stdin (not `interactive`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description More than `maxInputBytesPerRequest` bytes */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+            /** @description The program did not take the input within 10 s */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    stopProcess: {
+        parameters: {
+            query?: {
+                /** @description Wait up to this long (at most 60 s) for the end before answering */
+                waitMs?: number;
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The record after the wait */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description An invalid `waitMs` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    killProcess: {
+        parameters: {
+            query?: {
+                /** @description Wait up to this long (at most 60 s) for the end before answering */
+                waitMs?: number;
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The record after the wait */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description An invalid `waitMs` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    getProcessLogs: {
+        parameters: {
+            query?: {
+                /** @description Only entries after this byte offset (an entry's `sequence` is the offset just after it) */
+                since?: number;
+                /** @description Only the last N entries */
+                tail?: number;
+                /** @description Which stream; default `pty` for a terminal process, else `combined` */
+                stream?: components["schemas"]["StreamFilter"];
+                /** @description Answer with an SSE stream that replays, then follows, and ends when the process has exited and all output was sent */
+                follow?: boolean;
+            };
+            header?: {
+                /** @description With `follow`: resume after this offset (overrides `since`) */
+                "Last-Event-ID"?: string | null;
+            };
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The entries (JSON), or with `follow=true` a `text/event-stream` of `event: log` / `id: <sequence>` / `data: <entry>` frames; output that was dropped before the reader got it is announced as `event: gap` with `data: {"from":F,"to":T}` (bytes [F, T) lost) and no id. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessLogsResponse"];
+                    "text/event-stream": string;
+                };
+            };
+            /** @description An invalid parameter or `Last-Event-ID` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            /** @description 16 readers follow this process already (`Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    resizeProcessTerminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TerminalSize"];
+            };
+        };
+        responses: {
+            /** @description The new size */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TerminalSize"];
+                };
+            };
+            /** @description A size outside 1..65535 */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The process has no terminal */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            /** @description The terminal refused the size */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    connectProcessTerminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description Process id
+                 * @example proc_1
+                 */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switched to the WebSocket protocol */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Not a WebSocket upgrade request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such process */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The process has no terminal */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            /** @description 16 readers follow this process already (`Retry-After`) */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
