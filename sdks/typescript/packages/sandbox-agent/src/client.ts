@@ -192,9 +192,15 @@ export class SandboxAgentClient extends HostApi {
     this.state = "disconnected";
     this.pendingConnectError = null;
     if (!client) return;
-    this.lastEventIdValue = client.transport.lastEventId;
-    if (options.stopAgent ?? true) await client.close();
-    else await client.transport.detach();
+    if (options.stopAgent ?? true) {
+      // The instance and its event log are gone: a later connect() starts a new log at 0, and
+      // resuming it after an id of the old one would be refused (400 Unknown Last-Event-ID).
+      this.lastEventIdValue = null;
+      await client.close();
+    } else {
+      this.lastEventIdValue = client.transport.lastEventId;
+      await client.transport.detach();
+    }
   }
 
   // --- ACP-aligned session calls -------------------------------------------------------------
