@@ -239,6 +239,22 @@ async fn post(d: &Daemon, server: &str, query: &str, msg: Value) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
+/// POSTs `msg` in a task of its own (a prompt that waits on a permission answer or a cancel).
+fn spawn_post(d: &Daemon, server: &str, msg: Value) -> tokio::task::JoinHandle<Value> {
+    let (client, url) = (d.client(), d.url(&format!("/v1/acp/{server}")));
+    tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&msg)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    })
+}
+
 fn prompt(id: u64, session: &str, text: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
            "params": {"sessionId": session, "prompt": [{"type": "text", "text": text}]}})
@@ -375,27 +391,15 @@ async fn run_matrix(agent: &str, expect: Expect) {
 
     // 2. A tool call, allowed: the file appears in the session's cwd.
     let allowed = cwd.join("allowed.txt");
-    let turn = {
-        let (d2, server2, p) = (
-            d.client(),
-            d.url(&format!("/v1/acp/{server}")),
-            prompt(
-                11,
-                &session,
-                &format!("[[write {} written-by-{agent}]]", allowed.display()),
-            ),
-        );
-        tokio::spawn(async move {
-            d2.post(server2)
-                .json(&p)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
+    let turn = spawn_post(
+        &d,
+        &server,
+        prompt(
+            11,
+            &session,
+            &format!("[[write {} written-by-{agent}]]", allowed.display()),
+        ),
+    );
     answer_permission(&d, &server, &events, &session, "allow_once").await;
     let done = tokio::time::timeout(Duration::from_secs(60), turn)
         .await
@@ -409,27 +413,15 @@ async fn run_matrix(agent: &str, expect: Expect) {
 
     // 3. The same, rejected: no file.
     let rejected = cwd.join("rejected.txt");
-    let turn = {
-        let (d2, server2, p) = (
-            d.client(),
-            d.url(&format!("/v1/acp/{server}")),
-            prompt(
-                12,
-                &session,
-                &format!("[[write {} never]]", rejected.display()),
-            ),
-        );
-        tokio::spawn(async move {
-            d2.post(server2)
-                .json(&p)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
+    let turn = spawn_post(
+        &d,
+        &server,
+        prompt(
+            12,
+            &session,
+            &format!("[[write {} never]]", rejected.display()),
+        ),
+    );
     answer_permission(&d, &server, &events, &session, "reject_once").await;
     let done = tokio::time::timeout(Duration::from_secs(60), turn)
         .await
@@ -440,23 +432,7 @@ async fn run_matrix(agent: &str, expect: Expect) {
 
     // 4. session/cancel during a slow stream.
     let before = model.requests().len();
-    let turn = {
-        let (d2, server2, p) = (
-            d.client(),
-            d.url(&format!("/v1/acp/{server}")),
-            prompt(13, &session, "[[slow]]"),
-        );
-        tokio::spawn(async move {
-            d2.post(server2)
-                .json(&p)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
+    let turn = spawn_post(&d, &server, prompt(13, &session, "[[slow]]"));
     eventually_async(
         Duration::from_secs(30),
         "the slow stream to start",
