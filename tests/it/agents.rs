@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use crate::support::{BIN, Daemon, children_of, eventually_async, pid_alive};
+use crate::support::{BIN, Daemon, descendants, eventually_async, on_path, pid_alive};
 
 /// A tiny HTTP/1.1 file server on loopback that counts the requests for each path.
 struct FileServer {
@@ -992,24 +992,6 @@ fn a_bad_agents_file_stops_start_up_naming_the_problem() {
         err.contains("broken") && err.contains("nothing to run"),
         "{err}"
     );
-}
-
-/// Every process below `pid`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut stack = vec![pid];
-    while let Some(p) = stack.pop() {
-        for c in children_of(p) {
-            out.push(c);
-            stack.push(c);
-        }
-    }
-    out
-}
-
-fn on_path(cmd: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
 }
 
 /// The real Claude and Codex adapters, installed by our installer from the pinned npm fallbacks

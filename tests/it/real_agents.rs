@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, children_of, eventually_async, pid_alive};
+use crate::support::{Daemon, descendants, eventually_async, on_path, pid_alive};
 
 /// The fake model server, a child of the test; killed on drop.
 struct FakeModel {
@@ -71,11 +71,6 @@ impl Drop for FakeModel {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn on_path(cmd: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
 }
 
 /// Installs survive between the tests of a run (and between runs): one npm install per agent.
@@ -279,19 +274,6 @@ async fn answer_permission(d: &Daemon, server: &str, events: &Events, session: &
                "result": {"outcome": {"outcome": "selected", "optionId": option}}}),
     )
     .await;
-}
-
-/// Every process below `pid`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut stack = vec![pid];
-    while let Some(p) = stack.pop() {
-        for c in children_of(p) {
-            out.push(c);
-            stack.push(c);
-        }
-    }
-    out
 }
 
 /// What differs between the agents in the matrix.

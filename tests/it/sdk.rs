@@ -9,19 +9,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{BIN, skip};
+use crate::support::{BIN, on_path, skip};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 /// The whole suite takes ~40 s here; each npm test is bounded to 3 min by its runner too.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(900);
-
-fn on_path(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 #[test]
 fn typescript_sdk_npm_test_passes_against_this_daemon() {

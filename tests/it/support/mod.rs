@@ -425,6 +425,25 @@ pub fn skip(reason: &str) {
     }
 }
 
+/// Every process below `pid` (children, their children, ...), found iteratively.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut stack = vec![pid];
+    while let Some(p) = stack.pop() {
+        for c in children_of(p) {
+            out.push(c);
+            stack.push(c);
+        }
+    }
+    out
+}
+
+/// True when `cmd` is an executable file in a directory of PATH.
+pub fn on_path(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+}
+
 /// Every pid whose /proc/<pid>/stat says it is a zombie (`Z`), among `pids`.
 pub fn zombies_among(pids: &[u32]) -> Vec<u32> {
     pids.iter()
