@@ -167,11 +167,6 @@ pub struct AgentHandle {
 /// Agents whose exit is not yet published, by pid.
 type Registry = Arc<Mutex<BTreeMap<u32, AgentHandle>>>;
 
-/// Every live agent of every supervisor in the process, for `emergency_kill_all`.
-static LIVE: Mutex<BTreeMap<u32, AgentHandle>> = Mutex::new(BTreeMap::new());
-/// The daemon's own cgroup directories, for `emergency_kill_all`.
-static OWN_CGROUPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
 impl AgentHandle {
     pub fn pid(&self) -> u32 {
         self.inner.pid
@@ -464,7 +459,6 @@ impl HandleInner {
                 "agent ended"
             );
         }
-        LIVE.lock().expect("registry lock").remove(&self.pid);
         self.registry
             .lock()
             .expect("registry lock")
@@ -519,10 +513,6 @@ impl Supervisor {
         let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
         cgroups.apply_budget(config.agents_memory_max, config.agents_pids_max);
         let cgroups = Arc::new(cgroups);
-        OWN_CGROUPS
-            .lock()
-            .expect("cgroups lock")
-            .extend(cgroups.own_dirs());
         Supervisor {
             base_env,
             limits: Limits::from_config(config),
@@ -590,6 +580,36 @@ impl Supervisor {
         let cgroups = self.cgroups.clone();
         let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
     }
+
+    /// Kills every live agent process group and everything in the daemon's agent cgroups at
+    /// once, without waiting for anything (a second stop signal: the process exits next).
+    pub fn emergency_kill_all(&self) {
+        // Held only for map updates, never across an await: taking it here cannot stall.
+        let handles: Vec<AgentHandle> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for h in &handles {
+            // Never a group whose leader is reaped (its id may be reused); its cgroup, or the
+            // members a scan finds, instead.
+            if !h.inner.leader_reaped() {
+                let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
+            } else if h.inner.cgroup.is_none() {
+                for p in h.inner.group_members_now() {
+                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+            }
+            if let Some(cg) = &h.inner.cgroup {
+                cg.kill_all();
+            }
+        }
+        // Also whatever the registry does not show yet (an agent being spawned joins its
+        // cgroup before it is registered).
+        cgroup::kill_beneath(&self.cgroups.own_dirs());
+    }
 }
 
 impl Drop for Supervisor {
@@ -598,43 +618,8 @@ impl Drop for Supervisor {
     }
 }
 
-/// Kills every live agent process group and everything in the daemon's agent cgroups at once
-/// (used when a second stop signal arrives and the process is about to exit).
-pub fn emergency_kill_all() {
-    // Held only for map updates, never across an await: taking it here cannot stall.
-    let handles: Vec<AgentHandle> = LIVE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    for h in &handles {
-        // Never a group whose leader is reaped (its id may be reused); its cgroup, or the
-        // members a scan finds, instead.
-        if !h.inner.leader_reaped() {
-            let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
-        } else if h.inner.cgroup.is_none() {
-            for p in h.inner.group_members_now() {
-                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
-            }
-        }
-        if let Some(cg) = &h.inner.cgroup {
-            cg.kill_all();
-        }
-    }
-    // Also whatever the registry could not show (lock held, or an agent being spawned).
-    let dirs = OWN_CGROUPS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    cgroup::kill_beneath(&dirs);
-}
-
-/// Registers a new agent (called by `spawn`).
+/// Registers a new agent with its supervisor (called by `spawn`).
 fn register(handle: &AgentHandle) {
-    LIVE.lock()
-        .expect("registry lock")
-        .insert(handle.inner.pid, handle.clone());
     handle
         .inner
         .registry

@@ -518,3 +518,54 @@ async fn a_second_stop_signal_kills_every_agent_at_once() {
         tree.iter().all(|p| !pid_alive(*p)).then_some(())
     });
 }
+
+/// A DELETE answers at once and stops its agent in the background. A stop signal that comes
+/// while that stop is still in its grace period waits for it: the daemon exits 0 only once the
+/// deleted agent's whole tree is gone and the stop has run its course (grace, then KILL, logged
+/// as forced before the daemon's last line).
+#[tokio::test]
+async fn sigterm_waits_for_a_delete_whose_agent_is_still_stopping() {
+    let mut d = Daemon::builder()
+        .args([
+            "--shutdown-grace",
+            "30s",
+            "--agent-grace",
+            "3s",
+            "--log-format",
+            "json",
+        ])
+        .start();
+    let pid = start_agent(&d, "leaving").await;
+    let (status, _) = prompt(&d, "leaving", 2, "/ignore-term").await;
+    assert_eq!(status, 200);
+    let (status, _) = prompt(&d, "leaving", 3, "/fork 2").await;
+    assert_eq!(status, 200);
+    let mut tree = crate::support::children_of(pid);
+    tree.push(pid);
+    assert!(tree.len() >= 3, "{tree:?}");
+    assert_eq!(delete(&d, "leaving").await.status().as_u16(), 204);
+    // The agent ignores TERM, so its stop is now waiting out the 3 s grace.
+    assert!(
+        pid_alive(pid),
+        "the DELETE's stop had not reached its KILL yet"
+    );
+    let code = d.stop(Duration::from_secs(30));
+    assert_eq!(code, 0, "stderr:\n{}", d.stderr());
+    // No polling here: at the daemon's exit the tree must already be gone.
+    let left: Vec<u32> = tree.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(
+        left.is_empty(),
+        "the deleted agent outlived the daemon: {left:?}"
+    );
+    let log: Vec<Value> = d
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let at = |pred: &dyn Fn(&Value) -> bool| log.iter().position(pred);
+    let stopped = at(&|e| e["message"] == "agent stopped" && e["server_id"] == "leaving")
+        .unwrap_or_else(|| panic!("the DELETE's stop was not awaited:\n{}", d.stderr()));
+    assert_eq!(log[stopped]["reason"], "Forced", "{}", log[stopped]);
+    let last = at(&|e| e["message"] == "stopped").expect("the daemon's last line");
+    assert!(stopped < last, "{}", d.stderr());
+}
