@@ -313,3 +313,24 @@ pub fn async_fd(
     }
     .map_err(io::Error::from)
 }
+
+/// A pidfd for our child `pid`, registered with the reactor: it turns readable when the child
+/// exits, before anyone reaps it, so the supervisor can learn of the exit while the pid (and
+/// the process group id it names) is still held by the zombie. `Err` on kernels without
+/// `pidfd_open` (before 5.3).
+pub fn pidfd(pid: u32) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: pidfd_open takes a pid and a flags word and returns a new descriptor or -1; no
+    // memory is passed.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let raw = RawFd::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: `raw` was just returned by the kernel as a new descriptor nobody else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: as in `async_fd`: the `OwnedFd` is valid, only it closes it, and the `AsyncFd`
+    // owns it from here on.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
+}
