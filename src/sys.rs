@@ -254,6 +254,24 @@ pub fn trim_heap() {
     }
 }
 
+/// Fixes glibc's mmap threshold at `bytes`. Left alone, glibc raises it to the size of every
+/// mmapped block that is freed (up to 32 MiB), so after the first few transfer chunks every
+/// large buffer comes from the arenas, where buffers freed on different threads fragment the
+/// heap beyond what `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped
+/// on their own. Call it before any thread starts. A no-op on other C libraries.
+pub fn fix_mmap_threshold(bytes: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt takes two integers; M_MMAP_THRESHOLD is a documented parameter.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = bytes;
+}
+
 // ---- Process API: terminals (kept in one block) ----
 
 /// Makes fd 0 of `cmd`'s child its controlling terminal before exec. Register it after
