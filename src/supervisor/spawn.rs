@@ -224,7 +224,7 @@ pub(super) fn spawn(
 
 /// Waits until our child `pid` has exited and returns its status without reaping it (the pidfd
 /// turns readable at exit; `waitid` with `WNOWAIT` reads the status and leaves the zombie).
-async fn exited_unreaped(fd: &AsyncFd<OwnedFd>, pid: u32) -> RawStatus {
+pub(super) async fn exited_unreaped(fd: &AsyncFd<OwnedFd>, pid: u32) -> RawStatus {
     let pid_t = Pid::from_raw(pid as i32);
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
     loop {
