@@ -255,10 +255,10 @@ pub fn trim_heap() {
 }
 
 /// Fixes glibc's mmap threshold at `bytes`. Left alone, glibc raises it to the size of every
-/// mmapped block that is freed (up to 32 MiB), so after the first few transfer chunks every
-/// large buffer comes from the arenas, where buffers freed on different threads fragment the
-/// heap beyond what `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped
-/// on their own. Call it before any thread starts. A no-op on other C libraries.
+/// mmapped block that is freed (up to 32 MiB), so after a few large buffers every later one
+/// comes from the arenas, where buffers freed on many threads fragment the heap beyond what
+/// `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped on their own.
+/// Call it before any thread starts. A no-op on other C libraries.
 pub fn fix_mmap_threshold(bytes: usize) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
