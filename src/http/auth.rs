@@ -70,9 +70,16 @@ pub fn check_token(state: &AppState, req: &mut Request) -> Option<Response> {
     }
 }
 
-/// A `GET` asking for a WebSocket on one of the routes that serve WebSockets:
-/// `/v1/acp/{serverId}`, `/v1/agents/{agent}/acp` and `/v1/processes/{id}/terminal/ws`.
-/// (WebSockets are served over HTTP/1.1 upgrades only; HTTP/2's extended CONNECT is not enabled.)
+/// The routes that serve WebSockets (OpenAPI path templates; `{…}` is one non-empty segment). The
+/// OpenAPI document marks their GET as also taking the query token (`openapi.rs`).
+pub const WEBSOCKET_ROUTES: [&str; 3] = [
+    "/v1/acp/{serverId}",
+    "/v1/agents/{agent}/acp",
+    "/v1/processes/{id}/terminal/ws",
+];
+
+/// A `GET` asking for a WebSocket on one of [`WEBSOCKET_ROUTES`]. (WebSockets are served over
+/// HTTP/1.1 upgrades only; HTTP/2's extended CONNECT is not enabled.)
 fn is_websocket_upgrade(req: &Request) -> bool {
     req.method() == Method::GET
         && super::ws::wants_upgrade(req.headers())
@@ -80,17 +87,22 @@ fn is_websocket_upgrade(req: &Request) -> bool {
 }
 
 fn serves_websockets(path: &str) -> bool {
-    let Some(rest) = path.strip_prefix("/v1/") else {
-        return false;
-    };
-    let segments: Vec<&str> = rest.split('/').collect();
-    let named = |s: &&str| !s.is_empty();
-    match segments.as_slice() {
-        ["acp", id] => named(id),
-        ["agents", agent, "acp"] => named(agent),
-        ["processes", id, "terminal", "ws"] => named(id),
-        _ => false,
-    }
+    WEBSOCKET_ROUTES.iter().any(|template| {
+        let mut given = path.split('/');
+        let mut wanted = template.split('/');
+        loop {
+            match (given.next(), wanted.next()) {
+                (None, None) => return true,
+                (Some(g), Some(w)) if w.starts_with('{') => {
+                    if g.is_empty() {
+                        return false;
+                    }
+                }
+                (Some(g), Some(w)) if g == w => {}
+                _ => return false,
+            }
+        }
+    })
 }
 
 enum QueryToken {
