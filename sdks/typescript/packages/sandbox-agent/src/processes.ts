@@ -55,7 +55,7 @@ export interface ProcessLogSubscription {
   readonly closed: Promise<void>;
   /** `sequence` of the last entry delivered (the offset a resume starts after), `null` before one. */
   readonly lastSequence: number | null;
-  /** How many times the stream was re-opened after a drop. */
+  /** How many times re-opening the stream was attempted after a drop. */
   readonly reconnects: number;
 }
 
