@@ -274,7 +274,10 @@ mod tests {
     #[test]
     fn stripping_keeps_the_other_pairs_byte_for_byte() {
         let strip = |u: &str| {
-            let mut req = Request::builder().uri(u).body(axum::body::Body::empty()).unwrap();
+            let mut req = Request::builder()
+                .uri(u)
+                .body(axum::body::Body::empty())
+                .unwrap();
             strip_query_token(&mut req);
             req.uri().to_string()
         };

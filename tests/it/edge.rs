@@ -857,7 +857,9 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
     let ws = |path: &str| format!("ws://{}{path}", d.addr);
 
     // The terminal socket with the token in its URL: accepted, and it works.
-    let term = ws(&format!("/v1/processes/{id}/terminal/ws?access_token={token}"));
+    let term = ws(&format!(
+        "/v1/processes/{id}/terminal/ws?access_token={token}"
+    ));
     let (mut sock, _) = tokio_tungstenite::connect_async(term.as_str())
         .await
         .expect("the terminal socket opens with ?access_token=");
@@ -868,10 +870,19 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
     // The ACP socket too; the rest of its query reaches the handler (`agent` creates the instance).
     let acp = ws(&format!("/v1/acp/qtok?agent=mock&access_token={token}"));
     assert_eq!(ws_handshake(&acp, None).await, 101);
-    let servers: Value = c.get(d.url("/v1/acp")).send().await.unwrap().json().await.unwrap();
+    let servers: Value = c
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(servers.to_string().contains("\"qtok\""), "{servers}");
     // Percent-encoded, the same token is accepted.
-    let encoded = ws(&format!("/v1/processes/{id}/terminal/ws?access%5Ftoken=query%2Dsecret%2D4711"));
+    let encoded = ws(&format!(
+        "/v1/processes/{id}/terminal/ws?access%5Ftoken=query%2Dsecret%2D4711"
+    ));
     assert_eq!(ws_handshake(&encoded, None).await, 101);
 
     // Refused: a wrong token, an empty one, two of them, an upgrade of a route without WebSockets.
@@ -888,7 +899,10 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
     // A query token on plain requests is 401, even with a valid header beside it.
     for (path, header) in [
         (format!("/v1/processes/{id}?access_token={token}"), false),
-        (format!("/v1/processes/{id}/terminal/ws?access_token={token}"), false),
+        (
+            format!("/v1/processes/{id}/terminal/ws?access_token={token}"),
+            false,
+        ),
         (format!("/v1/processes/{id}?access_token={token}"), true),
     ] {
         let auth = if header {
@@ -903,10 +917,15 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
         );
         assert_eq!(status, 401, "{path} (header: {header})");
         assert_problem(&text, 401);
-        assert!(!text.contains(token), "the answer repeats the token: {text}");
+        assert!(
+            !text.contains(token),
+            "the answer repeats the token: {text}"
+        );
     }
     // The Origin rule still holds for an upgrade with a valid query token.
-    let term = ws(&format!("/v1/processes/{id}/terminal/ws?access_token={token}"));
+    let term = ws(&format!(
+        "/v1/processes/{id}/terminal/ws?access_token={token}"
+    ));
     assert_eq!(ws_handshake(&term, Some("http://evil.example")).await, 403);
 
     let _ = c
@@ -914,7 +933,16 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
         .send()
         .await;
     let log = d.stderr();
-    assert!(log.contains("/terminal/ws"), "the requests were logged:\n{log}");
-    assert!(!log.contains("query-secret"), "the token reached the log:\n{log}");
-    assert!(!log.contains("access_token"), "a query reached the log:\n{log}");
+    assert!(
+        log.contains("/terminal/ws"),
+        "the requests were logged:\n{log}"
+    );
+    assert!(
+        !log.contains("query-secret"),
+        "the token reached the log:\n{log}"
+    );
+    assert!(
+        !log.contains("access_token"),
+        "a query reached the log:\n{log}"
+    );
 }
