@@ -816,11 +816,11 @@ async fn worker_threads_chooses_the_runtime() {
 }
 
 /// The status of a WebSocket handshake: 101 when it was accepted, else the refusal's status.
-async fn ws_handshake(url: &str, origin: Option<&str>) -> u16 {
+async fn ws_handshake(url: &str, headers: &[(&'static str, &str)]) -> u16 {
     use tokio_tungstenite::tungstenite::{Error, client::IntoClientRequest};
     let mut req = url.into_client_request().expect("request");
-    if let Some(o) = origin {
-        req.headers_mut().insert("origin", o.parse().unwrap());
+    for (name, value) in headers {
+        req.headers_mut().insert(*name, value.parse().unwrap());
     }
     match tokio_tungstenite::connect_async(req).await {
         Ok((mut ws, resp)) => {
@@ -869,7 +869,7 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
     let _ = sock.close(None).await;
     // The ACP socket too; the rest of its query reaches the handler (`agent` creates the instance).
     let acp = ws(&format!("/v1/acp/qtok?agent=mock&access_token={token}"));
-    assert_eq!(ws_handshake(&acp, None).await, 101);
+    assert_eq!(ws_handshake(&acp, &[]).await, 101);
     let servers: Value = c
         .get(d.url("/v1/acp"))
         .send()
@@ -879,11 +879,14 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
         .await
         .unwrap();
     assert!(servers.to_string().contains("\"qtok\""), "{servers}");
+    // And the RFD transport's WebSocket profile.
+    let rfd = ws(&format!("/v1/agents/mock/acp?access_token={token}"));
+    assert_eq!(ws_handshake(&rfd, &[]).await, 101);
     // Percent-encoded, the same token is accepted.
     let encoded = ws(&format!(
         "/v1/processes/{id}/terminal/ws?access%5Ftoken=query%2Dsecret%2D4711"
     ));
-    assert_eq!(ws_handshake(&encoded, None).await, 101);
+    assert_eq!(ws_handshake(&encoded, &[]).await, 101);
 
     // Refused: a wrong token, an empty one, two of them, an upgrade of a route without WebSockets.
     for path in [
@@ -894,7 +897,7 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
         format!("/v1/processes?access_token={token}"),
         format!("/v1/processes/{id}/logs?follow=true&access_token={token}"),
     ] {
-        assert_eq!(ws_handshake(&ws(&path), None).await, 401, "{path}");
+        assert_eq!(ws_handshake(&ws(&path), &[]).await, 401, "{path}");
     }
     // A query token on plain requests is 401, even with a valid header beside it.
     for (path, header) in [
@@ -922,11 +925,26 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
             "the answer repeats the token: {text}"
         );
     }
+    // Every credential given must be valid: a wrong query token next to a valid header is 401.
+    let bearer = format!("Bearer {token}");
+    let wrong = ws(&format!("/v1/processes/{id}/terminal/ws?access_token=nope"));
+    assert_eq!(
+        ws_handshake(&wrong, &[("authorization", bearer.as_str())]).await,
+        401
+    );
+    let plain = ws(&format!("/v1/processes/{id}/terminal/ws"));
+    assert_eq!(
+        ws_handshake(&plain, &[("authorization", bearer.as_str())]).await,
+        101
+    );
     // The Origin rule still holds for an upgrade with a valid query token.
     let term = ws(&format!(
         "/v1/processes/{id}/terminal/ws?access_token={token}"
     ));
-    assert_eq!(ws_handshake(&term, Some("http://evil.example")).await, 403);
+    assert_eq!(
+        ws_handshake(&term, &[("origin", "http://evil.example")]).await,
+        403
+    );
 
     let _ = c
         .post(d.url(&format!("/v1/processes/{id}/kill?waitMs=5000")))
