@@ -9,7 +9,8 @@ import { SandboxAgentClient, HttpError } from "sandbox-agent";
 import { startDaemon, startProxy, eventually, binaryExists, BIN, skipOrFail } from "./support.mjs";
 
 const TOKEN = "proc-tok";
-// Node 20 has no global WebSocket (22 has); `ws` takes the same constructor forms.
+// Node 20 has no global WebSocket (22 has); `ws` takes the same constructor forms. The terminal
+// tests pass none, so the SDK finds one itself (the global one, else the installed `ws`).
 const WebSocket = globalThis.WebSocket ?? WS;
 const text = (entries) => Buffer.concat(entries.map((e) => Buffer.from(e.data, "base64"))).toString();
 
@@ -139,7 +140,7 @@ async function terminal(client, options) {
   const p = await client.createProcess({
     command: "bash", args: ["--norc", "--noprofile"], tty: true, interactive: true, env: { PS1: "$ " },
   });
-  const session = client.connectProcessTerminal(p.id, { WebSocket, ...options });
+  const session = client.connectProcessTerminal(p.id, options);
   const out = { text: "" };
   const decoder = new TextDecoder();
   session.onData((bytes) => {
@@ -172,7 +173,7 @@ for (const tokenIn of ["header", "query"]) {
 test("terminal WebSocket: a wrong token, an unknown process and a process without a terminal are refused with their problem", async () => {
   const wrong = new SandboxAgentClient({ baseUrl: d.url, token: "not-it", agent: "mock", autoConnect: false });
   for (const tokenIn of ["header", "query"]) {
-    const s = wrong.connectProcessTerminal("proc_1", { WebSocket, tokenIn });
+    const s = wrong.connectProcessTerminal("proc_1", { WebSocket, tokenIn }); // passed explicitly
     await assert.rejects(s.ready, (e) => e instanceof HttpError && e.status === 401, tokenIn);
   }
   const s404 = c.connectProcessTerminal("proc_999999", { WebSocket });

@@ -303,7 +303,10 @@ export interface ProcessTerminalUrlOptions {
 }
 
 export interface ProcessTerminalConnectOptions extends ProcessTerminalUrlOptions {
-  /** WebSocket implementation (default: the global `WebSocket`; Node 20 has none — pass `ws`'s). */
+  /**
+   * WebSocket implementation. Default: the global `WebSocket` (browsers, Node >= 22), else the
+   * `ws` package when it is installed (Node 20, which has no global one).
+   */
   WebSocket?: WebSocketConstructor;
   /** Subprotocols (only where the token travels in the URL). */
   protocols?: string | string[];
@@ -328,9 +331,30 @@ export function processTerminalUrl(ctx: ProcessContext, id: string, token: strin
   return url.toString();
 }
 
+/**
+ * Node 20 has no global WebSocket: take the `ws` package (an optional peer dependency) when it is
+ * installed. Loaded through `process.getBuiltinModule` (Node >= 20.16) and `createRequire`, so no
+ * Node module is imported statically and the file stays browser-safe (and bundlers leave it alone).
+ */
+function wsPackage(): WebSocketConstructor | undefined {
+  const p = (globalThis as { process?: { getBuiltinModule?: (id: string) => unknown } }).process;
+  const mod = p?.getBuiltinModule?.("node:module") as
+    | { createRequire(from: string): (id: string) => unknown }
+    | undefined;
+  if (!mod) return undefined;
+  try {
+    const ws = mod.createRequire(import.meta.url)("ws") as WebSocketConstructor & { WebSocket?: WebSocketConstructor };
+    return ws.WebSocket ?? ws;
+  } catch {
+    return undefined;
+  }
+}
+
 export function openTerminalSocket(ctx: ProcessContext, id: string, options: ProcessTerminalConnectOptions): WebSocket {
-  const WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
-  if (!WS) throw new TypeError("no WebSocket implementation: pass options.WebSocket (e.g. from `ws`) or run Node >= 22");
+  const WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket ?? wsPackage();
+  if (!WS) {
+    throw new TypeError("no WebSocket implementation: pass options.WebSocket, install `ws` (Node 20) or run Node >= 22");
+  }
   const token = options.accessToken ?? ctx.token;
   const mode = options.tokenIn ?? (canSendHeaders() ? "header" : "query");
   if (!token || mode === "query") {
