@@ -56,6 +56,12 @@ enum Done {
     Request(IdKey),
     /// A notification or response: the POST waits for this acknowledgement.
     Ack(oneshot::Sender<()>),
+    /// Several lines written as one (a WebSocket read batch): on failure the pending entries of
+    /// its requests are dropped; the acknowledgement, when asked for, follows the write.
+    Batch {
+        keys: Vec<IdKey>,
+        ack: Option<oneshot::Sender<()>>,
+    },
 }
 
 /// The live process: set once, read lock-free on every POST.
@@ -87,7 +93,9 @@ fn lock_stdin(m: &Mutex<Stdin>) -> std::sync::MutexGuard<'_, Stdin> {
 
 #[derive(Default)]
 struct Pending {
-    waiters: HashMap<IdKey, oneshot::Sender<Bytes>>,
+    /// Requests written and not yet answered. `None`: nobody waits (respond-async, WebSocket),
+    /// the answer goes to the event log; the entry still counts (duplicate ids, `pendingRequests`).
+    waiters: HashMap<IdKey, Option<oneshot::Sender<Bytes>>>,
     /// Set (under this lock) when the agent is gone, so no POST registers after the drain.
     ended: Option<Arc<Ended>>,
 }
@@ -295,20 +303,30 @@ impl AcpInstance {
                             id: key.0.to_string(),
                         });
                     }
-                    let (tx, rx) = oneshot::channel();
-                    p.waiters.insert(key.clone(), tx);
-                    rx
+                    if wait {
+                        let (tx, rx) = oneshot::channel();
+                        p.waiters.insert(key.clone(), Some(tx));
+                        Some(rx)
+                    } else {
+                        // Nobody waits: the response goes to the event log.
+                        p.waiters.insert(key.clone(), None);
+                        None
+                    }
                 };
-                if let Err(fail) =
-                    send_line(running, &self.stdin_caps, line, Done::Request(key.clone())).await
+                if let Err(f) = send_line(
+                    running,
+                    &self.stdin_caps,
+                    std::slice::from_ref(&line),
+                    Done::Request(key.clone()),
+                )
+                .await
                 {
                     self.pending().waiters.remove(&key);
-                    return Err(self.send_error(fail));
+                    return Err(self.send_error(f.fail));
                 }
-                if !wait {
-                    // Dropping the receiver routes the response to the event log.
+                let Some(rx) = rx else {
                     return Ok(Delivered::Accepted);
-                }
+                };
                 match tokio::time::timeout(timeout, rx).await {
                     Ok(Ok(response)) => Ok(Delivered::Response(response)),
                     Ok(Err(_)) => Err(self.gone_error()),
@@ -323,8 +341,9 @@ impl AcpInstance {
                     return Err(self.gone(ended));
                 }
                 let (tx, rx) = oneshot::channel();
-                match send_line(running, &self.stdin_caps, line, Done::Ack(tx)).await {
-                    Err(fail) => Err(self.send_error(fail)),
+                let lines = std::slice::from_ref(&line);
+                match send_line(running, &self.stdin_caps, lines, Done::Ack(tx)).await {
+                    Err(f) => Err(self.send_error(f.fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
                         Ok(()) => Ok(Delivered::Accepted),
@@ -333,6 +352,89 @@ impl AcpInstance {
                 }
             }
         }
+    }
+
+    /// Writes envelopes that arrived together (one read of a WebSocket), in order, with as few
+    /// writes to the agent's stdin as the pipe allows; nobody waits for the responses (they go to
+    /// the event log). Each line is `(line, Some(id))` for a request. One result per line: a
+    /// request whose id is already pending is refused alone; a send that fails refuses the lines
+    /// it did not write. Like `deliver`, waits for the write only when a notification or response
+    /// had to be queued.
+    pub async fn deliver_batch(
+        &self,
+        lines: Vec<(Bytes, Option<IdKey>)>,
+    ) -> Vec<Result<(), AcpError>> {
+        let n = lines.len();
+        let Some(running) = self.running.get() else {
+            return (0..n).map(|_| Err(self.gone_error())).collect();
+        };
+        let mut results: Vec<Result<(), AcpError>> = Vec::with_capacity(n);
+        // What goes to the pipe, and for each of its lines the result it answers for and its id.
+        let mut batch = Vec::with_capacity(n);
+        let mut slots: Vec<(usize, Option<IdKey>)> = Vec::with_capacity(n);
+        let mut keys = Vec::new();
+        let mut acked = false;
+        {
+            let mut p = self.pending();
+            if let Some(ended) = p.ended.clone() {
+                drop(p);
+                return (0..n).map(|_| Err(self.gone(ended.clone()))).collect();
+            }
+            for (line, key) in lines {
+                match &key {
+                    Some(k) if p.waiters.contains_key(k) => {
+                        results.push(Err(AcpError::DuplicateId {
+                            server_id: self.server_id.clone(),
+                            id: k.0.to_string(),
+                        }));
+                        continue;
+                    }
+                    Some(k) => {
+                        p.waiters.insert(k.clone(), None);
+                        keys.push(k.clone());
+                    }
+                    None => acked = true,
+                }
+                slots.push((results.len(), key));
+                results.push(Ok(()));
+                batch.push(line);
+            }
+        }
+        if batch.is_empty() {
+            return results;
+        }
+        let (ack, acked) = if acked {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let done = Done::Batch { keys, ack };
+        match send_line(running, &self.stdin_caps, &batch, done).await {
+            Ok(Sent::Written) => {}
+            Ok(Sent::Queued) => {
+                if let Some(rx) = acked
+                    && rx.await.is_err()
+                {
+                    let e = self.gone_error();
+                    for (i, _) in &slots {
+                        results[*i] = Err(e.clone());
+                    }
+                }
+            }
+            Err(f) => {
+                // The first `written` lines reached the agent; the rest did not.
+                let e = self.send_error(f.fail);
+                let mut p = self.pending();
+                for (i, key) in slots.iter().skip(f.written) {
+                    if let Some(key) = key {
+                        p.waiters.remove(key);
+                    }
+                    results[*i] = Err(e.clone());
+                }
+            }
+        }
+        results
     }
 
     fn send_error(&self, fail: SendFail) -> AcpError {
@@ -380,7 +482,7 @@ impl AcpInstance {
     fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
         match class {
             Ok(AgentLine::Response(key)) => {
-                let waiter = self.pending().waiters.remove(&key);
+                let waiter = self.pending().waiters.remove(&key).flatten();
                 match waiter {
                     Some(tx) => {
                         // Whatever the agent said before this answer reaches the streams first.
@@ -457,69 +559,127 @@ enum Sent {
     Queued,
 }
 
-/// Writes one line. The fast path writes it from the caller's task at once when nothing is
-/// queued and it fits one atomic pipe write (a cancelled POST can never leave half a line); else
-/// it goes to the writer task, which waits for room in the pipe.
+/// A send that failed after its first `written` lines had reached the pipe.
+struct Failed {
+    fail: SendFail,
+    written: usize,
+}
+
+fn failed(fail: SendFail, written: usize) -> Failed {
+    Failed { fail, written }
+}
+
+/// Writes lines, in order. The fast path writes them from the caller's task at once when nothing
+/// is queued: whole lines packed into writes of at most `PIPE_BUF` bytes, each of which is atomic
+/// (a cancelled caller can never leave half a line), so a batch that arrived together costs one
+/// `write` per 4 KiB instead of one per message. What the pipe does not take at once (and any line
+/// of `PIPE_BUF` bytes or more) goes to the writer task, as one job, which waits for room.
 async fn send_line(
     running: &Running,
     caps: &StdinCaps,
-    line: Bytes,
+    lines: &[Bytes],
     done: Done,
-) -> Result<Sent, SendFail> {
+) -> Result<Sent, Failed> {
     let job = {
         let mut st = lock_stdin(&running.stdin);
         if st.broken {
-            return Err(SendFail::Gone);
+            return Err(failed(SendFail::Gone, 0));
         }
-        let mut job = WriteJob {
-            line,
-            done,
-            _queued: Reservation::default(),
-        };
-        if !st.backlog && job.line.len() < PIPE_BUF {
+        // Lines before `next` are in the pipe; `cut` is the unwritten tail of line `next - 1`
+        // after a short write.
+        let mut next = 0;
+        let mut cut: Option<Bytes> = None;
+        if !st.backlog {
             let st = &mut *st;
-            st.scratch.clear();
-            st.scratch.extend_from_slice(&job.line);
-            st.scratch.push(b'\n');
-            match nix::unistd::write(&st.pipe, &st.scratch) {
-                Ok(n) if n == st.scratch.len() => return Ok(Sent::Written),
-                // Not expected below PIPE_BUF; queue the rest (its newline is added back).
-                Ok(n) => {
-                    job.line = Bytes::copy_from_slice(&st.scratch[n..st.scratch.len() - 1]);
+            while next < lines.len() {
+                st.scratch.clear();
+                let mut end = next;
+                while end < lines.len() && st.scratch.len() + lines[end].len() < PIPE_BUF {
+                    st.scratch.extend_from_slice(&lines[end]);
+                    st.scratch.push(b'\n');
+                    end += 1;
                 }
-                Err(nix::errno::Errno::EAGAIN) => {}
-                Err(_) => {
-                    st.broken = true;
-                    return Err(SendFail::Gone);
+                if end == next {
+                    break;
+                }
+                match nix::unistd::write(&st.pipe, &st.scratch) {
+                    Ok(n) if n == st.scratch.len() => next = end,
+                    // Not expected below PIPE_BUF; queue the rest (a cut line's newline is added
+                    // back by the writer).
+                    Ok(n) => {
+                        let mut off = 0;
+                        while off + lines[next].len() < n {
+                            off += lines[next].len() + 1;
+                            next += 1;
+                        }
+                        if n > off {
+                            cut = Some(lines[next].slice((n - off).min(lines[next].len())..));
+                            next += 1;
+                        }
+                        break;
+                    }
+                    Err(nix::errno::Errno::EAGAIN) => break,
+                    Err(_) => {
+                        st.broken = true;
+                        return Err(failed(SendFail::Gone, next));
+                    }
                 }
             }
+            if next == lines.len() && cut.is_none() {
+                return Ok(Sent::Written);
+            }
         }
-        // What waits for the agent is bounded in bytes, per instance and in total; a line that
-        // does not fit is refused at once rather than held.
-        let n = job.line.len() as u64 + 1;
+        let rest = &lines[next..];
+        let line = match (cut, rest) {
+            (None, [one]) => one.clone(),
+            (cut, rest) => {
+                let size = cut.as_ref().map_or(0, |c| c.len() + 1)
+                    + rest.iter().map(|l| l.len() + 1).sum::<usize>();
+                let mut joined = BytesMut::with_capacity(size);
+                for l in cut.iter().chain(rest) {
+                    joined.extend_from_slice(l);
+                    joined.extend_from_slice(b"\n");
+                }
+                // The writer adds the last newline.
+                joined.truncate(size.saturating_sub(1));
+                joined.freeze()
+            }
+        };
+        // What waits for the agent is bounded in bytes, per instance and in total; lines that
+        // do not fit are refused at once rather than held.
+        let n = line.len() as u64 + 1;
         let Some(mut queued) = caps.per_instance.try_reserve(n) else {
-            return Err(SendFail::Full {
-                what: "bytes queued for this agent's stdin",
-                limit: caps.per_instance.limit(),
-            });
+            let limit = caps.per_instance.limit();
+            let what = "bytes queued for this agent's stdin";
+            return Err(failed(SendFail::Full { what, limit }, next));
         };
         if !queued.grow(&caps.total, n) {
-            return Err(SendFail::Full {
-                what: "bytes queued for every agent's stdin",
-                limit: caps.total.limit(),
-            });
+            let limit = caps.total.limit();
+            let what = "bytes queued for every agent's stdin";
+            return Err(failed(SendFail::Full { what, limit }, next));
         }
-        job._queued = queued;
+        let job = WriteJob {
+            line,
+            done,
+            _queued: queued,
+        };
         // Queued under the lock, so the writer cannot declare the backlog empty in between.
         st.backlog = true;
         match running.writer.try_send(job) {
             Ok(()) => return Ok(Sent::Queued),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendFail::Gone),
-            Err(mpsc::error::TrySendError::Full(job)) => job,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(failed(SendFail::Gone, next));
+            }
+            Err(mpsc::error::TrySendError::Full(job)) => (job, next),
         }
     };
     // The queue is full (the agent reads slowly): wait for room, outside the lock.
-    running.writer.send(job).await.map_err(|_| SendFail::Gone)?;
+    let (job, next) = job;
+    running
+        .writer
+        .send(job)
+        .await
+        .map_err(|_| failed(SendFail::Gone, next))?;
     Ok(Sent::Queued)
 }
 
@@ -565,8 +725,11 @@ async fn write_loop(
         match write_all_shared(&stdin, &buf).await {
             Ok(()) => {
                 for j in jobs.drain(..) {
-                    if let Done::Ack(tx) = j.done {
-                        let _ = tx.send(());
+                    match j.done {
+                        Done::Ack(tx) | Done::Batch { ack: Some(tx), .. } => {
+                            let _ = tx.send(());
+                        }
+                        Done::Request(_) | Done::Batch { ack: None, .. } => {}
                     }
                 }
                 let mut st = lock_stdin(&stdin);
@@ -581,8 +744,16 @@ async fn write_loop(
                     "cannot write to the agent's stdin");
                 let mut p = inst.pending();
                 for j in jobs.drain(..) {
-                    if let Done::Request(key) = j.done {
-                        p.waiters.remove(&key);
+                    match j.done {
+                        Done::Request(key) => {
+                            p.waiters.remove(&key);
+                        }
+                        Done::Batch { keys, .. } => {
+                            for key in keys {
+                                p.waiters.remove(&key);
+                            }
+                        }
+                        Done::Ack(_) => {}
                     }
                 }
                 break;

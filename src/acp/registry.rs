@@ -175,6 +175,28 @@ impl AcpService {
             .await
     }
 
+    /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
+    /// without waiting for responses: one result per envelope. When the instance cannot be
+    /// found or started, the one error is returned instead.
+    pub async fn post_batch(
+        &self,
+        server_id: &str,
+        envelopes: Vec<Envelope>,
+    ) -> Result<Vec<Result<(), AcpError>>, AcpError> {
+        let inst = self.find_or_create(server_id, None)?;
+        if !inst.is_started() {
+            self.start(&inst).await?;
+        }
+        let lines = envelopes
+            .into_iter()
+            .map(|e| match e.kind {
+                Kind::Request { key, .. } => (e.line, Some(key)),
+                Kind::Notification | Kind::Response => (e.line, None),
+            })
+            .collect();
+        Ok(inst.deliver_batch(lines).await)
+    }
+
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {
         let agents: &Agents = &self.deps.agents;
         let supervisor: &Supervisor = &self.deps.supervisor;

@@ -151,85 +151,151 @@ pub async fn run_socket(socket: WebSocket, st: AppState, plan: SocketPlan) {
     }
 }
 
-/// Forwards the client's frames to the agent, in order, without waiting for responses.
+/// At most this many frames, or about this many bytes, that one read of the socket brought are
+/// delivered to the agent together (one write to its stdin per 4 KiB instead of one per frame).
+const BATCH_FRAMES: usize = 256;
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Forwards the client's frames to the agent, in order, without waiting for responses. Frames
+/// that are already decoded when the first one is taken (a client that pipelines sends many per
+/// TCP segment) are delivered as one batch.
 async fn read_frames(
     mut stream: futures_util::stream::SplitStream<WebSocket>,
     st: &AppState,
     server_id: &str,
     own_tx: mpsc::Sender<Message>,
 ) {
-    while let Some(frame) = stream.next().await {
-        let text = match frame {
-            Ok(Message::Text(t)) => Bytes::from(t),
-            Ok(Message::Close(_)) => {
-                // Let the writer complete the closing handshake (the library queued the reply),
-                // then end.
-                if own_tx.send(Message::Close(None)).await.is_ok() {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
-                }
-                return;
+    use futures_util::FutureExt;
+    let mut frames: Vec<Option<Message>> = Vec::new();
+    let mut envelopes: Vec<acp::Envelope> = Vec::new();
+    loop {
+        // `None` stands for the end of the stream or a broken one.
+        let first = stream.next().await.and_then(Result::ok);
+        let mut bytes = first.as_ref().map_or(0, payload_len);
+        frames.push(first);
+        while frames.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+            // Only what needs no wait: the library decodes it from bytes already read.
+            let Some(next) = stream.next().now_or_never() else {
+                break;
+            };
+            let next = next.and_then(Result::ok);
+            bytes += next.as_ref().map_or(0, payload_len);
+            let end = next.is_none();
+            frames.push(next);
+            if end {
+                break;
             }
-            Err(_) => return,
-            // Binary frames are ignored (the RFD's rule); pings are answered by the library.
-            Ok(_) => continue,
-        };
-        let envelope = if text.len() > 256 * 1024 {
-            tokio::task::spawn_blocking(move || parse_envelope(text))
-                .await
-                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        } else {
-            parse_envelope(text)
-        };
-        let envelope = match envelope {
-            Ok(e) => e,
-            Err(e) => {
-                let code = match e {
-                    acp::EnvelopeError::Json(_) => -32700,
-                    _ => -32600,
-                };
-                let problem = Problem::from(AcpError::from(e)).with("serverId", server_id);
-                let frame = error_frame(serde_json::Value::Null, code, &problem);
-                if own_tx.send(frame).await.is_err() {
+        }
+        for frame in frames.drain(..) {
+            let text = match frame {
+                Some(Message::Text(t)) => Bytes::from(t),
+                Some(Message::Close(_)) => {
+                    // What came before the close still goes to the agent.
+                    deliver(st, server_id, std::mem::take(&mut envelopes), &own_tx).await;
+                    // Let the writer complete the closing handshake (the library queued the
+                    // reply), then end.
+                    if own_tx.send(Message::Close(None)).await.is_ok() {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
+                    }
                     return;
                 }
-                continue;
-            }
-        };
-        let raw_id = match &envelope.kind {
-            acp::Kind::Request { raw_id, .. } => Some(raw_id.clone()),
-            _ => None,
-        };
-        match st.acp.post(server_id, None, envelope, true).await {
-            Ok(_) => {}
-            Err(e) => {
-                let fatal = matches!(
-                    e,
-                    AcpError::Launch { .. }
-                        | AcpError::Spawn { .. }
-                        | AcpError::MissingAgent { .. }
-                        | AcpError::NotFound { .. }
-                        | AcpError::ShuttingDown
-                );
-                let problem = Problem::from(e);
-                if let Some(id) = raw_id {
-                    let id: serde_json::Value =
-                        serde_json::from_str(id.get()).unwrap_or(serde_json::Value::Null);
-                    if own_tx
-                        .send(error_frame(id, -32603, &problem))
-                        .await
-                        .is_err()
-                    {
+                None => {
+                    deliver(st, server_id, std::mem::take(&mut envelopes), &own_tx).await;
+                    return;
+                }
+                // Binary frames are ignored (the RFD's rule); pings are answered by the library.
+                Some(_) => continue,
+            };
+            let envelope = if text.len() > 256 * 1024 {
+                tokio::task::spawn_blocking(move || parse_envelope(text))
+                    .await
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+            } else {
+                parse_envelope(text)
+            };
+            match envelope {
+                Ok(e) => envelopes.push(e),
+                Err(e) => {
+                    let code = match e {
+                        acp::EnvelopeError::Json(_) => -32700,
+                        _ => -32600,
+                    };
+                    let problem = Problem::from(AcpError::from(e)).with("serverId", server_id);
+                    let frame = error_frame(serde_json::Value::Null, code, &problem);
+                    if own_tx.send(frame).await.is_err() {
                         return;
                     }
                 }
-                if fatal {
-                    // The agent cannot start (or the serverId is gone): nothing more can happen.
-                    let _ = own_tx.send(close(1011, problem.detail.clone())).await;
-                    return;
+            }
+        }
+        if !deliver(st, server_id, std::mem::take(&mut envelopes), &own_tx).await {
+            return;
+        }
+    }
+}
+
+/// Delivers one batch; a request that could not be delivered is answered with a JSON-RPC error.
+/// False when the socket should end (the agent cannot start, or the writer is gone).
+async fn deliver(
+    st: &AppState,
+    server_id: &str,
+    envelopes: Vec<acp::Envelope>,
+    own_tx: &mpsc::Sender<Message>,
+) -> bool {
+    if envelopes.is_empty() {
+        return true;
+    }
+    // The ids of the requests, for error answers (the canonical text is the same JSON value).
+    let ids: Vec<Option<acp::IdKey>> = envelopes
+        .iter()
+        .map(|e| match &e.kind {
+            acp::Kind::Request { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    let results = match st.acp.post_batch(server_id, envelopes).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The agent cannot start (or the serverId is gone): nothing more can happen.
+            let problem = Problem::from(e);
+            for id in ids.iter().flatten() {
+                if own_tx
+                    .send(error_frame(id_value(id), -32603, &problem))
+                    .await
+                    .is_err()
+                {
+                    return false;
                 }
+            }
+            let _ = own_tx.send(close(1011, problem.detail.clone())).await;
+            return false;
+        }
+    };
+    for (result, id) in results.into_iter().zip(ids) {
+        if let (Err(e), Some(id)) = (result, id) {
+            let problem = Problem::from(e);
+            if own_tx
+                .send(error_frame(id_value(&id), -32603, &problem))
+                .await
+                .is_err()
+            {
+                return false;
             }
         }
     }
+    true
+}
+
+fn payload_len(m: &Message) -> usize {
+    match m {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
+fn id_value(id: &acp::IdKey) -> serde_json::Value {
+    serde_json::from_str(&id.0).unwrap_or(serde_json::Value::Null)
 }
 
 /// A JSON-RPC error response made by the daemon; `data` is the problem object.
