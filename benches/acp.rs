@@ -908,25 +908,49 @@ fn main() {
         .unwrap_or(20_000);
     let dur = Duration::from_secs(5);
     let stream_n: u64 = 100_000;
-    // For profiling: `ACP_BENCH_PROFILE=<port>` only drives HTTP c=1 against a running daemon.
+    // For profiling: `ACP_BENCH_PROFILE=<port>` drives a daemon started by hand, HTTP (c=1 and
+    // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown` (our WebSocket at c=1, 32 in
+    // flight on one socket, 32 sockets on 32 serverIds). `ACP_BENCH_SECS` is the length of the
+    // concurrent phase (0 skips it, e.g. to count the syscalls of c=1 alone).
     if let Some(port) = std::env::var("ACP_BENCH_PROFILE")
         .ok()
         .and_then(|p| p.parse().ok())
     {
-        let (h1, e) = http_c1(port, n);
-        println!(
-            "HTTP c=1 p50 {:.1} us p99 {:.1} us errors {e}",
-            us(h1.p50),
-            us(h1.p99)
-        );
-        // `ACP_BENCH_SECS=0` skips the c=32 phase (e.g. to count syscalls of c=1 alone).
         let secs: u64 = std::env::var("ACP_BENCH_SECS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(5);
-        if secs > 0 {
-            let (h32, e) = http_concurrent(port, 32, Duration::from_secs(secs));
-            println!("HTTP c=32 {h32:.0} req/s errors {e}");
+        let secs = Duration::from_secs(secs);
+        let tag = std::process::id();
+        match std::env::var("ACP_BENCH_PROFILE_PATH").as_deref() {
+            Ok("ws1") => {
+                let (w1, e) = ws_c1(port, &format!("/v1/acp/p{tag}?agent=mock"), n);
+                println!(
+                    "WS c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+                    us(w1.p50),
+                    us(w1.p99)
+                );
+            }
+            Ok("ws32") => {
+                let (w, e) = ws_one_socket(port, &format!("/v1/acp/p{tag}?agent=mock"), 32, secs);
+                println!("WS 32 in flight {w:.0} msg/s errors {e}");
+            }
+            Ok("wsown") => {
+                let (w, e) = ws_many_sockets(port, &format!("p{tag}"), 32, false, secs);
+                println!("WS 32 sockets, 32 serverIds {w:.0} msg/s errors {e}");
+            }
+            _ => {
+                let (h1, e) = http_c1(port, n);
+                println!(
+                    "HTTP c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+                    us(h1.p50),
+                    us(h1.p99)
+                );
+                if !secs.is_zero() {
+                    let (h32, e) = http_concurrent(port, 32, secs);
+                    println!("HTTP c=32 {h32:.0} req/s errors {e}");
+                }
+            }
         }
         return;
     }

@@ -20,6 +20,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list))
         .routes(routes!(stream, post_message, delete))
+        // The WebSocket of `stream` over HTTP/2; its GET documents it (openapi-exempt: CONNECT)
+        .route("/v1/acp/{serverId}", super::ws::on_connect(stream))
 }
 
 /// `GET /v1/acp`: every instance, sorted by serverId.
@@ -337,8 +339,10 @@ async fn read_body(
 async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
+    method: axum::http::Method,
     headers: HeaderMap,
     uri: axum::http::Uri,
+    hold: Option<axum::Extension<super::ws::StreamHold>>,
     upgrade: Result<
         axum::extract::ws::WebSocketUpgrade,
         axum::extract::ws::rejection::WebSocketUpgradeRejection,
@@ -348,8 +352,9 @@ async fn stream(
         return Problem::from(e).into_response();
     }
     // The same serverId over a WebSocket (`http::ws`).
-    if super::ws::wants_upgrade(&headers) {
-        return super::ws::acp_socket(st, server_id, uri, upgrade).await;
+    if super::ws::wants_upgrade(&method, &headers) {
+        let hold = hold.map(|axum::Extension(h)| h);
+        return super::ws::acp_socket(st, server_id, uri, upgrade, hold).await;
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(

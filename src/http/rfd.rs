@@ -29,7 +29,10 @@ pub const CONNECTION_ID: &str = "acp-connection-id";
 pub const SESSION_ID: &str = "acp-session-id";
 
 pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(open_stream, post_message, delete))
+    OpenApiRouter::new()
+        .routes(routes!(open_stream, post_message, delete))
+        // The WebSocket profile over HTTP/2; the GET documents it (openapi-exempt: CONNECT)
+        .route("/v1/agents/{agent}/acp", super::ws::on_connect(open_stream))
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Problem> {
@@ -237,11 +240,13 @@ async fn post_message(
 async fn open_stream(
     State(st): State<AppState>,
     Path(agent): Path<String>,
+    method: axum::http::Method,
     headers: HeaderMap,
+    hold: Option<axum::Extension<super::ws::StreamHold>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    if wants_upgrade(&headers) {
-        return open_socket(st, agent, upgrade);
+    if wants_upgrade(&method, &headers) {
+        return open_socket(st, agent, upgrade, hold.map(|axum::Extension(h)| h));
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(
@@ -285,6 +290,7 @@ fn open_socket(
     st: AppState,
     agent: String,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    hold: Option<super::ws::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,
@@ -311,6 +317,7 @@ fn open_socket(
         after: 0,
         gap_notifications: false,
         connection: Some((conn, guard)),
+        hold,
     };
     let limit = body_limit(&st);
     let mut resp = upgrade

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
-use axum::http::{HeaderMap, Uri, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
@@ -23,14 +23,31 @@ use crate::acp::frames::{LogItem, split};
 use crate::acp::jsonrpc::parse_envelope;
 use crate::acp::{self, AcpError, Connection, Next, Subscription};
 
-/// True when the request asks for a WebSocket (HTTP/1.1 `Upgrade: websocket`).
-pub fn wants_upgrade(headers: &HeaderMap) -> bool {
+/// True when the request asks for a WebSocket: HTTP/1.1 `Upgrade: websocket`, or an HTTP/2
+/// extended CONNECT (RFC 8441; the routes accept CONNECT for nothing else, and the upgrade
+/// extractor checks its `:protocol`).
+pub fn wants_upgrade(method: &Method, headers: &HeaderMap) -> bool {
+    if method == Method::CONNECT {
+        return true;
+    }
     headers
         .get_all(header::UPGRADE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+}
+
+/// The HTTP/2 form of a WebSocket upgrade (RFC 8441 extended CONNECT) for `handler`, a GET
+/// route's handler, registered beside the GET. OpenAPI has no CONNECT operation; the GET's
+/// description documents it (openapi-exempt: CONNECT cannot be described).
+pub fn on_connect<H, T>(handler: H) -> axum::routing::MethodRouter<AppState>
+where
+    H: axum::handler::Handler<T, AppState>,
+    T: 'static,
+{
+    // openapi-exempt: see above.
+    axum::routing::on(axum::routing::MethodFilter::CONNECT, handler)
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -67,6 +84,7 @@ pub async fn acp_socket(
     server_id: String,
     uri: Uri,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    hold: Option<StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,
@@ -95,6 +113,7 @@ pub async fn acp_socket(
         after: last_event_id.unwrap_or(0),
         gap_notifications: true,
         connection: None,
+        hold,
     };
     upgrade
         .max_message_size(body_limit(&st))
@@ -103,6 +122,21 @@ pub async fn acp_socket(
 
 pub fn body_limit(st: &AppState) -> usize {
     usize::try_from(st.config.body_limit).unwrap_or(usize::MAX)
+}
+
+/// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket (see
+/// `daemon::serve`): the request carries it, the socket task holds a clone until it ends.
+#[derive(Clone)]
+pub struct StreamHold {
+    _guard: Arc<dyn Send + Sync>,
+}
+
+impl StreamHold {
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        StreamHold {
+            _guard: Arc::new(guard),
+        }
+    }
 }
 
 /// What one socket serves.
@@ -116,6 +150,8 @@ pub struct SocketPlan {
     pub gap_notifications: bool,
     /// The RFD connection this socket is the reader of (its idle clock stops while it is open).
     pub connection: Option<(Arc<Connection>, ReaderGuard)>,
+    /// Over HTTP/2: its connection's in-flight mark, held until the socket ends.
+    pub hold: Option<StreamHold>,
 }
 
 /// Why the daemon closes a socket.

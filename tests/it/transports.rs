@@ -126,6 +126,80 @@ async fn ws_pipelined_requests_are_all_answered_in_order() {
     assert_eq!(info[0]["pendingRequests"], 0);
 }
 
+/// Frames that arrive together are written to the agent's stdin as one batch; this drives every
+/// branch of that path (small lines packed together, lines over the 4 KiB atomic pipe write, more
+/// than the pipe holds so the rest waits in the queue, a notification, an id that is already
+/// pending) and checks that order, answers and the error of the one refused request survive.
+#[tokio::test]
+async fn ws_batched_frames_of_every_size_keep_order_through_the_stdin_queue() {
+    let d = daemon(&[]);
+    let mut ws = connect(&d, "/v1/acp/batch?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    assert_eq!(next_json(&mut ws).await.unwrap()["id"], 0);
+    // 600 requests of 40 B to 9 KiB (about 1.5 MiB, far more than a pipe holds), sent with one
+    // flush so that the daemon reads many per read. Request 7 is a prompt that hangs until
+    // cancelled, so its id stays pending: a later request with id 7 must be refused.
+    let padding = |i: u64| "x".repeat([10, 1500, 4090, 9000][(i % 4) as usize]);
+    let mut sent = Vec::new();
+    for i in 1..=600u64 {
+        let msg = if i == 7 {
+            prompt(json!(7), "hang", "/hang")
+        } else {
+            sent.push(i);
+            request(json!(i), "_mock/echo", json!({"n": i, "pad": padding(i)}))
+        };
+        ws.feed(Message::text(msg.to_string())).await.unwrap();
+        if i == 300 {
+            let dup = request(json!(7), "_mock/echo", json!({"n": 7}));
+            ws.feed(Message::text(dup.to_string())).await.unwrap();
+        }
+        if i % 100 == 0 {
+            // A notification in the middle (no answer; it names no running prompt).
+            let note = json!({"jsonrpc": "2.0", "method": "session/cancel",
+                "params": {"sessionId": "none"}});
+            ws.feed(Message::text(note.to_string())).await.unwrap();
+        }
+    }
+    ws.flush().await.unwrap();
+    let mut answered = Vec::new();
+    let mut refused = Vec::new();
+    while answered.len() < sent.len() {
+        let m = next_json(&mut ws).await.expect("the socket ended early");
+        if m.get("error").is_some() {
+            refused.push(m);
+            continue;
+        }
+        let n = m["result"]["n"].as_u64().unwrap();
+        assert_eq!(m["id"], n);
+        assert_eq!(m["result"]["pad"].as_str().unwrap().len(), padding(n).len());
+        answered.push(n);
+    }
+    assert_eq!(
+        answered, sent,
+        "every request answered once, in the order sent"
+    );
+    assert_eq!(
+        refused.len(),
+        1,
+        "only the duplicate is refused: {refused:?}"
+    );
+    assert_eq!(refused[0]["id"], 7);
+    assert_eq!(refused[0]["error"]["data"]["status"], 409);
+    // The first request 7 is still the agent's; cancelling it answers it.
+    let cancel = json!({"jsonrpc": "2.0", "method": "session/cancel",
+        "params": {"sessionId": "hang"}});
+    send(&mut ws, &cancel).await;
+    let end = until_response(&mut ws, &json!(7)).await;
+    assert_eq!(end.last().unwrap()["result"]["stopReason"], "cancelled");
+    let info = listing(&d).await;
+    assert_eq!(info[0]["pendingRequests"], 0);
+    assert_eq!(info[0]["invalidStdoutLines"], 0);
+}
+
 /// Reads the whole SSE log of `server_id` until a message with response id `last`.
 async fn sse_log(d: &Daemon, server_id: &str, last: &Value) -> Vec<(u64, Value)> {
     let mut resp = d
@@ -650,6 +724,142 @@ async fn rfd_streamable_http_over_h2c_with_prior_knowledge() {
     drop(h2);
     // The daemon's drop waits for its exit; meanwhile this runtime must keep running the h2
     // client's connection task, which answers the daemon's GOAWAY and closes the connection.
+    tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
+}
+
+/// An HTTP/2 (h2c, prior knowledge) client doing RFC 8441 extended CONNECT, as a browser or an
+/// HTTP/2-only client would for a WebSocket.
+struct H2 {
+    send: hyper::client::conn::http2::SendRequest<axum::body::Body>,
+}
+
+impl H2 {
+    async fn connect(d: &Daemon) -> H2 {
+        let addr = d.url("").trim_start_matches("http://").to_string();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let mut conn = Box::pin(conn);
+        // The server announces extended CONNECT in its SETTINGS; drive the connection until
+        // they arrived.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !conn.is_extended_connect_protocol_enabled() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the daemon never enabled extended CONNECT"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(10), conn.as_mut()).await;
+        }
+        tokio::spawn(conn);
+        H2 { send }
+    }
+
+    /// `CONNECT path` with `:protocol websocket`; the response and, on 200, the socket.
+    async fn socket(
+        &mut self,
+        d: &Daemon,
+        path: &str,
+    ) -> (
+        axum::http::Response<hyper::body::Incoming>,
+        Option<
+            tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+        >,
+    ) {
+        let req = axum::http::Request::builder()
+            .method(axum::http::Method::CONNECT)
+            .uri(d.url(path))
+            .extension(hyper::ext::Protocol::from_static("websocket"))
+            .header("sec-websocket-version", "13")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let mut resp = self.send.send_request(req).await.unwrap();
+        if resp.status() != 200 {
+            return (resp, None);
+        }
+        let io = hyper::upgrade::on(&mut resp).await.unwrap();
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(io),
+            tokio_tungstenite::tungstenite::protocol::Role::Client,
+            None,
+        )
+        .await;
+        (resp, Some(ws))
+    }
+}
+
+/// Sends `msg` and returns the frames up to its answer.
+async fn h2_round_trip<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>, msg: &Value) -> Value
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    ws.send(Message::text(msg.to_string())).await.unwrap();
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a frame within 20 s")
+            .expect("the socket stays open")
+            .unwrap();
+        if let Message::Text(t) = frame {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v["id"] == msg["id"] {
+                return v;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn ws_over_http2_extended_connect_on_both_endpoints() {
+    // A short idle timeout and long pings: the h2 connection must stay up while a WebSocket on
+    // it is open, although no bytes move and no ordinary request is in flight.
+    let d = daemon(&["--idle-timeout", "1s", "--keepalive", "60s"]);
+    let mut h2 = H2::connect(&d).await;
+    let (resp, ws) = h2.socket(&d, "/v1/acp/h2?agent=mock").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), axum::http::Version::HTTP_2);
+    let mut ws = ws.unwrap();
+    let init = request(json!(0), "initialize", json!({"protocolVersion": 1}));
+    let answer = h2_round_trip(&mut ws, &init).await;
+    assert_eq!(answer["result"]["agentInfo"]["name"], "mock");
+    // A second socket on the same connection: the RFD profile, announcing its connection.
+    let (resp, rfd) = h2.socket(&d, RFD).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().contains_key("acp-connection-id"));
+    let mut rfd = rfd.unwrap();
+    let answer = h2_round_trip(&mut rfd, &init).await;
+    assert_eq!(answer["result"]["agentInfo"]["name"], "mock");
+    // Twice the idle timeout with nothing moving (this waits for something that must not
+    // happen, so there is no state to poll for).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let echo = request(json!(1), "_mock/echo", json!({"n": 1}));
+    assert_eq!(
+        h2_round_trip(&mut ws, &echo).await["result"],
+        json!({"n": 1})
+    );
+    assert_eq!(
+        h2_round_trip(&mut rfd, &echo).await["result"],
+        json!({"n": 1})
+    );
+    // A bad upgrade (no `sec-websocket-version`) is a problem, like its HTTP/1.1 form.
+    let req = axum::http::Request::builder()
+        .method(axum::http::Method::CONNECT)
+        .uri(d.url("/v1/acp/h2"))
+        .extension(hyper::ext::Protocol::from_static("websocket"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = h2.send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    ws.close(None).await.unwrap();
+    rfd.close(None).await.unwrap();
+    drop(h2);
+    // The daemon's drop waits for its exit; meanwhile this runtime keeps running the h2
+    // connection task, which answers the daemon's GOAWAY.
     tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
 }
 
