@@ -1,7 +1,8 @@
 //! The remote transports: WebSocket on `/v1/acp/{serverId}` (ordering under pipelining, resume
 //! with `lastEventId`, cut-off of a reader that stops reading, one event log shared with SSE), the
-//! ACP RFD transport at `/v1/agents/{agent}/acp` (status codes, streams, idle stop), and interop
-//! with the official TypeScript and Python ACP clients, unmodified (`tests/transports/`).
+//! ACP RFD transport at `/v1/agents/{agent}/acp` (status codes, streams, idle stop), WebSockets
+//! over HTTP/2 (extended CONNECT), and interop with the official TypeScript, Python and Rust ACP
+//! clients, unmodified (`tests/transports/`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -1084,11 +1085,11 @@ fn tool_works(cmd: &str, args: &[&str]) -> bool {
 }
 
 /// Runs one official client against a fresh daemon and checks what it saw, then that its
-/// instance is gone.
-async fn interop(program: &str, script: &str, mode: &str) {
+/// instance is gone. `script` is the file an interpreter runs (none for the Rust binary).
+async fn interop(program: &str, script: Option<&str>, mode: &str) {
     let d = daemon(&[]);
     let out = tokio::process::Command::new(program)
-        .arg(script)
+        .args(script)
         .arg(mode)
         .arg(d.url(""))
         .arg(TOKEN)
@@ -1102,7 +1103,7 @@ async fn interop(program: &str, script: &str, mode: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{program} {script} {mode} failed ({}):\n{stdout}\n{}\ndaemon:\n{}",
+        "{program} {script:?} {mode} failed ({}):\n{stdout}\n{}\ndaemon:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
         d.stderr()
@@ -1160,27 +1161,88 @@ fn python_ready() -> bool {
 #[tokio::test]
 async fn typescript_sdk_http_client_interop() {
     if ts_ready() {
-        interop("node", "ts-client.mjs", "http").await;
+        interop("node", Some("ts-client.mjs"), "http").await;
     }
 }
 
 #[tokio::test]
 async fn typescript_sdk_websocket_client_interop() {
     if ts_ready() {
-        interop("node", "ts-client.mjs", "ws").await;
+        interop("node", Some("ts-client.mjs"), "ws").await;
     }
 }
 
 #[tokio::test]
 async fn python_sdk_http_client_interop() {
     if python_ready() {
-        interop("python3", "py-client.py", "http").await;
+        interop("python3", Some("py-client.py"), "http").await;
     }
 }
 
 #[tokio::test]
 async fn python_sdk_websocket_client_interop() {
     if python_ready() {
-        interop("python3", "py-client.py", "ws").await;
+        interop("python3", Some("py-client.py"), "ws").await;
+    }
+}
+
+/// The Rust client (`tests/transports/rust`, its own project and lock file), built offline into
+/// `target/interop-rust` from the crates `.ci/install-wsperf.sh` fetched (and built); a skip when
+/// they were not fetched. Built once per test process.
+fn rust_client() -> Option<PathBuf> {
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let manifest = interop_dir().join("rust/Cargo.toml");
+            let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/interop-rust");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+            let fetched = std::process::Command::new(&cargo)
+                .args(["fetch", "--locked", "--offline", "--manifest-path"])
+                .arg(&manifest)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !fetched {
+                return None;
+            }
+            let out = std::process::Command::new(&cargo)
+                .args(["build", "--locked", "--offline", "--quiet", "--manifest-path"])
+                .arg(&manifest)
+                .arg("--target-dir")
+                .arg(&target)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "building the Rust ACP client failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(target.join("debug/acp-interop-rust"))
+        })
+        .clone()
+}
+
+fn rust_ready() -> Option<String> {
+    let bin = rust_client();
+    if bin.is_none() {
+        support::skip(
+            "the crates of the Rust ACP client are not fetched (.ci/install-wsperf.sh)",
+        );
+    }
+    bin.map(|b| b.to_string_lossy().into_owned())
+}
+
+#[tokio::test]
+async fn rust_sdk_http_client_interop() {
+    if let Some(bin) = rust_ready() {
+        interop(&bin, None, "http").await;
+    }
+}
+
+#[tokio::test]
+async fn rust_sdk_websocket_client_interop() {
+    if let Some(bin) = rust_ready() {
+        interop(&bin, None, "ws").await;
     }
 }
