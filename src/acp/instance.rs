@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::caps::{Budget, Reservation};
 use super::events::{EventLog, LogLimits};
-use super::jsonrpc::{AgentLine, BadLine, IdKey, classify_agent_line};
+use super::jsonrpc::{AgentLine, BadLine, Envelope, IdKey, Kind, classify_agent_line};
 use super::{AcpError, Ended};
 use crate::logging::RateLimit;
 use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
@@ -317,7 +317,7 @@ impl AcpInstance {
                     running,
                     &self.stdin_caps,
                     std::slice::from_ref(&line),
-                    Done::Request(key.clone()),
+                    |_| Done::Request(key.clone()),
                 )
                 .await
                 {
@@ -342,7 +342,7 @@ impl AcpInstance {
                 }
                 let (tx, rx) = oneshot::channel();
                 let lines = std::slice::from_ref(&line);
-                match send_line(running, &self.stdin_caps, lines, Done::Ack(tx)).await {
+                match send_line(running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await {
                     Err(f) => Err(self.send_error(f.fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
@@ -356,52 +356,53 @@ impl AcpInstance {
 
     /// Writes envelopes that arrived together (one read of a WebSocket), in order, with as few
     /// writes to the agent's stdin as the pipe allows; nobody waits for the responses (they go to
-    /// the event log). Each line is `(line, Some(id))` for a request. One result per line: a
-    /// request whose id is already pending is refused alone; a send that fails refuses the lines
-    /// it did not write. Like `deliver`, waits for the write only when a notification or response
-    /// had to be queued.
+    /// the event log). `envelopes` is emptied (its capacity kept for the next batch, so that a
+    /// batch allocates nothing when all goes well). Returns the envelopes that were refused, as
+    /// the request id (if any) and why: a request whose id is already pending is refused alone; a
+    /// send that fails refuses the lines it did not write. Like `deliver`, waits for the write
+    /// only when a notification or response had to be queued.
     pub async fn deliver_batch(
         &self,
-        lines: Vec<(Bytes, Option<IdKey>)>,
-    ) -> Vec<Result<(), AcpError>> {
-        let n = lines.len();
+        envelopes: &mut Vec<Envelope>,
+    ) -> Vec<(Option<IdKey>, AcpError)> {
+        let mut refused = Vec::new();
         let Some(running) = self.running.get() else {
-            return (0..n).map(|_| Err(self.gone_error())).collect();
+            let e = self.gone_error();
+            refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
+            return refused;
         };
-        let mut results: Vec<Result<(), AcpError>> = Vec::with_capacity(n);
-        // What goes to the pipe, and for each of its lines the result it answers for and its id.
-        let mut batch = Vec::with_capacity(n);
-        let mut slots: Vec<(usize, Option<IdKey>)> = Vec::with_capacity(n);
-        let mut keys = Vec::new();
         let mut acked = false;
         {
             let mut p = self.pending();
             if let Some(ended) = p.ended.clone() {
                 drop(p);
-                return (0..n).map(|_| Err(self.gone(ended.clone()))).collect();
+                let e = self.gone(ended);
+                refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
+                return refused;
             }
-            for (line, key) in lines {
-                match &key {
-                    Some(k) if p.waiters.contains_key(k) => {
-                        results.push(Err(AcpError::DuplicateId {
+            envelopes.retain(|env| match &env.kind {
+                Kind::Request { key, .. } if p.waiters.contains_key(key) => {
+                    refused.push((
+                        Some(key.clone()),
+                        AcpError::DuplicateId {
                             server_id: self.server_id.clone(),
-                            id: k.0.to_string(),
-                        }));
-                        continue;
-                    }
-                    Some(k) => {
-                        p.waiters.insert(k.clone(), None);
-                        keys.push(k.clone());
-                    }
-                    None => acked = true,
+                            id: key.0.to_string(),
+                        },
+                    ));
+                    false
                 }
-                slots.push((results.len(), key));
-                results.push(Ok(()));
-                batch.push(line);
-            }
+                Kind::Request { key, .. } => {
+                    p.waiters.insert(key.clone(), None);
+                    true
+                }
+                Kind::Notification | Kind::Response => {
+                    acked = true;
+                    true
+                }
+            });
         }
-        if batch.is_empty() {
-            return results;
+        if envelopes.is_empty() {
+            return refused;
         }
         let (ack, acked) = if acked {
             let (tx, rx) = oneshot::channel();
@@ -409,32 +410,43 @@ impl AcpInstance {
         } else {
             (None, None)
         };
-        let done = Done::Batch { keys, ack };
-        match send_line(running, &self.stdin_caps, &batch, done).await {
+        // Only a queued rest needs the ids (to forget them if the write fails later).
+        let done = |from: usize| Done::Batch {
+            keys: envelopes[from..]
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    Kind::Request { key, .. } => Some(key.clone()),
+                    _ => None,
+                })
+                .collect(),
+            ack,
+        };
+        let sent = send_line(running, &self.stdin_caps, envelopes.as_slice(), done).await;
+        match sent {
             Ok(Sent::Written) => {}
             Ok(Sent::Queued) => {
                 if let Some(rx) = acked
                     && rx.await.is_err()
                 {
                     let e = self.gone_error();
-                    for (i, _) in &slots {
-                        results[*i] = Err(e.clone());
-                    }
+                    refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
                 }
             }
             Err(f) => {
                 // The first `written` lines reached the agent; the rest did not.
                 let e = self.send_error(f.fail);
                 let mut p = self.pending();
-                for (i, key) in slots.iter().skip(f.written) {
-                    if let Some(key) = key {
+                for env in envelopes.drain(f.written..) {
+                    let key = request_key(env);
+                    if let Some(key) = &key {
                         p.waiters.remove(key);
                     }
-                    results[*i] = Err(e.clone());
+                    refused.push((key, e.clone()));
                 }
             }
         }
-        results
+        envelopes.clear();
+        refused
     }
 
     fn send_error(&self, fail: SendFail) -> AcpError {
@@ -553,6 +565,30 @@ impl AcpInstance {
     }
 }
 
+/// What `send_line` writes: a bare line, or an envelope's.
+trait ToStdin {
+    fn line(&self) -> &Bytes;
+}
+
+impl ToStdin for Bytes {
+    fn line(&self) -> &Bytes {
+        self
+    }
+}
+
+impl ToStdin for Envelope {
+    fn line(&self) -> &Bytes {
+        &self.line
+    }
+}
+
+fn request_key(env: Envelope) -> Option<IdKey> {
+    match env.kind {
+        Kind::Request { key, .. } => Some(key),
+        Kind::Notification | Kind::Response => None,
+    }
+}
+
 enum Sent {
     Written,
     /// Handed to the writer task, which reports through the job's `Done`.
@@ -574,11 +610,11 @@ fn failed(fail: SendFail, written: usize) -> Failed {
 /// (a cancelled caller can never leave half a line), so a batch that arrived together costs one
 /// `write` per 4 KiB instead of one per message. What the pipe does not take at once (and any line
 /// of `PIPE_BUF` bytes or more) goes to the writer task, as one job, which waits for room.
-async fn send_line(
+async fn send_line<L: ToStdin>(
     running: &Running,
     caps: &StdinCaps,
-    lines: &[Bytes],
-    done: Done,
+    lines: &[L],
+    done: impl FnOnce(usize) -> Done,
 ) -> Result<Sent, Failed> {
     let job = {
         let mut st = lock_stdin(&running.stdin);
@@ -594,8 +630,8 @@ async fn send_line(
             while next < lines.len() {
                 st.scratch.clear();
                 let mut end = next;
-                while end < lines.len() && st.scratch.len() + lines[end].len() < PIPE_BUF {
-                    st.scratch.extend_from_slice(&lines[end]);
+                while end < lines.len() && st.scratch.len() + lines[end].line().len() < PIPE_BUF {
+                    st.scratch.extend_from_slice(lines[end].line());
                     st.scratch.push(b'\n');
                     end += 1;
                 }
@@ -608,12 +644,13 @@ async fn send_line(
                     // back by the writer).
                     Ok(n) => {
                         let mut off = 0;
-                        while off + lines[next].len() < n {
-                            off += lines[next].len() + 1;
+                        while off + lines[next].line().len() < n {
+                            off += lines[next].line().len() + 1;
                             next += 1;
                         }
                         if n > off {
-                            cut = Some(lines[next].slice((n - off).min(lines[next].len())..));
+                            let line = lines[next].line();
+                            cut = Some(line.slice((n - off).min(line.len())..));
                             next += 1;
                         }
                         break;
@@ -629,14 +666,16 @@ async fn send_line(
                 return Ok(Sent::Written);
             }
         }
+        // The job covers the cut line too (its request is in flight either way).
+        let first = next - usize::from(cut.is_some());
         let rest = &lines[next..];
         let line = match (cut, rest) {
-            (None, [one]) => one.clone(),
+            (None, [one]) => one.line().clone(),
             (cut, rest) => {
                 let size = cut.as_ref().map_or(0, |c| c.len() + 1)
-                    + rest.iter().map(|l| l.len() + 1).sum::<usize>();
+                    + rest.iter().map(|l| l.line().len() + 1).sum::<usize>();
                 let mut joined = BytesMut::with_capacity(size);
-                for l in cut.iter().chain(rest) {
+                for l in cut.iter().chain(rest.iter().map(ToStdin::line)) {
                     joined.extend_from_slice(l);
                     joined.extend_from_slice(b"\n");
                 }
@@ -660,7 +699,7 @@ async fn send_line(
         }
         let job = WriteJob {
             line,
-            done,
+            done: done(first),
             _queued: queued,
         };
         // Queued under the lock, so the writer cannot declare the backlog empty in between.

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::caps::Budget;
 use super::events::{LogLimits, Subscribe, Subscription};
 use super::instance::{AcpInstance, Delivered, Status};
-use super::jsonrpc::{Envelope, Kind};
+use super::jsonrpc::{Envelope, IdKey, Kind};
 use super::{AcpError, Deps};
 use crate::agents::{AgentError, Agents};
 use crate::config::Config;
@@ -176,25 +176,19 @@ impl AcpService {
     }
 
     /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
-    /// without waiting for responses: one result per envelope. When the instance cannot be
-    /// found or started, the one error is returned instead.
+    /// without waiting for responses, emptying `envelopes` (see `AcpInstance::deliver_batch`):
+    /// the refused ones, with their request ids. When the instance cannot be found or started,
+    /// the one error is returned instead (and `envelopes` is left as it was).
     pub async fn post_batch(
         &self,
         server_id: &str,
-        envelopes: Vec<Envelope>,
-    ) -> Result<Vec<Result<(), AcpError>>, AcpError> {
+        envelopes: &mut Vec<Envelope>,
+    ) -> Result<Vec<(Option<IdKey>, AcpError)>, AcpError> {
         let inst = self.find_or_create(server_id, None)?;
         if !inst.is_started() {
             self.start(&inst).await?;
         }
-        let lines = envelopes
-            .into_iter()
-            .map(|e| match e.kind {
-                Kind::Request { key, .. } => (e.line, Some(key)),
-                Kind::Notification | Kind::Response => (e.line, None),
-            })
-            .collect();
-        Ok(inst.deliver_batch(lines).await)
+        Ok(inst.deliver_batch(envelopes).await)
     }
 
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {

@@ -19,7 +19,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::acp::{accepts, is_json_content_type};
-use super::ws::{SocketPlan, body_limit, run_socket, wants_upgrade};
+use super::ws::{SocketPlan, configure, run_socket, wants_upgrade};
 use super::{AppState, Problem};
 use crate::acp::connection::session_of;
 use crate::acp::events::KEEPALIVE_FRAME;
@@ -319,10 +319,7 @@ fn open_socket(
         connection: Some((conn, guard)),
         hold,
     };
-    let limit = body_limit(&st);
-    let mut resp = upgrade
-        .max_message_size(limit)
-        .on_upgrade(move |socket| run_socket(socket, st, plan));
+    let mut resp = configure(upgrade, &st).on_upgrade(move |socket| run_socket(socket, st, plan));
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(CONNECTION_ID, v);
     }

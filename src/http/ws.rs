@@ -19,9 +19,9 @@ use tokio::sync::mpsc;
 
 use super::{AppState, Problem};
 use crate::acp::connection::ReaderGuard;
-use crate::acp::frames::{LogItem, split};
+use crate::acp::frames::{LogItem, parse_frame};
 use crate::acp::jsonrpc::parse_envelope;
-use crate::acp::{self, AcpError, Connection, Next, Subscription};
+use crate::acp::{self, AcpError, Connection, Subscription};
 
 /// True when the request asks for a WebSocket: HTTP/1.1 `Upgrade: websocket`, or an HTTP/2
 /// extended CONNECT (RFC 8441; the routes accept CONNECT for nothing else, and the upgrade
@@ -115,13 +115,23 @@ pub async fn acp_socket(
         connection: None,
         hold,
     };
-    upgrade
-        .max_message_size(body_limit(&st))
-        .on_upgrade(move |socket| run_socket(socket, st, plan))
+    configure(upgrade, &st).on_upgrade(move |socket| run_socket(socket, st, plan))
 }
 
-pub fn body_limit(st: &AppState) -> usize {
+fn body_limit(st: &AppState) -> usize {
     usize::try_from(st.config.body_limit).unwrap_or(usize::MAX)
+}
+
+/// The library zeroes its whole read buffer before every read (128 KiB by default, twice per
+/// batch of frames: the read that brings them and the one that finds the socket empty); 32 KiB
+/// still takes hundreds of small frames per read.
+const READ_BUFFER: usize = 32 * 1024;
+
+/// The settings every socket of ours gets: frames up to `--body-limit`, the read buffer above.
+pub fn configure(upgrade: WebSocketUpgrade, st: &AppState) -> WebSocketUpgrade {
+    upgrade
+        .max_message_size(body_limit(st))
+        .read_buffer_size(READ_BUFFER)
 }
 
 /// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket (see
@@ -227,7 +237,7 @@ async fn read_frames(
                 Some(Message::Text(t)) => Bytes::from(t),
                 Some(Message::Close(_)) => {
                     // What came before the close still goes to the agent.
-                    deliver(st, server_id, std::mem::take(&mut envelopes), &own_tx).await;
+                    deliver(st, server_id, &mut envelopes, &own_tx).await;
                     // Let the writer complete the closing handshake (the library queued the
                     // reply), then end.
                     if own_tx.send(Message::Close(None)).await.is_ok() {
@@ -236,7 +246,7 @@ async fn read_frames(
                     return;
                 }
                 None => {
-                    deliver(st, server_id, std::mem::take(&mut envelopes), &own_tx).await;
+                    deliver(st, server_id, &mut envelopes, &own_tx).await;
                     return;
                 }
                 // Binary frames are ignored (the RFD's rule); pings are answered by the library.
@@ -264,41 +274,35 @@ async fn read_frames(
                 }
             }
         }
-        if !deliver(st, server_id, std::mem::take(&mut envelopes), &own_tx).await {
+        if !deliver(st, server_id, &mut envelopes, &own_tx).await {
             return;
         }
     }
 }
 
-/// Delivers one batch; a request that could not be delivered is answered with a JSON-RPC error.
-/// False when the socket should end (the agent cannot start, or the writer is gone).
+/// Delivers one batch (emptying `envelopes`); a request that could not be delivered is answered
+/// with a JSON-RPC error. False when the socket should end (the agent cannot start, or the
+/// writer is gone).
 async fn deliver(
     st: &AppState,
     server_id: &str,
-    envelopes: Vec<acp::Envelope>,
+    envelopes: &mut Vec<acp::Envelope>,
     own_tx: &mpsc::Sender<Message>,
 ) -> bool {
     if envelopes.is_empty() {
         return true;
     }
-    // The ids of the requests, for error answers (the canonical text is the same JSON value).
-    let ids: Vec<Option<acp::IdKey>> = envelopes
-        .iter()
-        .map(|e| match &e.kind {
-            acp::Kind::Request { key, .. } => Some(key.clone()),
-            _ => None,
-        })
-        .collect();
-    let results = match st.acp.post_batch(server_id, envelopes).await {
+    let refused = match st.acp.post_batch(server_id, envelopes).await {
         Ok(r) => r,
         Err(e) => {
             // The agent cannot start (or the serverId is gone): nothing more can happen.
             let problem = Problem::from(e);
-            for id in ids.iter().flatten() {
-                if own_tx
-                    .send(error_frame(id_value(id), -32603, &problem))
-                    .await
-                    .is_err()
+            for env in envelopes.drain(..) {
+                if let acp::Kind::Request { key, .. } = env.kind
+                    && own_tx
+                        .send(error_frame(id_value(&key), -32603, &problem))
+                        .await
+                        .is_err()
                 {
                     return false;
                 }
@@ -307,8 +311,8 @@ async fn deliver(
             return false;
         }
     };
-    for (result, id) in results.into_iter().zip(ids) {
-        if let (Err(e), Some(id)) = (result, id) {
+    for (id, e) in refused {
+        if let Some(id) = id {
             let problem = Problem::from(e);
             if own_tx
                 .send(error_frame(id_value(&id), -32603, &problem))
@@ -367,6 +371,7 @@ async fn write_frames(
     let mut last_sent = plan.after;
     let sub = &plan.sub;
     let mut batch: Vec<Message> = Vec::new();
+    let mut frames: Vec<Bytes> = Vec::new();
     loop {
         let end: Option<Message> = tokio::select! {
             biased;
@@ -376,15 +381,15 @@ async fn write_frames(
                 Some(m) => { batch.push(m); None }
                 None => return,
             },
-            next = sub.next() => match next {
-                Next::Frames(chunk) => {
-                    for item in split(&chunk) {
-                        match item {
-                            LogItem::Message { id, json, .. } => {
+            next = sub.next_into(&mut frames) => match next {
+                acp::Batch::Frames => {
+                    for frame in frames.drain(..) {
+                        match parse_frame(frame) {
+                            Some(LogItem::Message { id, json, .. }) => {
                                 last_sent = id;
                                 batch.push(Message::Text(text_of(json)));
                             }
-                            LogItem::Gap { from, to } => {
+                            Some(LogItem::Gap { from, to }) => {
                                 if plan.gap_notifications {
                                     let gap = json!({"jsonrpc": "2.0", "method": "_sandboxagent/gap",
                                         "params": {"from": from, "to": to}});
@@ -394,12 +399,13 @@ async fn write_frames(
                                         "a WebSocket reader missed evicted events");
                                 }
                             }
+                            None => {}
                         }
                     }
                     None
                 }
-                Next::End => Some(close(1000, "the ACP server ended")),
-                Next::CutOff => {
+                acp::Batch::End => Some(close(1000, "the ACP server ended")),
+                acp::Batch::CutOff => {
                     tracing::info!(server_id = %plan.server_id,
                         "a WebSocket reader fell behind and was disconnected");
                     Some(close(1008, format!("fell behind; resume with lastEventId={last_sent}")))
