@@ -678,6 +678,24 @@ fn ws_c1(port: u16, path: &str, n: u64) -> (Latency, u64) {
     (summarize(lat), errors)
 }
 
+/// The transport alone: c=1 frames the daemon answers itself without the agent (an empty batch,
+/// `[]`, is refused with a JSON-RPC error at once) — the WebSocket's `GET /v1/health`.
+fn ws_floor(port: u16, n: u64) -> Latency {
+    let mut ws = WsConn::ready(port, "/v1/acp/wsfloor?agent=mock");
+    let frame = ws_frame("[]");
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut buf = Vec::new();
+    for i in 0..n + 1000 {
+        let t = Instant::now();
+        ws.w.write_all(&frame).unwrap();
+        ws.next_text(&mut buf).expect("an error frame");
+        if i >= 1000 {
+            lat.push(t.elapsed());
+        }
+    }
+    summarize(lat)
+}
+
 /// `inflight` requests in flight on one socket for `dur`, driven exactly like the pipelined
 /// pipe: a writer thread sends one frame (one `write`) per answer the reader thread received.
 fn ws_one_socket(port: u16, path: &str, inflight: u64, dur: Duration) -> (f64, u64) {
@@ -1034,6 +1052,12 @@ fn main() {
             us(w1.p50),
             us(w1.p99),
             us(w1.p50) / us(pipe1.p50)
+        );
+        let floor = ws_floor(d.port, n);
+        println!(
+            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   answered by the daemon (no agent)",
+            us(floor.p50),
+            us(floor.p99)
         );
         let (w32, e7) = ws_one_socket(d.port, "/v1/acp/ws32?agent=mock", 32, dur);
         println!(
