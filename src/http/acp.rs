@@ -325,7 +325,9 @@ async fn read_body(
             content_type = "text/event-stream", body = String,
             example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
         (status = 101, description = "With `Upgrade: websocket`: the WebSocket (see the \
-            `Upgrade` parameter)"),
+            `Upgrade` parameter). Over HTTP/2 the same socket is an extended CONNECT (RFC \
+            8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no CONNECT \
+            operation (docs/acp.md)"),
         (status = 400, description = "Invalid serverId, or a `Last-Event-ID` (`lastEventId`) \
             that is not a number or is beyond the last event; with `Upgrade`, an unknown `agent` \
             or a bad upgrade request"),

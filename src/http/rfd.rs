@@ -223,7 +223,9 @@ async fn post_message(
     ),
     responses(
         (status = 101, description = "The WebSocket profile; the new connection's id is in \
-            the `Acp-Connection-Id` header",
+            the `Acp-Connection-Id` header. Over HTTP/2 the same socket is an extended CONNECT \
+            (RFC 8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no \
+            CONNECT operation (docs/acp.md)",
             headers(("Acp-Connection-Id" = String, description = "The new connection"))),
         (status = 200, description = "An endless `text/event-stream`: `event: message`, `id`, \
             `data: <one JSON-RPC object>` for each message routed to this stream; `: keepalive` \

@@ -1207,7 +1207,13 @@ fn rust_client() -> Option<PathBuf> {
                 return None;
             }
             let out = std::process::Command::new(&cargo)
-                .args(["build", "--locked", "--offline", "--quiet", "--manifest-path"])
+                .args([
+                    "build",
+                    "--locked",
+                    "--offline",
+                    "--quiet",
+                    "--manifest-path",
+                ])
                 .arg(&manifest)
                 .arg("--target-dir")
                 .arg(&target)
@@ -1226,9 +1232,7 @@ fn rust_client() -> Option<PathBuf> {
 fn rust_ready() -> Option<String> {
     let bin = rust_client();
     if bin.is_none() {
-        support::skip(
-            "the crates of the Rust ACP client are not fetched (.ci/install-wsperf.sh)",
-        );
+        support::skip("the crates of the Rust ACP client are not fetched (.ci/install-wsperf.sh)");
     }
     bin.map(|b| b.to_string_lossy().into_owned())
 }
