@@ -815,9 +815,18 @@ where
 
 #[tokio::test]
 async fn ws_over_http2_extended_connect_on_both_endpoints() {
-    // A short idle timeout and long pings: the h2 connection must stay up while a WebSocket on
-    // it is open, although no bytes move and no ordinary request is in flight.
-    let d = daemon(&["--idle-timeout", "1s", "--keepalive", "60s"]);
+    // Short idle and header timeouts and long pings: the h2 connection must stay up while a
+    // WebSocket on it is open, although no ordinary request is in flight, and the socket's
+    // frames (which look like the start of a next request to the connection's clock) or its
+    // silence would otherwise close it within a second.
+    let d = daemon(&[
+        "--idle-timeout",
+        "1s",
+        "--header-read-timeout",
+        "1s",
+        "--keepalive",
+        "60s",
+    ]);
     let mut h2 = H2::connect(&d).await;
     let (resp, ws) = h2.socket(&d, "/v1/acp/h2?agent=mock").await;
     assert_eq!(resp.status(), 200);
