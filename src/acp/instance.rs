@@ -1,6 +1,6 @@
 //! One serverId: its agent process, the way to its stdin (a POST writes directly when nothing is
-//! queued, else a writer task keeps order), the stdout reader task, the pending requests and the
-//! event log. **Invariant:** every line the agent writes is either handed to the
+//! queued, a WebSocket batch its lines packed into atomic writes of at most `PIPE_BUF`, else a
+//! writer task keeps order), the stdout reader task, the pending requests and the event log. **Invariant:** every line the agent writes is either handed to the
 //! one POST waiting for it or appended to the event log (nothing is lost), in the order written;
 //! once the agent is gone every waiting POST learns it at once.
 

@@ -1,10 +1,12 @@
 //! WebSocket faces of an ACP instance: `GET /v1/acp/{serverId}` with `Upgrade: websocket` (our
 //! own endpoint, resumable with `?lastEventId=`) and the socket of the RFD transport's WebSocket
-//! profile. Both are framing only: client frames go to `AcpService::post` (never waiting, so
-//! responses become events), and the instance's event log is written out frame by frame.
-//! **Invariant:** event frames leave in log order with no frame of the log skipped silently (a
-//! gap is announced); a socket whose reader fell behind is closed and its queue dropped, even
-//! while a write to it is blocked.
+//! profile, over HTTP/1.1 or as an HTTP/2 extended CONNECT (RFC 8441). Both are framing only: the
+//! client frames one read brought go to `AcpService::post_batch` together (never waiting, so
+//! responses become events), and the instance's event log is written out frame by frame, flushed
+//! once per wake-up. **Invariant:** client frames reach the agent in the order received; event
+//! frames leave in log order with no frame of the log skipped silently (a gap is announced); a
+//! socket whose reader fell behind is closed and its queue dropped, even while a write to it is
+//! blocked.
 
 use std::sync::Arc;
 use std::time::Duration;
