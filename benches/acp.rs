@@ -1,7 +1,11 @@
 //! Benchmark of the ACP proxy against the built-in mock agent (not a test: it prints figures).
 //! Measures the physical limit (a direct pipe to `sandbox-agent mock-agent`), the HTTP round
-//! trip through the release daemon at concurrency 1 and 32, and SSE delivery of `/stream N`.
-//! Run: `cargo bench --bench acp` (builds the release daemon; log level warn).
+//! trip through the release daemon at concurrency 1 and 32, SSE delivery of `/stream N`, our
+//! WebSocket (c=1, its floor without the agent, 32 in flight on one socket, 32 sockets) and the
+//! ACP RFD endpoint (WebSocket profile, Streamable HTTP). Every client is blocking and written
+//! here, so that the figures measure the daemon.
+//! Run: `cargo bench --bench acp` (builds the release daemon; log level warn);
+//! `ACP_BENCH_ONLY=pipe,http,sse,ws,rfd` selects groups (docs/performance.md).
 //! Every answer's id is checked; any error or wrong id is counted and reported.
 
 use std::io::{BufRead, BufReader, Read, Write};
