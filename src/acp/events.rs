@@ -186,9 +186,11 @@ impl EventLog {
 
 /// `event: message`, the id, the JSON on one line.
 fn message_frame(id: u64, json_line: &[u8]) -> Bytes {
+    use std::fmt::Write as _;
     let mut b = BytesMut::with_capacity(json_line.len() + 40);
     b.extend_from_slice(b"event: message\nid: ");
-    b.extend_from_slice(id.to_string().as_bytes());
+    // Formatted in place: no temporary string per event.
+    let _ = write!(b, "{id}");
     b.extend_from_slice(b"\ndata: ");
     b.extend_from_slice(json_line);
     b.extend_from_slice(b"\n\n");
