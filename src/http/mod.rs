@@ -182,7 +182,7 @@ async fn method_not_allowed(req: Request) -> Problem {
 /// What every request goes through, outermost first: the request log, the browser guard (Host,
 /// Origin, Content-Type: `guard.rs`), the bearer token, the problem+json safety net. One middleware rather than three layers, because each
 /// `from_fn_with_state` layer clones `AppState` and its inner service on every request.
-async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let method = req.method().clone();
     // A `Uri` clone shares its bytes; the path is only formatted if a line is logged.
     let uri = req.uri().clone();
@@ -195,7 +195,7 @@ async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Respon
     let resp = match guard::check(&state.config, &req) {
         guard::Decision::Answer(answer) => answer,
         guard::Decision::Go(pass) => {
-            let mut resp = match auth::check_token(&state, &req) {
+            let mut resp = match auth::check_token(&state, &mut req) {
                 Some(refused) => refused,
                 None => problem_safety_net(&state, next.run(req).await).await,
             };
