@@ -94,6 +94,7 @@ async function main() {
   const d = await startDaemon({ args: ["--log-level", "warn,sandbox_agent::daemon=info"] });
   const rows = [];
   const loads = [];
+  const perRound = [];
   try {
     const drivers = {
       "raw fetch": async (n) => {
@@ -186,6 +187,7 @@ async function main() {
         const t0 = performance.now();
         await drv.stream(CHUNKS);
         res.streams.push(performance.now() - t0);
+        perRound.push([r + 1, loads[r], name, s.p50.toFixed(2), s.p99.toFixed(2), res.streams.at(-1).toFixed(0)]);
         await drv.close();
       }
     }
@@ -210,6 +212,9 @@ async function main() {
   console.log(`| client | prompt p50 (ms) | prompt p99 (ms) | ${CHUNKS} chunks (ms) | chunks/s | p50 vs raw | chunks/s vs raw |`);
   console.log("|---|---|---|---|---|---|---|");
   for (const r of rows) console.log(`| ${r.join(" | ")} |`);
+  console.log(`\nPer round:\n\n| round | load at start | client | prompt p50 (ms) | prompt p99 (ms) | ${CHUNKS} chunks (ms) |`);
+  console.log("|---|---|---|---|---|---|");
+  for (const r of perRound) console.log(`| ${r.join(" | ")} |`);
 }
 
 await main();
