@@ -30,9 +30,9 @@ async function withHost(f) {
 }
 
 /**
- * The V8 flags a Node 20 process needs to stream 200 MB through fetch within 100 MB of RSS (the
- * why, measured, is in fixtures/big-file.mjs and docs/sdk-typescript.md "Memory"); without them
- * the same download peaks at ~117 MiB, the upload at ~89 MiB.
+ * The V8 flags a Node 20 process needs to stream 200 MB through fetch within 100 MB of RSS; without
+ * them the same download peaks at ~117 MiB, the upload at ~90 MiB. The why, measured, is in
+ * fixtures/big-file.mjs and docs/sdk-typescript.md ("Streaming 200 MB in under 100 MB of RSS").
  */
 const STREAMING_NODE_FLAGS = [
   // Young-generation GC after every 1 MiB of JS allocation (~170 chunks) instead of after 32 MiB of
