@@ -45,15 +45,21 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds every service from the config. Fails on bad operator input (e.g. the agents file).
-    pub async fn build(config: Arc<Config>, shutdown: CancellationToken) -> anyhow::Result<Self> {
-        let supervisor = Arc::new(crate::supervisor::Supervisor::new(&config));
+    /// Builds every service from the config around the daemon's `supervisor` (made first, so
+    /// the signal handler can reach it). `shutdown` is this state's node of the daemon's
+    /// cancellation tree; each service gets a child of it. Fails on bad operator input (e.g.
+    /// the agents file).
+    pub async fn build(
+        config: Arc<Config>,
+        supervisor: Arc<crate::supervisor::Supervisor>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
         let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
         let acp = Arc::new(crate::acp::AcpService::new(
             config.clone(),
             supervisor.clone(),
             agents.clone(),
-            shutdown.clone(),
+            shutdown.child_token(),
         ));
         let connections = Arc::new(crate::acp::Connections::new(
             acp.clone(),
@@ -65,7 +71,7 @@ impl AppState {
         let processes = Arc::new(crate::processes::ProcessService::new(
             &config,
             supervisor.clone(),
-            shutdown.clone(),
+            shutdown.child_token(),
         ));
         Ok(AppState {
             config,
