@@ -133,6 +133,52 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
     }
 }
 
+/// Keeps `fd` open across the exec of `cmd`: clears its close-on-exec flag in the child only
+/// (for a descriptor the child is told about by number, such as a warm stub's control socket).
+/// Register it after `agent_child_setup`, whose close-on-exec sweep would cover it otherwise.
+pub fn keep_fd_on_exec(cmd: &mut tokio::process::Command, fd: RawFd) {
+    // SAFETY: one fcntl(2) on a descriptor the parent keeps open until `spawn` returns;
+    // async-signal-safe and allocation-free.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Takes ownership of a Unix socket the parent left open for us across exec, by number (a warm
+/// stub's control socket, `sandbox-agent spawn-stub <fd>`). Refuses the standard streams; any
+/// other number that is not an open socket fails at the first read or write.
+pub fn inherited_socket(fd: RawFd) -> io::Result<std::os::unix::net::UnixStream> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: the parent handed this descriptor to this freshly exec'd process by number, and
+    // nothing else here owns it (the process has opened nothing at this point).
+    Ok(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
+/// Sets close-on-exec on a descriptor this process owns.
+pub fn set_cloexec(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl(2) on a descriptor that the borrow keeps open for the call.
+    let r = unsafe {
+        libc::fcntl(
+            fd.as_fd().as_raw_fd(),
+            libc::F_SETFD,
+            libc::FD_CLOEXEC,
+        )
+    };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Clock ticks per second (the unit of CPU times in `/proc/<pid>/stat`).
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions and touches no memory of ours.
