@@ -165,13 +165,7 @@ pub fn inherited_socket(fd: RawFd) -> io::Result<std::os::unix::net::UnixStream>
 pub fn set_cloexec(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: fcntl(2) on a descriptor that the borrow keeps open for the call.
-    let r = unsafe {
-        libc::fcntl(
-            fd.as_fd().as_raw_fd(),
-            libc::F_SETFD,
-            libc::FD_CLOEXEC,
-        )
-    };
+    let r = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
     if r == -1 {
         Err(io::Error::last_os_error())
     } else {

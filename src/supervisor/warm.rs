@@ -316,7 +316,12 @@ pub(super) fn launch(stub: &mut Stub, what: &Launch<'_>) -> io::Result<()> {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("the spawn stub did not exec within {STUB_TIMEOUT:?}"),
