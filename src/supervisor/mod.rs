@@ -352,12 +352,20 @@ impl HandleInner {
 
     /// KILL the group and everything in the cgroup until it is empty, then remove the cgroup.
     async fn clear(self: &Arc<Self>) {
-        self.signal_group(Signal::SIGKILL).await;
-        let Some(cg) = &self.cgroup else { return };
+        let Some(cg) = &self.cgroup else {
+            self.signal_group(Signal::SIGKILL).await;
+            return;
+        };
+        // With a cgroup, the group's members are found through it anyway (`group_members_now`),
+        // so once the leader is reaped `kill_all` below covers them; before, `killpg` is cheap.
+        if !self.leader_reaped() {
+            let _ = killpg(self.pgid(), Signal::SIGKILL);
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            cg.kill_all();
-            if cg.is_empty() {
+            // It signals what it lists: nothing listed means the cgroup is empty (one read of
+            // each `cgroup.procs` for a process that left nothing behind).
+            if cg.kill_all() == 0 {
                 break;
             }
             if Instant::now() > deadline {

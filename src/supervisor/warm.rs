@@ -197,12 +197,6 @@ impl Pool {
             }
         }
     }
-
-    /// Stubs waiting (for tests and figures).
-    #[cfg(test)]
-    pub fn ready_len(&self) -> usize {
-        self.state.lock().expect("pool lock").ready.len()
-    }
 }
 
 async fn dispose(mut stub: Stub) {
