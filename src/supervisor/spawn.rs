@@ -39,19 +39,23 @@ pub(super) fn spawn(
         )));
     }
     let pipes = matches!(stdio, ChildStdio::Pipes | ChildStdio::AllPipes);
-    if let Some(mut stub) = sup.warm.as_ref().filter(|_| pipes).and_then(|p| p.take()) {
+    let warm_msg = match &sup.warm {
+        Some(_) if pipes => warm::message(&warm::Launch {
+            program: &spec.program,
+            args: &spec.args,
+            env: merged_env(&sup.base_env, &spec.env),
+            cwd: &spec.cwd,
+        }),
+        _ => None,
+    };
+    let stub = warm_msg
+        .as_ref()
+        .and_then(|_| sup.warm.as_ref().and_then(|p| p.take()));
+    if let (Some(mut stub), Some(msg)) = (stub, warm_msg) {
         if !sup.limits.fallback_rlimits(stub.applied).is_empty() {
             announce_fallback("memory");
         }
-        let launched = warm::launch(
-            &mut stub,
-            &warm::Launch {
-                program: &spec.program,
-                args: &spec.args,
-                env: merged_env(&sup.base_env, &spec.env),
-                cwd: &spec.cwd,
-            },
-        );
+        let launched = warm::launch(&mut stub, &msg);
         if let Err(e) = launched {
             // The stub exits by itself after a failed exec; make sure, reap it, drop its cgroup.
             let _ = stub.child.start_kill();

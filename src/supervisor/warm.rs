@@ -299,10 +299,17 @@ pub(super) struct Launch<'a> {
     pub cwd: &'a std::path::Path,
 }
 
-/// Tells a stub to exec; returns once it has (or the exec's error). Blocking, bounded by
-/// `STUB_TIMEOUT`.
-pub(super) fn launch(stub: &mut Stub, what: &Launch<'_>) -> io::Result<()> {
-    stub.control.write_all(&encode(what))?;
+/// The launch message for `what`, or `None` when it is larger than a stub accepts (the start
+/// then takes the direct path, where the kernel judges the size).
+pub(super) fn message(what: &Launch<'_>) -> Option<Vec<u8>> {
+    let msg = encode(what);
+    (msg.len() - 4 <= MAX_MESSAGE).then_some(msg)
+}
+
+/// Tells a stub to exec (`msg` from `message`); returns once it has, or the exec's error.
+/// Blocking, bounded by `STUB_TIMEOUT`.
+pub(super) fn launch(stub: &mut Stub, msg: &[u8]) -> io::Result<()> {
+    stub.control.write_all(msg)?;
     let mut reply = [0u8; 4];
     let mut got = 0;
     while got < reply.len() {
@@ -422,22 +429,24 @@ pub fn stub_main(fd: i32) -> ExitCode {
     if control.read_exact(&mut len).is_err() {
         return ExitCode::SUCCESS;
     }
+    let refuse = |mut control: UnixStream, errno: i32| {
+        let _ = control.write_all(&errno.to_le_bytes());
+        ExitCode::from(127)
+    };
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_MESSAGE {
-        return ExitCode::from(126);
+        return refuse(control, libc::E2BIG);
     }
     let mut body = vec![0u8; len];
     if control.read_exact(&mut body).is_err() {
         return ExitCode::SUCCESS;
     }
     let Some(d) = decode(&body) else {
-        return ExitCode::from(126);
+        return refuse(control, libc::EINVAL);
     };
     drop(body);
     if let Err(e) = crate::sys::set_cloexec(&control) {
-        let code = e.raw_os_error().unwrap_or(libc::EIO);
-        let _ = control.write_all(&code.to_le_bytes());
-        return ExitCode::from(127);
+        return refuse(control, e.raw_os_error().unwrap_or(libc::EIO));
     }
     // std resets the signal mask and SIGPIPE (which our runtime ignores) before the exec, and
     // searches PATH of the new environment, as the direct spawn does.
@@ -447,9 +456,7 @@ pub fn stub_main(fd: i32) -> ExitCode {
         .envs(d.env)
         .current_dir(&d.cwd)
         .exec();
-    let code = err.raw_os_error().unwrap_or(libc::EIO);
-    let _ = control.write_all(&code.to_le_bytes());
-    ExitCode::from(127)
+    refuse(control, err.raw_os_error().unwrap_or(libc::EIO))
 }
 
 #[cfg(test)]
