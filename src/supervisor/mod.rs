@@ -550,7 +550,7 @@ impl Supervisor {
                 let pool = warm::Pool::new(
                     warm::Recipe {
                         cgroups: cgroups.clone(),
-                        limits: limits.clone(),
+                        limits,
                         user: user.clone(),
                         program: PathBuf::from("/proc/self/exe"),
                     },
