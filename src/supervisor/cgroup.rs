@@ -769,6 +769,34 @@ impl AgentCgroup {
         pids.len()
     }
 
+    /// Sets the CPU weight of the groups under the cpu controller to its minimum (v1
+    /// `cpu.shares` 2, v2 `cpu.weight` 1) and returns what was there, for `restore_cpu_weight`.
+    /// A warm stub starts so, in the background, without taking CPU from running programs.
+    pub fn lower_cpu_weight(&self) -> Vec<(PathBuf, String)> {
+        let mut saved = Vec::new();
+        for (d, v, ctrls) in &self.dirs {
+            if !ctrls.contains(&"cpu") {
+                continue;
+            }
+            let (file, low) = match v {
+                Version::V1 => ("cpu.shares", "2"),
+                Version::V2 => ("cpu.weight", "1"),
+            };
+            let path = d.join(file);
+            if let Ok(old) = fs::read_to_string(&path)
+                && write_file(&path, low).is_ok()
+            {
+                saved.push((path, old.trim().to_string()));
+            }
+        }
+        saved
+    }
+
+    /// Puts back what `lower_cpu_weight` changed; false if a write failed.
+    pub fn restore_cpu_weight(saved: &[(PathBuf, String)]) -> bool {
+        saved.iter().all(|(p, v)| write_file(p, v).is_ok())
+    }
+
     /// How many times the kernel's OOM killer struck in the memory group.
     pub fn oom_kills(&self) -> u64 {
         for (d, v, ctrls) in &self.dirs {

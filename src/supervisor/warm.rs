@@ -62,6 +62,8 @@ pub(super) struct Stub {
     control: UnixStream,
     pub cgroup: Option<AgentCgroup>,
     pub applied: Applied,
+    /// The CPU weight its groups had before the stub was made (restored when it is taken).
+    cpu_weight: Vec<(PathBuf, String)>,
 }
 
 /// What every stub is made of (the supervisor's settings).
@@ -114,7 +116,10 @@ impl Pool {
         loop {
             let next = self.state.lock().expect("pool lock").ready.pop_front();
             let Some(mut stub) = next else { break };
-            if matches!(stub.child.try_wait(), Ok(None)) {
+            // Back to the normal CPU weight before it execs anything (one write per group).
+            if matches!(stub.child.try_wait(), Ok(None))
+                && AgentCgroup::restore_cpu_weight(&stub.cpu_weight)
+            {
                 got = Some(stub);
                 break;
             }
@@ -245,6 +250,12 @@ fn make(r: &Recipe) -> io::Result<Stub> {
         }
         e
     };
+    // The stub's start (an exec of our binary, ~2 ms of CPU) runs at the lowest CPU weight, so
+    // it does not slow the programs already running in the agents' cgroups.
+    let cpu_weight = cgroup
+        .as_ref()
+        .map(|c| c.lower_cpu_weight())
+        .unwrap_or_default();
     let procs = match cgroup.as_ref().map(|c| c.open_procs()).transpose() {
         Ok(files) => files.unwrap_or_default(),
         Err(e) => return Err(fail(&cgroup, e)),
@@ -303,6 +314,7 @@ fn make(r: &Recipe) -> io::Result<Stub> {
         control: ours,
         cgroup,
         applied,
+        cpu_weight,
     })
 }
 
