@@ -25,16 +25,21 @@ fn stubs_of(daemon: u32) -> Vec<u32> {
 
 /// Where the v1 `pids` hierarchy shows the cgroup `path` (from `/proc/<pid>/cgroup`).
 fn pids_dir(path: &str) -> Option<PathBuf> {
+    v1_dir("pids", path)
+}
+
+/// Where the v1 hierarchy of `controller` shows the cgroup `path`.
+fn v1_dir(controller: &str, path: &str) -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     mountinfo.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         let left: Vec<&str> = left.split(' ').collect();
         let right: Vec<&str> = right.split(' ').collect();
-        let v1_pids = right.first() == Some(&"cgroup")
+        let v1 = right.first() == Some(&"cgroup")
             && right
                 .get(2)
-                .is_some_and(|o| o.split(',').any(|o| o == "pids"));
-        if !v1_pids || left.len() < 5 {
+                .is_some_and(|o| o.split(',').any(|o| o == controller));
+        if !v1 || left.len() < 5 {
             return None;
         }
         let rel = path.strip_prefix(left[3].trim_end_matches('/'))?;
@@ -97,10 +102,16 @@ async fn a_run_starts_from_a_warm_stub_with_every_guarantee_and_leaves_nothing()
     let mount = pids_dir("/").expect("pids mount");
     let script = "echo $$; cut -d' ' -f5,6 /proc/$$/stat; \
         cg=$(grep ':pids:' /proc/self/cgroup | cut -d: -f3); echo \"$cg\"; \
-        cat \"$PIDS_MOUNT$cg/pids.max\"; env";
+        cat \"$PIDS_MOUNT$cg/pids.max\"; \
+        cpu=$(grep -E ':([a-z,]*,)?cpu(,[a-z,]*)?:' /proc/self/cgroup | cut -d: -f3); \
+        cat \"$CPU_MOUNT$cpu/cpu.shares\" 2>/dev/null || echo none; env";
+    // The cpu hierarchy's mount point: the stub started at the lowest CPU weight, the program
+    // must run at the normal one.
+    let cpu_mount = v1_dir("cpu", "/").unwrap_or_default();
     let (status, out) = run(
         &d,
-        json!({"command": "sh", "args": ["-c", script], "env": {"PIDS_MOUNT": mount}}),
+        json!({"command": "sh", "args": ["-c", script],
+               "env": {"PIDS_MOUNT": mount, "CPU_MOUNT": cpu_mount}}),
     )
     .await;
     assert_eq!(status, 200, "{out}");
@@ -120,6 +131,11 @@ async fn a_run_starts_from_a_warm_stub_with_every_guarantee_and_leaves_nothing()
     let cgroup = lines.next().expect("pids cgroup line").to_string();
     assert!(cgroup.contains("/sandbox-agent/d"), "{cgroup}");
     assert_eq!(lines.next(), Some("77"), "{text}");
+    let shares = lines.next().expect("cpu.shares line");
+    assert!(
+        shares == "1024" || shares == "none",
+        "cpu.shares {shares}\n{text}"
+    );
     let env: Vec<&str> = lines.collect();
     assert!(env.iter().any(|l| l.starts_with("PATH=")), "{env:?}");
     assert!(
@@ -195,6 +211,21 @@ async fn stubs_end_with_a_sigkilled_daemon_and_the_next_one_clears_their_cgroups
         stubs.iter().all(|p| !pid_alive(*p)).then_some(())
     });
     drop(first);
+    // A start leaves alone an empty directory changed less than 10 s ago (a neighbour daemon
+    // between creating and locking it); the dead daemon's is empty now, so let it age first.
+    eventually(
+        Duration::from_secs(20),
+        "the dead daemon's cgroup 10 s old",
+        || {
+            let age = std::fs::metadata(&own)
+                .ok()?
+                .modified()
+                .ok()?
+                .elapsed()
+                .ok()?;
+            (age > Duration::from_secs(10)).then_some(())
+        },
+    );
     let second = Daemon::start();
     eventually(
         Duration::from_secs(15),
