@@ -93,6 +93,10 @@ pub struct ChildSetup {
     pub rlimits: Vec<(nix::sys::resource::Resource, u64)>,
     /// uid, gid and supplementary groups to switch to (last, after joining the cgroups).
     pub user: Option<(nix::unistd::Uid, nix::unistd::Gid, Vec<nix::unistd::Gid>)>,
+    /// Open files and the bytes the child writes to each once it has joined its cgroups,
+    /// best-effort (a warm stub lowers its group's CPU weight there: after the joins, so it never
+    /// holds the kernel's cgroup locks at that weight).
+    pub after_join: Vec<(RawFd, &'static [u8])>,
 }
 
 /// Registers the agent's child setup: new session, cgroups, rlimits, close-on-exec on every
@@ -100,8 +104,8 @@ pub struct ChildSetup {
 pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
     // SAFETY: the closure only makes async-signal-safe system calls (setsid, write, setrlimit,
     // close_range, setgroups, setgid, setuid) on data prepared before the fork; it allocates
-    // nothing (error values carry a plain errno). The cgroup fds stay open in the parent until
-    // `spawn` has returned, so they are valid in the child.
+    // nothing (error values carry a plain errno). The cgroup fds (and `after_join`'s) stay open
+    // in the parent until `spawn` has returned, so they are valid in the child.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(io::Error::from)?;
@@ -109,6 +113,9 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            for (fd, bytes) in &setup.after_join {
+                libc::write(*fd, bytes.as_ptr().cast(), bytes.len());
             }
             for (resource, limit) in &setup.rlimits {
                 nix::sys::resource::setrlimit(*resource, *limit, *limit)

@@ -769,30 +769,32 @@ impl AgentCgroup {
         pids.len()
     }
 
-    /// Sets the CPU weight of the groups under the cpu controller to its minimum (v1
-    /// `cpu.shares` 2, v2 `cpu.weight` 1) and returns what was there, for `restore_cpu_weight`.
-    /// A warm stub starts so, in the background, without taking CPU from running programs.
-    pub fn lower_cpu_weight(&self) -> Vec<(PathBuf, String)> {
-        let mut saved = Vec::new();
+    /// The CPU weight files of the groups under the cpu controller (v1 `cpu.shares`, v2
+    /// `cpu.weight`), opened for writing, with what they hold now and their minimum value.
+    /// A warm stub's child writes the minimum once it has joined (`ChildSetup::after_join`),
+    /// so its start-up runs without taking CPU from running programs; `restore_cpu_weight`
+    /// puts the value back when the stub is taken.
+    pub fn cpu_weight_files(&self) -> Vec<(File, (PathBuf, String), &'static [u8])> {
+        let mut out = Vec::new();
         for (d, v, ctrls) in &self.dirs {
             if !ctrls.contains(&"cpu") {
                 continue;
             }
-            let (file, low) = match v {
-                Version::V1 => ("cpu.shares", "2"),
-                Version::V2 => ("cpu.weight", "1"),
+            let (file, low): (&str, &'static [u8]) = match v {
+                Version::V1 => ("cpu.shares", b"2"),
+                Version::V2 => ("cpu.weight", b"1"),
             };
             let path = d.join(file);
-            if let Ok(old) = fs::read_to_string(&path)
-                && write_file(&path, low).is_ok()
+            if let Ok(now) = fs::read_to_string(&path)
+                && let Ok(f) = OpenOptions::new().write(true).open(&path)
             {
-                saved.push((path, old.trim().to_string()));
+                out.push((f, (path, now.trim().to_string()), low));
             }
         }
-        saved
+        out
     }
 
-    /// Puts back what `lower_cpu_weight` changed; false if a write failed.
+    /// Puts back the values `cpu_weight_files` read; false if a write failed.
     pub fn restore_cpu_weight(saved: &[(PathBuf, String)]) -> bool {
         saved.iter().all(|(p, v)| write_file(p, v).is_ok())
     }

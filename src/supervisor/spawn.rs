@@ -144,6 +144,7 @@ pub(super) fn spawn(
             cgroup_procs: procs_files.iter().map(|f| f.as_raw_fd()).collect(),
             rlimits,
             user,
+            after_join: Vec::new(),
         },
     );
     if terminal {

@@ -251,11 +251,21 @@ fn make(r: &Recipe) -> io::Result<Stub> {
         e
     };
     // The stub's start (an exec of our binary, ~2 ms of CPU) runs at the lowest CPU weight, so
-    // it does not slow the programs already running in the agents' cgroups.
-    let cpu_weight = cgroup
+    // it does not slow the programs already running in the agents' cgroups. The child lowers
+    // it after its joins: a task that joins (and so holds the kernel's cgroup locks, which stop
+    // every fork and exit on the machine) at that weight could wait long for the CPU.
+    let weight_files = cgroup
         .as_ref()
-        .map(|c| c.lower_cpu_weight())
+        .map(|c| c.cpu_weight_files())
         .unwrap_or_default();
+    let after_join: Vec<(i32, &'static [u8])> = weight_files
+        .iter()
+        .map(|(f, _, low)| (f.as_raw_fd(), *low))
+        .collect();
+    let cpu_weight: Vec<(PathBuf, String)> = weight_files
+        .iter()
+        .map(|(_, saved, _)| saved.clone())
+        .collect();
     let procs = match cgroup.as_ref().map(|c| c.open_procs()).transpose() {
         Ok(files) => files.unwrap_or_default(),
         Err(e) => return Err(fail(&cgroup, e)),
@@ -280,11 +290,13 @@ fn make(r: &Recipe) -> io::Result<Stub> {
             cgroup_procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
             rlimits: r.limits.fallback_rlimits(applied),
             user: r.user.clone(),
+            after_join,
         },
     );
     crate::sys::keep_fd_on_exec(&mut cmd, theirs.as_raw_fd());
     let spawned = cmd.spawn();
     drop(procs);
+    drop(weight_files);
     drop(theirs);
     drop(cmd);
     let mut child = match spawned {
