@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         Some(Command::MockAgent) => sandbox_agent::agents::mock::run(),
         Some(Command::Agents { command }) => sandbox_agent::agents::cli::run(command),
         Some(Command::Openapi) => print_openapi(),
+        Some(Command::SpawnStub { fd }) => sandbox_agent::supervisor::stub_main(fd),
         Some(Command::Server(args)) => serve(&args),
         None => serve(&cli.server),
     }

@@ -794,6 +794,36 @@ impl AgentCgroup {
         pids.len()
     }
 
+    /// The CPU weight files of the groups under the cpu controller (v1 `cpu.shares`, v2
+    /// `cpu.weight`), opened for writing, with what they hold now and their minimum value.
+    /// A warm stub's child writes the minimum once it has joined (`ChildSetup::after_join`),
+    /// so its start-up runs without taking CPU from running programs; `restore_cpu_weight`
+    /// puts the value back when the stub is taken.
+    pub fn cpu_weight_files(&self) -> Vec<(File, (PathBuf, String), &'static [u8])> {
+        let mut out = Vec::new();
+        for (d, v, ctrls) in &self.dirs {
+            if !ctrls.contains(&"cpu") {
+                continue;
+            }
+            let (file, low): (&str, &'static [u8]) = match v {
+                Version::V1 => ("cpu.shares", b"2"),
+                Version::V2 => ("cpu.weight", b"1"),
+            };
+            let path = d.join(file);
+            if let Ok(now) = fs::read_to_string(&path)
+                && let Ok(f) = OpenOptions::new().write(true).open(&path)
+            {
+                out.push((f, (path, now.trim().to_string()), low));
+            }
+        }
+        out
+    }
+
+    /// Puts back the values `cpu_weight_files` read; false if a write failed.
+    pub fn restore_cpu_weight(saved: &[(PathBuf, String)]) -> bool {
+        saved.iter().all(|(p, v)| write_file(p, v).is_ok())
+    }
+
     /// How many times the kernel's OOM killer struck in the memory group.
     pub fn oom_kills(&self) -> u64 {
         for (d, v, ctrls) in &self.dirs {
