@@ -220,11 +220,12 @@ async fn handle(
         (Some(guard), None)
     };
     let fut = tower_service::Service::call(&mut app, req);
-    let resp = match AssertUnwindSafe(fut).catch_unwind().await {
+    let mut resp = match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(Ok(resp)) => resp,
         Ok(Err(never)) => match never {},
         Err(_panic) => internal_error(),
     };
+    crate::http::drop_connect_from_allow(&mut resp);
     // Until the response is done, the request holds the guard in either case.
     Ok(resp.map(|body| {
         Body::new(GuardedBody {

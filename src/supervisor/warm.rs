@@ -116,8 +116,11 @@ impl Pool {
         loop {
             let next = self.state.lock().expect("pool lock").ready.pop_front();
             let Some(mut stub) = next else { break };
-            // Back to the normal CPU weight before it execs anything (one write per group).
+            // Back to the normal CPU weight before it execs anything (one write per group). A
+            // stub stopped by someone (an agent of the same user can SIGSTOP it) would hold the
+            // launch for the whole `STUB_TIMEOUT` and fail the start: skip it.
             if matches!(stub.child.try_wait(), Ok(None))
+                && !stub.child.id().is_some_and(stopped)
                 && AgentCgroup::restore_cpu_weight(&stub.cpu_weight)
             {
                 got = Some(stub);
@@ -220,6 +223,18 @@ impl Pool {
             }
         }
     }
+}
+
+/// Whether the process is stopped or traced (`T`/`t` in `/proc/<pid>/stat`).
+fn stopped(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The state follows the command name, which ends at the last `)`.
+            let end = stat.iter().rposition(|&b| b == b')')?;
+            stat.get(end + 2).copied()
+        })
+        .is_some_and(|state| state == b'T' || state == b't')
 }
 
 async fn dispose(mut stub: Stub) {
@@ -464,6 +479,10 @@ pub fn stub_main(fd: i32) -> ExitCode {
     let Ok(mut control) = crate::sys::inherited_socket(fd) else {
         return ExitCode::from(126);
     };
+    // A stub runs as the agent user while it waits: non-dumpable, another process of that user
+    // (an agent) cannot ptrace it or write its memory to run its own code in this cgroup. The
+    // exec below makes the program dumpable again, as a direct spawn's program is.
+    let _ = nix::sys::prctl::set_dumpable(false);
     if control.write_all(&[READY]).is_err() {
         return ExitCode::from(126);
     }

@@ -781,8 +781,12 @@ fn thread_names(pid: u32) -> Vec<String> {
 
 #[tokio::test]
 async fn worker_threads_chooses_the_runtime() {
-    // Three workers: tokio's multi-thread runtime, whose workers are named threads.
-    let d = Daemon::builder().args(["--worker-threads", "3"]).start();
+    // Three workers: tokio's multi-thread runtime, whose workers are named threads. The
+    // blocking pool's threads carry the same name, so nothing may use it here: no warm-spawn
+    // stubs (they are made on the blocking pool as soon as the daemon starts).
+    let d = Daemon::builder()
+        .args(["--worker-threads", "3", "--warm-spawns", "0"])
+        .start();
     assert_eq!(
         d.client()
             .get(d.url("/v1/health"))
@@ -798,7 +802,9 @@ async fn worker_threads_chooses_the_runtime() {
         .count();
     assert_eq!(workers, 3, "{:?}", thread_names(d.pid()));
     // One: the current-thread runtime on the main thread, no worker threads at all.
-    let d = Daemon::builder().args(["--worker-threads", "1"]).start();
+    let d = Daemon::builder()
+        .args(["--worker-threads", "1", "--warm-spawns", "0"])
+        .start();
     assert_eq!(
         d.client()
             .get(d.url("/v1/health"))

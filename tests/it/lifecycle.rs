@@ -96,6 +96,21 @@ async fn unknown_routes_and_methods_are_problems() {
     assert!(resp.headers().contains_key("allow"));
     problem(resp, 405).await;
     problem(c.post(d.url("/")).send().await.unwrap(), 405).await;
+    // The WebSocket routes take CONNECT only as HTTP/2's extended CONNECT; `Allow` lists the
+    // methods of the resource, which CONNECT is not.
+    let resp = c
+        .patch(d.url("/v1/acp/s1"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let allow = resp.headers()["allow"].to_str().unwrap().to_string();
+    assert!(
+        allow.contains("POST") && !allow.contains("CONNECT"),
+        "{allow}"
+    );
+    problem(resp, 405).await;
 }
 
 fn run_to_exit(args: &[&str], envs: &[(&str, &str)]) -> (i32, String) {

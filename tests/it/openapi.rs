@@ -368,7 +368,7 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() {
     }
     let pid = d.pid();
     support::eventually(Duration::from_secs(30), "every agent process gone", || {
-        support::children_of(pid).is_empty().then_some(())
+        support::descendants(pid).is_empty().then_some(())
     });
 
     // Pass 2: the SSE operation, with no instance left: its parameters, headers and error

@@ -10,16 +10,13 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, children_of, eventually, is_root, pid_alive, skip};
+use crate::support::{Daemon, children_of, eventually, is_idle_stub, is_root, pid_alive, skip};
 
 /// The daemon's stub children (`sandbox-agent spawn-stub <fd>`).
 fn stubs_of(daemon: u32) -> Vec<u32> {
     children_of(daemon)
         .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"spawn-stub"))
-        })
+        .filter(|p| is_idle_stub(*p))
         .collect()
 }
 
@@ -233,4 +230,50 @@ async fn stubs_end_with_a_sigkilled_daemon_and_the_next_one_clears_their_cgroups
         || (!own.exists()).then_some(()),
     );
     drop(second);
+}
+
+#[tokio::test]
+async fn a_stopped_stub_is_skipped_not_waited_on() {
+    let d = Daemon::builder().args(["--warm-spawns", "2"]).start();
+    if !pids_cgroups_or_skip(&d) {
+        return;
+    }
+    let stubs = wait_for_stubs(&d, 2);
+    // An agent of the same user could stop every stub; a start must not wait on them (the
+    // launch would block for the whole stub timeout and then fail).
+    for p in &stubs {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p as i32), Signal::SIGSTOP)
+            .expect("SIGSTOP a stub");
+    }
+    eventually(Duration::from_secs(5), "the stubs stopped", || {
+        stubs
+            .iter()
+            .all(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+                })
+            })
+            .then_some(())
+    });
+    let started = std::time::Instant::now();
+    let (status, out) = run(&d, json!({"command": "sh", "args": ["-c", "echo $$"]})).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["exitCode"], 0, "{out}");
+    let pid: u32 = out["stdout"]
+        .as_str()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("pid");
+    assert!(!stubs.contains(&pid), "a stopped stub ran the program");
+    // Behavioural, not a speed claim: the stub timeout is 2 s, so a start that waited on a
+    // stopped stub would take at least that long (and fail).
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the start waited on a stopped stub: {:?}",
+        started.elapsed()
+    );
+    // The stopped stubs were discarded (killed and reaped).
+    eventually(Duration::from_secs(10), "stopped stubs gone", || {
+        stubs.iter().all(|p| !pid_alive(*p)).then_some(())
+    });
 }

@@ -430,12 +430,20 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let mut stack = vec![pid];
     while let Some(p) = stack.pop() {
-        for c in children_of(p) {
+        // The daemon's idle warm-spawn stubs belong to no agent or process yet.
+        for c in children_of(p).into_iter().filter(|c| !is_idle_stub(*c)) {
             out.push(c);
             stack.push(c);
         }
     }
     out
+}
+
+/// True for a warm-spawn stub still waiting to exec (`sandbox-agent spawn-stub <fd>`): once it
+/// execs a program its command line is the program's.
+pub fn is_idle_stub(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"spawn-stub".as_slice()))
 }
 
 /// True when `cmd` is an executable file in a directory of PATH.
