@@ -155,6 +155,9 @@ main() {
   say "cloned $(git -C "$root$src" log -1 --format='%h %s')"
 
   # --- 4. what a real machine has mounted ---------------------------------------------------------
+  # The tree on itself, so that its / is a mount point as on a real machine: `unshare -m` (the
+  # PID 1 and nspawn tests) makes / private first, which fails on a directory that is not one.
+  mount --bind "$root" "$root" && mount --make-private "$root"
   mount -t proc proc "$root/proc"
   # The host's /sys with its cgroup hierarchies (read-write, as the cgroup tests need); rslave so
   # that nothing done in the room propagates back.

@@ -729,7 +729,7 @@ fn an_agent_of_the_same_user_cannot_read_the_daemons_environment() {
     let as_nobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
     let mut daemon = Command::new("setpriv")
         .args(as_nobody)
-        .arg(crate::support::bin_for_any_user())
+        .arg(BIN)
         .args(["server", "--host", "127.0.0.1", "--port", &port.to_string()])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
