@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The clean-room proof of `.ci/run`: builds a fresh Debian bookworm root (debootstrap minbase: no
 # node, npm, pip or python3, no C compiler, no git), copies in only the Rust toolchain, clones one
-# commit of this repository into it and runs `CI=true bash .ci/run` there with chroot, as root, with
-# the host's real /proc, /sys (cgroups included), /dev and a tmpfs /run, so that every tool the tests
-# need must come from `.ci/install-*.sh`. Anything that fails here because the machine is fresh is a
+# commit of this repository into it and runs `CI=true bash .ci/run` there as root, chrooted (by
+# pivot_root in a private mount namespace), with the host's real /proc, /sys (cgroups included,
+# read-write), /dev and a tmpfs /run, in the host's PID namespace (no container), so that every
+# tool the tests need must come from `.ci/install-*.sh`. Anything that fails here because the machine is fresh is a
 # bug in those scripts or in a test, never something to add to this set-up.
 #
-# Invariants: nothing it mounts outlives it (an EXIT/INT/TERM trap unmounts everything under the
-# root, and the root is deleted only once nothing is mounted there); no systemd manager runs
+# Invariants: nothing it mounts outlives it (the mounts live in the room's own mount namespace, and
+# an EXIT/INT/TERM trap stops every process left in it; the root is deleted only when nothing is
+# mounted beneath it, with --one-file-system); no systemd manager runs
 # outside a `systemd-nspawn --boot` container (a policy-rc.d forbids services, and a watcher stops
 # the run if one appears); the run is bounded by `timeout` (90 min by default).
 #
@@ -51,10 +53,17 @@ main() {
   # --- teardown: runs on every exit, including Ctrl-C and `kill` -------------------------------
   watcher= run=
   mounted_under_root() { findmnt -rn -o TARGET | awk -v r="$root" 'index($0, r "/") == 1 || $0 == r'; }
-  # Processes whose root directory is inside the clean room were started by this run.
+  # The room's processes: those in its mount namespace (recorded in $ns_file when it is made), or
+  # with a root directory in the tree as seen from here.
+  ns_file=$base/room.mntns
+  rm -f "$ns_file"
   our_processes() {
-    local p
+    local p room_ns
+    room_ns=$(cat "$ns_file" 2>/dev/null || true)
     for p in /proc/[0-9]*; do
+      if [ -n "$room_ns" ] && [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$room_ns" ]; then
+        echo "${p#/proc/}"; continue
+      fi
       case "$(readlink "$p/root" 2>/dev/null)" in "$root"|"$root"/*) echo "${p#/proc/}" ;; esac
     done
   }
@@ -70,7 +79,8 @@ main() {
       kill -KILL $pids 2>/dev/null || true
       sleep 1
     fi
-    # Deepest first; lazily if busy, so that nothing stays attached to the host's /sys or /dev.
+    # The room's mounts live in its own namespace and end with its last process; this only
+    # matters if something was mounted here from outside. Deepest first, lazily if busy.
     mounted_under_root | sort -r | while read -r m; do
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || say "could not unmount $m"
     done
@@ -154,18 +164,29 @@ main() {
   git -C "$root$src" checkout --quiet -B clean-room "$commit"
   say "cloned $(git -C "$root$src" log -1 --format='%h %s')"
 
-  # --- 4. what a real machine has mounted ---------------------------------------------------------
-  # The tree on itself, so that its / is a mount point as on a real machine: `unshare -m` (the
-  # PID 1 and nspawn tests) makes / private first, which fails on a directory that is not one.
-  mount --bind "$root" "$root" && mount --make-private "$root"
-  mount -t proc proc "$root/proc"
-  # The host's /sys with its cgroup hierarchies (read-write, as the cgroup tests need); rslave so
-  # that nothing done in the room propagates back.
-  mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
-  mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev"
-  findmnt -rn "$root/dev/pts" >/dev/null || mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
-  mount -t tmpfs -o mode=755 tmpfs "$root/run"
-  say "toolchain $toolchain: $(chroot "$root" /root/.cargo/bin/rustc --version 2>&1)"
+  # --- 4. the room: a private mount namespace whose root is the tree -----------------------------
+  # pivot_root, not a plain chroot: tools that enter another process's mount namespace (nsenter,
+  # `podman exec`, healthchecks) land on that namespace's root, which must be the tree as on a real
+  # machine. There: the tree bound on itself (a mount point, as / is), /proc, the host's /sys with
+  # its cgroup hierarchies read-write (rbind; the cgroup tests need the real ones, which nspawn
+  # would make read-only), /dev with /dev/pts and /dev/shm (rbind) and a tmpfs on /run. The
+  # namespace's mounts are private: nothing propagates back, and they all end with the room.
+  mkdir -p "$root/.clean-room-old-root"
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  enter='set -e
+    r=$1 ns_file=$2; shift 2
+    readlink /proc/self/ns/mnt >"$ns_file"
+    mount --bind "$r" "$r"
+    mount -t proc proc "$r/proc"
+    mount --rbind /sys "$r/sys"
+    mount --rbind /dev "$r/dev"
+    mount -t tmpfs -o mode=755 tmpfs "$r/run"
+    cd "$r"
+    pivot_root . .clean-room-old-root
+    umount -l /.clean-room-old-root
+    rmdir /.clean-room-old-root
+    exec "$@"'
+  say "toolchain $toolchain (rustup default), no cargo registry"
 
   # --- 5. the run, and a watcher: a systemd manager may only be PID 1 of a systemd-nspawn container
   under_nspawn() {
@@ -189,7 +210,8 @@ main() {
   setup=$(( $(date +%s) - started ))
   say "room ready in ${setup}s; running CI=true bash .ci/run (timeout ${minutes} min)"
   run_started=$(date +%s)
-  timeout --kill-after=60 "${minutes}m" chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb CI=true \
+  timeout --kill-after=60 "${minutes}m" unshare --mount --propagation private \
+    bash -c "$enter" enter "$root" "$ns_file" /usr/bin/env -i HOME=/root TERM=dumb CI=true \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${ca_env[@]}" \
     /bin/bash -lc "cd $src && bash .ci/run" </dev/null >>"$log" 2>&1 &
   run=$!
@@ -199,8 +221,9 @@ main() {
       for p in $(pgrep -x systemd || true); do
         # (A process that ended while its parents were read is no finding.)
         if ! under_nspawn "$p" && [ -e "/proc/$p" ]; then
-          echo "clean-room: FATAL: a systemd manager outside nspawn (pid $p, root $(readlink "/proc/$p/root")); stopping the run" >>"$log"
-          case "$(readlink "/proc/$p/root")" in "$root"|"$root"/*) kill -KILL "$p" ;; esac
+          echo "clean-room: FATAL: a systemd manager outside nspawn (pid $p); stopping the run" >>"$log"
+          # Ours if it is in the room (the teardown then stops the rest).
+          if our_processes | grep -qx "$p"; then kill -KILL "$p" 2>/dev/null || true; fi
           kill -TERM "$run" 2>/dev/null || true
         fi
       done
