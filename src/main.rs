@@ -70,6 +70,9 @@ fn serve(args: &ServerArgs) -> ExitCode {
         }
         parent_init = Some(init_pid);
     }
+    // Before any thread: large transfer buffers are mapped on their own and handed back when
+    // freed (docs/performance.md, "Memory after file attacks").
+    sandbox_agent::sys::fix_mmap_threshold(256 << 10);
     // Flushes the log queue (bounded wait) when `serve` returns.
     let _log_guard = sandbox_agent::logging::init(&config);
     install_panic_hook();

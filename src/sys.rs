@@ -254,6 +254,24 @@ pub fn trim_heap() {
     }
 }
 
+/// Fixes glibc's mmap threshold at `bytes`. Left alone, glibc raises it to the size of every
+/// mmapped block that is freed (up to 32 MiB), so after the first few transfer chunks every
+/// large buffer comes from the arenas, where buffers freed on different threads fragment the
+/// heap beyond what `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped
+/// on their own. Call it before any thread starts. A no-op on other C libraries.
+pub fn fix_mmap_threshold(bytes: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt takes two integers; M_MMAP_THRESHOLD is a documented parameter.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = bytes;
+}
+
 // ---- Process API: terminals (kept in one block) ----
 
 /// Makes fd 0 of `cmd`'s child its controlling terminal before exec. Register it after
@@ -312,4 +330,25 @@ pub fn async_fd(
         )
     }
     .map_err(io::Error::from)
+}
+
+/// A pidfd for our child `pid`, registered with the reactor: it turns readable when the child
+/// exits, before anyone reaps it, so the supervisor can learn of the exit while the pid (and
+/// the process group id it names) is still held by the zombie. `Err` on kernels without
+/// `pidfd_open` (before 5.3).
+pub fn pidfd(pid: u32) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: pidfd_open takes a pid and a flags word and returns a new descriptor or -1; no
+    // memory is passed.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let raw = RawFd::try_from(r).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: `raw` was just returned by the kernel as a new descriptor nobody else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: as in `async_fd`: the `OwnedFd` is valid, only it closes it, and the `AsyncFd`
+    // owns it from here on.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
 }

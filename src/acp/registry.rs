@@ -1,14 +1,14 @@
 //! serverId → instance, with lazy creation (the first POST names the agent; concurrent first
 //! POSTs share one instance and one process) and detaching (DELETE, shutdown). **Invariant:** a
-//! detached instance is never reachable again, and its stop runs in a task that `stop_all` awaits.
+//! detached instance is never reachable again, and its stop runs on the service's `TaskTracker`,
+//! which `stop_all` closes (no instance is created after that) and waits for.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::caps::Budget;
 use super::events::{LogLimits, Subscribe, Subscription};
@@ -30,8 +30,9 @@ pub struct AcpService {
     /// Request body bytes of ACP POSTs being received (`--acp-inflight-bytes`).
     inflight: Arc<Budget>,
     instances: Mutex<BTreeMap<String, Arc<AcpInstance>>>,
-    stops: Mutex<Vec<JoinHandle<()>>>,
-    closed: AtomicBool,
+    /// Every agent stop (DELETE or shutdown). Closed by `stop_all` under the instances lock:
+    /// from then on no instance is created, and `wait` covers every stop spawned before.
+    stops: TaskTracker,
 }
 
 /// One row of `GET /v1/acp`.
@@ -82,8 +83,7 @@ impl AcpService {
             },
             limits,
             instances: Mutex::new(BTreeMap::new()),
-            stops: Mutex::new(Vec::new()),
-            closed: AtomicBool::new(false),
+            stops: TaskTracker::new(),
         }
     }
 
@@ -115,7 +115,8 @@ impl AcpService {
             });
         }
         let mut map = self.instances();
-        if self.closed.load(Ordering::Acquire) {
+        // Refused from the stop signal on; the closed tracker makes it airtight (see `stop_all`).
+        if self.deps.shutdown.is_cancelled() || self.stops.is_closed() {
             return Err(AcpError::ShuttingDown);
         }
         // Another first POST may have created it since the lookup above.
@@ -262,23 +263,24 @@ impl AcpService {
 
     /// Detaches `server_id` (idempotent) and stops its agent in the background.
     pub fn delete(&self, server_id: &str) {
-        let inst = self.instances().remove(server_id);
-        if let Some(inst) = inst {
+        // The stop joins the tracker while the lock is held, so a `stop_all` that takes the lock
+        // next sees it (with several runtime workers the two can race).
+        let mut map = self.instances();
+        if let Some(inst) = map.remove(server_id) {
             tracing::info!(server_id, agent = %inst.agent, "ACP server deleted");
             let grace = self.deps.config.agent_grace;
             self.stop_detached(inst, grace);
         }
     }
 
+    /// Detaches `inst` and stops its agent on the tracker. Neither step waits, so it may run
+    /// under the instances lock.
     fn stop_detached(&self, inst: Arc<AcpInstance>, grace: Duration) {
         let handle = inst.detach();
         // Its streams end now: nobody can reach this serverId any more.
         inst.events.close();
         let Some(handle) = handle else { return };
-        let task = tokio::spawn(stop_instance(inst, handle, grace));
-        let mut stops = self.stops.lock().unwrap_or_else(|e| e.into_inner());
-        stops.retain(|t| !t.is_finished());
-        stops.push(task);
+        self.stops.spawn(stop_instance(inst, handle, grace));
     }
 
     /// Every instance, sorted by serverId. The process figures come from procfs (a few files per
@@ -304,28 +306,29 @@ impl AcpService {
             .count()
     }
 
-    /// The token that ends SSE streams at shutdown.
-    pub fn shutdown_token(&self) -> &CancellationToken {
-        &self.deps.shutdown
-    }
-
     /// Refuses new instances, stops every agent (TERM, grace, KILL) and waits for every stop,
     /// DELETEs before included, until `deadline`.
     pub async fn stop_all(&self, deadline: tokio::time::Instant) {
-        self.closed.store(true, Ordering::Release);
-        let all: Vec<Arc<AcpInstance>> = std::mem::take(&mut *self.instances())
-            .into_values()
-            .collect();
         // Leave a fifth of the remaining time for the KILL and the reaping after the grace.
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         let grace = self.deps.config.agent_grace.min(remaining * 4 / 5);
-        for inst in all {
-            self.stop_detached(inst, grace);
+        {
+            let mut map = self.instances();
+            // Under the lock: a first POST either inserted before this or sees the tracker
+            // closed and is refused.
+            self.stops.close();
+            for (_, inst) in std::mem::take(&mut *map) {
+                self.stop_detached(inst, grace);
+            }
         }
-        let stops = std::mem::take(&mut *self.stops.lock().unwrap_or_else(|e| e.into_inner()));
-        let all_done = futures_util::future::join_all(stops);
-        if tokio::time::timeout_at(deadline, all_done).await.is_err() {
-            tracing::warn!("some agents were still stopping at the end of the shutdown grace");
+        if tokio::time::timeout_at(deadline, self.stops.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                stopping = self.stops.len(),
+                "some agents were still stopping at the end of the shutdown grace"
+            );
         }
     }
 }

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::supervisor::Supervisor;
 
 /// Why the daemon could not run; `main` turns each into a documented exit code.
 #[derive(Debug, thiserror::Error)]
@@ -40,15 +41,24 @@ pub enum StartError {
 /// Shutdown is one `CancellationToken` tree: the root is cancelled by the first stop signal;
 /// the accept loop, every connection and every service hold child tokens of it. Every
 /// connection task and the watchdog run on one `TaskTracker`, so the drain is "close the
-/// tracker, wait for it" within the grace period.
+/// tracker, wait for it" within the grace period; the proxy's agent stops run on its own
+/// tracker, waited for the same way (`AcpService::stop_all`). No flag or static takes part.
 pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), StartError> {
     let root = CancellationToken::new();
-    signals::install(root.clone(), crate::supervisor::emergency_kill_all)
-        .context("install signal handlers")?;
+    // The supervisor comes first so that a second stop signal can kill its agents; the handler
+    // holds it weakly, so the state's drop still removes the cgroups.
+    let supervisor = Arc::new(Supervisor::new(&config));
+    let weak = Arc::downgrade(&supervisor);
+    signals::install(root.clone(), move || {
+        if let Some(s) = weak.upgrade() {
+            s.emergency_kill_all();
+        }
+    })
+    .context("install signal handlers")?;
     let listener = listen(&config, parent_init).await?;
     let addr = listener.local_addr().context("read the bound address")?;
 
-    let state = AppState::build(config.clone(), root.child_token())
+    let state = AppState::build(config.clone(), supervisor, root.child_token())
         .await
         .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());

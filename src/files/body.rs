@@ -49,11 +49,38 @@ impl Transfers {
 
     /// A slot for one transfer, held until the transfer ends; none free is 503 at once (a
     /// queue would only let stalled clients hold more memory and sockets).
-    pub fn acquire(&self) -> Result<OwnedSemaphorePermit, FileError> {
-        self.slots
+    pub fn acquire(&self) -> Result<TransferSlot, FileError> {
+        let permit = self
+            .slots
             .clone()
             .try_acquire_owned()
-            .map_err(|_| FileError::Busy { limit: self.max })
+            .map_err(|_| FileError::Busy { limit: self.max })?;
+        Ok(TransferSlot {
+            permit: Some(permit),
+            max: self.max,
+        })
+    }
+}
+
+/// One transfer's slot. When the last transfer under way ends, the heap is trimmed soon after:
+/// transfers allocate their chunks on many blocking-pool threads, and glibc keeps what they
+/// freed in per-thread arenas, so without it the daemon stayed ~120 MiB above its start after a
+/// storm of transfers (`hostile_files::memory_goes_back_down_after_a_storm_of_file_transfers`).
+pub struct TransferSlot {
+    permit: Option<OwnedSemaphorePermit>,
+    max: usize,
+}
+
+impl Drop for TransferSlot {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let slots = permit.semaphore().clone();
+        drop(permit);
+        if slots.available_permits() == self.max {
+            crate::acp::caps::trim_soon();
+        }
     }
 }
 

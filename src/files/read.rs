@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nix::fcntl::OFlag;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
+
+use super::body::TransferSlot;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{FileError, FileService, blocking};
@@ -25,7 +27,7 @@ const READ_AHEAD: usize = 1;
 pub struct OpenedFile {
     pub file: File,
     /// The transfer slot, to hand to [`stream_range`].
-    pub slot: OwnedSemaphorePermit,
+    pub slot: TransferSlot,
     pub size: u64,
     pub modified: Option<std::time::SystemTime>,
 }
@@ -79,7 +81,7 @@ pub fn stream_range(
     start: u64,
     len: u64,
     idle: Duration,
-    slot: OwnedSemaphorePermit,
+    slot: TransferSlot,
 ) -> ReceiverStream<io::Result<Bytes>> {
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(READ_AHEAD);
     tokio::spawn(async move {

@@ -45,15 +45,21 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds every service from the config. Fails on bad operator input (e.g. the agents file).
-    pub async fn build(config: Arc<Config>, shutdown: CancellationToken) -> anyhow::Result<Self> {
-        let supervisor = Arc::new(crate::supervisor::Supervisor::new(&config));
+    /// Builds every service from the config around the daemon's `supervisor` (made first, so
+    /// the signal handler can reach it). `shutdown` is this state's node of the daemon's
+    /// cancellation tree; each service gets a child of it. Fails on bad operator input (e.g.
+    /// the agents file).
+    pub async fn build(
+        config: Arc<Config>,
+        supervisor: Arc<crate::supervisor::Supervisor>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
         let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
         let acp = Arc::new(crate::acp::AcpService::new(
             config.clone(),
             supervisor.clone(),
             agents.clone(),
-            shutdown.clone(),
+            shutdown.child_token(),
         ));
         let connections = Arc::new(crate::acp::Connections::new(
             acp.clone(),
@@ -65,7 +71,7 @@ impl AppState {
         let processes = Arc::new(crate::processes::ProcessService::new(
             &config,
             supervisor.clone(),
-            shutdown.clone(),
+            shutdown.child_token(),
         ));
         Ok(AppState {
             config,
@@ -182,7 +188,7 @@ async fn method_not_allowed(req: Request) -> Problem {
 /// What every request goes through, outermost first: the request log, the browser guard (Host,
 /// Origin, Content-Type: `guard.rs`), the bearer token, the problem+json safety net. One middleware rather than three layers, because each
 /// `from_fn_with_state` layer clones `AppState` and its inner service on every request.
-async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let method = req.method().clone();
     // A `Uri` clone shares its bytes; the path is only formatted if a line is logged.
     let uri = req.uri().clone();
@@ -195,7 +201,7 @@ async fn edge(State(state): State<AppState>, req: Request, next: Next) -> Respon
     let resp = match guard::check(&state.config, &req) {
         guard::Decision::Answer(answer) => answer,
         guard::Decision::Go(pass) => {
-            let mut resp = match auth::check_token(&state, &req) {
+            let mut resp = match auth::check_token(&state, &mut req) {
                 Some(refused) => refused,
                 None => problem_safety_net(&state, next.run(req).await).await,
             };

@@ -14,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::{Response as ApiResponse, ResponseBuilder};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, OpenApi as Document, Ref, RefOr};
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -223,6 +225,15 @@ fn finish(doc: &mut Document) {
                 .build(),
         ),
     );
+    components.security_schemes.insert(
+        "accessTokenQuery".to_string(),
+        SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+            "access_token",
+            "The same token as `?access_token=`, accepted only on a WebSocket upgrade (`GET` \
+             with `Upgrade: websocket`) of the routes that serve WebSockets, because a browser's \
+             WebSocket cannot send headers; refused (401) on every other request.",
+        ))),
+    );
     for edge in EDGE_RESPONSES {
         let mut response = problem_response(edge.description);
         for (header, about) in edge.headers {
@@ -256,6 +267,15 @@ fn finish(doc: &mut Document) {
         ];
         for op in operations.into_iter().flatten() {
             finish_operation(op, open);
+        }
+        if super::auth::WEBSOCKET_ROUTES.contains(&path.as_str())
+            && let Some(get) = item.get.as_mut()
+        {
+            // Either requirement satisfies: the header, or on an upgrade the query token.
+            get.security = Some(vec![
+                SecurityRequirement::new("bearerAuth", Vec::<String>::new()),
+                SecurityRequirement::new("accessTokenQuery", Vec::<String>::new()),
+            ]);
         }
     }
 }
@@ -349,6 +369,24 @@ mod tests {
             "routes registered without an OpenAPI description (use `OpenApiRouter::routes(\
              routes!(handler))` with `#[utoipa::path]` on the handler; see docs/api.md):\n{}",
             found.join("\n")
+        );
+    }
+
+    /// The routes whose upgrade takes the query token are documented with a GET that says so.
+    #[test]
+    fn websocket_routes_are_documented_with_the_query_token() {
+        let doc = serde_json::to_value(super::document()).unwrap();
+        for path in crate::http::auth::WEBSOCKET_ROUTES {
+            let security = &doc["paths"][path]["get"]["security"];
+            assert_eq!(
+                security,
+                &serde_json::json!([{"bearerAuth": []}, {"accessTokenQuery": []}]),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            doc["components"]["securitySchemes"]["accessTokenQuery"]["in"],
+            "query"
         );
     }
 

@@ -156,6 +156,21 @@ struct HandleInner {
     stderr_reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The owning supervisor's live set (this entry is removed on publish).
     registry: Registry,
+    /// The top process until it is reaped; see `Leader`.
+    leader: Mutex<Leader>,
+}
+
+/// The top process (the group leader) and whether it has been reaped. Until it is, its pid —
+/// and so the process group id — cannot be given to another process (an exited leader is a
+/// zombie that still holds it), so `killpg` can only reach our own processes. It is reaped
+/// last, when the exit is published, after every signal of the stop; each `killpg` is sent
+/// under this lock, so a signal and the reap never interleave, whatever thread runs them.
+/// (Without pidfds, before Linux 5.3, tokio's `wait` reaps at exit and `reaped` follows a
+/// moment later: the old, narrower window.)
+struct Leader {
+    /// Kept only to reap it with `try_wait`; `None` once reaped or when tokio's `wait` owns it.
+    child: Option<tokio::process::Child>,
+    reaped: bool,
 }
 
 /// Cheap to clone; every clone controls the same process tree.
@@ -166,11 +181,6 @@ pub struct AgentHandle {
 
 /// Agents whose exit is not yet published, by pid.
 type Registry = Arc<Mutex<BTreeMap<u32, AgentHandle>>>;
-
-/// Every live agent of every supervisor in the process, for `emergency_kill_all`.
-static LIVE: Mutex<BTreeMap<u32, AgentHandle>> = Mutex::new(BTreeMap::new());
-/// The daemon's own cgroup directories, for `emergency_kill_all`.
-static OWN_CGROUPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 impl AgentHandle {
     pub fn pid(&self) -> u32 {
@@ -223,7 +233,7 @@ impl AgentHandle {
     /// Sends `signal` to the process group while the process runs (nothing once it has ended).
     pub fn signal_group(&self, signal: Signal) {
         if self.exit().is_none() && self.inner.status.borrow().is_none() {
-            let _ = killpg(self.inner.pgid(), signal);
+            self.inner.killpg_unless_reaped(signal);
         }
     }
 
@@ -282,33 +292,56 @@ impl HandleInner {
         Pid::from_raw(self.pid as i32)
     }
 
-    /// True once the top process (the group leader) has been reaped. Before that its pid, and so
-    /// the process group id, cannot be reused, and `killpg` can only reach our own processes;
-    /// after it, the id may already name a stranger's group, so nothing is sent to it any more.
-    fn leader_reaped(&self) -> bool {
-        self.status.borrow().is_some()
+    fn leader(&self) -> std::sync::MutexGuard<'_, Leader> {
+        self.leader.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The live members of the agent's process group, proven ours without `killpg`: the
-    /// cgroup's processes that are in the group, or (no cgroup) a `/proc` scan. Blocking: call
-    /// it on the blocking pool.
+    /// `killpg(sig)` if the top process is not reaped yet (see `Leader`); false when it is, and
+    /// the id may already name a stranger's group, so nothing was sent.
+    fn killpg_unless_reaped(&self, sig: Signal) -> bool {
+        let leader = self.leader();
+        if leader.reaped {
+            return false;
+        }
+        let _ = killpg(self.pgid(), sig);
+        true
+    }
+
+    /// Reaps the top process (it has exited: its status is known). Called once, on publish.
+    fn reap(&self) {
+        let mut leader = self.leader();
+        if let Some(mut child) = leader.child.take()
+            && !matches!(child.try_wait(), Ok(Some(_)))
+        {
+            // Cannot happen for an exited child; dropping it hands it to tokio's orphan reaper.
+            tracing::warn!(
+                pid = self.pid,
+                "the agent's top process was not reapable yet"
+            );
+        }
+        leader.reaped = true;
+    }
+
+    /// The live members of the agent's process group (zombies are not), proven ours without
+    /// `killpg`: the cgroup's processes that are in the group, or (no cgroup) a `/proc` scan —
+    /// which is only sound while the leader is unreaped, since after that a stranger may own
+    /// the group id. Blocking: call it on the blocking pool.
     fn group_members_now(&self) -> Vec<i32> {
         let pgid = self.pid as i32;
+        let in_group = |p: &i32| stats::read_stat(*p).is_some_and(|s| s.pgrp == pgid && !s.zombie);
         match &self.cgroup {
-            Some(cg) => cg
-                .pids()
+            Some(cg) => cg.pids().into_iter().filter(in_group).collect(),
+            None => stats::group_members(pgid)
                 .into_iter()
-                .filter(|p| stats::read_stat(*p).is_some_and(|s| s.pgrp == pgid))
+                .filter(in_group)
                 .collect(),
-            None => stats::group_members(pgid),
         }
     }
 
-    /// Sends `sig` to the agent's process group: `killpg` while the leader is unreaped, else
-    /// each member found by `group_members_now`.
+    /// Sends `sig` to the agent's process group: `killpg` while the leader is unreaped (always,
+    /// with pidfds: it is reaped only on publish), else each member `group_members_now` finds.
     async fn signal_group(self: &Arc<Self>, sig: Signal) {
-        if !self.leader_reaped() {
-            let _ = killpg(self.pgid(), sig);
+        if self.killpg_unless_reaped(sig) {
             return;
         }
         let me = self.clone();
@@ -320,10 +353,11 @@ impl HandleInner {
         .await;
     }
 
-    /// True when the top process is reaped and its process group is empty: everything that got
-    /// our TERM has gone. (Processes that left the group never got it; `clear` kills them.)
+    /// True when the top process has exited and nothing live is left in its process group:
+    /// everything that got our TERM has gone. (Processes that left the group never got it;
+    /// `clear` kills them.)
     async fn group_gone(self: &Arc<Self>) -> bool {
-        if !self.leader_reaped() {
+        if self.status.borrow().is_none() {
             return false;
         }
         let me = self.clone();
@@ -464,7 +498,8 @@ impl HandleInner {
                 "agent ended"
             );
         }
-        LIVE.lock().expect("registry lock").remove(&self.pid);
+        // Every signal of this life has been sent: the pid may go now.
+        self.reap();
         self.registry
             .lock()
             .expect("registry lock")
@@ -519,10 +554,6 @@ impl Supervisor {
         let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
         cgroups.apply_budget(config.agents_memory_max, config.agents_pids_max);
         let cgroups = Arc::new(cgroups);
-        OWN_CGROUPS
-            .lock()
-            .expect("cgroups lock")
-            .extend(cgroups.own_dirs());
         Supervisor {
             base_env,
             limits: Limits::from_config(config),
@@ -590,6 +621,34 @@ impl Supervisor {
         let cgroups = self.cgroups.clone();
         let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
     }
+
+    /// Kills every live agent process group and everything in the daemon's agent cgroups at
+    /// once, without waiting for anything (a second stop signal: the process exits next).
+    pub fn emergency_kill_all(&self) {
+        // Held only for map updates, never across an await: taking it here cannot stall.
+        let handles: Vec<AgentHandle> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for h in &handles {
+            // Never a group whose leader is reaped (its id may be reused); its cgroup, or the
+            // members a scan finds, instead.
+            if !h.inner.killpg_unless_reaped(Signal::SIGKILL) && h.inner.cgroup.is_none() {
+                for p in h.inner.group_members_now() {
+                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+            }
+            if let Some(cg) = &h.inner.cgroup {
+                cg.kill_all();
+            }
+        }
+        // Also whatever the registry does not show yet (an agent being spawned joins its
+        // cgroup before it is registered).
+        cgroup::kill_beneath(&self.cgroups.own_dirs());
+    }
 }
 
 impl Drop for Supervisor {
@@ -598,43 +657,8 @@ impl Drop for Supervisor {
     }
 }
 
-/// Kills every live agent process group and everything in the daemon's agent cgroups at once
-/// (used when a second stop signal arrives and the process is about to exit).
-pub fn emergency_kill_all() {
-    // Held only for map updates, never across an await: taking it here cannot stall.
-    let handles: Vec<AgentHandle> = LIVE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    for h in &handles {
-        // Never a group whose leader is reaped (its id may be reused); its cgroup, or the
-        // members a scan finds, instead.
-        if !h.inner.leader_reaped() {
-            let _ = killpg(h.inner.pgid(), Signal::SIGKILL);
-        } else if h.inner.cgroup.is_none() {
-            for p in h.inner.group_members_now() {
-                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
-            }
-        }
-        if let Some(cg) = &h.inner.cgroup {
-            cg.kill_all();
-        }
-    }
-    // Also whatever the registry could not show (lock held, or an agent being spawned).
-    let dirs = OWN_CGROUPS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    cgroup::kill_beneath(&dirs);
-}
-
-/// Registers a new agent (called by `spawn`).
+/// Registers a new agent with its supervisor (called by `spawn`).
 fn register(handle: &AgentHandle) {
-    LIVE.lock()
-        .expect("registry lock")
-        .insert(handle.inner.pid, handle.clone());
     handle
         .inner
         .registry

@@ -2,17 +2,20 @@
 //! clean environment, piped stdio and nothing else inherited; the child joins the cgroup before
 //! exec, so nothing it starts can be outside it. Then the stderr reader and the reaper.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::unistd::Pid;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use super::stderr::{self, Fields, Tail};
 use super::{
-    AgentHandle, ChildStdio, HandleInner, Phase, SpawnError, SpawnSpec, Spawned, Supervisor,
-    announce_fallback, register,
+    AgentHandle, ChildStdio, HandleInner, Leader, Phase, RawStatus, SpawnError, SpawnSpec, Spawned,
+    Supervisor, announce_fallback, register,
 };
 
 pub(super) fn spawn(
@@ -144,6 +147,19 @@ pub(super) fn spawn(
         (true, None) => None,
     };
     let (status_tx, status_rx) = watch::channel(None);
+    // With a pidfd the exit is seen without reaping, and the child is reaped on publish (see
+    // `Leader`); without one, tokio's `wait` reaps it at exit.
+    let pidfd = match crate::sys::pidfd(pid) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::debug!(pid, error = %e, "no pidfd; the top process is reaped at exit");
+            None
+        }
+    };
+    let (kept, mut waited) = match pidfd {
+        Some(_) => (Some(child), None),
+        None => (None, Some(child)),
+    };
     let inner = Arc::new(HandleInner {
         pid,
         server_id: spec.server_id.clone(),
@@ -155,6 +171,10 @@ pub(super) fn spawn(
         stderr_tail: tail,
         stderr_reader: Mutex::new(stderr_task),
         registry: sup.live.clone(),
+        leader: Mutex::new(Leader {
+            child: kept,
+            reaped: false,
+        }),
     });
     let handle = AgentHandle {
         inner: inner.clone(),
@@ -170,12 +190,24 @@ pub(super) fn spawn(
     );
 
     tokio::spawn(async move {
-        let status = match child.wait().await {
-            Ok(st) => (st.code(), st.signal()),
-            Err(e) => {
-                tracing::error!(pid, error = %e, "cannot wait for the agent");
-                (None, None)
+        let status = match (&pidfd, waited.as_mut()) {
+            (Some(fd), _) => exited_unreaped(fd, pid).await,
+            (None, Some(child)) => {
+                let status = match child.wait().await {
+                    Ok(st) => (st.code(), st.signal()),
+                    Err(e) => {
+                        tracing::error!(pid, error = %e, "cannot wait for the agent");
+                        (None, None)
+                    }
+                };
+                inner
+                    .leader
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .reaped = true;
+                status
             }
+            (None, None) => (None, None),
         };
         // The stop path waits on this; the self-exit path uses it right away.
         let _ = status_tx.send(Some(status));
@@ -188,4 +220,30 @@ pub(super) fn spawn(
         stderr: stderr_pipe,
         handle,
     })
+}
+
+/// Waits until our child `pid` has exited and returns its status without reaping it (the pidfd
+/// turns readable at exit; `waitid` with `WNOWAIT` reads the status and leaves the zombie).
+async fn exited_unreaped(fd: &AsyncFd<OwnedFd>, pid: u32) -> RawStatus {
+    let pid_t = Pid::from_raw(pid as i32);
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+    loop {
+        let mut ready = match fd.readable().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(pid, error = %e, "cannot wait for the agent");
+                return (None, None);
+            }
+        };
+        match waitid(Id::Pid(pid_t), flags) {
+            Ok(WaitStatus::Exited(_, code)) => return (Some(code), None),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return (None, Some(sig as i32)),
+            // Not exited after all (a spurious wake-up): wait for the next readiness.
+            Ok(_) => ready.clear_ready(),
+            Err(e) => {
+                tracing::error!(pid, error = %e, "cannot read the agent's exit status");
+                return (None, None);
+            }
+        }
+    }
 }

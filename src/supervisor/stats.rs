@@ -10,6 +10,8 @@ use super::ProcessStats;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
     pub pgrp: i32,
+    /// State `Z`: exited, not yet reaped by its parent.
+    pub zombie: bool,
     /// utime + stime, in clock ticks.
     pub cpu_ticks: u64,
     pub rss_pages: u64,
@@ -24,6 +26,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     let at = |n: usize| f.get(n - 3).and_then(|v| v.parse::<i64>().ok());
     Some(Stat {
         pgrp: at(5)? as i32,
+        zombie: *f.first()? == "Z",
         cpu_ticks: (at(14)?.max(0) + at(15)?.max(0)) as u64,
         rss_pages: at(24)?.max(0) as u64,
     })

@@ -814,3 +814,153 @@ async fn worker_threads_chooses_the_runtime() {
         "{names:?}"
     );
 }
+
+/// The status of a WebSocket handshake: 101 when it was accepted, else the refusal's status.
+async fn ws_handshake(url: &str, headers: &[(&'static str, &str)]) -> u16 {
+    use tokio_tungstenite::tungstenite::{Error, client::IntoClientRequest};
+    let mut req = url.into_client_request().expect("request");
+    for (name, value) in headers {
+        req.headers_mut().insert(*name, value.parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((mut ws, resp)) => {
+            let _ = ws.close(None).await;
+            resp.status().as_u16()
+        }
+        Err(Error::Http(resp)) => resp.status().as_u16(),
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+/// Browsers cannot set headers on a WebSocket, so an upgrade of a WebSocket route may carry the
+/// token as `?access_token=`; a wrong one is 401, no other request may carry it (401 even next to
+/// a valid header), the Origin rule still applies, and the token reaches no log line.
+#[tokio::test]
+async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() {
+    use futures_util::StreamExt;
+    let token = "query-secret-4711";
+    let d = Daemon::builder()
+        .token(token)
+        .args(["--log-level", "debug"])
+        .start();
+    let c = d.client();
+    let created: Value = c
+        .post(d.url("/v1/processes"))
+        .json(&json!({"command": "bash", "args": ["--norc", "--noprofile"], "tty": true, "interactive": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().expect("a process id").to_string();
+    let ws = |path: &str| format!("ws://{}{path}", d.addr);
+
+    // The terminal socket with the token in its URL: accepted, and it works.
+    let term = ws(&format!(
+        "/v1/processes/{id}/terminal/ws?access_token={token}"
+    ));
+    let (mut sock, _) = tokio_tungstenite::connect_async(term.as_str())
+        .await
+        .expect("the terminal socket opens with ?access_token=");
+    let first = sock.next().await.expect("a frame").expect("frame");
+    let first: Value = serde_json::from_str(first.to_text().unwrap()).unwrap();
+    assert_eq!(first["type"], "ready", "{first}");
+    let _ = sock.close(None).await;
+    // The ACP socket too; the rest of its query reaches the handler (`agent` creates the instance).
+    let acp = ws(&format!("/v1/acp/qtok?agent=mock&access_token={token}"));
+    assert_eq!(ws_handshake(&acp, &[]).await, 101);
+    let servers: Value = c
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(servers.to_string().contains("\"qtok\""), "{servers}");
+    // And the RFD transport's WebSocket profile.
+    let rfd = ws(&format!("/v1/agents/mock/acp?access_token={token}"));
+    assert_eq!(ws_handshake(&rfd, &[]).await, 101);
+    // Percent-encoded, the same token is accepted.
+    let encoded = ws(&format!(
+        "/v1/processes/{id}/terminal/ws?access%5Ftoken=query%2Dsecret%2D4711"
+    ));
+    assert_eq!(ws_handshake(&encoded, &[]).await, 101);
+
+    // Refused: a wrong token, an empty one, two of them, an upgrade of a route without WebSockets.
+    for path in [
+        format!("/v1/processes/{id}/terminal/ws?access_token=query-secret-4712"),
+        format!("/v1/processes/{id}/terminal/ws?access_token="),
+        format!("/v1/processes/{id}/terminal/ws?access_token={token}&access_token={token}"),
+        format!("/v1/processes/{id}/terminal/ws"),
+        format!("/v1/processes?access_token={token}"),
+        format!("/v1/processes/{id}/logs?follow=true&access_token={token}"),
+    ] {
+        assert_eq!(ws_handshake(&ws(&path), &[]).await, 401, "{path}");
+    }
+    // A query token on plain requests is 401, even with a valid header beside it.
+    for (path, header) in [
+        (format!("/v1/processes/{id}?access_token={token}"), false),
+        (
+            format!("/v1/processes/{id}/terminal/ws?access_token={token}"),
+            false,
+        ),
+        (format!("/v1/processes/{id}?access_token={token}"), true),
+    ] {
+        let auth = if header {
+            format!("Authorization: Bearer {token}\r\n")
+        } else {
+            String::new()
+        };
+        let (status, text) = raw(
+            &d.addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n"),
+            b"",
+        );
+        assert_eq!(status, 401, "{path} (header: {header})");
+        assert_problem(&text, 401);
+        assert!(
+            !text.contains(token),
+            "the answer repeats the token: {text}"
+        );
+    }
+    // Every credential given must be valid: a wrong query token next to a valid header is 401.
+    let bearer = format!("Bearer {token}");
+    let wrong = ws(&format!("/v1/processes/{id}/terminal/ws?access_token=nope"));
+    assert_eq!(
+        ws_handshake(&wrong, &[("authorization", bearer.as_str())]).await,
+        401
+    );
+    let plain = ws(&format!("/v1/processes/{id}/terminal/ws"));
+    assert_eq!(
+        ws_handshake(&plain, &[("authorization", bearer.as_str())]).await,
+        101
+    );
+    // The Origin rule still holds for an upgrade with a valid query token.
+    let term = ws(&format!(
+        "/v1/processes/{id}/terminal/ws?access_token={token}"
+    ));
+    assert_eq!(
+        ws_handshake(&term, &[("origin", "http://evil.example")]).await,
+        403
+    );
+
+    let _ = c
+        .post(d.url(&format!("/v1/processes/{id}/kill?waitMs=5000")))
+        .send()
+        .await;
+    let log = d.stderr();
+    assert!(
+        log.contains("/terminal/ws"),
+        "the requests were logged:\n{log}"
+    );
+    assert!(
+        !log.contains("query-secret"),
+        "the token reached the log:\n{log}"
+    );
+    assert!(
+        !log.contains("access_token"),
+        "a query reached the log:\n{log}"
+    );
+}

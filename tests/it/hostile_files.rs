@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, eventually};
+use crate::support::{Daemon, eventually, eventually_async};
 
 /// Opens a connection and sends `head` (a request without its final CRLF CRLF) and `body`.
 fn stalled(d: &Daemon, head: &str, body: &[u8]) -> TcpStream {
@@ -680,4 +680,167 @@ async fn config_that_could_not_be_read_back_is_refused_up_front() {
     assert_eq!(r.status(), 204);
     let r = c.get(config_url(&d, "c", "e1")).send().await.unwrap();
     assert_eq!(r.status(), 404);
+}
+
+/// The daemon's resident memory in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// After a bounded storm of file-shaped attacks — stalled PUTs and upload-batches, downloads
+/// whose client takes nothing, and complete large PUTs, downloads and upload-batches, all at
+/// once — the daemon's memory comes back near where it was once everything has ended, as
+/// `hostile_agents::memory_goes_back_down_after_a_load_of_large_messages` asks of the ACP path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_goes_back_down_after_a_storm_of_file_transfers() {
+    let d = Daemon::builder()
+        .args(["--transfer-max", "1000", "--transfer-timeout", "2s"])
+        .start();
+    let pid = d.pid();
+    let big = d.work_dir().join("big.bin");
+    std::fs::write(&big, vec![5u8; 16 << 20]).unwrap();
+    let payload = vec![9u8; 4 << 20];
+    let archive = {
+        let parts: Vec<(String, Vec<u8>)> = (0..8)
+            .map(|i| (format!("d{i}/f.bin"), vec![i as u8; 256 << 10]))
+            .collect();
+        let refs: Vec<(&str, &[u8])> = parts
+            .iter()
+            .map(|(n, b)| (n.as_str(), b.as_slice()))
+            .collect();
+        tar_of(&refs)
+    };
+    // Warm-up: one of each, so that one-time allocations (the runtime, pools, TLS-free client
+    // paths) are in the baseline.
+    good_client_works(&d, "warm").await;
+    let before = rss_kib(pid);
+
+    // The peak, sampled while the storm runs (only reported: it shows the storm cost memory).
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    // Stalled: 100 PUTs and 50 upload-batches that send headers and 64 KiB, then nothing; 50
+    // downloads of the 16 MiB file whose client never reads. They end by the 2 s transfer
+    // timeout while their sockets stay open.
+    let mut socks = Vec::new();
+    for i in 0..100 {
+        socks.push(stalled(
+            &d,
+            &format!(
+                "PUT /v1/fs/file?path=stalled/{i}.bin HTTP/1.1\r\nContent-Length: 8388608\r\nContent-Type: application/octet-stream"
+            ),
+            &[1u8; 64 << 10],
+        ));
+    }
+    for i in 0..50 {
+        socks.push(stalled(
+            &d,
+            &format!(
+                "POST /v1/fs/upload-batch?path=stalled-up/{i} HTTP/1.1\r\nContent-Length: 8388608\r\nContent-Type: application/x-tar"
+            ),
+            &[0u8; 64 << 10],
+        ));
+    }
+    for _ in 0..50 {
+        socks.push(stalled(
+            &d,
+            &format!("GET /v1/fs/file?path={} HTTP/1.1", big.display()),
+            b"",
+        ));
+    }
+    // Complete, at the same time: 40 PUTs of 4 MiB, 20 upload-batches of 2 MiB, 20 downloads of
+    // the 16 MiB file read to the end.
+    let c = d.client();
+    let mut jobs = Vec::new();
+    for i in 0..40 {
+        let req = c
+            .put(d.url(&format!("/v1/fs/file?path=full/{i}.bin")))
+            .header("content-type", "application/octet-stream")
+            .body(payload.clone());
+        jobs.push(tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), 0)
+        }));
+    }
+    for i in 0..20 {
+        let req = c
+            .post(d.url(&format!("/v1/fs/upload-batch?path=unpacked/{i}")))
+            .header("content-type", "application/x-tar")
+            .body(archive.clone());
+        jobs.push(tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), 0)
+        }));
+    }
+    for _ in 0..20 {
+        let req = c.get(d.url(&format!("/v1/fs/file?path={}", big.display())));
+        jobs.push(tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.bytes().await.unwrap().len())
+        }));
+    }
+    for job in jobs {
+        let (status, len) = tokio::time::timeout(Duration::from_secs(120), job)
+            .await
+            .expect("every complete transfer finished within 120 s")
+            .unwrap();
+        assert_eq!(status, 200);
+        assert!(len == 0 || len == 16 << 20, "a download came back whole");
+    }
+    // Its idle keep-alive connections (each with hyper's buffers) go too, as a client's would.
+    drop(c);
+    // The stalled ones end by the timeout: nothing of them is left.
+    eventually(
+        Duration::from_secs(30),
+        "the stalled transfers to end",
+        || {
+            (temporaries(&d.work_dir()).is_empty()
+                && fds_to(pid, &d.data_dir().join("tmp")) == 0
+                && fds_to(pid, &big) == 0)
+                .then_some(())
+        },
+    );
+    drop(socks);
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    sampler.await.unwrap();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+
+    // Back within 8 MiB of the start. Measured on the debug build: the storm peaks at
+    // 160-210 MiB and ends within 1 MiB of where it started. With the heap trimmed but glibc's
+    // mmap threshold left to float it stayed ~19 MiB above; with neither, ~120 MiB (with the
+    // client's keep-alive connections still open) — both fail here, which is the point. What
+    // may legitimately remain is a little allocator slack and the stacks of blocking-pool
+    // threads that have not yet reached tokio's 10 s idle exit, which the 30 s deadline waits
+    // out; none of it depends on how loaded the machine is.
+    let now = eventually_async(
+        Duration::from_secs(30),
+        "RSS back near its start",
+        || async {
+            let now = rss_kib(pid);
+            (now <= before + (8 << 10)).then_some(now)
+        },
+    )
+    .await;
+    eprintln!(
+        "file storm: RSS before {} MiB, peak {} MiB, after {} MiB",
+        before >> 10,
+        peak >> 10,
+        now >> 10
+    );
+    good_client_works(&d, "after").await;
 }

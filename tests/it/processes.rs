@@ -708,7 +708,7 @@ async fn processes_get_the_agents_clean_environment() {
 #[tokio::test]
 async fn published_npm_sdk_drives_the_process_api() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/processes-compat");
-    if !dir.join("node_modules/sandbox-agent").exists() {
+    if !dir.join("node_modules/sandbox-agent").exists() || !dir.join("node_modules/ws").exists() {
         skip("tests/processes-compat/node_modules is missing; run .ci/install-processes.sh");
         return;
     }
@@ -753,4 +753,14 @@ async fn published_npm_sdk_drives_the_process_api() {
     assert!(seen["ttyText"].as_str().unwrap().contains("45 123"));
     assert_eq!(seen["killed"]["status"], "exited");
     assert_eq!(seen["deleteUnknown"], 404);
+    // Its terminal WebSocket, which carries the token as `?access_token=`.
+    assert_eq!(seen["wsReady"]["type"], "ready");
+    assert_eq!(seen["wsReady"]["processId"], seen["ttyId"]);
+    let ws_text = seen["wsText"].as_str().unwrap();
+    assert!(ws_text.contains("/dev/pts/"), "{ws_text}");
+    assert!(ws_text.contains("22 77"), "{ws_text}");
+    assert!(
+        !d.stderr().contains("compat-token"),
+        "the token reached the daemon's log"
+    );
 }

@@ -522,3 +522,285 @@ async fn a_second_stop_signal_kills_every_agent_at_once() {
         tree.iter().all(|p| !pid_alive(*p)).then_some(())
     });
 }
+
+/// A DELETE answers at once and stops its agent in the background. A stop signal that comes
+/// while that stop is still in its grace period waits for it: the daemon exits 0 only once the
+/// deleted agent's whole tree is gone and the stop has run its course (grace, then KILL, logged
+/// as forced before the daemon's last line).
+#[tokio::test]
+async fn sigterm_waits_for_a_delete_whose_agent_is_still_stopping() {
+    let mut d = Daemon::builder()
+        .args([
+            "--shutdown-grace",
+            "30s",
+            "--agent-grace",
+            "3s",
+            "--log-format",
+            "json",
+        ])
+        .start();
+    let pid = start_agent(&d, "leaving").await;
+    let (status, _) = prompt(&d, "leaving", 2, "/ignore-term").await;
+    assert_eq!(status, 200);
+    let (status, _) = prompt(&d, "leaving", 3, "/fork 2").await;
+    assert_eq!(status, 200);
+    let mut tree = crate::support::children_of(pid);
+    tree.push(pid);
+    assert!(tree.len() >= 3, "{tree:?}");
+    assert_eq!(delete(&d, "leaving").await.status().as_u16(), 204);
+    // The agent ignores TERM, so its stop is now waiting out the 3 s grace.
+    assert!(
+        pid_alive(pid),
+        "the DELETE's stop had not reached its KILL yet"
+    );
+    let code = d.stop(Duration::from_secs(30));
+    assert_eq!(code, 0, "stderr:\n{}", d.stderr());
+    // No polling here: at the daemon's exit the tree must already be gone.
+    let left: Vec<u32> = tree.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(
+        left.is_empty(),
+        "the deleted agent outlived the daemon: {left:?}"
+    );
+    let log: Vec<Value> = d
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let at = |pred: &dyn Fn(&Value) -> bool| log.iter().position(pred);
+    let stopped = at(&|e| e["message"] == "agent stopped" && e["server_id"] == "leaving")
+        .unwrap_or_else(|| panic!("the DELETE's stop was not awaited:\n{}", d.stderr()));
+    assert_eq!(log[stopped]["reason"], "Forced", "{}", log[stopped]);
+    let last = at(&|e| e["message"] == "stopped").expect("the daemon's last line");
+    assert!(stopped < last, "{}", d.stderr());
+}
+
+/// Runs `script` with `sh -c` inside the PID and mount namespaces of `ns_init` (host pid).
+fn in_namespace(ns_init: u32, script: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new("nsenter");
+    cmd.args(["-t", &ns_init.to_string(), "-p", "-m", "sh", "-c", script]);
+    cmd
+}
+
+/// `(state, pgrp)` of namespace-local `pid`, read inside the namespace.
+fn state_and_group(ns_init: u32, pid: u32) -> Option<(String, u32)> {
+    let out = in_namespace(ns_init, &format!("cat /proc/{pid}/stat"))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (_, rest) = text.rsplit_once(") ")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.first()?.to_string(), f.get(2)?.parse().ok()?))
+}
+
+/// The host pid of a namespace's PID 1. Dropped while armed (a failed test), it kills that
+/// init, which ends the namespace: `unshare` does not pass SIGTERM on, so the daemon's own drop
+/// would wait for it in vain.
+struct NsInit {
+    pid: u32,
+    armed: bool,
+}
+
+impl Drop for NsInit {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// A daemon that is PID 1 of its own PID namespace (so the test can steer which pid the kernel
+/// hands out next), without cgroups (where only the process group tells a tree apart), with a
+/// 5 s agent grace; and the host pid of the namespace's PID 1. `None` (skipped) without root,
+/// `unshare --pid` and `nsenter`.
+fn daemon_in_pid_namespace() -> Option<(Daemon, NsInit)> {
+    let unshare_works = is_root()
+        && std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "true"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !unshare_works {
+        skip("needs root, unshare --pid and nsenter to steer pid reuse");
+        return None;
+    }
+    let d = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--kill-child", "--mount-proc"])
+        .args(["--agent-cgroups", "off", "--agent-grace", "5s"])
+        .expect_exit(None)
+        .start();
+    let ns_init = eventually(Duration::from_secs(5), "the namespace's PID 1", || {
+        crate::support::children_of(d.pid()).first().copied()
+    });
+    Some((
+        d,
+        NsInit {
+            pid: ns_init,
+            armed: true,
+        },
+    ))
+}
+
+/// Starts `sh -c script` through the process API; (id, namespace-local pid).
+async fn start_process(d: &Daemon, script: &str) -> (String, u32) {
+    let resp = d
+        .client()
+        .post(d.url("/v1/processes"))
+        .json(&json!({"command": "sh", "args": ["-c", script]}))
+        .send()
+        .await
+        .expect("POST /v1/processes");
+    assert_eq!(resp.status().as_u16(), 200);
+    let info: Value = resp.json().await.unwrap();
+    (
+        info["id"].as_str().unwrap().to_string(),
+        info["pid"].as_u64().unwrap() as u32,
+    )
+}
+
+/// `POST /v1/processes/{id}/{action}?waitMs=…`; the status.
+async fn process_action(d: &Daemon, id: &str, action: &str, wait_ms: u64) -> u16 {
+    d.client()
+        .post(d.url(&format!("/v1/processes/{id}/{action}?waitMs={wait_ms}")))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn process_info(d: &Daemon, id: &str) -> Value {
+    d.client()
+        .get(d.url(&format!("/v1/processes/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The stranger: inside the namespace, forks until the kernel hands it `pid` (steering
+/// `ns_last_pid`), which then sits in its own session, so its process group id is `pid`. Gives
+/// up after 20 s (exit 1).
+fn spawn_stranger(ns_init: u32, pid: u32) -> std::process::Child {
+    let script = format!(
+        "end=$(( $(date +%s) + 20 )); \
+         while [ $(date +%s) -lt $end ]; do \
+           echo {} > /proc/sys/kernel/ns_last_pid; \
+           setsid sleep 120 </dev/null >/dev/null 2>&1 & p=$!; \
+           if [ $p = {pid} ]; then exit 0; fi; \
+           kill $p 2>/dev/null; wait $p 2>/dev/null; \
+         done; exit 1",
+        pid - 1
+    );
+    in_namespace(ns_init, &script).spawn().expect("nsenter")
+}
+
+async fn stranger_placed(stranger: std::process::Child, pid: u32) {
+    let status = tokio::task::spawn_blocking(move || stranger.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap()
+        .status;
+    assert!(status.success(), "the stranger never got pid {pid} in 20 s");
+}
+
+/// The stranger is alive and still leads group `pid`; then the negative control: a naive
+/// `killpg(pid)` kills it, so the id really named a live group the daemon could have hit.
+/// Last, the namespace's init stops the daemon and the namespace ends with it.
+fn stranger_survived_then_control(mut d: Daemon, mut ns: NsInit, pid: u32) {
+    let ns_init = ns.pid;
+    let stranger = state_and_group(ns_init, pid);
+    assert!(
+        matches!(&stranger, Some((state, pgrp)) if state != "Z" && *pgrp == pid),
+        "the stranger holding group {pid} was killed by the daemon: {stranger:?}\n{}",
+        d.stderr()
+    );
+    let naive = in_namespace(ns_init, &format!("/bin/kill -KILL -- -{pid}"))
+        .status()
+        .unwrap();
+    assert!(naive.success());
+    eventually(Duration::from_secs(5), "the naive killpg to hit", || {
+        state_and_group(ns_init, pid)
+            .is_none_or(|(state, _)| state == "Z")
+            .then_some(())
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ns_init as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut unshare = d.child.take().expect("the wrapper process");
+    let status = eventually(Duration::from_secs(15), "the namespace to end", || {
+        unshare.try_wait().unwrap()
+    });
+    ns.armed = false;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", d.stderr());
+}
+
+/// The reused-process-group race, after the end: a process group's id is its top process's pid,
+/// and once that pid is free the kernel may give it to an unrelated process that starts its own
+/// group. Here a stranger is made to take it after the tree ended by itself; a stop and a kill
+/// of the ended process that followed must not reach it (a naive `killpg` does: the control).
+#[tokio::test]
+async fn stop_and_kill_after_the_end_never_signal_a_stranger_with_the_old_group_id() {
+    let Some((d, ns)) = daemon_in_pid_namespace() else {
+        return;
+    };
+    let ns_init = ns.pid;
+    let (id, top) = start_process(&d, "sleep 0.2; exit 3").await;
+    let ended = eventually_async(Duration::from_secs(10), "the process to end", || async {
+        let info = process_info(&d, &id).await;
+        (info["status"] == "exited").then_some(info)
+    })
+    .await;
+    assert_eq!(ended["exitCode"], 3, "{ended}");
+    stranger_placed(spawn_stranger(ns_init, top), top).await;
+    assert_eq!(process_action(&d, &id, "stop", 2000).await, 200);
+    assert_eq!(process_action(&d, &id, "kill", 2000).await, 200);
+    stranger_survived_then_control(d, ns, top);
+}
+
+/// The same race during a stop: the tree dies by other hands while the daemon's stop waits out
+/// its grace, and a stranger is ready to take the top process's pid the moment it is free. The
+/// daemon holds that pid (the top process stays unreaped) until its stop has sent its last
+/// signal, so the stranger survives the stop.
+#[tokio::test]
+async fn a_stop_never_signals_a_stranger_that_reuses_the_group_id() {
+    let Some((d, ns)) = daemon_in_pid_namespace() else {
+        return;
+    };
+    let ns_init = ns.pid;
+    // A TERM-ignoring top process with a TERM-ignoring child in its group.
+    let pidfile = d.work_dir().join("child.pid");
+    let script = format!(
+        "trap '' TERM; sleep 1000 & echo $! > {}; wait",
+        pidfile.display()
+    );
+    let (id, top) = start_process(&d, &script).await;
+    let child: u32 = eventually(Duration::from_secs(10), "the child's pid", || {
+        std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    });
+    // TERM to the group (ignored by both), then up to 5 s of grace.
+    assert_eq!(process_action(&d, &id, "stop", 0).await, 200);
+    let stranger = spawn_stranger(ns_init, top);
+    // The top process first, then its child (reaped by the namespace's init): the pid is free
+    // as soon as the daemon no longer holds the top process unreaped.
+    let killed = in_namespace(ns_init, &format!("kill -KILL {top} && kill -KILL {child}"))
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    stranger_placed(stranger, top).await;
+    let ended = eventually_async(Duration::from_secs(15), "the stop to finish", || async {
+        let info = process_info(&d, &id).await;
+        (info["status"] == "exited").then_some(info)
+    })
+    .await;
+    assert_eq!(ended["exitSignal"], 9, "{ended}");
+    stranger_survived_then_control(d, ns, top);
+}

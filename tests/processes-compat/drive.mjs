@@ -1,8 +1,9 @@
 // Drives the daemon's /v1/processes with the published npm SDK `sandbox-agent` (0.4.2, unchanged):
-// config get/set, run, create (pipes and tty), list, get, logs, follow, input, resize, stop, kill,
-// delete. Prints one JSON line with what it saw; the Rust test checks it.
+// config get/set, run, create (pipes and tty), list, get, logs, follow, input, resize, the terminal
+// WebSocket (token in its URL), stop, kill, delete. Prints one JSON line with what it saw; the Rust test checks it.
 // Usage: node drive.mjs <baseUrl> [token]
 import { SandboxAgent } from "sandbox-agent";
+import WS from "ws";
 
 const [baseUrl, token] = process.argv.slice(2);
 const sdk = await SandboxAgent.connect({ baseUrl, token: token || undefined });
@@ -52,12 +53,31 @@ try {
 
 // A terminal.
 const tty = await sdk.createProcess({ command: "bash", args: ["--norc", "--noprofile"], tty: true, interactive: true });
+out.ttyId = tty.id;
 out.resize = await sdk.resizeProcessTerminal(tty.id, { cols: 123, rows: 45 });
 await sdk.sendProcessInput(tty.id, { data: "stty size\n", encoding: "utf8" });
 out.ttyText = await until("stty's answer", async () => {
   const t = text((await sdk.getProcessLogs(tty.id)).entries);
   return t.includes("45 123") ? t : null;
 });
+
+// The same terminal over the SDK's WebSocket: it sends the token as `?access_token=` (browsers
+// cannot set headers on a WebSocket). Node 20 has no global WebSocket; `ws` is passed in.
+const term = sdk.connectProcessTerminal(tty.id, { WebSocket: globalThis.WebSocket ?? WS });
+let wsText = "";
+const wsErrors = [];
+term.onData((bytes) => (wsText += Buffer.from(bytes).toString()));
+term.onError((e) => wsErrors.push(String(e?.message ?? e)));
+out.wsReady = await new Promise((resolve, reject) => {
+  term.onReady(resolve);
+  term.onClose(() => reject(new Error(`terminal socket closed before ready: ${wsErrors.join("; ")}`)));
+});
+term.resize({ cols: 77, rows: 22 });
+term.sendInput("tty; stty size\n");
+await until("tty and stty over the WebSocket", () => /\/dev\/pts\/\d+/.test(wsText) && wsText.includes("22 77"));
+out.wsText = wsText;
+term.close();
+await term.closed;
 out.killed = await sdk.killProcess(tty.id, { waitMs: 5000 });
 try {
   await sdk.deleteProcess("proc_999999");

@@ -113,3 +113,47 @@ test("in headless Chromium: initialize -> session -> prompt with updates over SS
     await d?.stop();
   }
 });
+
+test("in headless Chromium with a token: the ACP WebSocket transport and a process terminal carry it in the URL", async (t) => {
+  if (!existsSync(CHROMIUM)) return skipOrFail(t, `no Chromium at ${CHROMIUM} (apt-get install chromium)`);
+  let chromium;
+  try {
+    ({ chromium } = await import("playwright-core"));
+  } catch {
+    return skipOrFail(t, "playwright-core is not installed (npm ci in sdks/typescript)");
+  }
+  const page = await startPageServer(null);
+  const token = "browser-ws-token";
+  let d;
+  try {
+    d = await startDaemon({ token, args: ["--allowed-origins", page.url] });
+    const pageUrl = `${page.url}/test/fixtures/browser-ws.html?daemon=${encodeURIComponent(d.url)}&token=${token}`;
+    const browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"],
+    });
+    try {
+      const tab = await browser.newPage();
+      const logs = [];
+      tab.on("console", (m) => logs.push(m.text()));
+      tab.on("pageerror", (e) => logs.push(String(e)));
+      await tab.goto(pageUrl);
+      await tab.waitForFunction(() => window.__result !== undefined, null, { timeout: 30_000 });
+      const result = await tab.evaluate(() => window.__result);
+      assert.equal(result.ok, true, `${result.error}\n${logs.join("\n")}\ndaemon:\n${d.stderr()}`);
+      assert.equal(result.stopReason, "end_turn");
+      assert.deepEqual(result.updates, [1, 2, 3, 4].map((i) => `chunk ${i} of 4`));
+      assert.equal(result.terminalSawAnswer, true);
+      assert.deepEqual(result.exits, [4]);
+      assert.equal(result.followed, "a\nb\n");
+      // The sockets were upgrades with the token in the URL; the daemon logged neither.
+      assert.ok(!d.stderr().includes(token), "the token reached the daemon's log");
+    } finally {
+      await browser.close();
+    }
+  } finally {
+    if (page.server.listening) await new Promise((r) => page.server.close(r));
+    await d?.stop();
+  }
+});

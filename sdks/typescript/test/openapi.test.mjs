@@ -22,6 +22,11 @@ const USED = [
   ["delete", "/v1/fs/entry"], ["post", "/v1/fs/mkdir"], ["post", "/v1/fs/move"], ["post", "/v1/fs/upload-batch"],
   ["get", "/v1/config/mcp"], ["put", "/v1/config/mcp"], ["delete", "/v1/config/mcp"],
   ["get", "/v1/config/skills"], ["put", "/v1/config/skills"], ["delete", "/v1/config/skills"],
+  ["get", "/v1/processes/config"], ["post", "/v1/processes/config"], ["post", "/v1/processes/run"],
+  ["post", "/v1/processes"], ["get", "/v1/processes"], ["get", "/v1/processes/{id}"],
+  ["delete", "/v1/processes/{id}"], ["post", "/v1/processes/{id}/stop"], ["post", "/v1/processes/{id}/kill"],
+  ["get", "/v1/processes/{id}/logs"], ["post", "/v1/processes/{id}/input"],
+  ["post", "/v1/processes/{id}/terminal/resize"], ["get", "/v1/processes/{id}/terminal/ws"],
 ];
 
 test("generated/openapi.ts is current with docs/openapi.json, which has every route the SDK calls", async (t) => {

@@ -42,7 +42,7 @@ async function runQuickstart(pkg) {
 
 test("sandbox-agent README quickstart runs verbatim and prints what it says", async () => {
   const out = await runQuickstart("sandbox-agent");
-  assert.equal(out, "agent: chunk 1 of 3\nagent: chunk 2 of 3\nagent: chunk 3 of 3\nstop reason: end_turn\n");
+  assert.equal(out, "agent: chunk 1 of 3\nagent: chunk 2 of 3\nagent: chunk 3 of 3\nstop reason: end_turn\nprocess: hello 0\n");
 });
 
 test("acp-http-client README quickstart runs verbatim and prints what it says", async () => {

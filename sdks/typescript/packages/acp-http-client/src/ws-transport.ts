@@ -37,8 +37,9 @@ export interface WebSocketLike {
 export interface AcpWebSocketTransportOptions extends AcpHttpTransportOptions {
   /**
    * Opens a socket. Default: the global `WebSocket`; with a token, `new WebSocket(url, { headers })`
-   * (the form Node's built-in WebSocket and the `ws` package accept). Browsers cannot send an
-   * `Authorization` header on a WebSocket: there, use the SSE transport with a token.
+   * in Node (the form its built-in WebSocket and the `ws` package accept). A browser's WebSocket
+   * cannot send headers: there the token goes in the URL as `?access_token=`, which the daemon
+   * accepts on WebSocket upgrades only.
    */
   createWebSocket?: (url: string, headers: Record<string, string>) => WebSocketLike;
 }
@@ -254,7 +255,7 @@ export class AcpWebSocketTransport implements AcpStreamTransport {
     const headers = this.headers();
     const ws = this.opts.createWebSocket
       ? this.opts.createWebSocket(url, headers)
-      : defaultWebSocket(url, headers);
+      : defaultWebSocket(url, headers, this.opts.token);
     return new Promise((resolve, reject) => {
       let open = false;
       ws.onopen = () => {
@@ -411,14 +412,28 @@ function idKey(id: string | number): string {
   return typeof id === "number" ? `n:${id}` : `s:${id}`;
 }
 
-function defaultWebSocket(url: string, headers: Record<string, string>): WebSocketLike {
+function defaultWebSocket(url: string, headers: Record<string, string>, token?: string): WebSocketLike {
   const WS = (globalThis as { WebSocket?: new (url: string, opts?: unknown) => WebSocketLike }).WebSocket;
   if (!WS) throw new Error("no WebSocket implementation: pass createWebSocket (or run Node >= 22)");
   if (Object.keys(headers).length === 0) return new WS(url);
-  if (typeof window !== "undefined" && typeof document !== "undefined") {
-    throw new Error("browsers cannot send headers (the token) on a WebSocket: use the SSE transport");
+  if (canSendHeaders()) return new WS(url, { headers });
+  // A browser's WebSocket cannot send headers. The token goes in the URL as `access_token`, which
+  // the daemon accepts on WebSocket upgrades only (a URL can end up in logs; the header is used
+  // wherever it can be).
+  const others = Object.keys(headers).filter((h) => h.toLowerCase() !== "authorization");
+  if (others.length > 0) {
+    throw new Error(`browsers cannot send headers on a WebSocket (${others.join(", ")}): use the SSE transport`);
   }
-  return new WS(url, { headers });
+  if (!token) return new WS(url);
+  const u = new URL(url);
+  u.searchParams.set("access_token", token);
+  return new WS(u.toString());
+}
+
+/** True in Node (and runtimes that copy its WebSocket API), whose WebSocket takes `{ headers }`. */
+function canSendHeaders(): boolean {
+  const p = (globalThis as { process?: { versions?: { node?: string } } }).process;
+  return typeof p?.versions?.node === "string";
 }
 
 function toNetworkError(error: unknown): AcpHttpError {

@@ -1,12 +1,26 @@
 /**
- * The daemon's host APIs as plain methods (health, agents, instances, files, config): one HTTP call
- * each, no connection needed.
+ * The daemon's host APIs as plain methods (health, agents, instances, files, config, processes):
+ * one HTTP call each (following a log and a terminal socket live in processes.ts), no connection
+ * needed.
  *
  * Invariants: bodies and downloads stream (a 200 MB file never sits in memory unless the caller asks
  * for bytes); every non-2xx answer becomes an {@link HttpError} with the problem body.
  */
 import { networkProblem, problemFromResponse } from "acp-http-client/errors";
 import { HttpError } from "./errors.js";
+import {
+  explainTerminalRefusal,
+  followProcessLogs,
+  openTerminalSocket,
+  processTerminalUrl,
+  ProcessTerminalSession,
+  type FollowProcessLogsOptions,
+  type ProcessContext,
+  type ProcessLogListener,
+  type ProcessLogSubscription,
+  type ProcessTerminalConnectOptions,
+  type ProcessTerminalUrlOptions,
+} from "./processes.js";
 import type {
   AgentInfo,
   FsEntry,
@@ -17,6 +31,20 @@ import type {
   InstanceInfo,
   McpEntry,
   MoveRequest,
+  ProcessConfig,
+  ProcessCreateRequest,
+  ProcessInfo,
+  ProcessInputRequest,
+  ProcessInputResponse,
+  ProcessListQuery,
+  ProcessListResponse,
+  ProcessLogFollowQuery,
+  ProcessLogsResponse,
+  ProcessRunRequest,
+  ProcessRunResponse,
+  ProcessSignalQuery,
+  ProcessTerminalResizeRequest,
+  ProcessTerminalResizeResponse,
   MoveResult,
   PathResult,
   SkillsEntry,
@@ -161,6 +189,97 @@ export class HostApi {
     await this.send("DELETE", "/v1/config/skills", { query: { ...key } });
   }
 
+  // Processes (`/v1/processes`; docs/processes.md), with the names and shapes of the published
+  // `sandbox-agent` 0.4.2 SDK.
+
+  getProcessConfig(): Promise<ProcessConfig> {
+    return this.json("GET", "/v1/processes/config");
+  }
+  /** Replaces the runtime limits (all six members) until the daemon stops. */
+  setProcessConfig(config: ProcessConfig): Promise<ProcessConfig> {
+    return this.json("POST", "/v1/processes/config", { body: config });
+  }
+  /** Runs to completion (stdin closed, output captured up to a limit, killed at the timeout). */
+  runProcess(request: ProcessRunRequest): Promise<ProcessRunResponse> {
+    return this.json("POST", "/v1/processes/run", { body: request });
+  }
+  /** Starts a background process (optionally on a terminal, `tty`, and with stdin, `interactive`). */
+  createProcess(request: ProcessCreateRequest): Promise<ProcessInfo> {
+    return this.json("POST", "/v1/processes", { body: request });
+  }
+  listProcesses(query: ProcessListQuery = {}): Promise<ProcessListResponse> {
+    return this.json("GET", "/v1/processes", { query: { ...query } });
+  }
+  getProcess(id: string): Promise<ProcessInfo> {
+    return this.json("GET", processPath(id));
+  }
+  /** SIGTERM to the tree, the grace period, then SIGKILL; with `waitMs`, answers once it exited (or then). */
+  stopProcess(id: string, query: ProcessSignalQuery = {}): Promise<ProcessInfo> {
+    return this.json("POST", `${processPath(id)}/stop`, { query: { ...query } });
+  }
+  /** SIGKILL to the tree at once. */
+  killProcess(id: string, query: ProcessSignalQuery = {}): Promise<ProcessInfo> {
+    return this.json("POST", `${processPath(id)}/kill`, { query: { ...query } });
+  }
+  /** Forgets an exited process and its log (409 while it runs). */
+  async deleteProcess(id: string): Promise<void> {
+    await this.send("DELETE", processPath(id));
+  }
+  /** A page of the output log: `since` a byte offset, the last `tail` entries, one `stream`. */
+  getProcessLogs(id: string, query: ProcessLogFollowQuery = {}): Promise<ProcessLogsResponse> {
+    return this.json("GET", `${processPath(id)}/logs`, { query: { ...query } });
+  }
+  /**
+   * Follows the output log (SSE): `listener` gets every entry once, in order, across dropped
+   * streams (resumed with `Last-Event-ID`); dropped output is reported to `options.onGap`.
+   * Resolves once the stream is open; `closed` settles when following ends.
+   */
+  followProcessLogs(
+    id: string,
+    listener: ProcessLogListener,
+    query: ProcessLogFollowQuery = {},
+    options: FollowProcessLogsOptions = {},
+  ): Promise<ProcessLogSubscription> {
+    return followProcessLogs(this.processContext(), id, listener, query, options);
+  }
+  /** Writes to stdin or the terminal: `data` is base64 unless `encoding` is `utf8`. */
+  sendProcessInput(id: string, request: ProcessInputRequest): Promise<ProcessInputResponse> {
+    return this.json("POST", `${processPath(id)}/input`, { body: request });
+  }
+  resizeProcessTerminal(id: string, request: ProcessTerminalResizeRequest): Promise<ProcessTerminalResizeResponse> {
+    return this.json("POST", `${processPath(id)}/terminal/resize`, { body: request });
+  }
+  /** The terminal WebSocket's URL, with the token as `?access_token=` (for a browser's WebSocket). */
+  buildProcessTerminalWebSocketUrl(id: string, options: ProcessTerminalUrlOptions = {}): string {
+    return processTerminalUrl(this.processContext(), id, options.accessToken ?? this.token);
+  }
+  /** The raw terminal WebSocket (see {@link ProcessTerminalConnectOptions} for how the token travels). */
+  connectProcessTerminalWebSocket(id: string, options: ProcessTerminalConnectOptions = {}): WebSocket {
+    return openTerminalSocket(this.processContext(), id, options);
+  }
+  /** The terminal as a session: `onData`, `sendInput`, `resize`, `onExit`, `close`, `ready`. */
+  connectProcessTerminal(id: string, options: ProcessTerminalConnectOptions = {}): ProcessTerminalSession {
+    const ctx = this.processContext();
+    return new ProcessTerminalSession(openTerminalSocket(ctx, id, options), () => explainTerminalRefusal(ctx, id));
+  }
+
+  private processContext(): ProcessContext {
+    return {
+      url: (path, query) => this.url(path, query),
+      headers: () => this.authHeaders(),
+      token: this.token,
+      fetcher: this.fetcher,
+    };
+  }
+
+  protected url(path: string, query: Query = {}): URL {
+    const url = new URL(this.baseUrl + path);
+    for (const [k, v] of Object.entries(query)) {
+      if (v !== undefined) url.searchParams.set(k, String(v));
+    }
+    return url;
+  }
+
   protected authHeaders(): Record<string, string> {
     const h: Record<string, string> = { ...this.extraHeaders };
     if (this.token) h.Authorization = `Bearer ${this.token}`;
@@ -182,10 +301,7 @@ export class HostApi {
     path: string,
     init: { query?: Query; body?: unknown; raw?: BodySource; headers?: Record<string, string> } = {},
   ): Promise<Response> {
-    const url = new URL(this.baseUrl + path);
-    for (const [k, v] of Object.entries(init.query ?? {})) {
-      if (v !== undefined) url.searchParams.set(k, String(v));
-    }
+    const url = this.url(path, init.query);
     const headers: Record<string, string> = { ...this.authHeaders(), ...init.headers };
     const req: RequestInit & { duplex?: "half" } = { method, headers };
     if (init.body !== undefined) {
@@ -211,4 +327,8 @@ export class HostApi {
     if (!res.ok) throw new HttpError(await problemFromResponse(res));
     return res;
   }
+}
+
+function processPath(id: string): string {
+  return `/v1/processes/${encodeURIComponent(id)}`;
 }

@@ -12,6 +12,20 @@ export {
   type PromptOptions,
 } from "./client.js";
 export { HostApi, type HostOptions, type BodySource, type ConfigKey } from "./host.js";
+export {
+  ProcessTerminalSession,
+  type FollowProcessLogsOptions,
+  type ProcessLogListener,
+  type ProcessLogSubscription,
+  type ProcessTerminalConnectOptions,
+  type ProcessTerminalUrlOptions,
+  type ProcessTerminalClientFrame,
+  type ProcessTerminalServerFrame,
+  type ProcessTerminalReadyFrame,
+  type ProcessTerminalExitFrame,
+  type ProcessTerminalErrorFrame,
+  type WebSocketConstructor,
+} from "./processes.js";
 export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError } from "./errors.js";
 export { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
 export type { GapEvent, ProblemDetails } from "acp-http-client";

@@ -28,4 +28,31 @@ export type UploadBatchResult = Schemas["UploadOutcome"];
 export type McpEntry = Schemas["McpEntry"];
 export type SkillsEntry = Schemas["SkillsEntry"];
 export type SkillSource = Schemas["SkillSource"];
+
+// Processes (`/v1/processes`), under the names of the published `sandbox-agent` 0.4.2 SDK.
+type Operations = import("./generated/openapi.js").operations;
+type QueryOf<O extends keyof Operations> = NonNullable<Operations[O]["parameters"]["query"]>;
+export type ProcessConfig = Schemas["ProcessConfig"];
+export type ProcessCreateRequest = Schemas["CreateRequest"];
+export type ProcessInfo = Schemas["ProcessInfo"];
+export type ProcessStats = Schemas["ProcessStats"];
+export type ProcessState = "running" | "exited";
+export type ProcessOwner = "user" | "desktop" | "system";
+export type ProcessInputRequest = Schemas["InputRequest"];
+export type ProcessInputResponse = Schemas["InputResponse"];
+export type ProcessListQuery = { owner?: ProcessOwner };
+export type ProcessListResponse = Schemas["ProcessListResponse"];
+export type ProcessLogEntry = Schemas["LogEntry"];
+export type ProcessLogStream = Schemas["LogStream"];
+export type ProcessLogsStream = Schemas["StreamFilter"];
+export type ProcessLogsQuery = QueryOf<"getProcessLogs">;
+export type ProcessLogFollowQuery = Omit<ProcessLogsQuery, "follow">;
+export type ProcessLogsResponse = Schemas["ProcessLogsResponse"];
+/** Output that was dropped before a reader got it: bytes `[from, to)`. */
+export type ProcessLogGap = Schemas["Gap"];
+export type ProcessRunRequest = Schemas["RunRequest"];
+export type ProcessRunResponse = Schemas["RunResponse"];
+export type ProcessSignalQuery = QueryOf<"stopProcess">;
+export type ProcessTerminalResizeRequest = Schemas["TerminalSize"];
+export type ProcessTerminalResizeResponse = Schemas["TerminalSize"];
 export type { components as OpenApiComponents, paths as OpenApiPaths } from "./generated/openapi.js";
