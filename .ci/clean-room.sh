@@ -4,14 +4,14 @@
 # commit of this repository into it and runs `CI=true bash .ci/run` there as root, chrooted (by
 # pivot_root in a private mount namespace), with the host's real /proc, /sys (cgroups included,
 # read-write), /dev and a tmpfs /run, in the host's PID namespace (no container), so that every
-# tool the tests need must come from `.ci/install-*.sh`. Anything that fails here because the machine is fresh is a
-# bug in those scripts or in a test, never something to add to this set-up.
+# tool the tests need must come from `.ci/install-*.sh`. Anything that fails here because the
+# machine is fresh is a bug in those scripts or in a test, never something to add to this set-up.
 #
-# Invariants: nothing it mounts outlives it (the mounts live in the room's own mount namespace, and
-# an EXIT/INT/TERM trap stops every process left in it; the root is deleted only when nothing is
-# mounted beneath it, with --one-file-system); no systemd manager runs
-# outside a `systemd-nspawn --boot` container (a policy-rc.d forbids services, and a watcher stops
-# the run if one appears); the run is bounded by `timeout` (90 min by default).
+# Invariants: nothing it mounts outlives it (the mounts live in the room's own mount namespace,
+# and an EXIT/INT/TERM trap stops every process left in it; the root is deleted only when nothing
+# is mounted beneath it, with --one-file-system); no systemd manager runs outside a
+# `systemd-nspawn --boot` container (a policy-rc.d forbids services, and a watcher stops the run
+# if one appears); the run is bounded by `timeout` (90 min by default).
 #
 # Usage (as root, on a Debian 12 machine with the Rust toolchain from rustup):
 #   .ci/clean-room.sh [--rev REV] [--root DIR] [--log FILE] [--timeout MIN] [--keep]
