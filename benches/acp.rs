@@ -1,7 +1,11 @@
 //! Benchmark of the ACP proxy against the built-in mock agent (not a test: it prints figures).
 //! Measures the physical limit (a direct pipe to `sandbox-agent mock-agent`), the HTTP round
-//! trip through the release daemon at concurrency 1 and 32, and SSE delivery of `/stream N`.
-//! Run: `cargo bench --bench acp` (builds the release daemon; log level warn).
+//! trip through the release daemon at concurrency 1 and 32, SSE delivery of `/stream N`, our
+//! WebSocket (c=1, its floor without the agent, 32 in flight on one socket, 32 sockets) and the
+//! ACP RFD endpoint (WebSocket profile, Streamable HTTP). Every client is blocking and written
+//! here, so that the figures measure the daemon.
+//! Run: `cargo bench --bench acp` (builds the release daemon; log level warn);
+//! `ACP_BENCH_ONLY=pipe,http,sse,ws,rfd` selects groups (docs/performance.md).
 //! Every answer's id is checked; any error or wrong id is counted and reported.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -543,190 +547,265 @@ fn http_stream(port: u16, server: &str, subs: usize, n: u64) -> (f64, bool) {
 
 // ---------- WebSocket and the RFD transport ----------
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn ws_connect(port: u16, path: &str) -> (Ws, Option<String>) {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut req = format!("ws://127.0.0.1:{port}{path}")
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("host", "localhost".parse().unwrap());
-    let (ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
-    let conn = resp
-        .headers()
-        .get("acp-connection-id")
-        .map(|v| v.to_str().unwrap().to_string());
-    (ws, conn)
+/// A minimal blocking WebSocket client (RFC 6455, text frames only), written here for the same
+/// reason as `Conn`: the figures should measure the daemon, and a blocking client costs the same
+/// per message as the pipe's. `w` may be moved to another thread (see `split`).
+struct WsConn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
 }
 
-/// The id of the next answer frame on `ws` (pings and other frames skipped).
-async fn ws_next_id(ws: &mut Ws) -> Option<u64> {
-    use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::Message;
-    loop {
-        match ws.next().await? {
-            Ok(Message::Text(t)) => return answer_id(t.as_bytes()),
-            Ok(Message::Close(_)) | Err(_) => return None,
-            Ok(_) => {}
+const INIT: &str =
+    r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
+
+impl WsConn {
+    /// Opens `path` with an upgrade; returns the socket and the `Acp-Connection-Id` it carried.
+    fn open(port: u16, path: &str) -> (WsConn, Option<String>) {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut w = s.try_clone().unwrap();
+        // The key is not checked by this client; the daemon only needs one of the right shape.
+        write!(
+            w,
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: YWNwLWJlbmNoLWtleS0wMQ==\r\nsec-websocket-version: 13\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(line.starts_with("HTTP/1.1 101"), "upgrade refused: {line}");
+        let mut conn = None;
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("acp-connection-id")
+            {
+                conn = Some(v.trim().to_string());
+            }
         }
+        (WsConn { r, w }, conn)
+    }
+
+    /// Opens `path`, sends `initialize` and waits for its answer.
+    fn ready(port: u16, path: &str) -> WsConn {
+        let (mut ws, _) = WsConn::open(port, path);
+        ws_send(&mut ws.w, INIT);
+        assert_eq!(ws.next_id(), Some(0));
+        ws
+    }
+
+    /// The payload of the next text frame (control frames skipped); `None` when the socket
+    /// closed.
+    fn next_text(&mut self, buf: &mut Vec<u8>) -> Option<()> {
+        loop {
+            let mut head = [0u8; 2];
+            self.r.read_exact(&mut head).ok()?;
+            assert!(head[0] & 0x80 != 0, "fragmented frames are not expected");
+            let len = match head[1] & 0x7f {
+                126 => {
+                    let mut b = [0u8; 2];
+                    self.r.read_exact(&mut b).ok()?;
+                    u16::from_be_bytes(b) as usize
+                }
+                127 => {
+                    let mut b = [0u8; 8];
+                    self.r.read_exact(&mut b).ok()?;
+                    u64::from_be_bytes(b) as usize
+                }
+                n => n as usize,
+            };
+            buf.resize(len, 0);
+            self.r.read_exact(buf).ok()?;
+            match head[0] & 0x0f {
+                1 => return Some(()),
+                8 => return None,
+                // Pings (the daemon's keepalive) need no answer here; pongs and binary: skip.
+                _ => {}
+            }
+        }
+    }
+
+    fn next_id(&mut self) -> Option<u64> {
+        let mut buf = Vec::new();
+        self.next_text(&mut buf)?;
+        answer_id(&buf)
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+/// Sends one masked text frame with one `write`.
+fn ws_send(w: &mut TcpStream, text: &str) {
+    let frame = ws_frame(text);
+    w.write_all(&frame).unwrap();
+}
+
+fn ws_frame(text: &str) -> Vec<u8> {
+    const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+    let p = text.as_bytes();
+    let mut f = Vec::with_capacity(p.len() + 14);
+    f.push(0x81);
+    if p.len() < 126 {
+        f.push(0x80 | p.len() as u8);
+    } else if p.len() < 65536 {
+        f.push(0x80 | 126);
+        f.extend_from_slice(&(p.len() as u16).to_be_bytes());
+    } else {
+        f.push(0x80 | 127);
+        f.extend_from_slice(&(p.len() as u64).to_be_bytes());
+    }
+    f.extend_from_slice(&MASK);
+    f.extend(p.iter().enumerate().map(|(i, b)| b ^ MASK[i % 4]));
+    f
 }
 
 /// c=1 over one socket: send, wait for the answer, repeat. `path` is our endpoint
 /// (`/v1/acp/..?agent=mock`) or the RFD's WebSocket profile.
 fn ws_c1(port: u16, path: &str, n: u64) -> (Latency, u64) {
-    use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
-    runtime().block_on(async {
-        let (mut ws, _) = ws_connect(port, path).await;
-        let init =
-            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
-        ws.send(Message::text(init)).await.unwrap();
-        assert_eq!(ws_next_id(&mut ws).await, Some(0));
-        let mut lat = Vec::with_capacity(n as usize);
-        let mut errors = 0;
-        for id in 1..=n + 1000 {
-            let t = Instant::now();
-            ws.send(Message::text(echo_line(id))).await.unwrap();
-            if ws_next_id(&mut ws).await != Some(id) {
-                errors += 1;
-            }
-            if id > 1000 {
-                lat.push(t.elapsed());
-            }
+    let mut ws = WsConn::ready(port, path);
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut errors = 0;
+    let mut buf = Vec::new();
+    for id in 1..=n + 1000 {
+        let frame = ws_frame(&echo_line(id));
+        let t = Instant::now();
+        ws.w.write_all(&frame).unwrap();
+        if ws.next_text(&mut buf).is_none() || answer_id(&buf) != Some(id) {
+            errors += 1;
         }
-        (summarize(lat), errors)
-    })
+        if id > 1000 {
+            lat.push(t.elapsed());
+        }
+    }
+    (summarize(lat), errors)
 }
 
-/// `inflight` requests in flight on one socket for `dur`: each answer releases the next request.
+/// The transport alone: c=1 frames the daemon answers itself without the agent (an empty batch,
+/// `[]`, is refused with a JSON-RPC error at once) — the WebSocket's `GET /v1/health`.
+fn ws_floor(port: u16, n: u64) -> Latency {
+    let mut ws = WsConn::ready(port, "/v1/acp/wsfloor?agent=mock");
+    let frame = ws_frame("[]");
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut buf = Vec::new();
+    for i in 0..n + 1000 {
+        let t = Instant::now();
+        ws.w.write_all(&frame).unwrap();
+        ws.next_text(&mut buf).expect("an error frame");
+        if i >= 1000 {
+            lat.push(t.elapsed());
+        }
+    }
+    summarize(lat)
+}
+
+/// `inflight` requests in flight on one socket for `dur`, driven exactly like the pipelined
+/// pipe: a writer thread sends one frame (one `write`) per answer the reader thread received.
 fn ws_one_socket(port: u16, path: &str, inflight: u64, dur: Duration) -> (f64, u64) {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-    runtime().block_on(async {
-        let (mut ws, _) = ws_connect(port, path).await;
-        let init =
-            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
-        ws.send(Message::text(init)).await.unwrap();
-        assert_eq!(ws_next_id(&mut ws).await, Some(0));
-        let (mut tx, mut rx) = ws.split();
-        let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let writer = tokio::spawn(async move {
-            let mut next = 1u64;
-            for _ in 0..inflight {
-                tx.feed(Message::text(echo_line(next))).await.unwrap();
-                next += 1;
-            }
-            tx.flush().await.unwrap();
-            while free_rx.recv().await.is_some() {
-                // Send whatever was released meanwhile in one flush.
-                let mut k = 1;
-                while free_rx.try_recv().is_ok() {
-                    k += 1;
-                }
-                for _ in 0..k {
-                    if tx.feed(Message::text(echo_line(next))).await.is_err() {
-                        return;
-                    }
-                    next += 1;
-                }
-                if tx.flush().await.is_err() {
-                    return;
-                }
-            }
-        });
-        let start = Instant::now();
-        let mut done = 0u64;
-        let mut errors = 0u64;
-        let mut expect = 1u64;
-        while start.elapsed() < dur {
-            match rx.next().await {
-                Some(Ok(Message::Text(t))) => {
-                    // One socket, one agent: answers come back in the order sent.
-                    if answer_id(t.as_bytes()) != Some(expect) {
-                        errors += 1;
-                    }
-                    expect += 1;
-                    done += 1;
-                    let _ = free_tx.send(());
-                }
-                Some(Ok(_)) => {}
-                _ => {
-                    errors += 1;
-                    break;
-                }
-            }
+    let mut ws = WsConn::ready(port, path);
+    let w = ws.w.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(inflight as usize);
+    let writer = std::thread::spawn(move || {
+        let mut w = w;
+        let mut next = 1u64;
+        for _ in 0..inflight {
+            ws_send(&mut w, &echo_line(next));
+            next += 1;
         }
-        let rate = done as f64 / start.elapsed().as_secs_f64();
-        drop(free_tx);
-        writer.abort();
-        (rate, errors)
-    })
+        while rx.recv().is_ok() {
+            if w.write_all(&ws_frame(&echo_line(next))).is_err() {
+                break;
+            }
+            next += 1;
+        }
+        // Closing the socket ends the daemon's side of it.
+        let _ = w.shutdown(std::net::Shutdown::Both);
+    });
+    let start = Instant::now();
+    let mut done = 0u64;
+    let mut errors = 0u64;
+    let mut expect = 1u64;
+    let mut buf = Vec::new();
+    while start.elapsed() < dur {
+        if ws.next_text(&mut buf).is_none() {
+            errors += 1;
+            break;
+        }
+        // One socket, one agent: answers come back in the order sent.
+        if answer_id(&buf) != Some(expect) {
+            errors += 1;
+        }
+        expect += 1;
+        done += 1;
+        if tx.send(0).is_err() {
+            break;
+        }
+    }
+    let rate = done as f64 / start.elapsed().as_secs_f64();
+    drop(tx);
+    let _ = writer.join();
+    (rate, errors)
 }
 
-/// `sockets` sockets on one serverId, each at c=1 for `dur`. Every answer is an event of the
-/// serverId's log, so every socket receives every socket's answers: a socket counts its own.
-fn ws_many_sockets(port: u16, server: &str, sockets: u64, dur: Duration) -> (f64, u64) {
-    use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
-    runtime().block_on(async {
-        let (mut first, _) = ws_connect(port, &format!("/v1/acp/{server}?agent=mock")).await;
-        let init =
-            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#;
-        first.send(Message::text(init)).await.unwrap();
-        assert_eq!(ws_next_id(&mut first).await, Some(0));
-        drop(first);
-        let done = Arc::new(AtomicU64::new(0));
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..sockets)
-            .map(|k| {
-                let done = done.clone();
-                let server = server.to_string();
-                tokio::spawn(async move {
-                    // Start after the initialize answer (event 1); other sockets' answers that
-                    // are replayed are skipped like the live ones.
-                    let (mut ws, _) =
-                        ws_connect(port, &format!("/v1/acp/{server}?lastEventId=1")).await;
-                    let mut errors = 0u64;
-                    let mut i = 0u64;
-                    while start.elapsed() < dur {
-                        let id = 1_000_000 + k * 100_000_000 + i;
-                        ws.send(Message::text(echo_line(id))).await.unwrap();
-                        loop {
-                            match ws_next_id(&mut ws).await {
-                                Some(got) if got == id => break,
-                                Some(_) => {}
-                                None => {
-                                    errors += 1;
-                                    return errors;
-                                }
+/// `sockets` sockets, each at c=1 for `dur` on its own thread. `shared`: all on one serverId
+/// (every answer is an event of its log, so every socket receives every socket's answers and
+/// counts its own); else each on its own serverId (its own agent).
+fn ws_many_sockets(port: u16, name: &str, sockets: u64, shared: bool, dur: Duration) -> (f64, u64) {
+    let path = |k: u64| {
+        if shared {
+            format!("/v1/acp/{name}")
+        } else {
+            format!("/v1/acp/{name}-{k}")
+        }
+    };
+    let mut first = Vec::new();
+    for k in 0..if shared { 1 } else { sockets } {
+        first.push(WsConn::ready(port, &format!("{}?agent=mock", path(k))));
+    }
+    drop(first);
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(std::sync::Barrier::new(sockets as usize));
+    let threads: Vec<_> = (0..sockets)
+        .map(|k| {
+            let (done, errors, ready) = (done.clone(), errors.clone(), ready.clone());
+            // Start after the initialize answer (event 1 of a shared log); other sockets'
+            // answers are skipped like the live ones.
+            let p = format!("{}?lastEventId=1", path(k));
+            std::thread::spawn(move || {
+                let (mut ws, _) = WsConn::open(port, &p);
+                ready.wait();
+                let start = Instant::now();
+                let mut i = 0u64;
+                while start.elapsed() < dur {
+                    let id = 1_000_000 + k * 100_000_000 + i;
+                    ws_send(&mut ws.w, &echo_line(id));
+                    loop {
+                        match ws.next_id() {
+                            Some(got) if got == id => break,
+                            Some(_) if shared => {}
+                            _ => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                return start.elapsed();
                             }
                         }
-                        i += 1;
-                        done.fetch_add(1, Ordering::Relaxed);
                     }
-                    errors
-                })
+                    i += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                start.elapsed()
             })
-            .collect();
-        let mut errors = 0;
-        for t in tasks {
-            errors += t.await.unwrap();
-        }
-        (
-            done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
-            errors,
-        )
-    })
+        })
+        .collect();
+    let mut longest = Duration::ZERO;
+    for t in threads {
+        longest = longest.max(t.join().unwrap());
+    }
+    (
+        done.load(Ordering::Relaxed) as f64 / longest.as_secs_f64(),
+        errors.load(Ordering::Relaxed),
+    )
 }
 
 /// The RFD's Streamable HTTP: POSTs answered 202 on `conns` keep-alive connections, each at
@@ -851,110 +930,169 @@ fn main() {
         .unwrap_or(20_000);
     let dur = Duration::from_secs(5);
     let stream_n: u64 = 100_000;
-    // For profiling: `ACP_BENCH_PROFILE=<port>` only drives HTTP c=1 against a running daemon.
+    // For profiling: `ACP_BENCH_PROFILE=<port>` drives a daemon started by hand, HTTP (c=1 and
+    // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown` (our WebSocket at c=1, 32 in
+    // flight on one socket, 32 sockets on 32 serverIds). `ACP_BENCH_SECS` is the length of the
+    // concurrent phase (0 skips it, e.g. to count the syscalls of c=1 alone).
     if let Some(port) = std::env::var("ACP_BENCH_PROFILE")
         .ok()
         .and_then(|p| p.parse().ok())
     {
-        let (h1, e) = http_c1(port, n);
-        println!(
-            "HTTP c=1 p50 {:.1} us p99 {:.1} us errors {e}",
-            us(h1.p50),
-            us(h1.p99)
-        );
-        // `ACP_BENCH_SECS=0` skips the c=32 phase (e.g. to count syscalls of c=1 alone).
         let secs: u64 = std::env::var("ACP_BENCH_SECS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(5);
-        if secs > 0 {
-            let (h32, e) = http_concurrent(port, 32, Duration::from_secs(secs));
-            println!("HTTP c=32 {h32:.0} req/s errors {e}");
+        let secs = Duration::from_secs(secs);
+        let tag = std::process::id();
+        match std::env::var("ACP_BENCH_PROFILE_PATH").as_deref() {
+            Ok("ws1") => {
+                let (w1, e) = ws_c1(port, &format!("/v1/acp/p{tag}?agent=mock"), n);
+                println!(
+                    "WS c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+                    us(w1.p50),
+                    us(w1.p99)
+                );
+            }
+            Ok("ws32") => {
+                let (w, e) = ws_one_socket(port, &format!("/v1/acp/p{tag}?agent=mock"), 32, secs);
+                println!("WS 32 in flight {w:.0} msg/s errors {e}");
+            }
+            Ok("wsown") => {
+                let (w, e) = ws_many_sockets(port, &format!("p{tag}"), 32, false, secs);
+                println!("WS 32 sockets, 32 serverIds {w:.0} msg/s errors {e}");
+            }
+            _ => {
+                let (h1, e) = http_c1(port, n);
+                println!(
+                    "HTTP c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+                    us(h1.p50),
+                    us(h1.p99)
+                );
+                if !secs.is_zero() {
+                    let (h32, e) = http_concurrent(port, 32, secs);
+                    println!("HTTP c=32 {h32:.0} req/s errors {e}");
+                }
+            }
         }
         return;
     }
 
+    // `ACP_BENCH_ONLY=pipe,http,sse,ws,rfd` (any subset) runs only those groups; the direct
+    // pipe always runs, since every ratio is taken against it.
+    let only = std::env::var("ACP_BENCH_ONLY").ok();
+    let run = |group: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|g| g.trim() == group))
+    };
+    println!("ACP proxy benchmark (mock agent, _mock/echo; {n} round trips at c=1, 5 s at c=32)");
     let (pipe1, e1) = pipe_c1(n);
     let (pipe32, e2) = pipe_concurrent(32, dur);
-    let pipe_rate = pipe_stream(stream_n);
-    let (apipe1, apipe32, e5) = pipe_async(n, 32, dur);
-
-    let d = Daemon::start(&[]);
-    // A first request starts the agent; warm the daemon up before measuring.
-    let (health1, health32) = http_health(d.port, n, 32, dur);
-    let (h1, e3) = http_c1(d.port, n);
-    let (h32, e4) = http_concurrent(d.port, 32, dur);
-    let (s1, all1) = http_stream(d.port, "stream1", 1, stream_n);
-    let (s8, all8) = http_stream(d.port, "stream8", 8, stream_n);
-    let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
-    let (w32, e7) = ws_one_socket(d.port, "/v1/acp/ws32?agent=mock", 32, dur);
-    let (wmany, e8) = ws_many_sockets(d.port, "wsmany", 32, dur);
-    let (rw1, e9) = ws_c1(d.port, "/v1/agents/mock/acp", n);
-    let (rw32, e10) = ws_one_socket(d.port, "/v1/agents/mock/acp", 32, dur);
-    let (rh1, _, e11) = rfd_http(d.port, 1, n, Duration::ZERO);
-    let (_, rh32, e12) = rfd_http(d.port, 32, 0, dur);
-    drop(d);
-
-    println!("ACP proxy benchmark (mock agent, _mock/echo; {n} round trips at c=1, 5 s at c=32)");
     println!(
         "direct pipe    c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e1}",
         us(pipe1.p50),
         us(pipe1.p99)
     );
-    println!("direct pipe    c=32 {pipe32:9.0} req/s                 errors {e2}");
-    println!(
-        "async pipe     c=1  p50 {:7.1} us  p99 {:7.1} us   c=32 {apipe32:.0} req/s   errors {e5}",
-        us(apipe1.p50),
-        us(apipe1.p99)
-    );
-    println!(
-        "HTTP (daemon)  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e3}   p50 {:.2}x pipe, {:.2}x async pipe",
-        us(h1.p50),
-        us(h1.p99),
-        us(h1.p50) / us(pipe1.p50),
-        us(h1.p50) / us(apipe1.p50)
-    );
-    println!(
-        "HTTP (daemon)  c=32 {h32:9.0} req/s                 errors {e4}   {:.2}x pipe, {:.2}x async pipe",
-        h32 / pipe32,
-        h32 / apipe32
-    );
-    println!(
-        "GET /v1/health c=1  p50 {:7.1} us  c=32 {health32:.0} req/s   (HTTP alone, no agent)",
-        us(health1.p50)
-    );
-    println!("direct pipe    /stream {stream_n}: {pipe_rate:9.0} events/s");
-    println!(
-        "SSE, 1 sub     /stream {stream_n}: {s1:9.0} events/s per subscriber ({:.2}x pipe){}",
-        s1 / pipe_rate,
-        if all1 { "" } else { "  SUBSCRIBER CUT OFF" }
-    );
-    println!(
-        "SSE, 8 subs    /stream {stream_n}: {s8:9.0} events/s per subscriber ({:.2}x pipe){}",
-        s8 / pipe_rate,
-        if all8 { "" } else { "  SUBSCRIBER CUT OFF" }
-    );
-    println!(
-        "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe",
-        us(w1.p50),
-        us(w1.p99),
-        us(w1.p50) / us(pipe1.p50)
-    );
-    println!(
-        "WebSocket      32 in flight, 1 socket  {w32:9.0} msg/s   errors {e7}   {:.2}x async pipe",
-        w32 / apipe32
-    );
-    println!(
-        "WebSocket      32 sockets, 1 serverId {wmany:9.0} msg/s   errors {e8}   (each answer goes to all 32)"
-    );
-    println!(
-        "RFD WebSocket  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e9};  32 in flight {rw32:.0} msg/s errors {e10}",
-        us(rw1.p50),
-        us(rw1.p99)
-    );
-    println!(
-        "RFD HTTP/1.1   c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e11};  c=32 (32 conns) {rh32:.0} msg/s errors {e12}",
-        us(rh1.p50),
-        us(rh1.p99)
-    );
+    println!("direct pipe    c=32 {pipe32:9.0} req/s (32 pipelined)   errors {e2}");
+    let mut apipe = None;
+    if run("pipe") {
+        let (apipe1, apipe32, e5) = pipe_async(n, 32, dur);
+        println!(
+            "async pipe     c=1  p50 {:7.1} us  p99 {:7.1} us   c=32 {apipe32:.0} req/s   errors {e5}",
+            us(apipe1.p50),
+            us(apipe1.p99)
+        );
+        apipe = Some((apipe1, apipe32));
+    }
+    let pipe_rate = if run("sse") || run("pipe") {
+        let r = pipe_stream(stream_n);
+        println!("direct pipe    /stream {stream_n}: {r:9.0} events/s");
+        r
+    } else {
+        0.0
+    };
+
+    let d = Daemon::start(&[]);
+    if run("http") {
+        let (health1, health32) = http_health(d.port, n, 32, dur);
+        println!(
+            "GET /v1/health c=1  p50 {:7.1} us  c=32 {health32:.0} req/s   (HTTP alone, no agent)",
+            us(health1.p50)
+        );
+        let (h1, e3) = http_c1(d.port, n);
+        let vs_async = apipe
+            .as_ref()
+            .map(|(a, _)| format!(", {:.2}x async pipe", us(h1.p50) / us(a.p50)))
+            .unwrap_or_default();
+        println!(
+            "HTTP (daemon)  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e3}   p50 {:.2}x pipe{vs_async}",
+            us(h1.p50),
+            us(h1.p99),
+            us(h1.p50) / us(pipe1.p50),
+        );
+        let (h32, e4) = http_concurrent(d.port, 32, dur);
+        println!(
+            "HTTP (daemon)  c=32 {h32:9.0} req/s                 errors {e4}   {:.2}x pipe",
+            h32 / pipe32,
+        );
+    }
+    if run("sse") {
+        let (s1, all1) = http_stream(d.port, "stream1", 1, stream_n);
+        println!(
+            "SSE, 1 sub     /stream {stream_n}: {s1:9.0} events/s per subscriber ({:.2}x pipe){}",
+            s1 / pipe_rate,
+            if all1 { "" } else { "  SUBSCRIBER CUT OFF" }
+        );
+        let (s8, all8) = http_stream(d.port, "stream8", 8, stream_n);
+        println!(
+            "SSE, 8 subs    /stream {stream_n}: {s8:9.0} events/s per subscriber ({:.2}x pipe){}",
+            s8 / pipe_rate,
+            if all8 { "" } else { "  SUBSCRIBER CUT OFF" }
+        );
+    }
+    if run("ws") {
+        let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
+        println!(
+            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe",
+            us(w1.p50),
+            us(w1.p99),
+            us(w1.p50) / us(pipe1.p50)
+        );
+        let floor = ws_floor(d.port, n);
+        println!(
+            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   answered by the daemon (no agent)",
+            us(floor.p50),
+            us(floor.p99)
+        );
+        let (w32, e7) = ws_one_socket(d.port, "/v1/acp/ws32?agent=mock", 32, dur);
+        println!(
+            "WebSocket      32 in flight, 1 socket    {w32:9.0} msg/s   errors {e7}   {:.2}x pipe",
+            w32 / pipe32
+        );
+        let (wown, e8) = ws_many_sockets(d.port, "wsown", 32, false, dur);
+        println!(
+            "WebSocket      32 sockets, 32 serverIds {wown:9.0} msg/s   errors {e8}   {:.2}x pipe (32 agents)",
+            wown / pipe32
+        );
+        let (wmany, e9) = ws_many_sockets(d.port, "wsmany", 32, true, dur);
+        println!(
+            "WebSocket      32 sockets, 1 serverId   {wmany:9.0} msg/s   errors {e9}   (each answer goes to all 32)"
+        );
+    }
+    if run("rfd") {
+        let (rw1, e9) = ws_c1(d.port, "/v1/agents/mock/acp", n);
+        let (rw32, e10) = ws_one_socket(d.port, "/v1/agents/mock/acp", 32, dur);
+        println!(
+            "RFD WebSocket  c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e9};  32 in flight {rw32:.0} msg/s errors {e10}",
+            us(rw1.p50),
+            us(rw1.p99)
+        );
+        let (rh1, _, e11) = rfd_http(d.port, 1, n, Duration::ZERO);
+        let (_, rh32, e12) = rfd_http(d.port, 32, 0, dur);
+        println!(
+            "RFD HTTP/1.1   c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e11};  c=32 (32 conns) {rh32:.0} msg/s errors {e12}",
+            us(rh1.p50),
+            us(rh1.p99)
+        );
+    }
+    drop(d);
 }

@@ -1,12 +1,15 @@
 //! Benchmark of the process API (not a test: it prints figures for docs/performance.md).
-//! 1. Output throughput: `yes | head -c N` (N = `PROC_BENCH_BYTES`, default 1 GiB) read straight
-//!    from the pipe, against the same command started with `POST /v1/processes` and read through
-//!    `GET …/logs?follow=true` (SSE, base64 JSON entries decoded by the client). Bytes lost to the
-//!    log's cap (gap events) are counted and reported, never hidden.
+//! 1. Output throughput: `yes | head -c N` (N = `PROC_BENCH_BYTES`, default 1 GiB; 0 skips it)
+//!    read straight from the pipe, against the same command started with `POST /v1/processes`
+//!    and read through `GET …/logs?follow=true` (SSE, base64 JSON entries decoded by the client).
+//!    Bytes lost to the log's cap (gap events) are counted and reported, never hidden.
 //! 2. Start latency: `true` run with fork+exec directly, against `POST /v1/processes/run`
-//!    (`PROC_BENCH_RUNS`, default 300, after 20 warm-up runs).
+//!    (`PROC_BENCH_RUNS`, default 300, after 20 warm-up runs), twice: back to back, and spaced
+//!    by `PROC_BENCH_GAP_MS` (default 50 ms, not timed) as an interactive user would start them.
 //!
-//! Run: `cargo bench --bench processes` (builds the release daemon; log level warn).
+//! Run: `cargo bench --bench processes` (builds the release daemon; log level warn). Extra daemon
+//! flags: `PROC_BENCH_ARGS` (e.g. `--warm-spawns 0`); another daemon binary (say, an older
+//! build, to compare): `PROC_BENCH_DAEMON`. The load average is printed before and after.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -125,9 +128,71 @@ fn mbps(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e6
 }
 
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// p50, p90 and p99 of `samples` (sorted here).
+fn summary(samples: &mut [Duration]) -> String {
+    samples.sort();
+    format!(
+        "p50 {:.2?}  p90 {:.2?}  p99 {:.2?}",
+        percentile(samples, 0.5),
+        percentile(samples, 0.9),
+        percentile(samples, 0.99)
+    )
+}
+
+/// `runs` timed runs of `true` through the API after 20 untimed ones, `gap` apart (untimed).
+async fn api_latency(
+    client: &reqwest::Client,
+    base: &str,
+    runs: usize,
+    gap: Duration,
+) -> (Vec<Duration>, usize) {
+    let mut api = Vec::with_capacity(runs);
+    let mut errors = 0;
+    for i in 0..runs + 20 {
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        let t = Instant::now();
+        let r: Value = client
+            .post(format!("{base}/v1/processes/run"))
+            .json(&json!({"command": "true"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if r["exitCode"] != 0 {
+            errors += 1;
+        }
+        if i >= 20 {
+            api.push(t.elapsed());
+        }
+    }
+    (api, errors)
+}
+
 fn main() {
     let bytes = env_u64("PROC_BENCH_BYTES", 1 << 30);
     let runs = env_u64("PROC_BENCH_RUNS", 300) as usize;
+    let gap = Duration::from_millis(env_u64("PROC_BENCH_GAP_MS", 50));
+    let bin = std::env::var("PROC_BENCH_DAEMON").unwrap_or_else(|_| BIN.to_string());
+    let extra: Vec<String> = std::env::var("PROC_BENCH_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    println!(
+        "daemon {bin} {}; load average {}",
+        extra.join(" "),
+        loadavg()
+    );
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -135,7 +200,7 @@ fn main() {
         .port();
     let work = std::env::temp_dir().join(format!("proc-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
-    let mut daemon = Command::new(BIN)
+    let mut daemon = Command::new(&bin)
         .args([
             "--no-token",
             "--log-level",
@@ -149,6 +214,7 @@ fn main() {
         .arg(work.join("data"))
         .arg("--work-dir")
         .arg(&work)
+        .args(&extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -172,22 +238,24 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
 
-        println!("== output throughput, {bytes} bytes of `yes`");
-        for round in 1..=2 {
-            let (n, took) = direct_throughput(bytes);
-            println!(
-                "direct pipe      round {round}: {:.0} MB/s ({n} bytes in {:.2?})",
-                mbps(n, took),
-                took
-            );
-            let f = follow_throughput(&client, &base, bytes).await;
-            println!(
-                "through follow   round {round}: {:.0} MB/s delivered ({} bytes, {} lost to the cap, in {:.2?})",
-                mbps(f.delivered, f.took),
-                f.delivered,
-                f.lost,
-                f.took
-            );
+        if bytes > 0 {
+            println!("== output throughput, {bytes} bytes of `yes`");
+            for round in 1..=2 {
+                let (n, took) = direct_throughput(bytes);
+                println!(
+                    "direct pipe      round {round}: {:.0} MB/s ({n} bytes in {:.2?})",
+                    mbps(n, took),
+                    took
+                );
+                let f = follow_throughput(&client, &base, bytes).await;
+                println!(
+                    "through follow   round {round}: {:.0} MB/s delivered ({} bytes, {} lost to the cap, in {:.2?})",
+                    mbps(f.delivered, f.took),
+                    f.delivered,
+                    f.lost,
+                    f.took
+                );
+            }
         }
 
         println!("== start latency of `true` ({runs} runs after 20 warm-up)");
@@ -200,38 +268,18 @@ fn main() {
                 direct.push(t.elapsed());
             }
         }
-        let mut api = Vec::with_capacity(runs);
-        let mut errors = 0;
-        for i in 0..runs + 20 {
-            let t = Instant::now();
-            let r: Value = client
-                .post(format!("{base}/v1/processes/run"))
-                .json(&json!({"command": "true"}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if r["exitCode"] != 0 {
-                errors += 1;
-            }
-            if i >= 20 {
-                api.push(t.elapsed());
-            }
-        }
-        direct.sort();
-        api.sort();
+        println!("fork+exec direct:                 {}", summary(&mut direct));
+        let (mut api, errors) = api_latency(&client, &base, runs, Duration::ZERO).await;
         println!(
-            "fork+exec direct:        p50 {:.0?}  p99 {:.0?}",
-            percentile(&direct, 0.5),
-            percentile(&direct, 0.99)
+            "POST /v1/processes/run, back to back: {}  (errors {errors})",
+            summary(&mut api)
         );
+        let (mut spaced, errors) = api_latency(&client, &base, runs, gap).await;
         println!(
-            "POST /v1/processes/run:  p50 {:.0?}  p99 {:.0?}  (errors {errors})",
-            percentile(&api, 0.5),
-            percentile(&api, 0.99)
+            "POST /v1/processes/run, {gap:?} apart: {}  (errors {errors})",
+            summary(&mut spaced)
         );
+        println!("load average {}", loadavg());
     });
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),

@@ -43,6 +43,9 @@ pub enum Command {
     MockAgent,
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
+    /// Internal: a warm spawn waiting on the control socket `fd` for the program to exec
+    #[command(name = "spawn-stub", hide = true)]
+    SpawnStub { fd: i32 },
 }
 
 #[derive(Debug, Subcommand)]
@@ -451,4 +454,9 @@ pub struct ServerArgs {
         value_name = "SIZE"
     )]
     pub process_max_input_bytes: Option<String>,
+
+    /// Children kept started ahead, each in its own cgroup with its limits, waiting to exec the
+    /// next agent or process; 0 turns it off [default: 4]
+    #[arg(long, env = "SANDBOX_AGENT_WARM_SPAWNS", value_name = "COUNT")]
+    pub warm_spawns: Option<String>,
 }

@@ -112,7 +112,13 @@ pub struct Config {
     pub process_run_timeout: Duration,
     pub process_max_run_timeout: Duration,
     pub process_max_input_bytes: u64,
+    /// Children kept started ahead in their own cgroups, waiting to exec the next agent or
+    /// process (0: every start joins its cgroup itself).
+    pub warm_spawns: usize,
 }
+
+/// Upper bound of `--warm-spawns` (each is an idle process and its cgroups).
+pub const MAX_WARM_SPAWNS: usize = 64;
 
 /// Which cgroup hierarchy agents are placed in (`--agent-cgroups`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -813,6 +819,17 @@ impl Config {
             size_required,
             64 << 10
         );
+        let warm_spawns = setting!(
+            warm_spawns,
+            "warm-spawns",
+            |s: &str| match s.trim().parse::<usize>() {
+                Ok(n) if n <= MAX_WARM_SPAWNS => Ok(n),
+                _ => Err(format!(
+                    "`{s}` is not a whole number from 0 to {MAX_WARM_SPAWNS}"
+                )),
+            },
+            4
+        );
         if process_max_log_bytes > process_max_total_log_bytes {
             errors.push(
                 "--process-max-log-bytes is larger than --process-max-total-log-bytes".to_string(),
@@ -977,6 +994,7 @@ impl Config {
             process_run_timeout,
             process_max_run_timeout,
             process_max_input_bytes,
+            warm_spawns,
         })
     }
 

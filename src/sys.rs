@@ -93,6 +93,10 @@ pub struct ChildSetup {
     pub rlimits: Vec<(nix::sys::resource::Resource, u64)>,
     /// uid, gid and supplementary groups to switch to (last, after joining the cgroups).
     pub user: Option<(nix::unistd::Uid, nix::unistd::Gid, Vec<nix::unistd::Gid>)>,
+    /// Open files and the bytes the child writes to each once it has joined its cgroups,
+    /// best-effort (a warm stub lowers its group's CPU weight there: after the joins, so it never
+    /// holds the kernel's cgroup locks at that weight).
+    pub after_join: Vec<(RawFd, &'static [u8])>,
 }
 
 /// Registers the agent's child setup: new session, cgroups, rlimits, close-on-exec on every
@@ -100,8 +104,8 @@ pub struct ChildSetup {
 pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
     // SAFETY: the closure only makes async-signal-safe system calls (setsid, write, setrlimit,
     // close_range, setgroups, setgid, setuid) on data prepared before the fork; it allocates
-    // nothing (error values carry a plain errno). The cgroup fds stay open in the parent until
-    // `spawn` has returned, so they are valid in the child.
+    // nothing (error values carry a plain errno). The cgroup fds (and `after_join`'s) stay open
+    // in the parent until `spawn` has returned, so they are valid in the child.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(io::Error::from)?;
@@ -109,6 +113,9 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            for (fd, bytes) in &setup.after_join {
+                libc::write(*fd, bytes.as_ptr().cast(), bytes.len());
             }
             for (resource, limit) in &setup.rlimits {
                 nix::sys::resource::setrlimit(*resource, *limit, *limit)
@@ -130,6 +137,46 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
             }
             Ok(())
         });
+    }
+}
+
+/// Keeps `fd` open across the exec of `cmd`: clears its close-on-exec flag in the child only
+/// (for a descriptor the child is told about by number, such as a warm stub's control socket).
+/// Register it after `agent_child_setup`, whose close-on-exec sweep would cover it otherwise.
+pub fn keep_fd_on_exec(cmd: &mut tokio::process::Command, fd: RawFd) {
+    // SAFETY: one fcntl(2) on a descriptor the parent keeps open until `spawn` returns;
+    // async-signal-safe and allocation-free.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Takes ownership of a Unix socket the parent left open for us across exec, by number (a warm
+/// stub's control socket, `sandbox-agent spawn-stub <fd>`). Refuses the standard streams; any
+/// other number that is not an open socket fails at the first read or write.
+pub fn inherited_socket(fd: RawFd) -> io::Result<std::os::unix::net::UnixStream> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: the parent handed this descriptor to this freshly exec'd process by number, and
+    // nothing else here owns it (the process has opened nothing at this point).
+    Ok(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
+/// Sets close-on-exec on a descriptor this process owns.
+pub fn set_cloexec(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl(2) on a descriptor that the borrow keeps open for the call.
+    let r = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
     }
 }
 
@@ -255,10 +302,10 @@ pub fn trim_heap() {
 }
 
 /// Fixes glibc's mmap threshold at `bytes`. Left alone, glibc raises it to the size of every
-/// mmapped block that is freed (up to 32 MiB), so after the first few transfer chunks every
-/// large buffer comes from the arenas, where buffers freed on different threads fragment the
-/// heap beyond what `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped
-/// on their own. Call it before any thread starts. A no-op on other C libraries.
+/// mmapped block that is freed (up to 32 MiB), so after a few large buffers every later one
+/// comes from the arenas, where buffers freed on many threads fragment the heap beyond what
+/// `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped on their own.
+/// Call it before any thread starts. A no-op on other C libraries.
 pub fn fix_mmap_threshold(bytes: usize) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -32,14 +32,15 @@ pub fn split(chunk: &Bytes) -> Vec<LogItem> {
     out
 }
 
-fn parse_frame(frame: Bytes) -> Option<LogItem> {
-    let body = &frame[..frame.len() - 2];
+/// One whole frame (as `Subscription::next_into` hands them out).
+pub fn parse_frame(frame: Bytes) -> Option<LogItem> {
+    let body = frame.strip_suffix(b"\n\n")?;
     if let Some(after) = body.strip_prefix(b"event: message\nid: ") {
         let nl = memchr::memchr(b'\n', after)?;
         let id = std::str::from_utf8(&after[..nl]).ok()?.parse().ok()?;
         let data = after[nl + 1..].strip_prefix(b"data: ")?;
-        let start = frame.len() - 2 - data.len();
-        let json = frame.slice(start..frame.len() - 2);
+        let start = body.len() - data.len();
+        let json = frame.slice(start..body.len());
         return Some(LogItem::Message { id, json, frame });
     }
     if let Some(data) = body.strip_prefix(b"event: gap\ndata: ") {

@@ -1,6 +1,6 @@
 //! One serverId: its agent process, the way to its stdin (a POST writes directly when nothing is
-//! queued, else a writer task keeps order), the stdout reader task, the pending requests and the
-//! event log. **Invariant:** every line the agent writes is either handed to the
+//! queued, a WebSocket batch its lines packed into atomic writes of at most `PIPE_BUF`, else a
+//! writer task keeps order), the stdout reader task, the pending requests and the event log. **Invariant:** every line the agent writes is either handed to the
 //! one POST waiting for it or appended to the event log (nothing is lost), in the order written;
 //! once the agent is gone every waiting POST learns it at once.
 
@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::caps::{Budget, Reservation};
 use super::events::{EventLog, LogLimits};
-use super::jsonrpc::{AgentLine, BadLine, IdKey, classify_agent_line};
+use super::jsonrpc::{AgentLine, BadLine, Envelope, IdKey, Kind, classify_agent_line};
 use super::{AcpError, Ended};
 use crate::logging::RateLimit;
 use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
@@ -56,6 +56,12 @@ enum Done {
     Request(IdKey),
     /// A notification or response: the POST waits for this acknowledgement.
     Ack(oneshot::Sender<()>),
+    /// Several lines written as one (a WebSocket read batch): on failure the pending entries of
+    /// its requests are dropped; the acknowledgement, when asked for, follows the write.
+    Batch {
+        keys: Vec<IdKey>,
+        ack: Option<oneshot::Sender<()>>,
+    },
 }
 
 /// The live process: set once, read lock-free on every POST.
@@ -87,7 +93,9 @@ fn lock_stdin(m: &Mutex<Stdin>) -> std::sync::MutexGuard<'_, Stdin> {
 
 #[derive(Default)]
 struct Pending {
-    waiters: HashMap<IdKey, oneshot::Sender<Bytes>>,
+    /// Requests written and not yet answered. `None`: nobody waits (respond-async, WebSocket),
+    /// the answer goes to the event log; the entry still counts (duplicate ids, `pendingRequests`).
+    waiters: HashMap<IdKey, Option<oneshot::Sender<Bytes>>>,
     /// Set (under this lock) when the agent is gone, so no POST registers after the drain.
     ended: Option<Arc<Ended>>,
 }
@@ -295,20 +303,30 @@ impl AcpInstance {
                             id: key.0.to_string(),
                         });
                     }
-                    let (tx, rx) = oneshot::channel();
-                    p.waiters.insert(key.clone(), tx);
-                    rx
+                    if wait {
+                        let (tx, rx) = oneshot::channel();
+                        p.waiters.insert(key.clone(), Some(tx));
+                        Some(rx)
+                    } else {
+                        // Nobody waits: the response goes to the event log.
+                        p.waiters.insert(key.clone(), None);
+                        None
+                    }
                 };
-                if let Err(fail) =
-                    send_line(running, &self.stdin_caps, line, Done::Request(key.clone())).await
+                if let Err(f) = send_line(
+                    running,
+                    &self.stdin_caps,
+                    std::slice::from_ref(&line),
+                    |_| Done::Request(key.clone()),
+                )
+                .await
                 {
                     self.pending().waiters.remove(&key);
-                    return Err(self.send_error(fail));
+                    return Err(self.send_error(f.fail));
                 }
-                if !wait {
-                    // Dropping the receiver routes the response to the event log.
+                let Some(rx) = rx else {
                     return Ok(Delivered::Accepted);
-                }
+                };
                 match tokio::time::timeout(timeout, rx).await {
                     Ok(Ok(response)) => Ok(Delivered::Response(response)),
                     Ok(Err(_)) => Err(self.gone_error()),
@@ -323,8 +341,9 @@ impl AcpInstance {
                     return Err(self.gone(ended));
                 }
                 let (tx, rx) = oneshot::channel();
-                match send_line(running, &self.stdin_caps, line, Done::Ack(tx)).await {
-                    Err(fail) => Err(self.send_error(fail)),
+                let lines = std::slice::from_ref(&line);
+                match send_line(running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await {
+                    Err(f) => Err(self.send_error(f.fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
                         Ok(()) => Ok(Delivered::Accepted),
@@ -333,6 +352,101 @@ impl AcpInstance {
                 }
             }
         }
+    }
+
+    /// Writes envelopes that arrived together (one read of a WebSocket), in order, with as few
+    /// writes to the agent's stdin as the pipe allows; nobody waits for the responses (they go to
+    /// the event log). `envelopes` is emptied (its capacity kept for the next batch, so that a
+    /// batch allocates nothing when all goes well). Returns the envelopes that were refused, as
+    /// the request id (if any) and why: a request whose id is already pending is refused alone; a
+    /// send that fails refuses the lines it did not write. Like `deliver`, waits for the write
+    /// only when a notification or response had to be queued.
+    pub async fn deliver_batch(
+        &self,
+        envelopes: &mut Vec<Envelope>,
+    ) -> Vec<(Option<IdKey>, AcpError)> {
+        let mut refused = Vec::new();
+        let Some(running) = self.running.get() else {
+            let e = self.gone_error();
+            refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
+            return refused;
+        };
+        let mut acked = false;
+        {
+            let mut p = self.pending();
+            if let Some(ended) = p.ended.clone() {
+                drop(p);
+                let e = self.gone(ended);
+                refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
+                return refused;
+            }
+            envelopes.retain(|env| match &env.kind {
+                Kind::Request { key, .. } if p.waiters.contains_key(key) => {
+                    refused.push((
+                        Some(key.clone()),
+                        AcpError::DuplicateId {
+                            server_id: self.server_id.clone(),
+                            id: key.0.to_string(),
+                        },
+                    ));
+                    false
+                }
+                Kind::Request { key, .. } => {
+                    p.waiters.insert(key.clone(), None);
+                    true
+                }
+                Kind::Notification | Kind::Response => {
+                    acked = true;
+                    true
+                }
+            });
+        }
+        if envelopes.is_empty() {
+            return refused;
+        }
+        let (ack, acked) = if acked {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        // Only a queued rest needs the ids (to forget them if the write fails later).
+        let done = |from: usize| Done::Batch {
+            keys: envelopes[from..]
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    Kind::Request { key, .. } => Some(key.clone()),
+                    _ => None,
+                })
+                .collect(),
+            ack,
+        };
+        let sent = send_line(running, &self.stdin_caps, envelopes.as_slice(), done).await;
+        match sent {
+            Ok(Sent::Written) => {}
+            Ok(Sent::Queued) => {
+                if let Some(rx) = acked
+                    && rx.await.is_err()
+                {
+                    let e = self.gone_error();
+                    refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
+                }
+            }
+            Err(f) => {
+                // The first `written` lines reached the agent; the rest did not.
+                let e = self.send_error(f.fail);
+                let mut p = self.pending();
+                for env in envelopes.drain(f.written..) {
+                    let key = request_key(env);
+                    if let Some(key) = &key {
+                        p.waiters.remove(key);
+                    }
+                    refused.push((key, e.clone()));
+                }
+            }
+        }
+        envelopes.clear();
+        refused
     }
 
     fn send_error(&self, fail: SendFail) -> AcpError {
@@ -380,7 +494,7 @@ impl AcpInstance {
     fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
         match class {
             Ok(AgentLine::Response(key)) => {
-                let waiter = self.pending().waiters.remove(&key);
+                let waiter = self.pending().waiters.remove(&key).flatten();
                 match waiter {
                     Some(tx) => {
                         // Whatever the agent said before this answer reaches the streams first.
@@ -451,75 +565,160 @@ impl AcpInstance {
     }
 }
 
+/// What `send_line` writes: a bare line, or an envelope's.
+trait ToStdin {
+    fn line(&self) -> &Bytes;
+}
+
+impl ToStdin for Bytes {
+    fn line(&self) -> &Bytes {
+        self
+    }
+}
+
+impl ToStdin for Envelope {
+    fn line(&self) -> &Bytes {
+        &self.line
+    }
+}
+
+fn request_key(env: Envelope) -> Option<IdKey> {
+    match env.kind {
+        Kind::Request { key, .. } => Some(key),
+        Kind::Notification | Kind::Response => None,
+    }
+}
+
 enum Sent {
     Written,
     /// Handed to the writer task, which reports through the job's `Done`.
     Queued,
 }
 
-/// Writes one line. The fast path writes it from the caller's task at once when nothing is
-/// queued and it fits one atomic pipe write (a cancelled POST can never leave half a line); else
-/// it goes to the writer task, which waits for room in the pipe.
-async fn send_line(
+/// A send that failed after its first `written` lines had reached the pipe.
+struct Failed {
+    fail: SendFail,
+    written: usize,
+}
+
+fn failed(fail: SendFail, written: usize) -> Failed {
+    Failed { fail, written }
+}
+
+/// Writes lines, in order. The fast path writes them from the caller's task at once when nothing
+/// is queued: whole lines packed into writes of at most `PIPE_BUF` bytes, each of which is atomic
+/// (a cancelled caller can never leave half a line), so a batch that arrived together costs one
+/// `write` per 4 KiB instead of one per message. What the pipe does not take at once (and any line
+/// of `PIPE_BUF` bytes or more) goes to the writer task, as one job, which waits for room.
+async fn send_line<L: ToStdin>(
     running: &Running,
     caps: &StdinCaps,
-    line: Bytes,
-    done: Done,
-) -> Result<Sent, SendFail> {
+    lines: &[L],
+    done: impl FnOnce(usize) -> Done,
+) -> Result<Sent, Failed> {
     let job = {
         let mut st = lock_stdin(&running.stdin);
         if st.broken {
-            return Err(SendFail::Gone);
+            return Err(failed(SendFail::Gone, 0));
         }
-        let mut job = WriteJob {
-            line,
-            done,
-            _queued: Reservation::default(),
-        };
-        if !st.backlog && job.line.len() < PIPE_BUF {
+        // Lines before `next` are in the pipe; `cut` is the unwritten tail of line `next - 1`
+        // after a short write.
+        let mut next = 0;
+        let mut cut: Option<Bytes> = None;
+        if !st.backlog {
             let st = &mut *st;
-            st.scratch.clear();
-            st.scratch.extend_from_slice(&job.line);
-            st.scratch.push(b'\n');
-            match nix::unistd::write(&st.pipe, &st.scratch) {
-                Ok(n) if n == st.scratch.len() => return Ok(Sent::Written),
-                // Not expected below PIPE_BUF; queue the rest (its newline is added back).
-                Ok(n) => {
-                    job.line = Bytes::copy_from_slice(&st.scratch[n..st.scratch.len() - 1]);
+            while next < lines.len() {
+                st.scratch.clear();
+                let mut end = next;
+                while end < lines.len() && st.scratch.len() + lines[end].line().len() < PIPE_BUF {
+                    st.scratch.extend_from_slice(lines[end].line());
+                    st.scratch.push(b'\n');
+                    end += 1;
                 }
-                Err(nix::errno::Errno::EAGAIN) => {}
-                Err(_) => {
-                    st.broken = true;
-                    return Err(SendFail::Gone);
+                if end == next {
+                    break;
+                }
+                match nix::unistd::write(&st.pipe, &st.scratch) {
+                    Ok(n) if n == st.scratch.len() => next = end,
+                    // Not expected below PIPE_BUF; queue the rest (a cut line's newline is added
+                    // back by the writer).
+                    Ok(n) => {
+                        let mut off = 0;
+                        while off + lines[next].line().len() < n {
+                            off += lines[next].line().len() + 1;
+                            next += 1;
+                        }
+                        if n > off {
+                            let line = lines[next].line();
+                            cut = Some(line.slice((n - off).min(line.len())..));
+                            next += 1;
+                        }
+                        break;
+                    }
+                    Err(nix::errno::Errno::EAGAIN) => break,
+                    Err(_) => {
+                        st.broken = true;
+                        return Err(failed(SendFail::Gone, next));
+                    }
                 }
             }
+            if next == lines.len() && cut.is_none() {
+                return Ok(Sent::Written);
+            }
         }
-        // What waits for the agent is bounded in bytes, per instance and in total; a line that
-        // does not fit is refused at once rather than held.
-        let n = job.line.len() as u64 + 1;
+        // The job covers the cut line too (its request is in flight either way).
+        let first = next - usize::from(cut.is_some());
+        let rest = &lines[next..];
+        let line = match (cut, rest) {
+            (None, [one]) => one.line().clone(),
+            (cut, rest) => {
+                let size = cut.as_ref().map_or(0, |c| c.len() + 1)
+                    + rest.iter().map(|l| l.line().len() + 1).sum::<usize>();
+                let mut joined = BytesMut::with_capacity(size);
+                for l in cut.iter().chain(rest.iter().map(ToStdin::line)) {
+                    joined.extend_from_slice(l);
+                    joined.extend_from_slice(b"\n");
+                }
+                // The writer adds the last newline.
+                joined.truncate(size.saturating_sub(1));
+                joined.freeze()
+            }
+        };
+        // What waits for the agent is bounded in bytes, per instance and in total; lines that
+        // do not fit are refused at once rather than held.
+        let n = line.len() as u64 + 1;
         let Some(mut queued) = caps.per_instance.try_reserve(n) else {
-            return Err(SendFail::Full {
-                what: "bytes queued for this agent's stdin",
-                limit: caps.per_instance.limit(),
-            });
+            let limit = caps.per_instance.limit();
+            let what = "bytes queued for this agent's stdin";
+            return Err(failed(SendFail::Full { what, limit }, next));
         };
         if !queued.grow(&caps.total, n) {
-            return Err(SendFail::Full {
-                what: "bytes queued for every agent's stdin",
-                limit: caps.total.limit(),
-            });
+            let limit = caps.total.limit();
+            let what = "bytes queued for every agent's stdin";
+            return Err(failed(SendFail::Full { what, limit }, next));
         }
-        job._queued = queued;
+        let job = WriteJob {
+            line,
+            done: done(first),
+            _queued: queued,
+        };
         // Queued under the lock, so the writer cannot declare the backlog empty in between.
         st.backlog = true;
         match running.writer.try_send(job) {
             Ok(()) => return Ok(Sent::Queued),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SendFail::Gone),
-            Err(mpsc::error::TrySendError::Full(job)) => job,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(failed(SendFail::Gone, next));
+            }
+            Err(mpsc::error::TrySendError::Full(job)) => (job, next),
         }
     };
     // The queue is full (the agent reads slowly): wait for room, outside the lock.
-    running.writer.send(job).await.map_err(|_| SendFail::Gone)?;
+    let (job, next) = job;
+    running
+        .writer
+        .send(job)
+        .await
+        .map_err(|_| failed(SendFail::Gone, next))?;
     Ok(Sent::Queued)
 }
 
@@ -565,8 +764,11 @@ async fn write_loop(
         match write_all_shared(&stdin, &buf).await {
             Ok(()) => {
                 for j in jobs.drain(..) {
-                    if let Done::Ack(tx) = j.done {
-                        let _ = tx.send(());
+                    match j.done {
+                        Done::Ack(tx) | Done::Batch { ack: Some(tx), .. } => {
+                            let _ = tx.send(());
+                        }
+                        Done::Request(_) | Done::Batch { ack: None, .. } => {}
                     }
                 }
                 let mut st = lock_stdin(&stdin);
@@ -581,8 +783,16 @@ async fn write_loop(
                     "cannot write to the agent's stdin");
                 let mut p = inst.pending();
                 for j in jobs.drain(..) {
-                    if let Done::Request(key) = j.done {
-                        p.waiters.remove(&key);
+                    match j.done {
+                        Done::Request(key) => {
+                            p.waiters.remove(&key);
+                        }
+                        Done::Batch { keys, .. } => {
+                            for key in keys {
+                                p.waiters.remove(&key);
+                            }
+                        }
+                        Done::Ack(_) => {}
                     }
                 }
                 break;

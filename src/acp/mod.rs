@@ -21,9 +21,9 @@ use crate::config::Config;
 use crate::supervisor::{ExitInfo, SpawnError, Supervisor};
 
 pub use connection::{Connection, ConnectionError, Connections, StreamReader};
-pub use events::{Next, Subscribe, Subscription};
+pub use events::{Batch, Next, Subscribe, Subscription};
 pub use instance::{AcpInstance, Delivered, Status};
-pub use jsonrpc::{Envelope, EnvelopeError, Kind};
+pub use jsonrpc::{Envelope, EnvelopeError, IdKey, Kind};
 pub use registry::{AcpService, ServerInfo};
 
 /// How an agent process ended, as POSTs that were waiting (and later ones) are told.

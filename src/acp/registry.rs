@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use super::caps::Budget;
 use super::events::{LogLimits, Subscribe, Subscription};
 use super::instance::{AcpInstance, Delivered, Status};
-use super::jsonrpc::{Envelope, Kind};
+use super::jsonrpc::{Envelope, IdKey, Kind};
 use super::{AcpError, Deps};
 use crate::agents::{AgentError, Agents};
 use crate::config::Config;
@@ -174,6 +174,22 @@ impl AcpService {
         };
         inst.deliver(envelope.line, key, wait, self.deps.config.request_timeout)
             .await
+    }
+
+    /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
+    /// without waiting for responses, emptying `envelopes` (see `AcpInstance::deliver_batch`):
+    /// the refused ones, with their request ids. When the instance cannot be found or started,
+    /// the one error is returned instead (and `envelopes` is left as it was).
+    pub async fn post_batch(
+        &self,
+        server_id: &str,
+        envelopes: &mut Vec<Envelope>,
+    ) -> Result<Vec<(Option<IdKey>, AcpError)>, AcpError> {
+        let inst = self.find_or_create(server_id, None)?;
+        if !inst.is_started() {
+            self.start(&inst).await?;
+        }
+        Ok(inst.deliver_batch(envelopes).await)
     }
 
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {

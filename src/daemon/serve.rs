@@ -70,6 +70,9 @@ pub async fn serve(
     // Our own watcher enforces the header-read timeout for both protocols; hyper's h1 one would
     // also cut idle keep-alives at the same deadline, and it needs a timer we do not give it.
     builder.http1().header_read_timeout(None).keep_alive(true);
+    // RFC 8441: WebSockets over HTTP/2 are extended CONNECT requests (`:protocol websocket`),
+    // which a server must announce in its SETTINGS before a client may send one.
+    builder.http2().enable_connect_protocol();
     let builder = Arc::new(builder);
     let mut backoff = Backoff::default();
     let mut over_cap = Burst::default();
@@ -201,19 +204,33 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// the in-flight guard alive until the response body is finished or dropped.
 async fn handle(
     mut app: Router,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     guard: InFlight,
 ) -> Result<Response, Infallible> {
+    // An HTTP/2 CONNECT becomes a stream of its own (a WebSocket) once answered; hyper drops the
+    // response body then, so the guard travels with the request instead and whoever serves the
+    // stream holds it: the connection is never closed as idle under an open socket.
+    let (guard, hold) = if req.method() == axum::http::Method::CONNECT
+        && req.version() == axum::http::Version::HTTP_2
+    {
+        let hold = crate::http::ws::StreamHold::new(guard);
+        req.extensions_mut().insert(hold.clone());
+        (None, Some(hold))
+    } else {
+        (Some(guard), None)
+    };
     let fut = tower_service::Service::call(&mut app, req);
     let resp = match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(Ok(resp)) => resp,
         Ok(Err(never)) => match never {},
         Err(_panic) => internal_error(),
     };
+    // Until the response is done, the request holds the guard in either case.
     Ok(resp.map(|body| {
         Body::new(GuardedBody {
             inner: body,
             _guard: guard,
+            _hold: hold,
         })
     }))
 }
@@ -336,7 +353,8 @@ impl Drop for InFlight {
 /// A response body that holds the in-flight guard.
 struct GuardedBody {
     inner: Body,
-    _guard: InFlight,
+    _guard: Option<InFlight>,
+    _hold: Option<crate::http::ws::StreamHold>,
 }
 
 impl http_body::Body for GuardedBody {

@@ -20,6 +20,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list))
         .routes(routes!(stream, post_message, delete))
+        // The WebSocket of `stream` over HTTP/2; its GET documents it (openapi-exempt: CONNECT)
+        .route("/v1/acp/{serverId}", super::ws::on_connect(stream))
 }
 
 /// `GET /v1/acp`: every instance, sorted by serverId.
@@ -323,7 +325,9 @@ async fn read_body(
             content_type = "text/event-stream", body = String,
             example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
         (status = 101, description = "With `Upgrade: websocket`: the WebSocket (see the \
-            `Upgrade` parameter)"),
+            `Upgrade` parameter). Over HTTP/2 the same socket is an extended CONNECT (RFC \
+            8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no CONNECT \
+            operation (docs/acp.md)"),
         (status = 400, description = "Invalid serverId, or a `Last-Event-ID` (`lastEventId`) \
             that is not a number or is beyond the last event; with `Upgrade`, an unknown `agent` \
             or a bad upgrade request"),
@@ -337,8 +341,10 @@ async fn read_body(
 async fn stream(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
+    method: axum::http::Method,
     headers: HeaderMap,
     uri: axum::http::Uri,
+    hold: Option<axum::Extension<super::ws::StreamHold>>,
     upgrade: Result<
         axum::extract::ws::WebSocketUpgrade,
         axum::extract::ws::rejection::WebSocketUpgradeRejection,
@@ -348,8 +354,9 @@ async fn stream(
         return Problem::from(e).into_response();
     }
     // The same serverId over a WebSocket (`http::ws`).
-    if super::ws::wants_upgrade(&headers) {
-        return super::ws::acp_socket(st, server_id, uri, upgrade).await;
+    if super::ws::wants_upgrade(&method, &headers) {
+        let hold = hold.map(|axum::Extension(h)| h);
+        return super::ws::acp_socket(st, server_id, uri, upgrade, hold).await;
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(

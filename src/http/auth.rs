@@ -78,11 +78,12 @@ pub const WEBSOCKET_ROUTES: [&str; 3] = [
     "/v1/processes/{id}/terminal/ws",
 ];
 
-/// A `GET` asking for a WebSocket on one of [`WEBSOCKET_ROUTES`]. (WebSockets are served over
-/// HTTP/1.1 upgrades only; HTTP/2's extended CONNECT is not enabled.)
+/// A `GET` asking for a WebSocket on one of [`WEBSOCKET_ROUTES`]. (Not the HTTP/2 form, an
+/// extended CONNECT: browsers, the reason for the query token, speak HTTP/2 only over TLS, which
+/// the daemon does not serve, so an h2c client sends its token in the header.)
 fn is_websocket_upgrade(req: &Request) -> bool {
     req.method() == Method::GET
-        && super::ws::wants_upgrade(req.headers())
+        && super::ws::wants_upgrade(req.method(), req.headers())
         && serves_websockets(req.uri().path())
 }
 

@@ -19,7 +19,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::acp::{accepts, is_json_content_type};
-use super::ws::{SocketPlan, body_limit, run_socket, wants_upgrade};
+use super::ws::{SocketPlan, configure, run_socket, wants_upgrade};
 use super::{AppState, Problem};
 use crate::acp::connection::session_of;
 use crate::acp::events::KEEPALIVE_FRAME;
@@ -29,7 +29,10 @@ pub const CONNECTION_ID: &str = "acp-connection-id";
 pub const SESSION_ID: &str = "acp-session-id";
 
 pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(open_stream, post_message, delete))
+    OpenApiRouter::new()
+        .routes(routes!(open_stream, post_message, delete))
+        // The WebSocket profile over HTTP/2; the GET documents it (openapi-exempt: CONNECT)
+        .route("/v1/agents/{agent}/acp", super::ws::on_connect(open_stream))
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Problem> {
@@ -220,7 +223,9 @@ async fn post_message(
     ),
     responses(
         (status = 101, description = "The WebSocket profile; the new connection's id is in \
-            the `Acp-Connection-Id` header",
+            the `Acp-Connection-Id` header. Over HTTP/2 the same socket is an extended CONNECT \
+            (RFC 8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no \
+            CONNECT operation (docs/acp.md)",
             headers(("Acp-Connection-Id" = String, description = "The new connection"))),
         (status = 200, description = "An endless `text/event-stream`: `event: message`, `id`, \
             `data: <one JSON-RPC object>` for each message routed to this stream; `: keepalive` \
@@ -237,11 +242,13 @@ async fn post_message(
 async fn open_stream(
     State(st): State<AppState>,
     Path(agent): Path<String>,
+    method: axum::http::Method,
     headers: HeaderMap,
+    hold: Option<axum::Extension<super::ws::StreamHold>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    if wants_upgrade(&headers) {
-        return open_socket(st, agent, upgrade);
+    if wants_upgrade(&method, &headers) {
+        return open_socket(st, agent, upgrade, hold.map(|axum::Extension(h)| h));
     }
     if !accepts(&headers, "text", "event-stream") {
         return Problem::new(
@@ -285,6 +292,7 @@ fn open_socket(
     st: AppState,
     agent: String,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    hold: Option<super::ws::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,
@@ -311,11 +319,9 @@ fn open_socket(
         after: 0,
         gap_notifications: false,
         connection: Some((conn, guard)),
+        hold,
     };
-    let limit = body_limit(&st);
-    let mut resp = upgrade
-        .max_message_size(limit)
-        .on_upgrade(move |socket| run_socket(socket, st, plan));
+    let mut resp = configure(upgrade, &st).on_upgrade(move |socket| run_socket(socket, st, plan));
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(CONNECTION_ID, v);
     }

@@ -1,17 +1,19 @@
 //! WebSocket faces of an ACP instance: `GET /v1/acp/{serverId}` with `Upgrade: websocket` (our
 //! own endpoint, resumable with `?lastEventId=`) and the socket of the RFD transport's WebSocket
-//! profile. Both are framing only: client frames go to `AcpService::post` (never waiting, so
-//! responses become events), and the instance's event log is written out frame by frame.
-//! **Invariant:** event frames leave in log order with no frame of the log skipped silently (a
-//! gap is announced); a socket whose reader fell behind is closed and its queue dropped, even
-//! while a write to it is blocked.
+//! profile, over HTTP/1.1 or as an HTTP/2 extended CONNECT (RFC 8441). Both are framing only: the
+//! client frames one read brought go to `AcpService::post_batch` together (never waiting, so
+//! responses become events), and the instance's event log is written out frame by frame, flushed
+//! once per wake-up. **Invariant:** client frames reach the agent in the order received; event
+//! frames leave in log order with no frame of the log skipped silently (a gap is announced); a
+//! socket whose reader fell behind is closed and its queue dropped, even while a write to it is
+//! blocked.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
-use axum::http::{HeaderMap, Uri, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
@@ -19,18 +21,35 @@ use tokio::sync::mpsc;
 
 use super::{AppState, Problem};
 use crate::acp::connection::ReaderGuard;
-use crate::acp::frames::{LogItem, split};
+use crate::acp::frames::{LogItem, parse_frame};
 use crate::acp::jsonrpc::parse_envelope;
-use crate::acp::{self, AcpError, Connection, Next, Subscription};
+use crate::acp::{self, AcpError, Connection, Subscription};
 
-/// True when the request asks for a WebSocket (HTTP/1.1 `Upgrade: websocket`).
-pub fn wants_upgrade(headers: &HeaderMap) -> bool {
+/// True when the request asks for a WebSocket: HTTP/1.1 `Upgrade: websocket`, or an HTTP/2
+/// extended CONNECT (RFC 8441; the routes accept CONNECT for nothing else, and the upgrade
+/// extractor checks its `:protocol`).
+pub fn wants_upgrade(method: &Method, headers: &HeaderMap) -> bool {
+    if method == Method::CONNECT {
+        return true;
+    }
     headers
         .get_all(header::UPGRADE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+}
+
+/// The HTTP/2 form of a WebSocket upgrade (RFC 8441 extended CONNECT) for `handler`, a GET
+/// route's handler, registered beside the GET. OpenAPI has no CONNECT operation; the GET's
+/// description documents it (openapi-exempt: CONNECT cannot be described).
+pub fn on_connect<H, T>(handler: H) -> axum::routing::MethodRouter<AppState>
+where
+    H: axum::handler::Handler<T, AppState>,
+    T: 'static,
+{
+    // openapi-exempt: see above.
+    axum::routing::on(axum::routing::MethodFilter::CONNECT, handler)
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -67,6 +86,7 @@ pub async fn acp_socket(
     server_id: String,
     uri: Uri,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    hold: Option<StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,
@@ -95,14 +115,40 @@ pub async fn acp_socket(
         after: last_event_id.unwrap_or(0),
         gap_notifications: true,
         connection: None,
+        hold,
     };
-    upgrade
-        .max_message_size(body_limit(&st))
-        .on_upgrade(move |socket| run_socket(socket, st, plan))
+    configure(upgrade, &st).on_upgrade(move |socket| run_socket(socket, st, plan))
 }
 
-pub fn body_limit(st: &AppState) -> usize {
+fn body_limit(st: &AppState) -> usize {
     usize::try_from(st.config.body_limit).unwrap_or(usize::MAX)
+}
+
+/// The library zeroes its whole read buffer before every read (128 KiB by default, twice per
+/// batch of frames: the read that brings them and the one that finds the socket empty); 32 KiB
+/// still takes hundreds of small frames per read.
+const READ_BUFFER: usize = 32 * 1024;
+
+/// The settings every socket of ours gets: frames up to `--body-limit`, the read buffer above.
+pub fn configure(upgrade: WebSocketUpgrade, st: &AppState) -> WebSocketUpgrade {
+    upgrade
+        .max_message_size(body_limit(st))
+        .read_buffer_size(READ_BUFFER)
+}
+
+/// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket (see
+/// `daemon::serve`): the request carries it, the socket task holds a clone until it ends.
+#[derive(Clone)]
+pub struct StreamHold {
+    _guard: Arc<dyn Send + Sync>,
+}
+
+impl StreamHold {
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        StreamHold {
+            _guard: Arc::new(guard),
+        }
+    }
 }
 
 /// What one socket serves.
@@ -116,6 +162,8 @@ pub struct SocketPlan {
     pub gap_notifications: bool,
     /// The RFD connection this socket is the reader of (its idle clock stops while it is open).
     pub connection: Option<(Arc<Connection>, ReaderGuard)>,
+    /// Over HTTP/2: its connection's in-flight mark, held until the socket ends.
+    pub hold: Option<StreamHold>,
 }
 
 /// Why the daemon closes a socket.
@@ -151,85 +199,145 @@ pub async fn run_socket(socket: WebSocket, st: AppState, plan: SocketPlan) {
     }
 }
 
-/// Forwards the client's frames to the agent, in order, without waiting for responses.
+/// At most this many frames, or about this many bytes, that one read of the socket brought are
+/// delivered to the agent together (one write to its stdin per 4 KiB instead of one per frame).
+const BATCH_FRAMES: usize = 256;
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Forwards the client's frames to the agent, in order, without waiting for responses. Frames
+/// that are already decoded when the first one is taken (a client that pipelines sends many per
+/// TCP segment) are delivered as one batch.
 async fn read_frames(
     mut stream: futures_util::stream::SplitStream<WebSocket>,
     st: &AppState,
     server_id: &str,
     own_tx: mpsc::Sender<Message>,
 ) {
-    while let Some(frame) = stream.next().await {
-        let text = match frame {
-            Ok(Message::Text(t)) => Bytes::from(t),
-            Ok(Message::Close(_)) => {
-                // Let the writer complete the closing handshake (the library queued the reply),
-                // then end.
-                if own_tx.send(Message::Close(None)).await.is_ok() {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
-                }
-                return;
+    use futures_util::FutureExt;
+    let mut frames: Vec<Option<Message>> = Vec::new();
+    let mut envelopes: Vec<acp::Envelope> = Vec::new();
+    loop {
+        // `None` stands for the end of the stream or a broken one.
+        let first = stream.next().await.and_then(Result::ok);
+        let mut bytes = first.as_ref().map_or(0, payload_len);
+        frames.push(first);
+        while frames.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+            // Only what needs no wait: the library decodes it from bytes already read.
+            let Some(next) = stream.next().now_or_never() else {
+                break;
+            };
+            let next = next.and_then(Result::ok);
+            bytes += next.as_ref().map_or(0, payload_len);
+            let end = next.is_none();
+            frames.push(next);
+            if end {
+                break;
             }
-            Err(_) => return,
-            // Binary frames are ignored (the RFD's rule); pings are answered by the library.
-            Ok(_) => continue,
-        };
-        let envelope = if text.len() > 256 * 1024 {
-            tokio::task::spawn_blocking(move || parse_envelope(text))
-                .await
-                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        } else {
-            parse_envelope(text)
-        };
-        let envelope = match envelope {
-            Ok(e) => e,
-            Err(e) => {
-                let code = match e {
-                    acp::EnvelopeError::Json(_) => -32700,
-                    _ => -32600,
-                };
-                let problem = Problem::from(AcpError::from(e)).with("serverId", server_id);
-                let frame = error_frame(serde_json::Value::Null, code, &problem);
-                if own_tx.send(frame).await.is_err() {
+        }
+        for frame in frames.drain(..) {
+            let text = match frame {
+                Some(Message::Text(t)) => Bytes::from(t),
+                Some(Message::Close(_)) => {
+                    // What came before the close still goes to the agent.
+                    deliver(st, server_id, &mut envelopes, &own_tx).await;
+                    // Let the writer complete the closing handshake (the library queued the
+                    // reply), then end.
+                    if own_tx.send(Message::Close(None)).await.is_ok() {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
+                    }
                     return;
                 }
-                continue;
-            }
-        };
-        let raw_id = match &envelope.kind {
-            acp::Kind::Request { raw_id, .. } => Some(raw_id.clone()),
-            _ => None,
-        };
-        match st.acp.post(server_id, None, envelope, true).await {
-            Ok(_) => {}
-            Err(e) => {
-                let fatal = matches!(
-                    e,
-                    AcpError::Launch { .. }
-                        | AcpError::Spawn { .. }
-                        | AcpError::MissingAgent { .. }
-                        | AcpError::NotFound { .. }
-                        | AcpError::ShuttingDown
-                );
-                let problem = Problem::from(e);
-                if let Some(id) = raw_id {
-                    let id: serde_json::Value =
-                        serde_json::from_str(id.get()).unwrap_or(serde_json::Value::Null);
-                    if own_tx
-                        .send(error_frame(id, -32603, &problem))
-                        .await
-                        .is_err()
-                    {
+                None => {
+                    deliver(st, server_id, &mut envelopes, &own_tx).await;
+                    return;
+                }
+                // Binary frames are ignored (the RFD's rule); pings are answered by the library.
+                Some(_) => continue,
+            };
+            let envelope = if text.len() > 256 * 1024 {
+                tokio::task::spawn_blocking(move || parse_envelope(text))
+                    .await
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+            } else {
+                parse_envelope(text)
+            };
+            match envelope {
+                Ok(e) => envelopes.push(e),
+                Err(e) => {
+                    let code = match e {
+                        acp::EnvelopeError::Json(_) => -32700,
+                        _ => -32600,
+                    };
+                    let problem = Problem::from(AcpError::from(e)).with("serverId", server_id);
+                    let frame = error_frame(serde_json::Value::Null, code, &problem);
+                    if own_tx.send(frame).await.is_err() {
                         return;
                     }
                 }
-                if fatal {
-                    // The agent cannot start (or the serverId is gone): nothing more can happen.
-                    let _ = own_tx.send(close(1011, problem.detail.clone())).await;
-                    return;
+            }
+        }
+        if !deliver(st, server_id, &mut envelopes, &own_tx).await {
+            return;
+        }
+    }
+}
+
+/// Delivers one batch (emptying `envelopes`); a request that could not be delivered is answered
+/// with a JSON-RPC error. False when the socket should end (the agent cannot start, or the
+/// writer is gone).
+async fn deliver(
+    st: &AppState,
+    server_id: &str,
+    envelopes: &mut Vec<acp::Envelope>,
+    own_tx: &mpsc::Sender<Message>,
+) -> bool {
+    if envelopes.is_empty() {
+        return true;
+    }
+    let refused = match st.acp.post_batch(server_id, envelopes).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The agent cannot start (or the serverId is gone): nothing more can happen.
+            let problem = Problem::from(e);
+            for env in envelopes.drain(..) {
+                if let acp::Kind::Request { key, .. } = env.kind
+                    && own_tx
+                        .send(error_frame(id_value(&key), -32603, &problem))
+                        .await
+                        .is_err()
+                {
+                    return false;
                 }
+            }
+            let _ = own_tx.send(close(1011, problem.detail.clone())).await;
+            return false;
+        }
+    };
+    for (id, e) in refused {
+        if let Some(id) = id {
+            let problem = Problem::from(e);
+            if own_tx
+                .send(error_frame(id_value(&id), -32603, &problem))
+                .await
+                .is_err()
+            {
+                return false;
             }
         }
     }
+    true
+}
+
+fn payload_len(m: &Message) -> usize {
+    match m {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
+fn id_value(id: &acp::IdKey) -> serde_json::Value {
+    serde_json::from_str(&id.0).unwrap_or(serde_json::Value::Null)
 }
 
 /// A JSON-RPC error response made by the daemon; `data` is the problem object.
@@ -265,6 +373,7 @@ async fn write_frames(
     let mut last_sent = plan.after;
     let sub = &plan.sub;
     let mut batch: Vec<Message> = Vec::new();
+    let mut frames: Vec<Bytes> = Vec::new();
     loop {
         let end: Option<Message> = tokio::select! {
             biased;
@@ -274,15 +383,15 @@ async fn write_frames(
                 Some(m) => { batch.push(m); None }
                 None => return,
             },
-            next = sub.next() => match next {
-                Next::Frames(chunk) => {
-                    for item in split(&chunk) {
-                        match item {
-                            LogItem::Message { id, json, .. } => {
+            next = sub.next_into(&mut frames) => match next {
+                acp::Batch::Frames => {
+                    for frame in frames.drain(..) {
+                        match parse_frame(frame) {
+                            Some(LogItem::Message { id, json, .. }) => {
                                 last_sent = id;
                                 batch.push(Message::Text(text_of(json)));
                             }
-                            LogItem::Gap { from, to } => {
+                            Some(LogItem::Gap { from, to }) => {
                                 if plan.gap_notifications {
                                     let gap = json!({"jsonrpc": "2.0", "method": "_sandboxagent/gap",
                                         "params": {"from": from, "to": to}});
@@ -292,12 +401,13 @@ async fn write_frames(
                                         "a WebSocket reader missed evicted events");
                                 }
                             }
+                            None => {}
                         }
                     }
                     None
                 }
-                Next::End => Some(close(1000, "the ACP server ended")),
-                Next::CutOff => {
+                acp::Batch::End => Some(close(1000, "the ACP server ended")),
+                acp::Batch::CutOff => {
                     tracing::info!(server_id = %plan.server_id,
                         "a WebSocket reader fell behind and was disconnected");
                     Some(close(1008, format!("fell behind; resume with lastEventId={last_sent}")))

@@ -100,6 +100,43 @@ pub fn own_path(proc_self_cgroup: &str, version: Version, controller: &str) -> O
     })
 }
 
+/// The v1 hierarchies to use, each once, with its wanted controllers and our group's path in it.
+/// One hierarchy may be mounted several times (a chroot or container that bind-mounts the host's
+/// `/sys/fs/cgroup` shows up in our mountinfo too); a controller belongs to exactly one hierarchy,
+/// so the controllers identify it. Of its mounts, the first that shows our own group is used
+/// (mountinfo lists the original before later bind mounts), else its first mount.
+fn distinct_v1<'m>(v1: &[&'m Mount], own: &str) -> Vec<(&'m Mount, Vec<&'static str>, String)> {
+    let mut picked: Vec<(&'m Mount, Vec<&'static str>, String)> = Vec::new();
+    for m in v1 {
+        let controllers: Vec<&'static str> = WANTED
+            .iter()
+            .copied()
+            .filter(|c| m.options.iter().any(|o| o == c))
+            .collect();
+        let Some(first) = controllers.first() else {
+            continue;
+        };
+        let Some(path) = own_path(own, Version::V1, first) else {
+            continue;
+        };
+        match picked.iter_mut().find(|(_, c, _)| *c == controllers) {
+            Some(slot) => {
+                if !reaches(slot.0, &slot.2) && reaches(m, &path) {
+                    *slot = (m, controllers, path);
+                }
+            }
+            None => picked.push((m, controllers, path)),
+        }
+    }
+    picked
+}
+
+/// Whether the group `own` (a path from `/proc/self/cgroup`) lies inside what `mount` shows.
+fn reaches(mount: &Mount, own: &str) -> bool {
+    let root = mount.root.trim_end_matches('/');
+    root.is_empty() || own == root || own.starts_with(&format!("{root}/"))
+}
+
 /// Where our own group of a hierarchy is on disk.
 pub fn own_dir(mount: &Mount, own: &str) -> PathBuf {
     let rel = own
@@ -188,19 +225,7 @@ impl Cgroups {
         let mut hierarchies = Vec::new();
         let mut problems = Vec::new();
         if use_v1 {
-            let mut seen = BTreeSet::new();
-            for m in &v1 {
-                if !seen.insert(m.point.clone()) {
-                    continue;
-                }
-                let controllers: Vec<&'static str> = WANTED
-                    .iter()
-                    .copied()
-                    .filter(|c| m.options.iter().any(|o| o == c))
-                    .collect();
-                let Some(path) = own_path(&own, Version::V1, controllers[0]) else {
-                    continue;
-                };
+            for (m, controllers, path) in distinct_v1(&v1, &own) {
                 match claim(&own_dir(m, &path), &name, Version::V1, &[]) {
                     Ok(h) => hierarchies.push(Hierarchy { controllers, ..h }),
                     Err(e) => problems.push(format!("{}: {e}", m.point.display())),
@@ -769,6 +794,36 @@ impl AgentCgroup {
         pids.len()
     }
 
+    /// The CPU weight files of the groups under the cpu controller (v1 `cpu.shares`, v2
+    /// `cpu.weight`), opened for writing, with what they hold now and their minimum value.
+    /// A warm stub's child writes the minimum once it has joined (`ChildSetup::after_join`),
+    /// so its start-up runs without taking CPU from running programs; `restore_cpu_weight`
+    /// puts the value back when the stub is taken.
+    pub fn cpu_weight_files(&self) -> Vec<(File, (PathBuf, String), &'static [u8])> {
+        let mut out = Vec::new();
+        for (d, v, ctrls) in &self.dirs {
+            if !ctrls.contains(&"cpu") {
+                continue;
+            }
+            let (file, low): (&str, &'static [u8]) = match v {
+                Version::V1 => ("cpu.shares", b"2"),
+                Version::V2 => ("cpu.weight", b"1"),
+            };
+            let path = d.join(file);
+            if let Ok(now) = fs::read_to_string(&path)
+                && let Ok(f) = OpenOptions::new().write(true).open(&path)
+            {
+                out.push((f, (path, now.trim().to_string()), low));
+            }
+        }
+        out
+    }
+
+    /// Puts back the values `cpu_weight_files` read; false if a write failed.
+    pub fn restore_cpu_weight(saved: &[(PathBuf, String)]) -> bool {
+        saved.iter().all(|(p, v)| write_file(p, v).is_ok())
+    }
+
     /// How many times the kernel's OOM killer struck in the memory group.
     pub fn oom_kills(&self) -> u64 {
         for (d, v, ctrls) in &self.dirs {
@@ -845,6 +900,37 @@ mod tests {
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 50 23 0:40 / /mnt/with\\040space rw - ext4 /dev/sda rw
 ";
+
+    #[test]
+    fn a_hierarchy_mounted_twice_is_used_once_through_the_mount_that_shows_our_group() {
+        let text = "\
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 /other /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+90 80 0:29 / /var/tmp/room/sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+91 80 0:32 / /var/tmp/room/sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+92 80 0:36 / /var/tmp/room/sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+";
+        let mounts = parse_mountinfo(text);
+        let v1: Vec<&Mount> = mounts.iter().collect();
+        let own = "5:pids:/a\n4:memory:/a\n3:cpu,cpuacct:/a\n";
+        let picked = distinct_v1(&v1, own);
+        let points: Vec<String> = picked
+            .iter()
+            .map(|(m, _, _)| m.point.display().to_string())
+            .collect();
+        // cpu and pids: the first mount; memory: the first one mounts /other, which does not show
+        // our group /a, so the bind mount of the whole hierarchy is used.
+        assert_eq!(
+            points,
+            [
+                "/sys/fs/cgroup/cpu,cpuacct",
+                "/var/tmp/room/sys/fs/cgroup/memory",
+                "/sys/fs/cgroup/pids"
+            ]
+        );
+        assert!(picked.iter().all(|(_, _, p)| p == "/a"));
+    }
 
     #[test]
     fn mountinfo_keeps_cgroup_mounts_with_their_controllers() {

@@ -12,6 +12,7 @@ mod spawn;
 mod stats;
 mod stderr;
 mod tool;
+mod warm;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -27,12 +28,14 @@ use nix::unistd::Pid;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 
 pub use limits::Limits;
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
 pub use tool::{ToolError, run_to_completion};
+pub use warm::stub_main;
 
 /// What to run, and the labels its log lines carry.
 #[derive(Debug, Clone)]
@@ -156,6 +159,9 @@ struct HandleInner {
     stderr_reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The owning supervisor's live set (this entry is removed on publish).
     registry: Registry,
+    /// Where the removal of the (empty) cgroup runs after the exit is published; the
+    /// supervisor's shutdown waits for it.
+    removals: TaskTracker,
     /// The top process until it is reaped; see `Leader`.
     leader: Mutex<Leader>,
 }
@@ -380,12 +386,18 @@ impl HandleInner {
 
     /// KILL the group and everything in the cgroup until it is empty, then remove the cgroup.
     async fn clear(self: &Arc<Self>) {
-        self.signal_group(Signal::SIGKILL).await;
-        let Some(cg) = &self.cgroup else { return };
+        let Some(cg) = &self.cgroup else {
+            self.signal_group(Signal::SIGKILL).await;
+            return;
+        };
+        // With a cgroup, the group's members are found through it anyway (`group_members_now`),
+        // so once the leader is reaped `kill_all` below covers them; before, `killpg` is cheap.
+        self.killpg_unless_reaped(Signal::SIGKILL);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            cg.kill_all();
-            if cg.is_empty() {
+            // It signals what it lists: nothing listed means the cgroup is empty (one read of
+            // each `cgroup.procs` for a process that left nothing behind).
+            if cg.kill_all() == 0 {
                 break;
             }
             if Instant::now() > deadline {
@@ -400,13 +412,15 @@ impl HandleInner {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // The group is empty, so nothing of the tree is left: the exit can be published now.
+        // Removing the directories (a few milliseconds of rmdir, with retries while the kernel
+        // releases them) happens after, tracked so that shutdown waits for it.
         let me = self.clone();
-        let _ = tokio::task::spawn_blocking(move || {
+        self.removals.spawn_blocking(move || {
             if let Some(cg) = &me.cgroup {
                 cg.remove_dirs();
             }
-        })
-        .await;
+        });
     }
 
     async fn run_stop(self: Arc<Self>, grace: Duration, term: bool) {
@@ -534,6 +548,10 @@ pub struct Supervisor {
     live: Registry,
     /// Lines and bytes per second of each agent's stderr that reach the log.
     stderr_budget: (u64, u64),
+    /// Children started ahead in their cgroups (`--warm-spawns`); none without cgroups.
+    warm: Option<Arc<warm::Pool>>,
+    /// Deferred cgroup removals of ended children.
+    removals: TaskTracker,
 }
 
 impl Supervisor {
@@ -554,14 +572,34 @@ impl Supervisor {
         let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
         cgroups.apply_budget(config.agents_memory_max, config.agents_pids_max);
         let cgroups = Arc::new(cgroups);
+        let limits = Limits::from_config(config);
+        // Only cgroups make a start wait (for the join); without them there is nothing to hide.
+        let warm = match &user {
+            Ok(user) if cgroups.enabled() && config.warm_spawns > 0 => {
+                let pool = warm::Pool::new(
+                    warm::Recipe {
+                        cgroups: cgroups.clone(),
+                        limits,
+                        user: user.clone(),
+                        program: PathBuf::from("/proc/self/exe"),
+                    },
+                    config.warm_spawns,
+                );
+                pool.refill();
+                Some(pool)
+            }
+            _ => None,
+        };
         Supervisor {
             base_env,
-            limits: Limits::from_config(config),
+            limits,
             user,
             cgroups,
             agent_grace: config.agent_grace,
             live: Registry::default(),
             stderr_budget: (config.agent_stderr_lines, config.agent_stderr_bytes),
+            warm,
+            removals: TaskTracker::new(),
         }
     }
 
@@ -616,7 +654,15 @@ impl Supervisor {
         if !handles.is_empty() {
             tracing::info!(agents = handles.len(), ?grace, "stopping every agent");
         }
-        futures_util::future::join_all(handles.iter().map(|h| h.stop(grace))).await;
+        let warm = async {
+            if let Some(pool) = &self.warm {
+                pool.close().await;
+            }
+        };
+        let stops = futures_util::future::join_all(handles.iter().map(|h| h.stop(grace)));
+        tokio::join!(warm, stops);
+        self.removals.close();
+        self.removals.wait().await;
         // Takes a blocking flock: not on the runtime thread.
         let cgroups = self.cgroups.clone();
         let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
@@ -653,6 +699,9 @@ impl Supervisor {
 
 impl Drop for Supervisor {
     fn drop(&mut self) {
+        if let Some(pool) = &self.warm {
+            pool.kill_now();
+        }
         self.cgroups.remove_own();
     }
 }

@@ -10,6 +10,9 @@ use super::*;
 fn supervisor(tweak: impl FnOnce(&mut Config)) -> Supervisor {
     let mut config = Config::defaults();
     config.agent_base_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+    // A warm stub is the daemon binary (`/proc/self/exe`), which a unit-test binary is not:
+    // these cases take the direct path; tests/it covers the warm one with the real binary.
+    config.warm_spawns = 0;
     tweak(&mut config);
     Supervisor::new(&config)
 }
@@ -61,6 +64,16 @@ async fn gone_soon(pid: i32) -> bool {
     false
 }
 
+async fn removed_soon(dir: &std::path::Path) -> bool {
+    for _ in 0..200 {
+        if !dir.exists() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn stop_ends_the_group_gracefully_and_kills_a_setsid_escapee() {
     let sup = supervisor(|_| {});
@@ -81,7 +94,9 @@ async fn stop_ends_the_group_gracefully_and_kills_a_setsid_escapee() {
             gone_soon(escapee).await,
             "escapee {escapee} survived the stop"
         );
-        assert!(p.handle.cgroup_path().is_some_and(|p| !p.exists()));
+        // The cgroup is removed after the exit is published (deferred, tracked).
+        let dir = p.handle.cgroup_path().expect("a cgroup").to_path_buf();
+        assert!(removed_soon(&dir).await, "{} left behind", dir.display());
     } else {
         eprintln!("SKIPPED (escapee part): cgroups are not writable here");
         let _ = nix::sys::signal::kill(Pid::from_raw(escapee), Signal::SIGKILL);
@@ -229,6 +244,14 @@ async fn stop_all_stops_every_agent_in_parallel() {
     assert!(started.elapsed() < Duration::from_secs(3));
     for h in handles {
         assert_eq!(h.exit().map(|i| i.reason), Some(ExitReason::Forced));
+        // Removal is deferred past the exit, but `stop_all` waits for it: nothing is left the
+        // moment it returns, the daemon's own directories included.
+        if let Some(dir) = h.cgroup_path() {
+            assert!(!dir.exists(), "{} left after stop_all", dir.display());
+        }
+    }
+    for dir in sup.cgroups.own_dirs() {
+        assert!(!dir.exists(), "{} left after stop_all", dir.display());
     }
 }
 

@@ -1,6 +1,8 @@
 //! Starting one agent: its cgroup and limits first, then the process in a new session with a
 //! clean environment, piped stdio and nothing else inherited; the child joins the cgroup before
-//! exec, so nothing it starts can be outside it. Then the stderr reader and the reaper.
+//! exec, so nothing it starts can be outside it. Then the stderr reader and the reaper. With
+//! piped stdio a warm stub (`warm.rs`), made the same way ahead of time, is used when one is
+//! ready: it only has to exec.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
@@ -13,6 +15,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use super::stderr::{self, Fields, Tail};
+use super::warm;
 use super::{
     AgentHandle, ChildStdio, HandleInner, Leader, Phase, RawStatus, SpawnError, SpawnSpec, Spawned,
     Supervisor, announce_fallback, register,
@@ -37,6 +40,49 @@ pub(super) fn spawn(
             std::io::ErrorKind::NotFound,
             format!("working directory {} does not exist", spec.cwd.display()),
         )));
+    }
+    let pipes = matches!(stdio, ChildStdio::Pipes | ChildStdio::AllPipes);
+    let warm_msg = match &sup.warm {
+        Some(_) if pipes => warm::message(&warm::Launch {
+            program: &spec.program,
+            args: &spec.args,
+            env: merged_env(&sup.base_env, &spec.env),
+            cwd: &spec.cwd,
+        }),
+        _ => None,
+    };
+    let stub = warm_msg
+        .as_ref()
+        .and_then(|_| sup.warm.as_ref().and_then(|p| p.take()));
+    if let (Some(mut stub), Some(msg)) = (stub, warm_msg) {
+        if !sup.limits.fallback_rlimits(stub.applied).is_empty() {
+            announce_fallback("memory");
+        }
+        let launched = warm::launch(&mut stub, &msg);
+        if let Err(e) = launched {
+            // The stub exits by itself after a failed exec; make sure, reap it, drop its cgroup.
+            let _ = stub.child.start_kill();
+            let (child, cgroup) = (stub.child, stub.cgroup);
+            tokio::spawn(async move {
+                let mut child = child;
+                let _ = child.wait().await;
+                if let Some(cg) = cgroup {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        cg.kill_all();
+                        cg.remove_dirs();
+                    })
+                    .await;
+                }
+            });
+            return Err(fail(e));
+        }
+        return Ok(started(
+            sup,
+            spec,
+            stub.child,
+            stub.cgroup,
+            matches!(stdio, ChildStdio::Pipes),
+        ));
     }
     let (cgroup, applied) = if sup.cgroups.enabled() {
         match sup.cgroups.create(&spec.server_id, &sup.limits) {
@@ -101,6 +147,7 @@ pub(super) fn spawn(
             cgroup_procs: procs_files.iter().map(|f| f.as_raw_fd()).collect(),
             rlimits,
             user,
+            after_join: Vec::new(),
         },
     );
     if terminal {
@@ -113,7 +160,7 @@ pub(super) fn spawn(
     // our copies of a terminal's slave side (the reader sees EIO once the child's tree is gone).
     drop(procs_files);
     drop(cmd);
-    let mut child = match spawned {
+    let child = match spawned {
         Ok(c) => c,
         Err(e) => {
             if let Some(cg) = &cgroup {
@@ -122,6 +169,17 @@ pub(super) fn spawn(
             return Err(fail(e));
         }
     };
+    Ok(started(sup, spec, child, cgroup, stdio_logs_stderr))
+}
+
+/// The child runs: registers it, starts its stderr reader (agents) and its reaper.
+fn started(
+    sup: &Supervisor,
+    spec: SpawnSpec,
+    mut child: tokio::process::Child,
+    cgroup: Option<super::cgroup::AgentCgroup>,
+    stdio_logs_stderr: bool,
+) -> Spawned {
     let pid = child.id().unwrap_or(0);
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
@@ -171,6 +229,7 @@ pub(super) fn spawn(
         stderr_tail: tail,
         stderr_reader: Mutex::new(stderr_task),
         registry: sup.live.clone(),
+        removals: sup.removals.clone(),
         leader: Mutex::new(Leader {
             child: kept,
             reaped: false,
@@ -214,17 +273,30 @@ pub(super) fn spawn(
         inner.on_top_exit(status).await;
     });
 
-    Ok(Spawned {
+    Spawned {
         stdin,
         stdout,
         stderr: stderr_pipe,
         handle,
-    })
+    }
+}
+
+/// The environment a child gets: the supervisor's base, then the spec's variables on top (a
+/// later name replaces an earlier one, as `Command::envs` does).
+fn merged_env(
+    base: &[(std::ffi::OsString, std::ffi::OsString)],
+    extra: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut map = std::collections::BTreeMap::new();
+    for (k, v) in base.iter().chain(extra) {
+        map.insert(k.clone(), v.clone());
+    }
+    map.into_iter().collect()
 }
 
 /// Waits until our child `pid` has exited and returns its status without reaping it (the pidfd
 /// turns readable at exit; `waitid` with `WNOWAIT` reads the status and leaves the zombie).
-async fn exited_unreaped(fd: &AsyncFd<OwnedFd>, pid: u32) -> RawStatus {
+pub(super) async fn exited_unreaped(fd: &AsyncFd<OwnedFd>, pid: u32) -> RawStatus {
     let pid_t = Pid::from_raw(pid as i32);
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
     loop {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
@@ -27,7 +28,8 @@ pub enum ToolError {
     },
 }
 
-/// Kills the process group when dropped, unless disarmed after the group's leader was reaped.
+/// Kills the process group when dropped (a cancelled caller): the leader is still ours then,
+/// unreaped, so the group id cannot have been reused.
 struct GroupGuard(Option<Pid>);
 
 impl Drop for GroupGuard {
@@ -38,8 +40,20 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Reads a pipe to its end.
+async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    if let Some(mut p) = pipe {
+        p.read_to_end(&mut out).await?;
+    }
+    Ok(out)
+}
+
 /// Runs `cmd` to completion in a new process group with its output captured; after `timeout`
-/// (or if the returned future is dropped) the whole group is killed.
+/// (or if the returned future is dropped) the whole group is killed. The leader is reaped only
+/// after the last `killpg` (its exit is seen through a pidfd without reaping, as for agents), so
+/// the group id cannot name a stranger's group when it is signalled; without pidfds the members
+/// a `/proc` scan finds after the reap are killed instead.
 pub async fn run_to_completion(
     mut cmd: tokio::process::Command,
     timeout: Duration,
@@ -50,15 +64,58 @@ pub async fn run_to_completion(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|source| ToolError::Spawn {
+    let mut child = cmd.spawn().map_err(|source| ToolError::Spawn {
         program: program.clone(),
         source,
     })?;
-    let mut guard = GroupGuard(child.id().map(|pid| Pid::from_raw(pid as i32)));
+    let pid = child.id();
+    let pgid = pid.map(|pid| Pid::from_raw(pid as i32));
+    let mut guard = GroupGuard(pgid);
+    let pidfd = pid.and_then(|p| crate::sys::pidfd(p).ok());
+    let Some(pidfd) = pidfd else {
+        return run_reaped(child, guard, timeout, program).await;
+    };
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let pid = pid.unwrap_or(0);
+    let result = tokio::time::timeout(timeout, async {
+        let (out, err, status) = tokio::join!(
+            drain(stdout),
+            drain(stderr),
+            super::spawn::exited_unreaped(&pidfd, pid)
+        );
+        Ok::<_, io::Error>((out?, err?, status))
+    })
+    .await;
+    // Whatever the leader did, nothing it started may outlive it; it is unreaped, so the group
+    // id is still ours.
+    if let Some(pgid) = guard.0.take() {
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    // Reaps it (killed just now if it was still running).
+    let reaped = child.wait().await;
+    match result {
+        Ok(Ok((stdout, stderr, _))) => match reaped {
+            Ok(status) => Ok(Output {
+                status,
+                stdout,
+                stderr,
+            }),
+            Err(source) => Err(ToolError::Wait { program, source }),
+        },
+        Ok(Err(source)) => Err(ToolError::Wait { program, source }),
+        Err(_) => Err(ToolError::Timeout { program, timeout }),
+    }
+}
+
+/// The same without a pidfd: tokio reaps the leader at exit, so afterwards only the members a
+/// `/proc` scan finds in the group are killed, never the id blindly (on the blocking pool).
+async fn run_reaped(
+    child: tokio::process::Child,
+    mut guard: GroupGuard,
+    timeout: Duration,
+    program: String,
+) -> Result<Output, ToolError> {
     let result = tokio::time::timeout(timeout, child.wait_with_output()).await;
-    // Whatever the leader did, nothing it started may outlive it. The leader is reaped by now
-    // (or being killed on drop), so its group id may be reused: only the members a `/proc` scan
-    // finds in the group are killed, never the id blindly (on the blocking pool: a scan).
     if let Some(pgid) = guard.0.take() {
         let _ = tokio::task::spawn_blocking(move || {
             for p in super::stats::group_members(pgid.as_raw()) {
@@ -71,5 +128,54 @@ pub async fn run_to_completion(
         Ok(Ok(out)) => Ok(out),
         Ok(Err(source)) => Err(ToolError::Wait { program, source }),
         Err(_) => Err(ToolError::Timeout { program, timeout }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, r)| !r.starts_with('Z'))
+        })
+    }
+
+    #[tokio::test]
+    async fn output_and_status_are_captured() {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let out = run_to_completion(cmd, Duration::from_secs(20))
+            .await
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("bg.pid");
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args([
+            "-c",
+            &format!("sleep 100 & echo $! > {}; wait", pidfile.display()),
+        ]);
+        let r = run_to_completion(cmd, Duration::from_millis(500)).await;
+        assert!(matches!(r, Err(ToolError::Timeout { .. })), "{r:?}");
+        let bg: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The background child was in the group and got its SIGKILL before we returned; its
+        // reaping by whoever inherited it may take a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(bg) {
+            assert!(std::time::Instant::now() < deadline, "the group survived");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }

@@ -820,19 +820,19 @@ async fn memory_goes_back_down_after_a_storm_of_file_transfers() {
     sampler.await.unwrap();
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
 
-    // Back within 8 MiB of the start. Measured on the debug build: the storm peaks at
-    // 160-210 MiB and ends within 1 MiB of where it started. With the heap trimmed but glibc's
-    // mmap threshold left to float it stayed ~19 MiB above; with neither, ~120 MiB (with the
-    // client's keep-alive connections still open) — both fail here, which is the point. What
-    // may legitimately remain is a little allocator slack and the stacks of blocking-pool
-    // threads that have not yet reached tokio's 10 s idle exit, which the 30 s deadline waits
-    // out; none of it depends on how loaded the machine is.
+    // Back within 10 MiB of the start. Measured on the debug build: the storm peaks at
+    // 160-210 MiB and ends 4-6 MiB above where it started. With the heap trimmed but glibc's
+    // mmap threshold left to float it stayed ~15 MiB above, with the threshold fixed but no
+    // trim ~19 MiB, with neither ~120 MiB (the client's keep-alive connections still open):
+    // all fail here, which is the point. What may legitimately remain is allocator slack and
+    // the stacks of blocking-pool threads that have not yet reached tokio's 10 s idle exit,
+    // which the 30 s deadline waits out; none of it depends on how loaded the machine is.
     let now = eventually_async(
         Duration::from_secs(30),
         "RSS back near its start",
         || async {
             let now = rss_kib(pid);
-            (now <= before + (8 << 10)).then_some(now)
+            (now <= before + (10 << 10)).then_some(now)
         },
     )
     .await;

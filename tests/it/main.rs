@@ -19,3 +19,4 @@ mod sdk;
 mod supervisor;
 mod support;
 mod transports;
+mod warm_spawns;

@@ -1,7 +1,8 @@
 //! The remote transports: WebSocket on `/v1/acp/{serverId}` (ordering under pipelining, resume
 //! with `lastEventId`, cut-off of a reader that stops reading, one event log shared with SSE), the
-//! ACP RFD transport at `/v1/agents/{agent}/acp` (status codes, streams, idle stop), and interop
-//! with the official TypeScript and Python ACP clients, unmodified (`tests/transports/`).
+//! ACP RFD transport at `/v1/agents/{agent}/acp` (status codes, streams, idle stop), WebSockets
+//! over HTTP/2 (extended CONNECT), and interop with the official TypeScript, Python and Rust ACP
+//! clients, unmodified (`tests/transports/`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -124,6 +125,80 @@ async fn ws_pipelined_requests_are_all_answered_in_order() {
     let info = listing(&d).await;
     assert_eq!(info[0]["lastEventId"], 1001);
     assert_eq!(info[0]["pendingRequests"], 0);
+}
+
+/// Frames that arrive together are written to the agent's stdin as one batch; this drives every
+/// branch of that path (small lines packed together, lines over the 4 KiB atomic pipe write, more
+/// than the pipe holds so the rest waits in the queue, a notification, an id that is already
+/// pending) and checks that order, answers and the error of the one refused request survive.
+#[tokio::test]
+async fn ws_batched_frames_of_every_size_keep_order_through_the_stdin_queue() {
+    let d = daemon(&[]);
+    let mut ws = connect(&d, "/v1/acp/batch?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    assert_eq!(next_json(&mut ws).await.unwrap()["id"], 0);
+    // 600 requests of 40 B to 9 KiB (about 1.5 MiB, far more than a pipe holds), sent with one
+    // flush so that the daemon reads many per read. Request 7 is a prompt that hangs until
+    // cancelled, so its id stays pending: a later request with id 7 must be refused.
+    let padding = |i: u64| "x".repeat([10, 1500, 4090, 9000][(i % 4) as usize]);
+    let mut sent = Vec::new();
+    for i in 1..=600u64 {
+        let msg = if i == 7 {
+            prompt(json!(7), "hang", "/hang")
+        } else {
+            sent.push(i);
+            request(json!(i), "_mock/echo", json!({"n": i, "pad": padding(i)}))
+        };
+        ws.feed(Message::text(msg.to_string())).await.unwrap();
+        if i == 300 {
+            let dup = request(json!(7), "_mock/echo", json!({"n": 7}));
+            ws.feed(Message::text(dup.to_string())).await.unwrap();
+        }
+        if i % 100 == 0 {
+            // A notification in the middle (no answer; it names no running prompt).
+            let note = json!({"jsonrpc": "2.0", "method": "session/cancel",
+                "params": {"sessionId": "none"}});
+            ws.feed(Message::text(note.to_string())).await.unwrap();
+        }
+    }
+    ws.flush().await.unwrap();
+    let mut answered = Vec::new();
+    let mut refused = Vec::new();
+    while answered.len() < sent.len() {
+        let m = next_json(&mut ws).await.expect("the socket ended early");
+        if m.get("error").is_some() {
+            refused.push(m);
+            continue;
+        }
+        let n = m["result"]["n"].as_u64().unwrap();
+        assert_eq!(m["id"], n);
+        assert_eq!(m["result"]["pad"].as_str().unwrap().len(), padding(n).len());
+        answered.push(n);
+    }
+    assert_eq!(
+        answered, sent,
+        "every request answered once, in the order sent"
+    );
+    assert_eq!(
+        refused.len(),
+        1,
+        "only the duplicate is refused: {refused:?}"
+    );
+    assert_eq!(refused[0]["id"], 7);
+    assert_eq!(refused[0]["error"]["data"]["status"], 409);
+    // The first request 7 is still the agent's; cancelling it answers it.
+    let cancel = json!({"jsonrpc": "2.0", "method": "session/cancel",
+        "params": {"sessionId": "hang"}});
+    send(&mut ws, &cancel).await;
+    let end = until_response(&mut ws, &json!(7)).await;
+    assert_eq!(end.last().unwrap()["result"]["stopReason"], "cancelled");
+    let info = listing(&d).await;
+    assert_eq!(info[0]["pendingRequests"], 0);
+    assert_eq!(info[0]["invalidStdoutLines"], 0);
 }
 
 /// Reads the whole SSE log of `server_id` until a message with response id `last`.
@@ -653,6 +728,151 @@ async fn rfd_streamable_http_over_h2c_with_prior_knowledge() {
     tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
 }
 
+/// An HTTP/2 (h2c, prior knowledge) client doing RFC 8441 extended CONNECT, as a browser or an
+/// HTTP/2-only client would for a WebSocket.
+struct H2 {
+    send: hyper::client::conn::http2::SendRequest<axum::body::Body>,
+}
+
+impl H2 {
+    async fn connect(d: &Daemon) -> H2 {
+        let addr = d.url("").trim_start_matches("http://").to_string();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let mut conn = Box::pin(conn);
+        // The server announces extended CONNECT in its SETTINGS; drive the connection until
+        // they arrived.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !conn.is_extended_connect_protocol_enabled() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the daemon never enabled extended CONNECT"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(10), conn.as_mut()).await;
+        }
+        tokio::spawn(conn);
+        H2 { send }
+    }
+
+    /// `CONNECT path` with `:protocol websocket`; the response and, on 200, the socket.
+    async fn socket(
+        &mut self,
+        d: &Daemon,
+        path: &str,
+    ) -> (
+        axum::http::Response<hyper::body::Incoming>,
+        Option<
+            tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+        >,
+    ) {
+        let req = axum::http::Request::builder()
+            .method(axum::http::Method::CONNECT)
+            .uri(d.url(path))
+            .extension(hyper::ext::Protocol::from_static("websocket"))
+            .header("sec-websocket-version", "13")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let mut resp = self.send.send_request(req).await.unwrap();
+        if resp.status() != 200 {
+            return (resp, None);
+        }
+        let io = hyper::upgrade::on(&mut resp).await.unwrap();
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(io),
+            tokio_tungstenite::tungstenite::protocol::Role::Client,
+            None,
+        )
+        .await;
+        (resp, Some(ws))
+    }
+}
+
+/// Sends `msg` and returns the frames up to its answer.
+async fn h2_round_trip<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>, msg: &Value) -> Value
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    ws.send(Message::text(msg.to_string())).await.unwrap();
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a frame within 20 s")
+            .expect("the socket stays open")
+            .unwrap();
+        if let Message::Text(t) = frame {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v["id"] == msg["id"] {
+                return v;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn ws_over_http2_extended_connect_on_both_endpoints() {
+    // Short idle and header timeouts and long pings: the h2 connection must stay up while a
+    // WebSocket on it is open, although no ordinary request is in flight, and the socket's
+    // frames (which look like the start of a next request to the connection's clock) or its
+    // silence would otherwise close it within a second.
+    let d = daemon(&[
+        "--idle-timeout",
+        "1s",
+        "--header-read-timeout",
+        "1s",
+        "--keepalive",
+        "60s",
+    ]);
+    let mut h2 = H2::connect(&d).await;
+    let (resp, ws) = h2.socket(&d, "/v1/acp/h2?agent=mock").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), axum::http::Version::HTTP_2);
+    let mut ws = ws.unwrap();
+    let init = request(json!(0), "initialize", json!({"protocolVersion": 1}));
+    let answer = h2_round_trip(&mut ws, &init).await;
+    assert_eq!(answer["result"]["agentInfo"]["name"], "mock");
+    // A second socket on the same connection: the RFD profile, announcing its connection.
+    let (resp, rfd) = h2.socket(&d, RFD).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().contains_key("acp-connection-id"));
+    let mut rfd = rfd.unwrap();
+    let answer = h2_round_trip(&mut rfd, &init).await;
+    assert_eq!(answer["result"]["agentInfo"]["name"], "mock");
+    // Twice the idle timeout with nothing moving (this waits for something that must not
+    // happen, so there is no state to poll for).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let echo = request(json!(1), "_mock/echo", json!({"n": 1}));
+    assert_eq!(
+        h2_round_trip(&mut ws, &echo).await["result"],
+        json!({"n": 1})
+    );
+    assert_eq!(
+        h2_round_trip(&mut rfd, &echo).await["result"],
+        json!({"n": 1})
+    );
+    // A bad upgrade (no `sec-websocket-version`) is a problem, like its HTTP/1.1 form.
+    let req = axum::http::Request::builder()
+        .method(axum::http::Method::CONNECT)
+        .uri(d.url("/v1/acp/h2"))
+        .extension(hyper::ext::Protocol::from_static("websocket"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = h2.send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    ws.close(None).await.unwrap();
+    rfd.close(None).await.unwrap();
+    drop(h2);
+    // The daemon's drop waits for its exit; meanwhile this runtime keeps running the h2
+    // connection task, which answers the daemon's GOAWAY.
+    tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
+}
+
 #[tokio::test]
 async fn rfd_refusals_are_problems() {
     let d = daemon(&[]);
@@ -874,11 +1094,11 @@ fn tool_works(cmd: &str, args: &[&str]) -> bool {
 }
 
 /// Runs one official client against a fresh daemon and checks what it saw, then that its
-/// instance is gone.
-async fn interop(program: &str, script: &str, mode: &str) {
+/// instance is gone. `script` is the file an interpreter runs (none for the Rust binary).
+async fn interop(program: &str, script: Option<&str>, mode: &str) {
     let d = daemon(&[]);
     let out = tokio::process::Command::new(program)
-        .arg(script)
+        .args(script)
         .arg(mode)
         .arg(d.url(""))
         .arg(TOKEN)
@@ -892,7 +1112,7 @@ async fn interop(program: &str, script: &str, mode: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{program} {script} {mode} failed ({}):\n{stdout}\n{}\ndaemon:\n{}",
+        "{program} {script:?} {mode} failed ({}):\n{stdout}\n{}\ndaemon:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
         d.stderr()
@@ -950,27 +1170,92 @@ fn python_ready() -> bool {
 #[tokio::test]
 async fn typescript_sdk_http_client_interop() {
     if ts_ready() {
-        interop("node", "ts-client.mjs", "http").await;
+        interop("node", Some("ts-client.mjs"), "http").await;
     }
 }
 
 #[tokio::test]
 async fn typescript_sdk_websocket_client_interop() {
     if ts_ready() {
-        interop("node", "ts-client.mjs", "ws").await;
+        interop("node", Some("ts-client.mjs"), "ws").await;
     }
 }
 
 #[tokio::test]
 async fn python_sdk_http_client_interop() {
     if python_ready() {
-        interop("python3", "py-client.py", "http").await;
+        interop("python3", Some("py-client.py"), "http").await;
     }
 }
 
 #[tokio::test]
 async fn python_sdk_websocket_client_interop() {
     if python_ready() {
-        interop("python3", "py-client.py", "ws").await;
+        interop("python3", Some("py-client.py"), "ws").await;
+    }
+}
+
+/// The Rust client (`tests/transports/rust`, its own project and lock file), built offline into
+/// `target/interop-rust` from the crates `.ci/install-wsperf.sh` fetched (and built); a skip when
+/// they were not fetched. Built once per test process.
+fn rust_client() -> Option<PathBuf> {
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let manifest = interop_dir().join("rust/Cargo.toml");
+            let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/interop-rust");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+            let fetched = std::process::Command::new(&cargo)
+                .args(["fetch", "--locked", "--offline", "--manifest-path"])
+                .arg(&manifest)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !fetched {
+                return None;
+            }
+            let out = std::process::Command::new(&cargo)
+                .args([
+                    "build",
+                    "--locked",
+                    "--offline",
+                    "--quiet",
+                    "--manifest-path",
+                ])
+                .arg(&manifest)
+                .arg("--target-dir")
+                .arg(&target)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "building the Rust ACP client failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(target.join("debug/acp-interop-rust"))
+        })
+        .clone()
+}
+
+fn rust_ready() -> Option<String> {
+    let bin = rust_client();
+    if bin.is_none() {
+        support::skip("the crates of the Rust ACP client are not fetched (.ci/install-wsperf.sh)");
+    }
+    bin.map(|b| b.to_string_lossy().into_owned())
+}
+
+#[tokio::test]
+async fn rust_sdk_http_client_interop() {
+    if let Some(bin) = rust_ready() {
+        interop(&bin, None, "http").await;
+    }
+}
+
+#[tokio::test]
+async fn rust_sdk_websocket_client_interop() {
+    if let Some(bin) = rust_ready() {
+        interop(&bin, None, "ws").await;
     }
 }

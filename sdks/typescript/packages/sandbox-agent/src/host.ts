@@ -117,7 +117,11 @@ export class HostApi {
     return this.json("GET", "/v1/fs/stat", { query: { path } });
   }
 
-  /** The file's bytes as a stream (nothing is buffered). `range` is an HTTP byte range, e.g. `bytes=0-99`. */
+  /**
+   * The file's bytes as a stream (nothing is buffered). `range` is an HTTP byte range, e.g. `bytes=0-99`.
+   * In Node, the process's peak RSS while streaming is fetch's and V8's: docs/sdk-typescript.md
+   * ("Streaming 200 MB in under 100 MB of RSS") lists the flags that bound it.
+   */
   async readFileStream(path: string, options: { range?: string } = {}): Promise<ReadableStream<Uint8Array>> {
     const res = await this.send("GET", "/v1/fs/file", {
       query: { path },

@@ -1173,7 +1173,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description With `Upgrade: websocket`: the WebSocket (see the `Upgrade` parameter) */
+            /** @description With `Upgrade: websocket`: the WebSocket (see the `Upgrade` parameter). Over HTTP/2 the same socket is an extended CONNECT (RFC 8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no CONNECT operation (docs/acp.md) */
             101: {
                 headers: {
                     [name: string]: unknown;
@@ -1463,7 +1463,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The WebSocket profile; the new connection's id is in the `Acp-Connection-Id` header */
+            /** @description The WebSocket profile; the new connection's id is in the `Acp-Connection-Id` header. Over HTTP/2 the same socket is an extended CONNECT (RFC 8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no CONNECT operation (docs/acp.md) */
             101: {
                 headers: {
                     /** @description The new connection */
