@@ -475,7 +475,11 @@ async fn agents_run_as_the_configured_user() {
         skip("needs root to switch the agent user");
         return;
     }
-    let d = Daemon::builder().args(["--agent-user", "nobody"]).start();
+    // The agent is the daemon's own executable, which uid 65534 must be able to run.
+    let d = Daemon::builder()
+        .any_user_bin()
+        .args(["--agent-user", "nobody"])
+        .start();
     // The agent user must be able to enter its working directory.
     for dir in [d.dir.path().to_path_buf(), d.work_dir()] {
         use std::os::unix::fs::PermissionsExt;

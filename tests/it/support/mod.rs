@@ -55,6 +55,7 @@ pub struct DaemonBuilder {
     confine_to_work_dir: bool,
     data_dir: Option<PathBuf>,
     stderr_unread: bool,
+    any_user_bin: bool,
 }
 
 impl Default for DaemonBuilder {
@@ -69,6 +70,7 @@ impl Default for DaemonBuilder {
             confine_to_work_dir: false,
             data_dir: None,
             stderr_unread: false,
+            any_user_bin: false,
         }
     }
 }
@@ -112,6 +114,13 @@ impl DaemonBuilder {
     }
 
     /// Runs the daemon under a wrapper command (e.g. `unshare --pid --fork --mount-proc`).
+    /// Starts the daemon from `bin_for_any_user()`, for tests whose agents run as another user
+    /// (the daemon starts the mock agent from its own executable).
+    pub fn any_user_bin(mut self) -> Self {
+        self.any_user_bin = true;
+        self
+    }
+
     pub fn wrapper<I, S>(mut self, items: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -187,11 +196,16 @@ impl Daemon {
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
 
+        let bin = if b.any_user_bin {
+            bin_for_any_user()
+        } else {
+            Path::new(BIN)
+        };
         let mut cmd = if b.wrapper.is_empty() {
-            Command::new(BIN)
+            Command::new(bin)
         } else {
             let mut c = Command::new(&b.wrapper[0]);
-            c.args(&b.wrapper[1..]).arg(BIN);
+            c.args(&b.wrapper[1..]).arg(bin);
             c
         };
         if b.clear_env {
@@ -399,6 +413,50 @@ impl Drop for Daemon {
 /// True when this process may do what root can (cgroups, namespaces).
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+/// The daemon's binary at a path any user can execute, for tests that run it (or the mock agent
+/// it starts from its own executable) as uid 65534. That is `BIN` itself when every directory
+/// above it lets others through; a fresh clone under `/root` (mode 0700) does not, so then it is
+/// a copy in `$TMPDIR/sandbox-agent-any-user-<uid>-<hash of BIN's path>/`: one per checkout,
+/// replaced (by rename) once per test run, so concurrent runs of one build share it.
+pub fn bin_for_any_user() -> &'static Path {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let bin = Path::new(BIN);
+        let reachable = bin
+            .ancestors()
+            .skip(1)
+            .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+        if reachable {
+            return bin.to_path_buf();
+        }
+        let key = BIN.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let uid = nix::unistd::geteuid();
+        let dir = std::env::temp_dir().join(format!("sandbox-agent-any-user-{uid}-{key:016x}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => panic!("create {}: {e}", dir.display()),
+        }
+        // In a world-writable TMPDIR the directory must be ours, or someone else chose the binary.
+        let meta = std::fs::symlink_metadata(&dir).expect("stat the copy's directory");
+        assert!(
+            meta.is_dir() && meta.uid() == uid.as_raw(),
+            "{} is not a directory of ours",
+            dir.display()
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join("sandbox-agent");
+        let part = dir.join(format!("sandbox-agent.{}", std::process::id()));
+        std::fs::copy(bin, &part).expect("copy the daemon binary");
+        std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&part, &copy).expect("install the daemon binary copy");
+        copy
+    })
 }
 
 /// Says why a test is skipped (the test then returns early). A skip must never pass unseen:
