@@ -188,12 +188,10 @@ async fn method_not_allowed(req: Request) -> Problem {
 /// The WebSocket routes accept CONNECT for the HTTP/2 extended CONNECT of RFC 8441 (its
 /// `:protocol` pseudo-header makes it a request to the path); as a plain method, which is what
 /// `Allow` lists, CONNECT is no method of any resource here (in HTTP/1.1 it names a proxy
-/// target), and OpenAPI cannot describe it, so a 405's `Allow` leaves it out. Called by the
-/// connection's service (`daemon/serve.rs`): axum adds `Allow` outside every layer.
+/// target), and OpenAPI cannot describe it, so `Allow` leaves it out. Called by the connection's
+/// service (`daemon/serve.rs`): axum adds `Allow` outside every layer, to whatever the method
+/// fallback answered (a 405, or the edge's 401/403 on an unmatched method).
 pub fn drop_connect_from_allow(resp: &mut Response) {
-    if resp.status() != StatusCode::METHOD_NOT_ALLOWED {
-        return;
-    }
     let Some(allow) = resp.headers().get(header::ALLOW) else {
         return;
     };

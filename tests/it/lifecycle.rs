@@ -69,6 +69,19 @@ async fn token_is_required_on_v1_and_never_logged() {
     problem(longer, 401).await;
     // Unknown /v1 routes need the token too: nothing about the surface leaks without it.
     problem(anon.get(d.url("/v1/nope")).send().await.unwrap(), 401).await;
+    // An unmatched method is refused by the edge (401) and axum adds `Allow` to that answer:
+    // CONNECT (HTTP/2's extended CONNECT of the WebSocket routes) is not listed there either.
+    let resp = anon
+        .request(reqwest::Method::OPTIONS, d.url("/v1/acp/s1"))
+        .send()
+        .await
+        .unwrap();
+    let allow = resp.headers()["allow"].to_str().unwrap().to_string();
+    assert!(
+        allow.contains("POST") && !allow.contains("CONNECT"),
+        "{allow}"
+    );
+    problem(resp, 401).await;
 
     let ok = d.client().get(d.url("/v1/health")).send().await.unwrap();
     assert_eq!(ok.status(), 200);
