@@ -123,7 +123,7 @@ fn number_after(text: &str, prefix: &str) -> u64 {
 
 /// True when the daemon's start-up log says agent cgroups carry `controller`; else prints why
 /// the test is skipped.
-fn cgroup_controller_or_skip(d: &Daemon, controller: &str) -> bool {
+pub(crate) fn cgroup_controller_or_skip(d: &Daemon, controller: &str) -> bool {
     if !is_root() {
         skip("needs root for cgroups");
         return false;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, children_of, eventually, is_idle_stub, is_root, pid_alive, skip};
+use crate::support::{Daemon, children_of, eventually, is_idle_stub, pid_alive, skip};
 
 /// The daemon's stub children (`sandbox-agent spawn-stub <fd>`).
 fn stubs_of(daemon: u32) -> Vec<u32> {
@@ -46,20 +46,10 @@ fn v1_dir(controller: &str, path: &str) -> Option<PathBuf> {
 
 /// Skips unless the daemon put agents in a v1 `pids` hierarchy (root, cgroups writable).
 fn pids_cgroups_or_skip(d: &Daemon) -> bool {
-    if !is_root() {
-        skip("needs root for cgroups");
+    if !crate::supervisor::cgroup_controller_or_skip(d, "pids") {
         return false;
     }
-    let log = eventually(Duration::from_secs(5), "cgroup set-up in the log", || {
-        let log = d.stderr();
-        (log.contains("agent cgroups ready") || log.contains("cgroups are not writable"))
-            .then_some(log)
-    });
-    let ready = log
-        .lines()
-        .find(|l| l.contains("agent cgroups ready"))
-        .unwrap_or("");
-    if !ready.contains("\"pids\"") || pids_dir("/").is_none() {
+    if pids_dir("/").is_none() {
         skip("the daemon has no usable v1 `pids` cgroup hierarchy here");
         return false;
     }
