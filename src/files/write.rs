@@ -277,7 +277,15 @@ impl FileService {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    drop(put);
+                    // The temporary goes before the answer does: a client that reads the error
+                    // finds nothing of its PUT left.
+                    if let Ok(p) = put.take() {
+                        let _ = blocking(move || {
+                            drop(p);
+                            Ok(())
+                        })
+                        .await;
+                    }
                     if matches!(e, FileError::TooLarge { .. }) {
                         reader.linger().await;
                     }
