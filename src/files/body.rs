@@ -204,6 +204,14 @@ impl<T: Send + 'static> OffThread<T> {
     pub fn put(&mut self, value: T) {
         self.0 = Some(value);
     }
+
+    /// Drops the value on the blocking pool and waits until that is done (dropping `self`
+    /// does it too, without waiting): for an answer that must not go out before the clean-up.
+    pub async fn discard(mut self) {
+        if let Some(v) = self.0.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(v)).await;
+        }
+    }
 }
 
 impl<T: Send + 'static> Drop for OffThread<T> {

@@ -279,13 +279,7 @@ impl FileService {
                 Err(e) => {
                     // The temporary goes before the answer does: a client that reads the error
                     // finds nothing of its PUT left.
-                    if let Ok(p) = put.take() {
-                        let _ = blocking(move || {
-                            drop(p);
-                            Ok(())
-                        })
-                        .await;
-                    }
+                    put.discard().await;
                     if matches!(e, FileError::TooLarge { .. }) {
                         reader.linger().await;
                     }

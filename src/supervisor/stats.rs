@@ -12,6 +12,8 @@ pub struct Stat {
     pub pgrp: i32,
     /// State `Z`: exited, not yet reaped by its parent.
     pub zombie: bool,
+    /// State `T` or `t`: stopped by a signal, or by a tracer.
+    pub stopped: bool,
     /// utime + stime, in clock ticks.
     pub cpu_ticks: u64,
     pub rss_pages: u64,
@@ -27,6 +29,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     Some(Stat {
         pgrp: at(5)? as i32,
         zombie: *f.first()? == "Z",
+        stopped: matches!(*f.first()?, "T" | "t"),
         cpu_ticks: (at(14)?.max(0) + at(15)?.max(0)) as u64,
         rss_pages: at(24)?.max(0) as u64,
     })

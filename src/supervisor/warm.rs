@@ -120,7 +120,11 @@ impl Pool {
             // stub stopped by someone (an agent of the same user can SIGSTOP it) would hold the
             // launch for the whole `STUB_TIMEOUT` and fail the start: skip it.
             if matches!(stub.child.try_wait(), Ok(None))
-                && !stub.child.id().is_some_and(stopped)
+                && !stub
+                    .child
+                    .id()
+                    .and_then(|pid| super::stats::read_stat(pid as i32))
+                    .is_some_and(|st| st.stopped)
                 && AgentCgroup::restore_cpu_weight(&stub.cpu_weight)
             {
                 got = Some(stub);
@@ -223,18 +227,6 @@ impl Pool {
             }
         }
     }
-}
-
-/// Whether the process is stopped or traced (`T`/`t` in `/proc/<pid>/stat`).
-fn stopped(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            // The state follows the command name, which ends at the last `)`.
-            let end = stat.iter().rposition(|&b| b == b')')?;
-            stat.get(end + 2).copied()
-        })
-        .is_some_and(|state| state == b'T' || state == b't')
 }
 
 async fn dispose(mut stub: Stub) {
