@@ -92,6 +92,138 @@ fn pipe_c1(n: u64) -> (Latency, u64) {
     (summarize(lat), errors)
 }
 
+/// `agents` agents, each with its own pipe and its own client thread at c=1, for `dur`: the
+/// direct-pipe counterpart of many sockets on many serverIds.
+fn pipe_many(agents: u64, dur: Duration) -> (f64, u64) {
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(std::sync::Barrier::new(agents as usize));
+    let threads: Vec<_> = (0..agents)
+        .map(|_| {
+            let (done, errors, ready) = (done.clone(), errors.clone(), ready.clone());
+            std::thread::spawn(move || {
+                let mut child = spawn_mock();
+                let mut stdin = child.stdin.take().unwrap();
+                let mut stdout = BufReader::new(child.stdout.take().unwrap());
+                let mut line = Vec::new();
+                ready.wait();
+                let start = Instant::now();
+                let mut id = 0u64;
+                while start.elapsed() < dur {
+                    stdin.write_all((echo_line(id) + "\n").as_bytes()).unwrap();
+                    line.clear();
+                    stdout.read_until(b'\n', &mut line).unwrap();
+                    if answer_id(&line) != Some(id) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    id += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                let took = start.elapsed();
+                drop(stdin);
+                let _ = child.wait();
+                took
+            })
+        })
+        .collect();
+    let mut longest = Duration::ZERO;
+    for t in threads {
+        longest = longest.max(t.join().unwrap());
+    }
+    (
+        done.load(Ordering::Relaxed) as f64 / longest.as_secs_f64(),
+        errors.load(Ordering::Relaxed),
+    )
+}
+
+// ---------- the physical limits of a TCP transport ----------
+
+/// A c=1 round trip of `line`-terminated messages over a loopback TCP connection whose other
+/// end is `peer` (given the accepted socket). Returns the latency of each round trip.
+fn tcp_c1(n: u64, peer: impl FnOnce(TcpStream) + Send + 'static) -> (Latency, u64) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        peer(s);
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = Vec::new();
+    let mut lat = Vec::with_capacity(n as usize);
+    let mut errors = 0;
+    for id in 0..n + 1000 {
+        let msg = echo_line(id) + "\n";
+        let t = Instant::now();
+        w.write_all(msg.as_bytes()).unwrap();
+        line.clear();
+        r.read_until(b'\n', &mut line).unwrap();
+        let took = t.elapsed();
+        if answer_id(&line) != Some(id) {
+            errors += 1;
+        }
+        if id >= 1000 {
+            lat.push(took);
+        }
+    }
+    drop(w);
+    drop(r);
+    let _ = server.join();
+    (summarize(lat), errors)
+}
+
+/// Copies `from` to `to` with one `write` per `read` until `from` ends.
+fn copy_through(mut from: impl Read, mut to: impl Write) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(k) = from.read(&mut buf) {
+        if k == 0 || to.write_all(&buf[..k]).is_err() {
+            break;
+        }
+    }
+}
+
+/// The floor of any TCP transport: a loopback TCP round trip to a thread that writes back what
+/// it reads (no agent).
+fn tcp_echo_c1(n: u64) -> Latency {
+    tcp_c1(n, |s| {
+        let w = s.try_clone().unwrap();
+        copy_through(s, w);
+    })
+    .0
+}
+
+/// The floor of any TCP proxy to the agent: two blocking threads relay the bytes between the
+/// socket and the agent's stdin/stdout (no framing, no parsing, no log) - the same four wake-ups
+/// per round trip as the daemon (client -> relay -> agent -> relay -> client).
+fn relay_c1(n: u64) -> (Latency, u64) {
+    tcp_c1(n, |s| {
+        let mut child = spawn_mock();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let w = s.try_clone().unwrap();
+        let back = std::thread::spawn(move || copy_through(stdout, w));
+        copy_through(s, stdin);
+        let _ = child.wait();
+        let _ = back.join();
+    })
+}
+
+/// How many requests the reader has released since the writer last woke: blocks for the first,
+/// then takes every one already queued, so that the writer sends them with one `write` (as any
+/// pipelining client does: the pipe's and the sockets' writers do the same). `None`: the reader
+/// is done.
+fn released(rx: &std::sync::mpsc::Receiver<u64>) -> Option<usize> {
+    rx.recv().ok()?;
+    let mut k = 1;
+    while rx.try_recv().is_ok() {
+        k += 1;
+    }
+    Some(k)
+}
+
 /// `inflight` requests outstanding at all times for `dur`; returns (req/s, errors).
 fn pipe_concurrent(inflight: u64, dur: Duration) -> (f64, u64) {
     let mut child = spawn_mock();
@@ -109,14 +241,17 @@ fn pipe_concurrent(inflight: u64, dur: Duration) -> (f64, u64) {
                 .unwrap();
             next += 1;
         }
-        while rx.recv().is_ok() {
-            if stdin
-                .write_all((echo_line(next) + "\n").as_bytes())
-                .is_err()
-            {
+        let mut batch = Vec::new();
+        while let Some(k) = released(&rx) {
+            batch.clear();
+            for _ in 0..k {
+                batch.extend_from_slice(echo_line(next).as_bytes());
+                batch.push(b'\n');
+                next += 1;
+            }
+            if stdin.write_all(&batch).is_err() {
                 break;
             }
-            next += 1;
         }
     });
     let d2 = done.clone();
@@ -701,7 +836,8 @@ fn ws_floor(port: u16, n: u64) -> Latency {
 }
 
 /// `inflight` requests in flight on one socket for `dur`, driven exactly like the pipelined
-/// pipe: a writer thread sends one frame (one `write`) per answer the reader thread received.
+/// pipe: a writer thread sends, with one `write`, one frame per answer the reader thread received
+/// since it last woke (see `released`).
 fn ws_one_socket(port: u16, path: &str, inflight: u64, dur: Duration) -> (f64, u64) {
     let mut ws = WsConn::ready(port, path);
     let w = ws.w.try_clone().unwrap();
@@ -713,11 +849,16 @@ fn ws_one_socket(port: u16, path: &str, inflight: u64, dur: Duration) -> (f64, u
             ws_send(&mut w, &echo_line(next));
             next += 1;
         }
-        while rx.recv().is_ok() {
-            if w.write_all(&ws_frame(&echo_line(next))).is_err() {
+        let mut batch = Vec::new();
+        while let Some(k) = released(&rx) {
+            batch.clear();
+            for _ in 0..k {
+                batch.extend_from_slice(&ws_frame(&echo_line(next)));
+                next += 1;
+            }
+            if w.write_all(&batch).is_err() {
                 break;
             }
-            next += 1;
         }
         // Closing the socket ends the daemon's side of it.
         let _ = w.shutdown(std::net::Shutdown::Both);
@@ -1050,12 +1191,27 @@ fn main() {
         );
     }
     if run("ws") {
+        let echo = tcp_echo_c1(n);
+        println!(
+            "TCP echo       c=1  p50 {:7.1} us  p99 {:7.1} us   (loopback TCP, no agent)   p50 {:.2}x pipe",
+            us(echo.p50),
+            us(echo.p99),
+            us(echo.p50) / us(pipe1.p50)
+        );
+        let (relay, er) = relay_c1(n);
+        println!(
+            "TCP relay      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {er}   p50 {:.2}x pipe (blocking threads, bytes only)",
+            us(relay.p50),
+            us(relay.p99),
+            us(relay.p50) / us(pipe1.p50)
+        );
         let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
         println!(
-            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe",
+            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe, {:.2}x TCP relay",
             us(w1.p50),
             us(w1.p99),
-            us(w1.p50) / us(pipe1.p50)
+            us(w1.p50) / us(pipe1.p50),
+            us(w1.p50) / us(relay.p50)
         );
         let floor = ws_floor(d.port, n);
         println!(
@@ -1068,10 +1224,14 @@ fn main() {
             "WebSocket      32 in flight, 1 socket    {w32:9.0} msg/s   errors {e7}   {:.2}x pipe",
             w32 / pipe32
         );
+        let (pmany, ep) = pipe_many(32, dur);
+        println!(
+            "direct pipes   32 agents, each c=1      {pmany:9.0} req/s   errors {ep}   (32 client threads)"
+        );
         let (wown, e8) = ws_many_sockets(d.port, "wsown", 32, false, dur);
         println!(
-            "WebSocket      32 sockets, 32 serverIds {wown:9.0} msg/s   errors {e8}   {:.2}x pipe (32 agents)",
-            wown / pipe32
+            "WebSocket      32 sockets, 32 serverIds {wown:9.0} msg/s   errors {e8}   {:.2}x 32 pipes (32 agents)",
+            wown / pmany
         );
         let (wmany, e9) = ws_many_sockets(d.port, "wsmany", 32, true, dur);
         println!(
