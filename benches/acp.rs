@@ -92,27 +92,30 @@ fn pipe_c1(n: u64) -> (Latency, u64) {
     (summarize(lat), errors)
 }
 
-/// `agents` agents, each with its own pipe and its own client thread at c=1, for `dur`: the
-/// direct-pipe counterpart of many sockets on many serverIds.
-fn pipe_many(agents: u64, dur: Duration) -> (f64, u64) {
+/// `clients` threads, each at c=1 for `dur` on a line channel of its own that `open` makes (the
+/// writer, the reader, and what to drop after the run). Returns messages/s and errors.
+fn many_c1<W, R, G>(clients: u64, dur: Duration, open: impl Fn() -> (W, R, G)) -> (f64, u64)
+where
+    W: Write + Send + 'static,
+    R: BufRead + Send + 'static,
+    G: Send + 'static,
+{
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
-    let ready = Arc::new(std::sync::Barrier::new(agents as usize));
-    let threads: Vec<_> = (0..agents)
+    let ready = Arc::new(std::sync::Barrier::new(clients as usize));
+    let threads: Vec<_> = (0..clients)
         .map(|_| {
             let (done, errors, ready) = (done.clone(), errors.clone(), ready.clone());
+            let (mut w, mut r, guard) = open();
             std::thread::spawn(move || {
-                let mut child = spawn_mock();
-                let mut stdin = child.stdin.take().unwrap();
-                let mut stdout = BufReader::new(child.stdout.take().unwrap());
                 let mut line = Vec::new();
                 ready.wait();
                 let start = Instant::now();
                 let mut id = 0u64;
                 while start.elapsed() < dur {
-                    stdin.write_all((echo_line(id) + "\n").as_bytes()).unwrap();
+                    w.write_all((echo_line(id) + "\n").as_bytes()).unwrap();
                     line.clear();
-                    stdout.read_until(b'\n', &mut line).unwrap();
+                    r.read_until(b'\n', &mut line).unwrap();
                     if answer_id(&line) != Some(id) {
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -120,8 +123,8 @@ fn pipe_many(agents: u64, dur: Duration) -> (f64, u64) {
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 let took = start.elapsed();
-                drop(stdin);
-                let _ = child.wait();
+                drop((w, r));
+                drop(guard);
                 took
             })
         })
@@ -136,11 +139,55 @@ fn pipe_many(agents: u64, dur: Duration) -> (f64, u64) {
     )
 }
 
+/// Reaps an agent when dropped (after its stdin closed).
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.wait();
+    }
+}
+
+/// `agents` agents, each with its own pipe and its own client thread at c=1: the direct-pipe
+/// counterpart of many sockets on many serverIds.
+fn pipe_many(agents: u64, dur: Duration) -> (f64, u64) {
+    many_c1(agents, dur, || {
+        let mut child = spawn_mock();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        (stdin, stdout, Reap(child))
+    })
+}
+
+/// The same over `relays` blocking TCP relays (`relay_peer`), one agent each: the floor of many
+/// sockets on many serverIds for any TCP proxy.
+fn relay_many(relays: u64, dur: Duration) -> (f64, u64) {
+    many_c1(relays, dur, || {
+        let (addr, server) = serve_one(relay_peer);
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        let w = s.try_clone().unwrap();
+        (w, BufReader::new(s), JoinOnDrop(Some(server)))
+    })
+}
+
+/// Joins a thread when dropped.
+struct JoinOnDrop(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 // ---------- the physical limits of a TCP transport ----------
 
-/// A c=1 round trip of `line`-terminated messages over a loopback TCP connection whose other
-/// end is `peer` (given the accepted socket). Returns the latency of each round trip.
-fn tcp_c1(n: u64, peer: impl FnOnce(TcpStream) + Send + 'static) -> (Latency, u64) {
+/// Listens on a loopback port and hands the one connection it accepts to `peer`.
+fn serve_one(
+    peer: impl FnOnce(TcpStream) + Send + 'static,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
@@ -148,6 +195,13 @@ fn tcp_c1(n: u64, peer: impl FnOnce(TcpStream) + Send + 'static) -> (Latency, u6
         s.set_nodelay(true).unwrap();
         peer(s);
     });
+    (addr, server)
+}
+
+/// A c=1 round trip of `line`-terminated messages over a loopback TCP connection whose other
+/// end is `peer` (given the accepted socket). Returns the latency of each round trip.
+fn tcp_c1(n: u64, peer: impl FnOnce(TcpStream) + Send + 'static) -> (Latency, u64) {
+    let (addr, server) = serve_one(peer);
     let s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
     let mut w = s.try_clone().unwrap();
@@ -199,16 +253,19 @@ fn tcp_echo_c1(n: u64) -> Latency {
 /// socket and the agent's stdin/stdout (no framing, no parsing, no log) - the same four wake-ups
 /// per round trip as the daemon (client -> relay -> agent -> relay -> client).
 fn relay_c1(n: u64) -> (Latency, u64) {
-    tcp_c1(n, |s| {
-        let mut child = spawn_mock();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let w = s.try_clone().unwrap();
-        let back = std::thread::spawn(move || copy_through(stdout, w));
-        copy_through(s, stdin);
-        let _ = child.wait();
-        let _ = back.join();
-    })
+    tcp_c1(n, relay_peer)
+}
+
+/// Relays one accepted socket to a mock agent of its own until the client closes it.
+fn relay_peer(s: TcpStream) {
+    let mut child = spawn_mock();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let w = s.try_clone().unwrap();
+    let back = std::thread::spawn(move || copy_through(stdout, w));
+    copy_through(s, stdin);
+    let _ = child.wait();
+    let _ = back.join();
 }
 
 /// How many requests the reader has released since the writer last woke: blocks for the first,
@@ -1228,10 +1285,16 @@ fn main() {
         println!(
             "direct pipes   32 agents, each c=1      {pmany:9.0} req/s   errors {ep}   (32 client threads)"
         );
+        let (rmany, erm) = relay_many(32, dur);
+        println!(
+            "TCP relays     32 agents, each c=1      {rmany:9.0} req/s   errors {erm}   {:.2}x 32 pipes (blocking threads, bytes only)",
+            rmany / pmany
+        );
         let (wown, e8) = ws_many_sockets(d.port, "wsown", 32, false, dur);
         println!(
-            "WebSocket      32 sockets, 32 serverIds {wown:9.0} msg/s   errors {e8}   {:.2}x 32 pipes (32 agents)",
-            wown / pmany
+            "WebSocket      32 sockets, 32 serverIds {wown:9.0} msg/s   errors {e8}   {:.2}x 32 pipes, {:.2}x TCP relays (32 agents)",
+            wown / pmany,
+            wown / rmany
         );
         let (wmany, e9) = ws_many_sockets(d.port, "wsmany", 32, true, dur);
         println!(
