@@ -1,5 +1,6 @@
 //! Benchmark of the ACP proxy against the built-in mock agent (not a test: it prints figures).
-//! Measures the physical limit (a direct pipe to `sandbox-agent mock-agent`), the HTTP round
+//! Measures the physical limits (a direct pipe to `sandbox-agent mock-agent`; for the sockets, a
+//! loopback TCP echo and a blocking TCP relay to the agent, the floor of any TCP proxy), the HTTP round
 //! trip through the release daemon at concurrency 1 and 32, SSE delivery of `/stream N`, our
 //! WebSocket (c=1, its floor without the agent, 32 in flight on one socket, 32 sockets) and the
 //! ACP RFD endpoint (WebSocket profile, Streamable HTTP). Every client is blocking and written
@@ -1129,8 +1130,8 @@ fn main() {
     let dur = Duration::from_secs(5);
     let stream_n: u64 = 100_000;
     // For profiling: `ACP_BENCH_PROFILE=<port>` drives a daemon started by hand, HTTP (c=1 and
-    // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown` (our WebSocket at c=1, 32 in
-    // flight on one socket, 32 sockets on 32 serverIds). `ACP_BENCH_SECS` is the length of the
+    // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown|rfd1|rfd32` (our WebSocket at c=1, 32 in
+    // flight on one socket, 32 sockets on 32 serverIds; the RFD's WebSocket at c=1 and 32 in flight). `ACP_BENCH_SECS` is the length of the
     // concurrent phase (0 skips it, e.g. to count the syscalls of c=1 alone).
     if let Some(port) = std::env::var("ACP_BENCH_PROFILE")
         .ok()
@@ -1154,6 +1155,18 @@ fn main() {
             Ok("ws32") => {
                 let (w, e) = ws_one_socket(port, &format!("/v1/acp/p{tag}?agent=mock"), 32, secs);
                 println!("WS 32 in flight {w:.0} msg/s errors {e}");
+            }
+            Ok("rfd1") => {
+                let (w1, e) = ws_c1(port, "/v1/agents/mock/acp", n);
+                println!(
+                    "RFD WS c=1 p50 {:.1} us p99 {:.1} us errors {e}",
+                    us(w1.p50),
+                    us(w1.p99)
+                );
+            }
+            Ok("rfd32") => {
+                let (w, e) = ws_one_socket(port, "/v1/agents/mock/acp", 32, secs);
+                println!("RFD WS 32 in flight {w:.0} msg/s errors {e}");
             }
             Ok("wsown") => {
                 let (w, e) = ws_many_sockets(port, &format!("p{tag}"), 32, false, secs);
