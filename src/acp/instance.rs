@@ -95,7 +95,7 @@ fn lock_stdin(m: &Mutex<Stdin>) -> std::sync::MutexGuard<'_, Stdin> {
 struct Pending {
     /// Requests written and not yet answered. `None`: nobody waits (respond-async, WebSocket),
     /// the answer goes to the event log; the entry still counts (duplicate ids, `pendingRequests`).
-    waiters: HashMap<IdKey, Option<oneshot::Sender<Bytes>>>,
+    waiters: HashMap<IdKey, Option<oneshot::Sender<(Bytes, u64)>>>,
     /// Set (under this lock) when the agent is gone, so no POST registers after the drain.
     ended: Option<Arc<Ended>>,
 }
@@ -126,8 +126,9 @@ pub struct AcpInstance {
 
 /// What a POST of one envelope produced.
 pub enum Delivered {
-    /// The agent's response line.
-    Response(Bytes),
+    /// The agent's response line, and the id of the last event logged before it: everything the
+    /// agent wrote before the answer (its updates) is in the log at or below that id.
+    Response { line: Bytes, last_event_id: u64 },
     /// Written; nothing to wait for (or the caller asked not to wait).
     Accepted,
 }
@@ -328,7 +329,10 @@ impl AcpInstance {
                     return Ok(Delivered::Accepted);
                 };
                 match tokio::time::timeout(timeout, rx).await {
-                    Ok(Ok(response)) => Ok(Delivered::Response(response)),
+                    Ok(Ok((line, last_event_id))) => Ok(Delivered::Response {
+                        line,
+                        last_event_id,
+                    }),
                     Ok(Err(_)) => Err(self.gone_error()),
                     Err(_) => Err(AcpError::Timeout {
                         server_id: self.server_id.clone(),
@@ -499,7 +503,7 @@ impl AcpInstance {
                     Some(tx) => {
                         // Whatever the agent said before this answer reaches the streams first.
                         self.events.wake();
-                        if let Err(line) = tx.send(line) {
+                        if let Err((line, _)) = tx.send((line, self.events.last_id())) {
                             // Its POST is gone (timeout, client disconnect, respond-async):
                             // the answer is not lost, it goes to the stream.
                             self.events.push(&line);

@@ -70,6 +70,10 @@ async fn list(State(st): State<AppState>) -> Response {
 /// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).
 const LARGE_ENVELOPE: usize = 256 * 1024;
 
+/// On a POST answered with the agent's response: the id of the last event of the serverId's log
+/// when the response was read (docs/acp.md, "Updates before the answer").
+pub const LAST_EVENT_ID: &str = "sandbox-agent-last-event-id";
+
 #[derive(serde::Deserialize)]
 struct PostQuery {
     agent: Option<String>,
@@ -103,6 +107,11 @@ struct PostQuery {
     responses(
         (status = 200, description = "The agent's response to the request, its `id` unchanged \
             (or, with `jsonrpc-errors`, a JSON-RPC error object)", body = JsonRpcMessage,
+            headers(("Sandbox-Agent-Last-Event-Id" = u64, description = "The id of the last \
+                event of this serverId's log when the agent's response was read: everything the \
+                agent wrote before its response (the prompt's `session/update`s) is on the SSE \
+                stream at or below this id, so a client that has read up to it has every update \
+                that preceded the answer. Absent on JSON-RPC errors made by the daemon.")),
             example = json!({"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": 1,
                 "agentCapabilities": {}, "agentInfo": {"name": "mock"}, "authMethods": []}})),
         (status = 202, description = "A notification or a response was written to the agent, \
@@ -187,12 +196,17 @@ async fn post_message(
         .post(&server_id, agent, envelope, prefer.respond_async)
         .await
     {
-        Ok(Delivered::Response(line)) => {
+        Ok(Delivered::Response {
+            line,
+            last_event_id,
+        }) => {
             let mut resp = Response::new(Body::from(line));
-            resp.headers_mut().insert(
+            let h = resp.headers_mut();
+            h.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
+            h.insert(LAST_EVENT_ID, HeaderValue::from(last_event_id));
             resp
         }
         Ok(Delivered::Accepted) => StatusCode::ACCEPTED.into_response(),

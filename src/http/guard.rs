@@ -100,7 +100,9 @@ pub fn finish(pass: Pass, resp: &mut Response) {
         h.append(header::VARY, HeaderValue::from_static("origin"));
         h.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static("retry-after, location, content-range, www-authenticate"),
+            HeaderValue::from_static(
+                "retry-after, location, content-range, www-authenticate, sandbox-agent-last-event-id",
+            ),
         );
     }
 }

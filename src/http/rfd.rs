@@ -153,7 +153,7 @@ async fn post_message(
         // still being installed or answering `initialize`.
         let _busy = conn.hold();
         return match st.acp.post(&conn.server_id, None, envelope, false).await {
-            Ok(Delivered::Response(line)) => {
+            Ok(Delivered::Response { line, .. }) => {
                 tracing::info!(connection_id = %conn.id, server_id = %conn.server_id, %agent,
                     "ACP connection opened");
                 let mut resp = Response::new(Body::from(line));

@@ -1316,3 +1316,63 @@ async fn large_messages_round_trip_in_both_directions() {
     .await;
     assert_eq!(a.json()["result"], "after");
 }
+
+/// A POST answered with the agent's response names the last event logged before it: a client
+/// that read the stream up to that id has every update that preceded the answer, with no
+/// `GET /v1/acp` (the SDK's `prompt()` waits for exactly that).
+#[tokio::test]
+async fn a_response_names_the_last_event_logged_before_it() {
+    let d = Daemon::start();
+    let post_id = |body: Value| {
+        let req = d
+            .client()
+            .post(d.url("/v1/acp/lastid?agent=mock"))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let id = resp
+                .headers()
+                .get("sandbox-agent-last-event-id")
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            (status, id, resp.text().await.unwrap())
+        }
+    };
+    let (status, id, _) = post_id(request(
+        json!(0),
+        "initialize",
+        json!({"protocolVersion": 1}),
+    ))
+    .await;
+    assert_eq!((status, id), (200, Some(0)), "nothing logged yet");
+    let (_, _, new) = post_id(request(
+        json!(1),
+        "session/new",
+        json!({"cwd": "/", "mcpServers": []}),
+    ))
+    .await;
+    let session: Value = serde_json::from_str(&new).unwrap();
+    let session = session["result"]["sessionId"].as_str().unwrap().to_string();
+    let (status, id, body) = post_id(prompt(json!(2), &session, "/stream 5")).await;
+    assert_eq!((status, id), (200, Some(5)), "{body}");
+    let (_, id, _) = post_id(prompt(json!(3), &session, "live")).await;
+    assert_eq!(id, Some(6));
+    // Every update of the prompts is on the stream at or below the ids the answers named.
+    let mut sse = Sse::open(&d, "lastid", None).await;
+    let evs = sse.wait_events(6, SECS5).await;
+    assert_eq!(chunk_text(&evs[4]), "chunk 5 of 5");
+    assert_eq!((evs[5].id, chunk_text(&evs[5])), (Some(6), "live"));
+    // Answered 202 (respond-async): no response, no header.
+    let resp = d
+        .client()
+        .post(d.url("/v1/acp/lastid"))
+        .header("content-type", "application/json")
+        .header("prefer", "respond-async")
+        .body(prompt(json!(4), &session, "later").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    assert!(resp.headers().get("sandbox-agent-last-event-id").is_none());
+}

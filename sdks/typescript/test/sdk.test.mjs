@@ -123,6 +123,47 @@ test("/stream 200 arrives in order through onSessionUpdate before prompt() resol
     }
   }));
 
+test("prompt() waits for the event the answer named, with no extra request; an older daemon is asked instead", () =>
+  withDaemon(async (d) => {
+    // The event stream lags 300 ms behind the POST answers, as over a slow network.
+    const proxy = await startProxy(d.url, { delaySseMs: 300 });
+    try {
+      const listings = [];
+      let stripHeader = false;
+      const fetchSpy = async (input, init) => {
+        const url = input instanceof Request ? input.url : String(input);
+        if (new URL(url).pathname === "/v1/acp") listings.push(url);
+        const res = await globalThis.fetch(input, init);
+        if (!stripHeader || !res.headers.has("sandbox-agent-last-event-id")) return res;
+        // What a daemon without the header answers.
+        const headers = new Headers(res.headers);
+        headers.delete("sandbox-agent-last-event-id");
+        return new Response(res.body, { status: res.status, statusText: res.statusText, headers });
+      };
+      const events = [];
+      const c = new SandboxAgentClient({
+        baseUrl: proxy.url,
+        agent: "mock",
+        fetch: fetchSpy,
+        onSessionUpdate: (e) => void events.push(e),
+      });
+      const { sessionId } = await c.newSession();
+      const before = listings.length;
+      assert.equal((await c.prompt({ sessionId, prompt: "/stream 50" })).stopReason, "end_turn");
+      assert.equal(chunkTexts(events).length, 50, "every update before prompt() resolved");
+      assert.equal(listings.length, before, "no GET /v1/acp: the answer named its last event");
+      // Without the header (a daemon that does not send it) the SDK asks the listing instead.
+      stripHeader = true;
+      events.length = 0;
+      assert.equal((await c.prompt({ sessionId, prompt: "/stream 30" })).stopReason, "end_turn");
+      assert.equal(chunkTexts(events).length, 30);
+      assert.equal(listings.length, before + 1, "one GET /v1/acp per prompt without the header");
+      await c.disconnect();
+    } finally {
+      await proxy.close();
+    }
+  }));
+
 test("a permission request is answered through onPermissionRequest", () =>
   withDaemon(async (d) => {
     const events = [];

@@ -74,6 +74,14 @@ export interface AcpStreamTransport {
   readonly readable: ReadableStream<AnyMessage>;
   readonly writable: WritableStream<AnyMessage>;
   readonly lastEventId: number | null;
+  /**
+   * The event id the latest POST answer named (`Sandbox-Agent-Last-Event-Id`: every update the
+   * agent wrote before that answer is on the stream at or below it; never lower than an earlier
+   * answer's); `null` before any answer, or when the latest answer named none (a daemon that does
+   * not send it). Only the HTTP transport has it (over a WebSocket an answer follows its updates
+   * on the same socket).
+   */
+  readonly answeredEventId?: number | null;
   readonly reconnects: number;
   readonly isClosed: boolean;
   readonly endReason: AcpHttpError | null;
@@ -102,6 +110,7 @@ export class AcpHttpTransport implements AcpStreamTransport {
   private ended = false;
   private closing: Promise<void> | null = null;
   private lastId: number | null;
+  private answeredId: number | null = null;
   private readonly idWaiters = new Set<() => void>();
   private endError: AcpHttpError | null = null;
   private reconnectCount = 0;
@@ -131,6 +140,11 @@ export class AcpHttpTransport implements AcpStreamTransport {
   /** The id of the last event read from the stream (`null` before any). */
   get lastEventId(): number | null {
     return this.lastId;
+  }
+
+  /** See `AcpStreamTransport.answeredEventId`. */
+  get answeredEventId(): number | null {
+    return this.answeredId;
   }
 
   /** How many times the event stream was re-opened after it dropped. */
@@ -245,6 +259,13 @@ export class AcpHttpTransport implements AcpStreamTransport {
       if (res.ok) {
         this.markBootstrapped();
         if (res.status === 200) {
+          // Recorded before the answer is handed on, so that whoever awaits it can wait for the
+          // updates that preceded it.
+          // An answer without it (a daemon that does not send it, or an error the daemon made)
+          // clears it, so that nobody waits for a stale id.
+          const named = Number.parseInt(res.headers.get("sandbox-agent-last-event-id") ?? "", 10);
+          this.answeredId =
+            Number.isSafeInteger(named) && named >= 0 ? Math.max(named, this.answeredId ?? 0) : null;
           const text = await res.text();
           if (text.trim()) this.push(JSON.parse(text) as AnyMessage, "post");
         } else {

@@ -375,8 +375,14 @@ export class SandboxAgentClient extends HostApi {
    */
   private async drainUpdates(transport: AcpStreamTransport): Promise<void> {
     try {
-      const me = (await this.listInstances()).find((s) => s.serverId === this.serverId);
-      if (me && me.lastEventId > 0) await transport.waitForEventId(me.lastEventId, 5000);
+      // The answer named the last event logged before it; a daemon that does not (an older one)
+      // is asked for the instance's newest event id instead (one more request).
+      let target = transport.answeredEventId ?? null;
+      if (target === null) {
+        const me = (await this.listInstances()).find((s) => s.serverId === this.serverId);
+        target = me ? me.lastEventId : 0;
+      }
+      if (target > 0) await transport.waitForEventId(target, 5000);
       // Updates are dispatched by the connection asynchronously after they are read.
       await new Promise((r) => setTimeout(r, 0));
     } catch {

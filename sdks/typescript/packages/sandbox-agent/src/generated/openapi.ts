@@ -1293,6 +1293,8 @@ export interface operations {
             /** @description The agent's response to the request, its `id` unchanged (or, with `jsonrpc-errors`, a JSON-RPC error object) */
             200: {
                 headers: {
+                    /** @description The id of the last event of this serverId's log when the agent's response was read: everything the agent wrote before its response (the prompt's `session/update`s) is on the SSE stream at or below this id, so a client that has read up to it has every update that preceded the answer. Absent on JSON-RPC errors made by the daemon. */
+                    "Sandbox-Agent-Last-Event-Id"?: number;
                     [name: string]: unknown;
                 };
                 content: {
