@@ -71,15 +71,23 @@ fn pipe_c1(n: u64) -> (Latency, u64) {
     let mut child = spawn_mock();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let got = lines_c1(n, &mut stdin, &mut stdout);
+    drop(stdin);
+    let _ = child.wait();
+    got
+}
+
+/// `n` round trips (after 1 000 unmeasured) of one line each at c=1 over `w`/`r`.
+fn lines_c1(n: u64, w: &mut impl Write, r: &mut impl BufRead) -> (Latency, u64) {
     let mut line = Vec::new();
     let mut lat = Vec::with_capacity(n as usize);
     let mut errors = 0;
     for id in 0..n + 1000 {
         let msg = echo_line(id) + "\n";
         let t = Instant::now();
-        stdin.write_all(msg.as_bytes()).unwrap();
+        w.write_all(msg.as_bytes()).unwrap();
         line.clear();
-        stdout.read_until(b'\n', &mut line).unwrap();
+        r.read_until(b'\n', &mut line).unwrap();
         let took = t.elapsed();
         if answer_id(&line) != Some(id) {
             errors += 1;
@@ -88,8 +96,6 @@ fn pipe_c1(n: u64) -> (Latency, u64) {
             lat.push(took);
         }
     }
-    drop(stdin);
-    let _ = child.wait();
     (summarize(lat), errors)
 }
 
@@ -207,27 +213,11 @@ fn tcp_c1(n: u64, peer: impl FnOnce(TcpStream) + Send + 'static) -> (Latency, u6
     s.set_nodelay(true).unwrap();
     let mut w = s.try_clone().unwrap();
     let mut r = BufReader::new(s);
-    let mut line = Vec::new();
-    let mut lat = Vec::with_capacity(n as usize);
-    let mut errors = 0;
-    for id in 0..n + 1000 {
-        let msg = echo_line(id) + "\n";
-        let t = Instant::now();
-        w.write_all(msg.as_bytes()).unwrap();
-        line.clear();
-        r.read_until(b'\n', &mut line).unwrap();
-        let took = t.elapsed();
-        if answer_id(&line) != Some(id) {
-            errors += 1;
-        }
-        if id >= 1000 {
-            lat.push(took);
-        }
-    }
+    let got = lines_c1(n, &mut w, &mut r);
     drop(w);
     drop(r);
     let _ = server.join();
-    (summarize(lat), errors)
+    got
 }
 
 /// Copies `from` to `to` with one `write` per `read` until `from` ends.
