@@ -383,8 +383,9 @@ export class SandboxAgentClient extends HostApi {
         target = me ? me.lastEventId : 0;
       }
       if (target > 0) await transport.waitForEventId(target, 5000);
-      // Updates are dispatched by the connection asynchronously after they are read.
-      await new Promise((r) => setTimeout(r, 0));
+      // Updates are dispatched by the connection asynchronously (promise chains) after they are
+      // read: one macrotask later they are all out. `setTimeout(0)` would cost 1 ms in Node.
+      await nextMacrotask();
     } catch {
       // Best effort: the answer itself is what the caller waits for.
     }
@@ -457,4 +458,12 @@ function uuid(): string {
   const b = new Uint8Array(16);
   c.getRandomValues(b);
   return [...b].map((x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+/** Resolves after the current macrotask and every microtask it queued (`setImmediate` where there is one). */
+function nextMacrotask(): Promise<void> {
+  return new Promise((resolve) => {
+    if (typeof setImmediate === "function") setImmediate(resolve);
+    else setTimeout(resolve, 0);
+  });
 }
