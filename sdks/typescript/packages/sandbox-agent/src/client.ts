@@ -460,10 +460,14 @@ function uuid(): string {
   return [...b].map((x) => x.toString(16).padStart(2, "0")).join("");
 }
 
-/** Resolves after the current macrotask and every microtask it queued (`setImmediate` where there is one). */
+/**
+ * Resolves after the current macrotask and every microtask it queued: `setImmediate` where there
+ * is one (Node; looked up on `globalThis`, since browsers have none and their typings lack it).
+ */
 function nextMacrotask(): Promise<void> {
+  const immediate = (globalThis as { setImmediate?: (callback: () => void) => unknown }).setImmediate;
   return new Promise((resolve) => {
-    if (typeof setImmediate === "function") setImmediate(resolve);
+    if (typeof immediate === "function") immediate(() => resolve());
     else setTimeout(resolve, 0);
   });
 }
