@@ -260,9 +260,9 @@ export class AcpHttpTransport implements AcpStreamTransport {
         this.markBootstrapped();
         if (res.status === 200) {
           // Recorded before the answer is handed on, so that whoever awaits it can wait for the
-          // updates that preceded it.
-          // An answer without it (a daemon that does not send it, or an error the daemon made)
-          // clears it, so that nobody waits for a stale id.
+          // updates that preceded it. Never lowered (answers on separate connections can arrive
+          // out of order); an answer without it (a daemon that does not send it, or an error the
+          // daemon made) clears it, so that nobody waits for a stale id.
           const named = Number.parseInt(res.headers.get("sandbox-agent-last-event-id") ?? "", 10);
           this.answeredId =
             Number.isSafeInteger(named) && named >= 0 ? Math.max(named, this.answeredId ?? 0) : null;
