@@ -17,7 +17,7 @@ use super::jsonrpc::{Envelope, IdKey, Kind};
 use super::{AcpError, Deps};
 use crate::agents::{AgentError, Agents};
 use crate::config::Config;
-use crate::supervisor::{AgentHandle, ExitReason, SpawnSpec, Supervisor};
+use crate::supervisor::{AgentHandle, ExitReason, GroupScan, SpawnSpec, Supervisor};
 
 /// The proxy: every live serverId and the stops still running.
 pub struct AcpService {
@@ -304,9 +304,12 @@ impl AcpService {
     /// pool, never on the runtime thread.
     pub async fn list(&self) -> Vec<ServerInfo> {
         let all: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
-        tokio::task::spawn_blocking(move || all.iter().map(|i| info(i)).collect())
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        tokio::task::spawn_blocking(move || {
+            let mut scan = GroupScan::default();
+            all.iter().map(|i| info(i, &mut scan)).collect()
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     /// The budget of ACP request bodies being received; a POST reserves its bytes as they arrive.
@@ -368,7 +371,7 @@ async fn stop_instance(inst: Arc<AcpInstance>, handle: AgentHandle, grace: Durat
         reason = ?exit.reason, code = exit.code, signal = exit.signal, "agent stopped");
 }
 
-fn info(i: &AcpInstance) -> ServerInfo {
+fn info(i: &AcpInstance, scan: &mut GroupScan) -> ServerInfo {
     let ended = i.ended();
     // An agent that closed its stdout ended for the proxy before its process did; its exit is
     // known once the stop that followed has finished.
@@ -378,7 +381,7 @@ fn info(i: &AcpInstance) -> ServerInfo {
         .or_else(|| i.handle().and_then(|h| h.exit()));
     let status = i.status();
     let stats = match (status, i.handle()) {
-        (Status::Running, Some(h)) => Some(h.stats()),
+        (Status::Running, Some(h)) => Some(h.stats_in(scan)),
         _ => None,
     };
     ServerInfo {

@@ -151,7 +151,7 @@ fn wait_param(q: &HashMap<String, String>) -> Result<Duration, Problem> {
 )]
 async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, Problem> {
     let processes = match q.get("owner").map(String::as_str) {
-        None | Some("") | Some("user") => st.processes.list(),
+        None | Some("") | Some("user") => st.processes.list().await,
         // Processes started through this API are all the user's.
         Some("desktop") | Some("system") => Vec::new(),
         Some(other) => {
@@ -181,7 +181,8 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
 )]
 async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: CreateRequest = parse_body(&body)?;
-    Ok(axum::Json(st.processes.create(req)?).into_response())
+    let process = st.processes.create(req)?;
+    Ok(axum::Json(process.info().await).into_response())
 }
 
 /// Runs a program to completion (or its timeout) and returns its output.
@@ -248,7 +249,8 @@ async fn set_config(State(st): State<AppState>, body: Bytes) -> Result<Response,
     )
 )]
 async fn get_one(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
-    Ok(axum::Json(st.processes.get(&id)?.info()).into_response())
+    let process = st.processes.get(&id)?;
+    Ok(axum::Json(process.info().await).into_response())
 }
 
 /// Forgets an exited process and its output log.

@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::supervisor::{
-    AgentHandle, ChildStdio, ExitInfo, ExitReason, ProcessStats, SpawnError, SpawnSpec, Supervisor,
+    AgentHandle, ChildStdio, ExitInfo, ExitReason, GroupScan, ProcessStats, SpawnError, SpawnSpec,
+    Supervisor,
 };
 
 pub use log::{Chunk, LogStream, OutputLog, StreamFilter};
@@ -249,7 +250,17 @@ impl ManagedProcess {
         }
     }
 
-    pub fn info(&self) -> ProcessInfo {
+    /// The record, with a running process's figures read from `/proc` on the blocking pool.
+    pub async fn info(self: &Arc<Self>) -> ProcessInfo {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.info_in(&mut GroupScan::default()))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    /// The record; blocking (a running process's figures come from `/proc`; its process group,
+    /// without a cgroup, from `scan`).
+    pub fn info_in(&self, scan: &mut GroupScan) -> ProcessInfo {
         let ended = self.ended();
         let exit = ended.as_ref().map(|(e, _)| e);
         ProcessInfo {
@@ -268,7 +279,7 @@ impl ManagedProcess {
             created_at_ms: self.created_at_ms,
             exited_at_ms: ended.as_ref().map(|(_, at)| *at),
             log_end: self.log.end(),
-            stats: ended.is_none().then(|| self.handle.stats()),
+            stats: ended.is_none().then(|| self.handle.stats_in(scan)),
         }
     }
 }
@@ -515,7 +526,7 @@ impl ProcessService {
     }
 
     /// Starts a background process.
-    pub fn create(&self, req: CreateRequest) -> Result<ProcessInfo, ProcessError> {
+    pub fn create(&self, req: CreateRequest) -> Result<Arc<ManagedProcess>, ProcessError> {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("proc_{n}");
         let spec = self.spec(
@@ -584,11 +595,10 @@ impl ProcessService {
         });
         reservation.keep();
         tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
-        let info = process.info();
         let mut records = self.records.lock().expect("records lock");
-        records.insert(n, process);
+        records.insert(n, process.clone());
         self.forget_oldest_exited(&mut records);
-        Ok(info)
+        Ok(process)
     }
 
     fn forget_oldest_exited(&self, records: &mut BTreeMap<u64, Arc<ManagedProcess>>) {
@@ -606,7 +616,8 @@ impl ProcessService {
         }
     }
 
-    pub fn list(&self) -> Vec<ProcessInfo> {
+    /// Every record, read on the blocking pool with one `/proc` scan for all of them.
+    pub async fn list(&self) -> Vec<ProcessInfo> {
         let records: Vec<Arc<ManagedProcess>> = self
             .records
             .lock()
@@ -614,7 +625,12 @@ impl ProcessService {
             .values()
             .cloned()
             .collect();
-        records.iter().map(|p| p.info()).collect()
+        tokio::task::spawn_blocking(move || {
+            let mut scan = GroupScan::default();
+            records.iter().map(|p| p.info_in(&mut scan)).collect()
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {
@@ -673,7 +689,7 @@ impl ProcessService {
             p.wait_ended().await;
         })
         .await;
-        Ok(p.info())
+        Ok(p.info().await)
     }
 
     pub fn logs(

@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 
 pub use limits::Limits;
+pub use stats::GroupScan;
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
 pub use tool::{ToolError, run_to_completion};
 pub use warm::stub_main;
@@ -280,14 +281,21 @@ impl AgentHandle {
     }
 
     /// rss, cpu time, process count and open fds of the agent's processes (its cgroup, or its
-    /// process group without one). Zero once it has ended.
+    /// process group without one). Zero once it has ended. Blocking (reads `/proc`): call it on
+    /// the blocking pool.
     pub fn stats(&self) -> ProcessStats {
+        self.stats_in(&mut GroupScan::default())
+    }
+
+    /// `stats`, finding a process group (no cgroup) in `scan`, which a listing shares among
+    /// its agents so that `/proc` is scanned once per listing.
+    pub fn stats_in(&self, scan: &mut GroupScan) -> ProcessStats {
         if self.exit().is_some() {
             return ProcessStats::default();
         }
         let pids = match &self.inner.cgroup {
             Some(cg) => cg.tracked_pids(),
-            None => stats::group_members(self.inner.pid as i32),
+            None => scan.members(self.inner.pid as i32),
         };
         stats::collect(&pids)
     }

@@ -2,6 +2,7 @@
 //! processes: those of its cgroup, or of its process group when there is no cgroup. Read on
 //! demand only (for the listing), a few small files per process.
 
+use std::collections::HashMap;
 use std::fs;
 
 use super::ProcessStats;
@@ -41,14 +42,40 @@ pub fn read_stat(pid: i32) -> Option<Stat> {
 
 /// Members of process group `pgid` (a scan of /proc; used only without a cgroup).
 pub fn group_members(pgid: i32) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    every_pid()
         .filter(|pid| read_stat(*pid).is_some_and(|s| s.pgrp == pgid))
         .collect()
+}
+
+fn every_pid() -> impl Iterator<Item = i32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+}
+
+/// The process groups of the whole machine from one `/proc` scan, made on the first question: a
+/// listing of many agents without cgroups scans once, not once per agent.
+#[derive(Default)]
+pub struct GroupScan {
+    groups: Option<HashMap<i32, Vec<i32>>>,
+}
+
+impl GroupScan {
+    /// Members of process group `pgid` as the scan found them.
+    pub fn members(&mut self, pgid: i32) -> Vec<i32> {
+        let groups = self.groups.get_or_insert_with(|| {
+            let mut groups: HashMap<i32, Vec<i32>> = HashMap::new();
+            for pid in every_pid() {
+                if let Some(st) = read_stat(pid) {
+                    groups.entry(st.pgrp).or_default().push(pid);
+                }
+            }
+            groups
+        });
+        groups.get(&pgid).cloned().unwrap_or_default()
+    }
 }
 
 /// Sums the figures over `pids` (processes that vanished meanwhile are skipped).
@@ -91,5 +118,8 @@ mod tests {
         assert!(s.open_fds >= 3);
         let pgrp = read_stat(me).expect("own stat").pgrp;
         assert!(group_members(pgrp).contains(&me));
+        let mut scan = GroupScan::default();
+        assert!(scan.members(pgrp).contains(&me));
+        assert!(scan.members(-1).is_empty());
     }
 }

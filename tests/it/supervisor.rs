@@ -439,6 +439,38 @@ async fn without_cgroups_memory_is_capped_per_process_and_the_log_says_so_once()
     assert_eq!(log.matches("RLIMIT_DATA").count(), 1, "{log}");
 }
 
+/// Without cgroups the listing finds each agent's processes through its process group, from one
+/// `/proc` scan that all the agents of one listing share: each still counts only its own tree.
+#[tokio::test]
+async fn without_cgroups_one_listing_counts_each_agents_own_process_group() {
+    let d = Daemon::builder().args(["--agent-cgroups", "off"]).start();
+    start_agent(&d, "plain").await;
+    start_agent(&d, "forks").await;
+    start_agent(&d, "other").await;
+    let (status, body) = prompt(&d, "forks", 2, "/fork 5").await;
+    assert_eq!(status, 200, "{body}");
+    let list: Value = d
+        .client()
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .expect("GET /v1/acp")
+        .json()
+        .await
+        .expect("listing is JSON");
+    let count = |id: &str| {
+        list["servers"]
+            .as_array()
+            .and_then(|s| s.iter().find(|e| e["serverId"] == id))
+            .and_then(|e| e["processes"].as_u64())
+    };
+    assert_eq!(
+        (count("plain"), count("forks"), count("other")),
+        (Some(1), Some(6), Some(1)),
+        "{list}"
+    );
+}
+
 #[tokio::test]
 async fn v2_hierarchy_tracks_the_tree_and_reports_missing_controllers() {
     if !is_root() || !std::path::Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists() {
