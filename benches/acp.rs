@@ -136,6 +136,16 @@ where
             })
         })
         .collect();
+    rate(threads, &done, &errors)
+}
+
+/// Messages per second over the longest of `threads` (each returns how long it ran), and the
+/// errors counted.
+fn rate(
+    threads: Vec<std::thread::JoinHandle<Duration>>,
+    done: &AtomicU64,
+    errors: &AtomicU64,
+) -> (f64, u64) {
     let mut longest = Duration::ZERO;
     for t in threads {
         longest = longest.max(t.join().unwrap());
@@ -987,14 +997,7 @@ fn ws_many_sockets(port: u16, name: &str, sockets: u64, shared: bool, dur: Durat
             })
         })
         .collect();
-    let mut longest = Duration::ZERO;
-    for t in threads {
-        longest = longest.max(t.join().unwrap());
-    }
-    (
-        done.load(Ordering::Relaxed) as f64 / longest.as_secs_f64(),
-        errors.load(Ordering::Relaxed),
-    )
+    rate(threads, &done, &errors)
 }
 
 /// The RFD's Streamable HTTP: POSTs answered 202 on `conns` keep-alive connections, each at
