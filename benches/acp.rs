@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{free_port, percentile};
+
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
 fn echo_line(id: u64) -> String {
@@ -31,11 +34,6 @@ fn answer_id(line: &[u8]) -> Option<u64> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len());
     rest[..end].parse().ok()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 struct Latency {
@@ -475,11 +473,7 @@ mod tempdir {
 
 impl Daemon {
     fn start(extra: &[&str]) -> Daemon {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("acp-bench-{}-{port}", std::process::id()));
         std::fs::create_dir_all(dir.join("work")).unwrap();
         // `ACP_BENCH_DAEMON=<path>` runs another build of the daemon (A/B comparisons).

@@ -7,21 +7,17 @@
 //! `SANDBOX_AGENT_WORKER_THREADS` is passed through to the daemon.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{free_port, knob, percentile};
+
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 const REQUEST: &[u8] = b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n";
-
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Reads one answer with a Content-Length body; panics on anything but 200.
 fn read_answer(s: &mut TcpStream, buf: &mut Vec<u8>) {
@@ -44,10 +40,6 @@ fn read_answer(s: &mut TcpStream, buf: &mut Vec<u8>) {
             }
         }
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn report(what: &str, mut v: Vec<Duration>) {
@@ -94,15 +86,11 @@ impl Drop for Daemon {
 }
 
 fn main() {
-    let n = env_num("EDGE_BENCH_N", 10000);
-    let sockets = env_num("EDGE_BENCH_SOCKETS", 300);
+    let n = knob("EDGE_BENCH_N", 10000);
+    let sockets = knob("EDGE_BENCH_SOCKETS", 300);
     let dir = std::env::temp_dir().join(format!("edge-bench-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("work")).unwrap();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let _daemon = Daemon(
         Command::new(BIN)
             .arg("server")

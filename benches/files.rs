@@ -12,17 +12,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
+mod common;
+use common::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 const GIB: u64 = 1 << 30;
 const RUNS: usize = 3;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn wait_http(url: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -16,22 +16,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod common;
+use common::{free_port, knob, percentile};
+
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Stops the daemon (SIGTERM: it stops every agent tree) when the bench ends or panics; SIGKILL
 /// only if it has not exited within 30 s.
@@ -51,14 +39,6 @@ impl Drop for DaemonGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 fn summary(mut v: Vec<Duration>) -> String {

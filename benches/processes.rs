@@ -12,7 +12,6 @@
 //! build, to compare): `PROC_BENCH_DAEMON`. The load average is printed before and after.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,18 +19,10 @@ use base64::Engine;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+mod common;
+use common::{free_port, knob, percentile};
+
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
 
 fn script(bytes: u64) -> String {
     format!("yes | head -c {bytes}")
@@ -179,9 +170,9 @@ async fn api_latency(
 }
 
 fn main() {
-    let bytes = env_u64("PROC_BENCH_BYTES", 1 << 30);
-    let runs = env_u64("PROC_BENCH_RUNS", 300) as usize;
-    let gap = Duration::from_millis(env_u64("PROC_BENCH_GAP_MS", 50));
+    let bytes = knob("PROC_BENCH_BYTES", 1 << 30);
+    let runs = knob("PROC_BENCH_RUNS", 300) as usize;
+    let gap = Duration::from_millis(knob("PROC_BENCH_GAP_MS", 50));
     let bin = std::env::var("PROC_BENCH_DAEMON").unwrap_or_else(|_| BIN.to_string());
     let extra: Vec<String> = std::env::var("PROC_BENCH_ARGS")
         .unwrap_or_default()
@@ -193,11 +184,7 @@ fn main() {
         extra.join(" "),
         loadavg()
     );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let work = std::env::temp_dir().join(format!("proc-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
     let mut daemon = Command::new(&bin)

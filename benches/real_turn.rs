@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod common;
+use common::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 const TURNS: usize = 20;
 
@@ -162,11 +165,7 @@ fn through_daemon(model: &FakeModel, home: &Path, cwd: &Path, tmp: &Path) -> Vec
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut daemon = Command::new(BIN)
         .args(["server", "--log-level", "warn", "--port", &port.to_string()])
         .arg("--data-dir")

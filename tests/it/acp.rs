@@ -105,21 +105,8 @@ async fn start_session(d: &Daemon, server_id: &str) -> String {
         .to_string()
 }
 
-async fn listing(d: &Daemon) -> Vec<Value> {
-    let v: Value = d
-        .client()
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["servers"].as_array().unwrap().clone()
-}
-
 async fn server_info(d: &Daemon, server_id: &str) -> Option<Value> {
-    listing(d)
+    d.servers()
         .await
         .into_iter()
         .find(|s| s["serverId"] == server_id)
@@ -329,7 +316,7 @@ async fn bootstrap_errors_are_400_404_409() {
         .await
         .assert_problem(400);
     assert_eq!(p["agent"], "nope");
-    assert!(listing(&d).await.is_empty(), "nothing was created");
+    assert!(d.servers().await.is_empty(), "nothing was created");
     // Invalid serverIds, on every method.
     let long = "x".repeat(129);
     for bad in ["a%20b", "a$b", long.as_str(), "%C3%A9"] {
@@ -405,7 +392,7 @@ async fn bad_bodies_and_headers_are_refused() {
     let big = json!({"jsonrpc":"2.0","id":1,"method":"x","params":"y".repeat(2000)}).to_string();
     let p = post_with(&d, path, big, &[]).await.assert_problem(413);
     assert_eq!(p["limit"], 1024);
-    assert!(listing(&d).await.is_empty(), "refused bodies start nothing");
+    assert!(d.servers().await.is_empty(), "refused bodies start nothing");
     // Parameters on the content type and broad Accept ranges are fine; a pretty-printed body too.
     let pretty =
         serde_json::to_string_pretty(&request(json!(1), "_mock/echo", json!({"a": [1, 2]})))
@@ -532,7 +519,7 @@ async fn concurrent_first_posts_start_one_process() {
     for a in futures_util::future::join_all(calls).await {
         assert_eq!(a.status, 200, "{}", a.text);
     }
-    let servers = listing(&d).await;
+    let servers = d.servers().await;
     assert_eq!(servers.len(), 1);
     let pid = servers[0]["pid"].as_u64().unwrap() as u32;
     let mocks: Vec<u32> = crate::support::children_of(d.pid())
@@ -572,7 +559,7 @@ async fn two_server_ids_are_isolated() {
     let evs = eb.wait_events(1, SECS5).await;
     assert_eq!(evs.len(), 1);
     assert_eq!((evs[0].id, chunk_text(&evs[0])), (Some(1), "only b"));
-    let servers = listing(&d).await;
+    let servers = d.servers().await;
     let ids: Vec<&str> = servers
         .iter()
         .map(|s| s["serverId"].as_str().unwrap())
@@ -1183,7 +1170,7 @@ async fn shutdown_answers_waiting_posts_ends_streams_and_stops_agents() {
 #[tokio::test]
 async fn listing_shows_live_figures() {
     let d = Daemon::start();
-    assert!(listing(&d).await.is_empty());
+    assert!(d.servers().await.is_empty());
     let session = start_session(&d, "figs").await;
     let a = post(&d, "/v1/acp/figs", prompt(json!(2), &session, "/stream 2")).await;
     assert_eq!(a.status, 200);
@@ -1269,7 +1256,7 @@ async fn npm_acp_http_client_drives_the_mock_agent() {
     assert_eq!(chunks.len(), 5, "each update exactly once: {chunks:?}");
     assert_eq!(seen["permissionRequests"], 1);
     // Its disconnect() DELETEd the serverId.
-    assert!(listing(&d).await.is_empty());
+    assert!(d.servers().await.is_empty());
 }
 
 #[tokio::test]

@@ -876,14 +876,7 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
     // The ACP socket too; the rest of its query reaches the handler (`agent` creates the instance).
     let acp = ws(&format!("/v1/acp/qtok?agent=mock&access_token={token}"));
     assert_eq!(ws_handshake(&acp, &[]).await, 101);
-    let servers: Value = c
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let servers = d.get_json("/v1/acp").await;
     assert!(servers.to_string().contains("\"qtok\""), "{servers}");
     // And the RFD transport's WebSocket profile.
     let rfd = ws(&format!("/v1/agents/mock/acp?access_token={token}"));

@@ -96,21 +96,8 @@ async fn initialize(d: &Daemon, server_id: &str, id: u64) -> (u16, String) {
     (s, t)
 }
 
-async fn listing(d: &Daemon) -> Vec<Value> {
-    let v: Value = d
-        .client()
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["servers"].as_array().unwrap().clone()
-}
-
 async fn server(d: &Daemon, server_id: &str) -> Option<Value> {
-    listing(d)
+    d.servers()
         .await
         .into_iter()
         .find(|s| s["serverId"] == server_id)
@@ -387,7 +374,7 @@ async fn agent_instances_beyond_the_cap_are_refused_until_one_is_deleted() {
         .unwrap();
     let body = assert_503_capacity(resp, "agent instances").await;
     assert_eq!(body["limit"], 3);
-    assert_eq!(listing(&d).await.len(), 3, "no fourth agent was started");
+    assert_eq!(d.servers().await.len(), 3, "no fourth agent was started");
     assert!(health_ok(&d).await);
     delete(&d, "a").await;
     let (status, text) = initialize(&d, "d", 0).await;
@@ -590,7 +577,7 @@ async fn server_ids_dot_and_dot_dot_are_refused() {
         assert_eq!(code, 400, "{text}");
         assert!(text.contains("application/problem+json"), "{text}");
     }
-    assert!(listing(&d).await.is_empty());
+    assert!(d.servers().await.is_empty());
     // `...` is an ordinary name.
     let (status, text) = initialize(&d, "...", 0).await;
     assert_eq!(status, 200, "{text}");

@@ -25,14 +25,7 @@ async fn problem(resp: reqwest::Response, status: u16) -> Value {
 async fn root_and_health_answer() {
     let d = Daemon::start();
     let c = d.client();
-    let root: Value = c
-        .get(d.url("/"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let root = d.get_json("/").await;
     assert_eq!(root["name"], "Sandbox Agent");
     assert_eq!(root["version"], env!("CARGO_PKG_VERSION"));
     let health = c.get(d.url("/v1/health")).send().await.unwrap();

@@ -349,14 +349,7 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() {
 
     // Nothing leaks: every instance the fuzzer made is deleted, and its agent is gone.
     let c = d.client();
-    let list: Value = c
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = d.get_json("/v1/acp").await;
     for s in list["servers"].as_array().unwrap() {
         let id = s["serverId"].as_str().unwrap();
         let r = c

@@ -307,15 +307,7 @@ async fn run_matrix(agent: &str, expect: Expect) {
     std::fs::create_dir_all(&cwd).unwrap();
 
     // The agents file gave it credentials, and the listing says so.
-    let st: Value = d
-        .client()
-        .get(d.url(&format!("/v1/agents/{agent}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st = d.get_json(&format!("/v1/agents/{agent}")).await;
     assert_eq!(st["credentialsAvailable"], true, "{st}");
 
     let init = post(
@@ -570,14 +562,6 @@ async fn claude_turn_through_the_published_npm_client() {
         "the agent never asked the model"
     );
     // The client's disconnect is a DELETE: nothing of the instance is left.
-    let list: Value = d
-        .client()
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = d.get_json("/v1/acp").await;
     assert_eq!(list["servers"], json!([]), "{list}");
 }

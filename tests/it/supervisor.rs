@@ -53,21 +53,9 @@ async fn start_agent(d: &Daemon, server_id: &str) -> u32 {
         .expect("listing has the pid") as u32
 }
 
-/// `GET /v1/acp`.
-async fn listing(d: &Daemon) -> Value {
-    d.client()
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .expect("GET /v1/acp")
-        .json()
-        .await
-        .expect("listing is JSON")
-}
-
 /// The listing row of `server_id` (Null when not listed).
 async fn server(d: &Daemon, server_id: &str) -> Value {
-    listing(d).await["servers"]
+    d.get_json("/v1/acp").await["servers"]
         .as_array()
         .and_then(|s| s.iter().find(|e| e["serverId"] == server_id).cloned())
         .unwrap_or(Value::Null)
@@ -452,7 +440,7 @@ async fn without_cgroups_one_listing_counts_each_agents_own_process_group() {
     start_agent(&d, "other").await;
     let (status, body) = prompt(&d, "forks", 2, "/fork 5").await;
     assert_eq!(status, 200, "{body}");
-    let list = listing(&d).await;
+    let list = d.get_json("/v1/acp").await;
     let count = |id: &str| {
         list["servers"]
             .as_array()

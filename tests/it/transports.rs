@@ -84,19 +84,6 @@ async fn until_response(ws: &mut Socket, id: &Value) -> Vec<Value> {
     }
 }
 
-async fn listing(d: &Daemon) -> Vec<Value> {
-    let v: Value = d
-        .client()
-        .get(d.url("/v1/acp"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["servers"].as_array().unwrap().clone()
-}
-
 #[tokio::test]
 async fn ws_pipelined_requests_are_all_answered_in_order() {
     let d = daemon(&[]);
@@ -122,7 +109,7 @@ async fn ws_pipelined_requests_are_all_answered_in_order() {
         assert_eq!(m["result"], json!({"n": i}));
     }
     // Every answer was an event of the serverId's log.
-    let info = listing(&d).await;
+    let info = d.servers().await;
     assert_eq!(info[0]["lastEventId"], 1001);
     assert_eq!(info[0]["pendingRequests"], 0);
 }
@@ -196,7 +183,7 @@ async fn ws_batched_frames_of_every_size_keep_order_through_the_stdin_queue() {
     send(&mut ws, &cancel).await;
     let end = until_response(&mut ws, &json!(7)).await;
     assert_eq!(end.last().unwrap()["result"]["stopReason"], "cancelled");
-    let info = listing(&d).await;
+    let info = d.servers().await;
     assert_eq!(info[0]["pendingRequests"], 0);
     assert_eq!(info[0]["invalidStdoutLines"], 0);
 }
@@ -363,12 +350,12 @@ async fn ws_reader_that_stops_reading_is_cut_off_with_memory_bounded() {
     // About 25 MB of updates, far more than the socket buffers hold; this client reads nothing.
     send(&mut ws, &prompt(json!(2), "mock-1", "/stream 100000")).await;
     eventually_async(Duration::from_secs(60), "the prompt to finish", || async {
-        let info = listing(&d).await;
+        let info = d.servers().await;
         (info[0]["pendingRequests"] == 0 && info[0]["lastEventId"].as_u64() > Some(100_000))
             .then_some(())
     })
     .await;
-    let info = listing(&d).await;
+    let info = d.servers().await;
     assert_eq!(info[0]["subscribers"], 0, "the silent reader was cut off");
     let grown = rss_bytes(d.pid()).saturating_sub(before);
     assert!(
@@ -552,7 +539,7 @@ async fn rfd_http_flow_routes_responses_and_holds_session_messages() {
     let d = daemon(&[]);
     let conn = rfd_initialize(&d).await;
     // The connection is an ordinary instance, listed under a serverId derived from its id.
-    let info = listing(&d).await;
+    let info = d.servers().await;
     assert_eq!(info.len(), 1);
     assert_eq!(info[0]["serverId"], format!("acp-conn-{conn}"));
     assert_eq!(info[0]["agent"], "mock");
@@ -586,7 +573,7 @@ async fn rfd_http_flow_routes_responses_and_holds_session_messages() {
     eventually_async(
         Duration::from_secs(10),
         "the prompt to be answered",
-        || async { (listing(&d).await[0]["pendingRequests"] == 0).then_some(()) },
+        || async { (d.servers().await[0]["pendingRequests"] == 0).then_some(()) },
     )
     .await;
     let mut sess = Stream::open(&d, &conn, Some(&session))
@@ -644,7 +631,7 @@ async fn rfd_http_flow_routes_responses_and_holds_session_messages() {
     assert_eq!(del.status(), 202);
     assert_eq!(main.next().await, None);
     assert_eq!(sess.next().await, None);
-    assert!(listing(&d).await.is_empty());
+    assert!(d.servers().await.is_empty());
     let again = d
         .client()
         .delete(d.url(RFD))
@@ -977,12 +964,12 @@ async fn rfd_refusals_are_problems() {
 async fn rfd_connection_without_a_reader_is_stopped_after_the_idle_time() {
     let d = daemon(&["--acp-connection-idle", "1s"]);
     let conn = rfd_initialize(&d).await;
-    let pid = listing(&d).await[0]["pid"].as_u64().unwrap() as u32;
+    let pid = d.servers().await[0]["pid"].as_u64().unwrap() as u32;
     // Nobody opens a stream: 1 s after the initialize POST the agent is stopped.
     eventually_async(
         Duration::from_secs(30),
         "the idle connection to go",
-        || async { listing(&d).await.is_empty().then_some(()) },
+        || async { d.servers().await.is_empty().then_some(()) },
     )
     .await;
     eventually_async(
@@ -1032,7 +1019,7 @@ async fn rfd_connection_whose_agent_exited_reports_the_exit_then_goes() {
     eventually_async(
         Duration::from_secs(30),
         "the exited connection to go",
-        || async { listing(&d).await.is_empty().then_some(()) },
+        || async { d.servers().await.is_empty().then_some(()) },
     )
     .await;
 }
@@ -1068,11 +1055,11 @@ async fn rfd_websocket_profile_announces_its_connection_and_ends_with_the_socket
     assert_eq!(frames[0]["id"], 0);
     assert_eq!(frames[1]["id"], 1);
     assert_eq!(frames.len(), 5);
-    assert_eq!(listing(&d).await[0]["serverId"], format!("acp-conn-{conn}"));
+    assert_eq!(d.servers().await[0]["serverId"], format!("acp-conn-{conn}"));
     // Closing the socket sends no DELETE; the connection ends after the idle time.
     ws.close(None).await.unwrap();
     eventually_async(Duration::from_secs(30), "the connection to go", || async {
-        listing(&d).await.is_empty().then_some(())
+        d.servers().await.is_empty().then_some(())
     })
     .await;
 }
@@ -1137,7 +1124,7 @@ async fn interop(program: &str, script: Option<&str>, mode: &str) {
     eventually_async(
         Duration::from_secs(30),
         "the connection's instance to go",
-        || async { listing(&d).await.is_empty().then_some(()) },
+        || async { d.servers().await.is_empty().then_some(()) },
     )
     .await;
 }

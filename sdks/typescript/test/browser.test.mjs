@@ -58,6 +58,29 @@ function daemonHasAllowedOrigins() {
   return execFileSync(BIN, ["server", "--help"]).toString().includes("--allowed-origins");
 }
 
+/**
+ * Opens `pageUrl` in a fresh headless Chromium and waits (30 s at most) for the page's
+ * `window.__result`; returns it with the page's console output and errors.
+ */
+async function pageResult(chromium, pageUrl) {
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run"],
+  });
+  try {
+    const tab = await browser.newPage();
+    const logs = [];
+    tab.on("console", (m) => logs.push(m.text()));
+    tab.on("pageerror", (e) => logs.push(String(e)));
+    await tab.goto(pageUrl);
+    await tab.waitForFunction(() => window.__result !== undefined, null, { timeout: 30_000 });
+    return { result: await tab.evaluate(() => window.__result), logs };
+  } finally {
+    await browser.close();
+  }
+}
+
 test("in headless Chromium: initialize -> session -> prompt with updates over SSE", async (t) => {
   if (!existsSync(CHROMIUM)) return skipOrFail(t, `no Chromium at ${CHROMIUM} (apt-get install chromium)`);
   let chromium;
@@ -80,30 +103,15 @@ test("in headless Chromium: initialize -> session -> prompt with updates over SS
       daemonForPage = proxy.url;
     }
     const pageUrl = `${(proxy ?? page).url}/?daemon=${encodeURIComponent(daemonForPage)}`;
-    const browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"],
-    });
-    try {
-      const tab = await browser.newPage();
-      const logs = [];
-      tab.on("console", (m) => logs.push(m.text()));
-      tab.on("pageerror", (e) => logs.push(String(e)));
-      await tab.goto(pageUrl);
-      await tab.waitForFunction(() => window.__result !== undefined, null, { timeout: 30_000 });
-      const result = await tab.evaluate(() => window.__result);
-      assert.equal(result.ok, true, `${result.error}\n${logs.join("\n")}`);
-      assert.match(result.userAgent, /Chrome/);
-      assert.equal(result.agent, "mock");
-      assert.equal(result.stopReason, "end_turn");
-      assert.deepEqual(result.updates, [1, 2, 3, 4, 5].map((i) => `chunk ${i} of 5`));
-      assert.equal(result.sdkStopReason, "end_turn");
-      assert.deepEqual(result.sdkUpdates, [1, 2, 3].map((i) => `chunk ${i} of 3`));
-      t.diagnostic(cors ? "cross-origin, through the daemon's CORS" : "same-origin, through the page server");
-    } finally {
-      await browser.close();
-    }
+    const { result, logs } = await pageResult(chromium, pageUrl);
+    assert.equal(result.ok, true, `${result.error}\n${logs.join("\n")}`);
+    assert.match(result.userAgent, /Chrome/);
+    assert.equal(result.agent, "mock");
+    assert.equal(result.stopReason, "end_turn");
+    assert.deepEqual(result.updates, [1, 2, 3, 4, 5].map((i) => `chunk ${i} of 5`));
+    assert.equal(result.sdkStopReason, "end_turn");
+    assert.deepEqual(result.sdkUpdates, [1, 2, 3].map((i) => `chunk ${i} of 3`));
+    t.diagnostic(cors ? "cross-origin, through the daemon's CORS" : "same-origin, through the page server");
   } finally {
     if (page.server.listening) await new Promise((r) => page.server.close(r));
     if (proxy) {
@@ -128,30 +136,15 @@ test("in headless Chromium with a token: the ACP WebSocket transport and a proce
   try {
     d = await startDaemon({ token, args: ["--allowed-origins", page.url] });
     const pageUrl = `${page.url}/test/fixtures/browser-ws.html?daemon=${encodeURIComponent(d.url)}&token=${token}`;
-    const browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"],
-    });
-    try {
-      const tab = await browser.newPage();
-      const logs = [];
-      tab.on("console", (m) => logs.push(m.text()));
-      tab.on("pageerror", (e) => logs.push(String(e)));
-      await tab.goto(pageUrl);
-      await tab.waitForFunction(() => window.__result !== undefined, null, { timeout: 30_000 });
-      const result = await tab.evaluate(() => window.__result);
-      assert.equal(result.ok, true, `${result.error}\n${logs.join("\n")}\ndaemon:\n${d.stderr()}`);
-      assert.equal(result.stopReason, "end_turn");
-      assert.deepEqual(result.updates, [1, 2, 3, 4].map((i) => `chunk ${i} of 4`));
-      assert.equal(result.terminalSawAnswer, true);
-      assert.deepEqual(result.exits, [4]);
-      assert.equal(result.followed, "a\nb\n");
-      // The sockets were upgrades with the token in the URL; the daemon logged neither.
-      assert.ok(!d.stderr().includes(token), "the token reached the daemon's log");
-    } finally {
-      await browser.close();
-    }
+    const { result, logs } = await pageResult(chromium, pageUrl);
+    assert.equal(result.ok, true, `${result.error}\n${logs.join("\n")}\ndaemon:\n${d.stderr()}`);
+    assert.equal(result.stopReason, "end_turn");
+    assert.deepEqual(result.updates, [1, 2, 3, 4].map((i) => `chunk ${i} of 4`));
+    assert.equal(result.terminalSawAnswer, true);
+    assert.deepEqual(result.exits, [4]);
+    assert.equal(result.followed, "a\nb\n");
+    // The sockets were upgrades with the token in the URL; the daemon logged neither.
+    assert.ok(!d.stderr().includes(token), "the token reached the daemon's log");
   } finally {
     if (page.server.listening) await new Promise((r) => page.server.close(r));
     await d?.stop();

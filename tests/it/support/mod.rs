@@ -354,6 +354,27 @@ impl Daemon {
             .unwrap()
     }
 
+    /// `GET path` (with the token), its body parsed as JSON; panics on a transport error or a
+    /// body that is not JSON.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        self.client()
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} is not JSON: {e}"))
+    }
+
+    /// The rows of `GET /v1/acp`.
+    pub async fn servers(&self) -> Vec<serde_json::Value> {
+        self.get_json("/v1/acp").await["servers"]
+            .as_array()
+            .expect("a list of servers")
+            .clone()
+    }
+
     /// Sends `sig` to the daemon process.
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.pid() as i32);

@@ -457,7 +457,8 @@ function idKey(id: JsonRpcId): string {
   return typeof id === "number" ? `n:${id}` : `s:${id}`;
 }
 
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+/** Resolves after `ms`, or at once when `signal` aborts (internal; not in the package's index). */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     if (signal?.aborted) return resolve();
     const t = setTimeout(done, ms);

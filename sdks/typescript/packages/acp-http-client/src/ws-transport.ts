@@ -21,7 +21,7 @@ import {
   problemFromResponse,
   type ProblemDetails,
 } from "./errors.js";
-import type { AcpHttpTransportOptions, AcpStreamTransport, GapEvent } from "./transport.js";
+import { sleep, type AcpHttpTransportOptions, type AcpStreamTransport, type GapEvent } from "./transport.js";
 
 /** What the transport needs of a WebSocket (the WHATWG interface; `ws` and undici fit). */
 export interface WebSocketLike {
@@ -445,15 +445,3 @@ function toNetworkError(error: unknown): AcpHttpError {
   });
 }
 
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const t = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-    function done() {
-      clearTimeout(t);
-      signal.removeEventListener("abort", done);
-      resolve();
-    }
-  });
-}
