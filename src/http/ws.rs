@@ -418,7 +418,10 @@ async fn write_frames(
         if !batch.is_empty() {
             let n = batch.len();
             let mut frames = futures_util::stream::iter(batch.drain(..).map(Ok));
+            // The send is polled first: when the socket takes the batch at once (the common
+            // case), the cut-off watch and its timer are never set up.
             let sent = tokio::select! {
+                biased;
                 r = sink.send_all(&mut frames) => r.is_ok(),
                 _ = cut_off(sub) => {
                     // The reader stopped reading: its queue is already dropped; drop the socket
