@@ -298,10 +298,16 @@ async fn schemathesis(
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(400)..].join("\n");
     if !out.status.success() {
+        // The daemon's log first and bounded, schemathesis' findings last: a CI log cut to its
+        // end still shows what failed (and the seed to replay it with `--seed`).
+        let daemon = d.stderr();
+        let daemon: Vec<&str> = daemon.lines().collect();
+        let daemon = daemon[daemon.len().saturating_sub(60)..].join("\n");
         return Err(format!(
-            "{tail}\n--- stderr\n{}\n--- daemon\n{}",
+            "--- daemon (last 60 lines)\n{daemon}\n--- schemathesis stderr\n{}\n--- schemathesis\n{tail}\n\
+             --- what schemathesis found (repeated from above)\n{}",
             String::from_utf8_lossy(&out.stderr),
-            d.stderr()
+            findings(&text),
         ));
     }
     assert!(
@@ -311,16 +317,34 @@ async fn schemathesis(
     Ok(text)
 }
 
+/// The part of a schemathesis report that names failures (from its `FAILURES` header up to the
+/// next section, at most 80 lines) and the seed that replays the run.
+fn findings(report: &str) -> String {
+    let lines: Vec<&str> = report.lines().collect();
+    let start = lines.iter().position(|l| l.contains(" FAILURES "));
+    let mut out: Vec<&str> = match start {
+        Some(i) => lines[i..]
+            .iter()
+            .take_while(|l| !l.contains(" WARNINGS ") && !l.contains(" SUMMARY "))
+            .take(80)
+            .copied()
+            .collect(),
+        None => vec!["(no FAILURES section: see the whole output above)"],
+    };
+    out.extend(lines.iter().filter(|l| l.starts_with("Seed: ")));
+    out.join("\n")
+}
+
 /// Property-based fuzzing of the live daemon from the document: every operation, a bounded number
 /// of cases each. The daemon has a token, an fs root in a temporary directory (everything the
 /// fuzzer creates stays there) and `--require-preinstall`, so no real agent is ever downloaded;
 /// the mock agent serves `?agent=mock` (the document's example). Afterwards every instance is
 /// deleted and no agent process is left.
 #[tokio::test]
-async fn schemathesis_finds_no_server_error_or_undocumented_answer() {
+async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(), Found> {
     if !python_module_present("schemathesis") {
         support::skip("schemathesis (PyPI) is missing; run .ci/install-openapi.sh");
-        return;
+        return Ok(());
     }
     let d = Daemon::builder()
         .token("fuzz-token")
@@ -343,7 +367,7 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() {
     )
     .await;
     if let Err(report) = first {
-        panic!("schemathesis found problems:\n{report}");
+        return Err(Found(format!("schemathesis found problems:\n{report}")));
     }
     assert!(!d.stderr().contains("panicked"), "{}", d.stderr());
 
@@ -374,7 +398,9 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() {
     )
     .await
     {
-        panic!("schemathesis found problems on the SSE operation:\n{report}");
+        return Err(Found(format!(
+            "schemathesis found problems on the SSE operation:\n{report}"
+        )));
     }
     assert!(!d.stderr().contains("panicked"), "{}", d.stderr());
 
@@ -396,4 +422,15 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() {
         caught.is_err_and(|r| r.contains("getHealth") || r.contains("/v1/health")),
         "a wrong response schema went unnoticed"
     );
+    Ok(())
+}
+
+/// A fuzzing report, returned rather than panicked with: the test harness prints it last, with
+/// its lines as they are and no backtrace after it, so a log cut to its end still shows it.
+struct Found(String);
+
+impl std::fmt::Debug for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
