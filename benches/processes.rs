@@ -7,6 +7,10 @@
 //!    (`PROC_BENCH_RUNS`, default 300, after 20 warm-up runs), twice: back to back, and spaced
 //!    by `PROC_BENCH_GAP_MS` (default 50 ms, not timed) as an interactive user would start them.
 //!
+//! 3. The runtime thread during starts: `GET /v1/health` every 2 ms on its own connection, idle
+//!    and while the runs of 2. go back to back again (with `--warm-spawns 0` every start moves
+//!    its child into a cgroup, which can wait for a kernel grace period).
+//!
 //! Run: `cargo bench --bench processes` (builds the release daemon; log level warn). Extra daemon
 //! flags: `PROC_BENCH_ARGS` (e.g. `--warm-spawns 0`); another daemon binary (say, an older
 //! build, to compare): `PROC_BENCH_DAEMON`. The load average is printed before and after.
@@ -169,6 +173,43 @@ async fn api_latency(
     (api, errors)
 }
 
+/// GET /v1/health every 2 ms on a connection of its own, for as long as `busy` runs; returns
+/// the probes' latencies. With `busy` a burst of starts, a long probe is the runtime thread held.
+async fn health_while<F: std::future::Future<Output = ()>>(base: &str, busy: F) -> Vec<Duration> {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let (base, done) = (base.to_string(), done.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut samples = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                let r = client
+                    .get(format!("{base}/v1/health"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success());
+                samples.push(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            samples
+        })
+    };
+    busy.await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    probe.await.unwrap()
+}
+
+fn with_max(samples: &mut [Duration]) -> String {
+    let s = summary(samples);
+    format!(
+        "{s}  max {:.2?}  ({} probes)",
+        samples.last().copied().unwrap_or_default(),
+        samples.len()
+    )
+}
+
 fn main() {
     let bytes = knob("PROC_BENCH_BYTES", 1 << 30);
     let runs = knob("PROC_BENCH_RUNS", 300) as usize;
@@ -266,6 +307,15 @@ fn main() {
             "POST /v1/processes/run, {gap:?} apart: {}  (errors {errors})",
             summary(&mut spaced)
         );
+
+        println!("== the runtime thread during starts: GET /v1/health every 2 ms");
+        let mut idle = health_while(&base, tokio::time::sleep(Duration::from_secs(2))).await;
+        println!("while idle (2 s):                 {}", with_max(&mut idle));
+        let mut busy = health_while(&base, async {
+            api_latency(&client, &base, runs, Duration::ZERO).await;
+        })
+        .await;
+        println!("while {runs} runs go back to back: {}", with_max(&mut busy));
         println!("load average {}", loadavg());
     });
     let _ = nix::sys::signal::kill(

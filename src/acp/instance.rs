@@ -112,7 +112,8 @@ pub struct AcpInstance {
     stdin_caps: StdinCaps,
     /// Serializes the start so that concurrent first POSTs start one process.
     start_lock: tokio::sync::Mutex<Option<AcpError>>,
-    /// Set by DELETE (under this lock) so that a start in progress does not spawn afterwards.
+    /// Set by DELETE (under this lock): a start in progress does not spawn afterwards, and one
+    /// whose process appears afterwards kills it instead of publishing it.
     detached: Mutex<bool>,
     invalid_lines: AtomicU64,
     /// Budget of the "dropped an agent stdout line" warnings: an agent writing garbage in a loop
@@ -201,16 +202,18 @@ impl AcpInstance {
     }
 
     /// Starts the process once; concurrent callers wait for the first and share its outcome.
-    /// `prepare` runs at most once per instance (it may install the agent, which takes long);
-    /// `spawn` runs under the detach lock, so a DELETE either sees the process or prevents it.
-    pub async fn ensure_started<P>(
+    /// `prepare` runs at most once per instance (it may install the agent, which takes long).
+    /// The process is published under the detach lock, so a DELETE either sees it (and stops
+    /// it) or came first, and then the process just started is killed here.
+    pub async fn ensure_started<P, S>(
         self: &Arc<Self>,
         prepare: P,
-        spawn: impl FnOnce(SpawnSpec) -> Result<AgentProcess, AcpError>,
+        spawn: impl FnOnce(SpawnSpec) -> S,
         max_line: usize,
     ) -> Result<(), AcpError>
     where
         P: std::future::Future<Output = Result<SpawnSpec, AcpError>>,
+        S: std::future::Future<Output = Result<AgentProcess, AcpError>>,
     {
         if self.running.get().is_some() {
             return Ok(());
@@ -231,19 +234,31 @@ impl AcpInstance {
                 return Err(e);
             }
         };
-        let detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
-        if *detached {
+        if self.is_detached() {
             return Err(AcpError::NotFound {
                 server_id: self.server_id.clone(),
             });
         }
-        let process = match spawn(spec) {
+        // Cancel-safe too: a process whose start completes after this future was dropped is
+        // killed by the supervisor.
+        let process = match spawn(spec).await {
             Ok(p) => p,
             Err(e) => {
                 *failed = Some(e.clone());
                 return Err(e);
             }
         };
+        let detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
+        if *detached {
+            // Deleted while it started: nobody else will stop it.
+            let handle = process.handle;
+            tokio::spawn(async move {
+                handle.kill().await;
+            });
+            return Err(AcpError::NotFound {
+                server_id: self.server_id.clone(),
+            });
+        }
         // The tasks are registered right after the spawn, with no await in between, so a
         // process never exists without its reader and writer.
         let (tx, rx) = mpsc::channel(1024);
@@ -271,6 +286,10 @@ impl AcpInstance {
         ));
         tokio::spawn(read_loop(self.clone(), process.stdout, handle, max_line));
         Ok(())
+    }
+
+    fn is_detached(&self) -> bool {
+        *self.detached.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Marks the instance deleted; returns the handle to stop if a process was started.
@@ -1030,6 +1049,72 @@ mod tests {
             }
         });
         assert_eq!(got, expected);
+    }
+
+    /// A DELETE that lands while the process is being started (it finds nothing to stop yet)
+    /// must not leave that process running: the start sees the mark and kills it.
+    #[tokio::test]
+    async fn a_delete_during_the_start_kills_the_process_just_started() {
+        let mut config = crate::config::Config::defaults();
+        config.agent_base_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+        config.warm_spawns = 0;
+        let sup = Arc::new(crate::supervisor::Supervisor::new(&config));
+        let inst = Arc::new(AcpInstance::new(
+            "s1".into(),
+            "sh".into(),
+            LogLimits {
+                max_events: 100,
+                max_bytes: 1 << 20,
+            },
+            Duration::from_secs(1),
+            RateLimit::new(10, 10_000),
+            StdinCaps {
+                per_instance: Budget::new(1 << 20),
+                total: Budget::new(1 << 20),
+            },
+        ));
+        let spec = SpawnSpec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), "exec sleep 1000".into()],
+            env: Vec::new(),
+            cwd: std::env::temp_dir(),
+            server_id: "s1".into(),
+            agent: "sh".into(),
+        };
+        let deleting = inst.clone();
+        let starting = sup.clone();
+        let result = inst
+            .ensure_started(
+                async { Ok(spec) },
+                |spec| async move {
+                    let p = starting.start(spec).await.map_err(|e| AcpError::Spawn {
+                        server_id: "s1".into(),
+                        agent: "sh".into(),
+                        source: Arc::new(e),
+                    })?;
+                    // DELETE now: the process exists but is not published yet.
+                    assert!(deleting.detach().is_none());
+                    Ok(p)
+                },
+                1 << 20,
+            )
+            .await;
+        assert!(
+            matches!(result, Err(AcpError::NotFound { .. })),
+            "a deleted instance started anyway"
+        );
+        assert!(!inst.is_started());
+        for _ in 0..500 {
+            if sup.live().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left: Vec<u32> = sup.live().iter().map(|h| h.pid()).collect();
+        assert!(
+            left.is_empty(),
+            "the process of a deleted instance runs on: {left:?}"
+        );
     }
 
     #[test]

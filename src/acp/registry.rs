@@ -194,7 +194,7 @@ impl AcpService {
 
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {
         let agents: &Agents = &self.deps.agents;
-        let supervisor: &Supervisor = &self.deps.supervisor;
+        let supervisor: &Arc<Supervisor> = &self.deps.supervisor;
         let work_dir = self.deps.config.work_dir.clone();
         let (server_id, agent) = (inst.server_id.clone(), inst.agent.clone());
         let prepare = async {
@@ -215,8 +215,8 @@ impl AcpService {
                 agent: agent.clone(),
             })
         };
-        let spawn = |spec: SpawnSpec| {
-            supervisor.spawn(spec).map_err(|e| AcpError::Spawn {
+        let spawn = |spec: SpawnSpec| async {
+            supervisor.start(spec).await.map_err(|e| AcpError::Spawn {
                 server_id: server_id.clone(),
                 agent: agent.clone(),
                 source: Arc::new(e),

@@ -181,7 +181,7 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
 )]
 async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: CreateRequest = parse_body(&body)?;
-    let process = st.processes.create(req)?;
+    let process = st.processes.create(req).await?;
     Ok(axum::Json(process.info().await).into_response())
 }
 

@@ -526,7 +526,7 @@ impl ProcessService {
     }
 
     /// Starts a background process.
-    pub fn create(&self, req: CreateRequest) -> Result<Arc<ManagedProcess>, ProcessError> {
+    pub async fn create(&self, req: CreateRequest) -> Result<Arc<ManagedProcess>, ProcessError> {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("proc_{n}");
         let spec = self.spec(
@@ -558,13 +558,14 @@ impl ProcessService {
         } else {
             (None, ChildStdio::AllPipes)
         };
-        let spawned =
-            self.supervisor
-                .spawn_with(spec, stdio)
-                .map_err(|source| ProcessError::Spawn {
-                    command: req.command.clone(),
-                    source,
-                })?;
+        let spawned = self
+            .supervisor
+            .start_with(spec, stdio)
+            .await
+            .map_err(|source| ProcessError::Spawn {
+                command: req.command.clone(),
+                source,
+            })?;
         let log = Arc::new(OutputLog::new(cap));
         let mut readers = Vec::new();
         if let Some(out) = spawned.stdout {
@@ -777,7 +778,8 @@ impl ProcessService {
         let started = Instant::now();
         let spawned = self
             .supervisor
-            .spawn_with(spec, ChildStdio::AllPipes)
+            .start_with(spec, ChildStdio::AllPipes)
+            .await
             .map_err(|source| ProcessError::Spawn {
                 command: req.command.clone(),
                 source,

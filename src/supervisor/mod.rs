@@ -617,8 +617,8 @@ impl Supervisor {
     }
 
     /// Starts an agent in its own session, process group and cgroup, with piped stdio.
-    pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
-        let s = spawn::spawn(self, spec, ChildStdio::Pipes)?;
+    pub async fn start(self: &Arc<Self>, spec: SpawnSpec) -> Result<AgentProcess, SpawnError> {
+        let s = self.start_with(spec, ChildStdio::Pipes).await?;
         match (s.stdin, s.stdout) {
             (Some(stdin), Some(stdout)) => Ok(AgentProcess {
                 stdin,
@@ -633,10 +633,35 @@ impl Supervisor {
         }
     }
 
-    /// Starts a child exactly as `spawn` does, with its standard streams connected as `stdio`
+    /// Starts a child exactly as `start` does, with its standard streams connected as `stdio`
     /// says.
-    pub fn spawn_with(&self, spec: SpawnSpec, stdio: ChildStdio) -> Result<Spawned, SpawnError> {
-        spawn::spawn(self, spec, stdio)
+    ///
+    /// The start runs on the blocking pool, never on the runtime thread: with cgroups the child
+    /// is moved into its group before it execs, and that move can wait for a kernel grace period
+    /// (tens of milliseconds); a warm stub's exec is waited for as well. It is cancel-safe: a
+    /// child whose caller went away before taking it is killed (and reaped by its own task).
+    pub async fn start_with(
+        self: &Arc<Self>,
+        spec: SpawnSpec,
+        stdio: ChildStdio,
+    ) -> Result<Spawned, SpawnError> {
+        let sup = self.clone();
+        let program = spec.program.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::task::spawn_blocking(move || {
+            let started = spawn::spawn(&sup, spec, stdio).map(|s| {
+                let unclaimed = KillUnclaimed(Some(s.handle.clone()));
+                (s, unclaimed)
+            });
+            // With the caller gone the value comes back and is dropped here: the guard kills.
+            let _ = tx.send(started);
+        });
+        let (spawned, mut unclaimed) = rx.await.map_err(|_| SpawnError::Exec {
+            program,
+            source: std::io::Error::other("the start was abandoned (the daemon is stopping)"),
+        })??;
+        unclaimed.0 = None;
+        Ok(spawned)
     }
 
     /// Every agent of this supervisor that has not ended yet.
@@ -711,6 +736,30 @@ impl Drop for Supervisor {
             pool.kill_now();
         }
         self.cgroups.remove_own();
+    }
+}
+
+/// Kills a just-started child that nobody took (its start was cancelled); its own task reaps it
+/// and removes its cgroup.
+struct KillUnclaimed(Option<AgentHandle>);
+
+impl Drop for KillUnclaimed {
+    fn drop(&mut self) {
+        let Some(h) = self.0.take() else { return };
+        tracing::info!(
+            server_id = h.server_id(),
+            agent = h.agent(),
+            pid = h.pid(),
+            "its start was cancelled before it was taken: killing it"
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    h.kill().await;
+                });
+            }
+            Err(_) => h.signal_group(Signal::SIGKILL),
+        }
     }
 }
 

@@ -7,14 +7,14 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::*;
 
-fn supervisor(tweak: impl FnOnce(&mut Config)) -> Supervisor {
+fn supervisor(tweak: impl FnOnce(&mut Config)) -> Arc<Supervisor> {
     let mut config = Config::defaults();
     config.agent_base_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
     // A warm stub is the daemon binary (`/proc/self/exe`), which a unit-test binary is not:
     // these cases take the direct path; tests/it covers the warm one with the real binary.
     config.warm_spawns = 0;
     tweak(&mut config);
-    Supervisor::new(&config)
+    Arc::new(Supervisor::new(&config))
 }
 
 fn sh(script: &str, id: &str) -> SpawnSpec {
@@ -78,10 +78,11 @@ async fn removed_soon(dir: &std::path::Path) -> bool {
 async fn stop_ends_the_group_gracefully_and_kills_a_setsid_escapee() {
     let sup = supervisor(|_| {});
     let mut p = sup
-        .spawn(sh(
+        .start(sh(
             "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! $$; exec sleep 1000",
             "escapee",
         ))
+        .await
         .expect("spawn");
     let pids = first_line(&mut p).await;
     let escapee = pids[0];
@@ -110,10 +111,11 @@ async fn stop_ends_the_group_gracefully_and_kills_a_setsid_escapee() {
 async fn a_process_ignoring_term_is_killed_after_the_grace_period() {
     let sup = supervisor(|_| {});
     let mut p = sup
-        .spawn(sh(
+        .start(sh(
             "trap '' TERM; echo $$; while :; do sleep 0.05; done",
             "ignore-term",
         ))
+        .await
         .expect("spawn");
     let top = first_line(&mut p).await[0];
     let started = std::time::Instant::now();
@@ -128,10 +130,11 @@ async fn a_process_ignoring_term_is_killed_after_the_grace_period() {
 async fn a_self_exit_is_reported_and_its_children_are_cleared() {
     let sup = supervisor(|_| {});
     let mut p = sup
-        .spawn(sh(
+        .start(sh(
             "sleep 1000 & echo $!; echo 'last words' >&2; exit 3",
             "self-exit",
         ))
+        .await
         .expect("spawn");
     let child = first_line(&mut p).await[0];
     let info = p.handle.wait().await;
@@ -154,7 +157,10 @@ async fn a_self_exit_is_reported_and_its_children_are_cleared() {
 #[tokio::test]
 async fn a_crash_by_signal_is_crashed() {
     let sup = supervisor(|_| {});
-    let p = sup.spawn(sh("kill -SEGV $$", "crash")).expect("spawn");
+    let p = sup
+        .start(sh("kill -SEGV $$", "crash"))
+        .await
+        .expect("spawn");
     let info = p.handle.wait().await;
     assert_eq!(info.reason, ExitReason::Crashed);
     assert_eq!(info.signal, Some(libc::SIGSEGV));
@@ -164,10 +170,11 @@ async fn a_crash_by_signal_is_crashed() {
 async fn environment_is_the_clean_base_plus_the_spec() {
     let sup = supervisor(|c| c.agent_env = vec![("FROM_CONFIG".into(), "yes".into())]);
     let mut p = sup
-        .spawn(sh(
+        .start(sh(
             "echo $(env | grep -v -e '^PWD=' -e '^SHLVL=' -e '^_=' | sort | tr '\\n' ' ')",
             "env",
         ))
+        .await
         .expect("spawn");
     let mut line = String::new();
     BufReader::new(&mut p.stdout)
@@ -182,7 +189,8 @@ async fn environment_is_the_clean_base_plus_the_spec() {
 async fn figures_count_every_process_of_the_agent() {
     let sup = supervisor(|_| {});
     let mut p = sup
-        .spawn(sh("sleep 1000 & sleep 1000 & echo go; wait", "stats"))
+        .start(sh("sleep 1000 & sleep 1000 & echo go; wait", "stats"))
+        .await
         .expect("spawn");
     first_line(&mut p).await;
     let stats = p.handle.stats();
@@ -200,10 +208,11 @@ async fn the_pids_limit_caps_a_fork_loop() {
         return;
     }
     let mut p = sup
-        .spawn(sh(
+        .start(sh(
             "n=0; for i in $(seq 20); do sleep 1000 & n=$((n+1)); done 2>/dev/null; echo $(jobs -p | wc -l)",
             "pids",
         ))
+        .await
         .expect("spawn");
     first_line(&mut p).await;
     let stats = p.handle.stats();
@@ -219,7 +228,10 @@ async fn a_memory_hog_is_reported_as_oom() {
         return;
     }
     // tail buffers a line that never ends: it grows until the limit stops it.
-    let p = sup.spawn(sh("exec tail /dev/zero", "oom")).expect("spawn");
+    let p = sup
+        .start(sh("exec tail /dev/zero", "oom"))
+        .await
+        .expect("spawn");
     let info = tokio::time::timeout(Duration::from_secs(30), p.handle.wait())
         .await
         .expect("the hog is stopped by the limit");
@@ -233,7 +245,8 @@ async fn stop_all_stops_every_agent_in_parallel() {
     let mut handles = Vec::new();
     for i in 0..5 {
         let mut p = sup
-            .spawn(sh("trap '' TERM; echo 1; sleep 1000", &format!("all-{i}")))
+            .start(sh("trap '' TERM; echo 1; sleep 1000", &format!("all-{i}")))
+            .await
             .expect("spawn");
         first_line(&mut p).await;
         handles.push(p.handle);
@@ -260,11 +273,21 @@ async fn spawn_failures_name_their_cause_and_leave_no_cgroup() {
     let sup = supervisor(|_| {});
     let mut spec = sh("true", "bad-cwd");
     spec.cwd = "/nonexistent/sandbox-agent-test".into();
-    let err = sup.spawn(spec).err().expect("spawn fails").to_string();
+    let err = sup
+        .start(spec)
+        .await
+        .err()
+        .expect("spawn fails")
+        .to_string();
     assert!(err.contains("working directory"), "{err}");
     let mut spec = sh("true", "bad-program");
     spec.program = "/nonexistent/agent".into();
-    let err = sup.spawn(spec).err().expect("spawn fails").to_string();
+    let err = sup
+        .start(spec)
+        .await
+        .err()
+        .expect("spawn fails")
+        .to_string();
     assert!(err.contains("/nonexistent/agent"), "{err}");
     assert!(sup.live().is_empty());
     for dir in sup.cgroups.own_dirs() {
@@ -279,4 +302,38 @@ async fn spawn_failures_name_their_cause_and_leave_no_cgroup() {
             dir.display()
         );
     }
+}
+
+/// The start runs on the blocking pool; a caller that goes away before it completes (a client
+/// that disconnects) leaves nothing behind: the child it would have got is killed and reaped.
+#[tokio::test]
+async fn a_start_whose_caller_went_away_is_killed() {
+    let sup = supervisor(|_| {});
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = dir.path().join("started");
+    let script = format!("echo > '{}'; exec sleep 1000", started.display());
+    let mut fut = Box::pin(sup.start(sh(&script, "abandoned")));
+    // One poll hands the start to the blocking pool; then the caller drops it.
+    assert!(
+        futures_util::poll!(&mut fut).is_pending(),
+        "a start completed within its first poll"
+    );
+    drop(fut);
+    // The child did start (so the kill below is what ended it)…
+    for _ in 0..500 {
+        if started.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(started.exists(), "the abandoned start never ran");
+    // …and is gone, its group and cgroup with it.
+    for _ in 0..500 {
+        if sup.live().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let left: Vec<u32> = sup.live().iter().map(|h| h.pid()).collect();
+    assert!(left.is_empty(), "an abandoned start left agents: {left:?}");
 }
