@@ -49,14 +49,32 @@ pub enum EnvelopeError {
     InvalidUtf8 { offset: usize },
     #[error("the body has a lone UTF-16 surrogate escape (`\\u{code:04x}`) at byte {offset}")]
     LoneSurrogate { offset: usize, code: u16 },
+    /// JSON-RPC 2.0: an id is a string, a number or null. An agent cannot echo any other id in
+    /// its answer, so a request carrying one would wait for an answer that never comes.
+    #[error("`id` must be a string, a number or null (JSON-RPC 2.0), not {found}")]
+    BadId { found: &'static str },
+    #[error("`method` must be a string (JSON-RPC 2.0), not {found}")]
+    BadMethod { found: &'static str },
+}
+
+/// What kind of JSON value a raw value's text is, for the messages above.
+fn json_kind(raw: &RawValue) -> &'static str {
+    match raw.get().as_bytes().first() {
+        Some(b'"') => "a string",
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
 }
 
 #[derive(Deserialize)]
 struct Members<'a> {
     #[serde(borrow, default)]
     id: Option<&'a RawValue>,
-    #[serde(default)]
-    method: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    method: Option<&'a RawValue>,
 }
 
 impl IdKey {
@@ -156,7 +174,23 @@ pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
     let members: Members<'_> =
         serde_json::from_slice(&body).map_err(|e| EnvelopeError::Json(e.to_string()))?;
     check_text(&body)?;
-    let kind = match (members.method.is_some(), members.id) {
+    if let Some(id) = members.id
+        && !matches!(json_kind(id), "a string" | "a number" | "null")
+    {
+        return Err(EnvelopeError::BadId {
+            found: json_kind(id),
+        });
+    }
+    // `"method": null` reads as no method (a response or nothing), as before.
+    let method = members.method.filter(|m| json_kind(m) != "null");
+    if let Some(m) = method
+        && json_kind(m) != "a string"
+    {
+        return Err(EnvelopeError::BadMethod {
+            found: json_kind(m),
+        });
+    }
+    let kind = match (method.is_some(), members.id) {
         (true, Some(id)) => Kind::Request {
             key: IdKey::from_raw(id),
             raw_id: id.to_owned(),
@@ -306,6 +340,46 @@ mod tests {
         assert!(check_text(b"\\").is_ok());
         assert!(check_text(b"\\u").is_ok());
         assert!(check_text(b"\\ud8").is_ok());
+    }
+
+    /// An id no agent can echo (found by schemathesis: the request waited out the 20 s timeout
+    /// and answered 504) and a method that is not a string are refused at once.
+    #[test]
+    fn ids_and_methods_of_the_wrong_type_are_refused() {
+        let parse = |t: &str| parse_envelope(Bytes::copy_from_slice(t.as_bytes()));
+        for (id, found) in [
+            ("{}", "an object"),
+            (r#"{"a":[1]}"#, "an object"),
+            ("[1]", "an array"),
+            ("true", "a boolean"),
+            ("false", "a boolean"),
+        ] {
+            for body in [
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"x"}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#),
+            ] {
+                assert_eq!(
+                    parse(&body).err(),
+                    Some(EnvelopeError::BadId { found }),
+                    "{body}"
+                );
+            }
+        }
+        for (method, found) in [("1", "a number"), ("{}", "an object"), ("[]", "an array")] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":{method}}}"#);
+            assert_eq!(
+                parse(&body).err(),
+                Some(EnvelopeError::BadMethod { found }),
+                "{body}"
+            );
+        }
+        // What JSON-RPC allows still passes: string, number (any form) and null ids.
+        for id in ["\"a\"", "1", "-2.5e3", "null"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"x"}}"#);
+            assert!(parse(&body).is_ok(), "{body}");
+        }
+        let e = parse(r#"{"id":7,"method":null,"result":1}"#).unwrap();
+        assert!(matches!(e.kind, Kind::Response));
     }
 
     #[test]

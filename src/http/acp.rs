@@ -337,7 +337,8 @@ async fn read_body(
             for `--keepalive`. The stream ends when the instance is deleted or its agent exited \
             and everything was delivered.",
             content_type = "text/event-stream", body = String,
-            example = json!("event: message\nid: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}\n\n")),
+            // One event as a parser yields it (the schema describes one event).
+            example = json!({"event": "message", "id": "1", "data": "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}"})),
         (status = 101, description = "With `Upgrade: websocket`: the WebSocket (see the \
             `Upgrade` parameter). Over HTTP/2 the same socket is an extended CONNECT (RFC \
             8441, `:protocol` `websocket`) to this path, answered 200; OpenAPI has no CONNECT \

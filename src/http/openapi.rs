@@ -209,6 +209,55 @@ const EDGE_RESPONSES: &[EdgeResponse] = &[
     },
 ];
 
+/// An SSE route and what one event of its stream is.
+struct SseStream {
+    path: &'static str,
+    schema: &'static str,
+    events: &'static [&'static str],
+    about: &'static str,
+}
+
+/// OpenAPI 3.1 has no way to describe a stream as a whole; by the convention tools follow
+/// (schemathesis validates each event of a finished stream against it), the `text/event-stream`
+/// schema describes one event as an SSE parser yields it: its `event`, `id` and `data` fields.
+const SSE_STREAMS: &[SseStream] = &[
+    SseStream {
+        path: "/v1/acp/{serverId}",
+        schema: "AcpStreamEvent",
+        events: &["message", "gap"],
+        about: "One event of an ACP instance's stream: `message` (`id` the event's id in the \
+                instance log, `data` one JSON-RPC object) or `gap` (no `id`; `data` \
+                `{\"from\",\"to\"}`, the ids evicted before this reader got them).",
+    },
+    SseStream {
+        path: "/v1/agents/{agent}/acp",
+        schema: "RfdStreamEvent",
+        events: &["message"],
+        about: "One event of an RFD connection or session stream: `message`, `data` one \
+                JSON-RPC object.",
+    },
+    SseStream {
+        path: "/v1/processes/{id}/logs",
+        schema: "ProcessLogEvent",
+        events: &["log", "gap"],
+        about: "One event of a process's follow stream: `log` (`id` the entry's `sequence`, \
+                `data` a ProcessLogEntry) or `gap` (no `id`; `data` `{\"from\",\"to\"}`, \
+                the output dropped before this reader got it).",
+    },
+];
+
+fn sse_event_schema(events: &[&str], about: &str) -> RefOr<utoipa::openapi::schema::Schema> {
+    let string = || ObjectBuilder::new().schema_type(Type::String);
+    ObjectBuilder::new()
+        .description(Some(about))
+        .property("event", string().enum_values(Some(events.iter().copied())))
+        .property("id", string())
+        .property("data", string().content_media_type("application/json"))
+        .required("event")
+        .required("data")
+        .into()
+}
+
 /// Adds what every operation shares: the bearer security scheme (required everywhere but `GET /`),
 /// the edge's answers, and a problem+json body on every error answer that describes none.
 fn finish(doc: &mut Document) {
@@ -253,7 +302,21 @@ fn finish(doc: &mut Document) {
         "bearerAuth",
         Vec::<String>::new(),
     )]);
+    for (name, events, about) in SSE_STREAMS.iter().map(|s| (s.schema, s.events, s.about)) {
+        components
+            .schemas
+            .insert(name.to_string(), sse_event_schema(events, about));
+    }
     for (path, item) in doc.paths.paths.iter_mut() {
+        if let Some(stream) = SSE_STREAMS.iter().find(|s| s.path == path)
+            && let Some(RefOr::T(ok)) = item
+                .get
+                .as_mut()
+                .and_then(|g| g.responses.responses.get_mut("200"))
+            && let Some(content) = ok.content.get_mut("text/event-stream")
+        {
+            content.schema = Some(Ref::from_schema_name(stream.schema).into());
+        }
         let open = !(path == "/v1" || path.starts_with("/v1/"));
         let operations = [
             &mut item.get,

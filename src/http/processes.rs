@@ -172,10 +172,10 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
     request_body(content = CreateRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "Started", body = ProcessInfo),
-        (status = 400, description = "An invalid request, or the program or directory does not exist"),
+        (status = 400, description = "An invalid request, or the program or directory it names cannot be used (missing, not executable, not a program, a name too long)"),
         (status = 429, description = "`maxConcurrentProcesses` processes are running (`Retry-After`)"),
         (status = 500, description = "No terminal could be opened"),
-        (status = 502, description = "The program could not be started"),
+        (status = 502, description = "The program could not be started for a reason of the machine's (no processes or memory left)"),
         (status = 503, description = "The total output budget is used up, or the daemon is shutting down (`Retry-After`)"),
     )
 )]
@@ -194,9 +194,9 @@ async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Pro
     request_body(content = RunRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The run's result (also when it timed out)", body = RunResponse),
-        (status = 400, description = "An invalid request, or the program or directory does not exist"),
+        (status = 400, description = "An invalid request, or the program or directory it names cannot be used (missing, not executable, not a program, a name too long)"),
         (status = 429, description = "`maxConcurrentProcesses` processes are running (`Retry-After`)"),
-        (status = 502, description = "The program could not be started"),
+        (status = 502, description = "The program could not be started for a reason of the machine's (no processes or memory left)"),
         (status = 503, description = "The total output budget cannot hold the capture, or the daemon is shutting down (`Retry-After`)"),
     )
 )]
@@ -465,7 +465,8 @@ fn gap_json((from, to): (u64, u64)) -> String {
         ("stream" = Option<StreamFilter>, Query, description = "Which stream; default `pty` for \
             a terminal process, else `combined`"),
         ("follow" = Option<bool>, Query, description = "Answer with an SSE stream that replays, \
-            then follows, and ends when the process has exited and all output was sent"),
+            then follows, and ends when the process has exited and all output was sent",
+            example = true),
         ("Last-Event-ID" = Option<String>, Header, description = "With `follow`: resume after \
             this offset (overrides `since`)", pattern = "^\\s*[0-9]{1,19}\\s*$"),
     ),

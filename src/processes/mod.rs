@@ -87,16 +87,31 @@ pub enum ProcessError {
 
 impl ProcessError {
     /// True when a failed start is the request's fault (no such program or directory, not
-    /// executable) rather than the machine's.
+    /// executable, not a program, a name too long) rather than the machine's.
     pub fn is_bad_command(&self) -> bool {
         match self {
             ProcessError::Spawn {
                 source: SpawnError::Exec { source, .. },
                 ..
-            } => matches!(
-                source.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
-            ),
+            } => {
+                matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                ) || source.raw_os_error().is_some_and(|e| {
+                    // What the request named cannot be executed: a name or path too long, a
+                    // file in the middle of the path, a symlink loop, a file that is not a
+                    // program, arguments and environment too large.
+                    [
+                        libc::ENAMETOOLONG,
+                        libc::ENOTDIR,
+                        libc::ELOOP,
+                        libc::ENOEXEC,
+                        libc::E2BIG,
+                        libc::EISDIR,
+                    ]
+                    .contains(&e)
+                })
+            }
             _ => false,
         }
     }

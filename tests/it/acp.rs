@@ -355,6 +355,16 @@ async fn bad_bodies_and_headers_are_refused() {
         ("\"str\"", "string"),
         ("{\"jsonrpc\":\"2.0\"}", "neither method nor id"),
         ("", "empty"),
+        // No agent can echo such an id: refused at once instead of waiting out the timeout.
+        (
+            "{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"x\"}",
+            "object id",
+        ),
+        ("{\"jsonrpc\":\"2.0\",\"id\":[1],\"result\":{}}", "array id"),
+        (
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":7}",
+            "number method",
+        ),
     ] {
         let a = post_with(&d, path, body, &[]).await;
         assert_eq!(a.status, 400, "{what}: {}", a.text);

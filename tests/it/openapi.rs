@@ -355,6 +355,20 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
         // A request the fuzzer leaves unanswered must not hold the run.
         .args(["--request-timeout", "20s"])
         .start();
+    // A process that has ended, under the id the document's examples name (`proc_1`): the
+    // examples and coverage phases then read its follow stream to the end, and every event of
+    // it is checked against the document (a stream the fuzzer reaches only by chance otherwise;
+    // that chance once failed CI on a wrong event schema).
+    let r = d
+        .client()
+        .post(d.url("/v1/processes"))
+        .json(&serde_json::json!({"command": "echo", "args": ["hi"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let created: Value = r.json().await.unwrap();
+    assert_eq!(created["id"], "proc_1", "{created}");
     // Pass 1: every operation but the SSE stream. Not excluded, but run on its own below: a 200
     // on it is an endless `text/event-stream`, so the fuzzer would wait out its request timeout
     // on every serverId the other operations created.

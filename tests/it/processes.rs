@@ -619,6 +619,20 @@ async fn bad_requests_are_problem_json() {
         ("/v1/processes", json!({"command": ""}), 400),
         ("/v1/processes", json!({"args": []}), 400),
         ("/v1/processes", json!({"command": "/no/such/program"}), 400),
+        // A name the kernel refuses (ENAMETOOLONG; found by schemathesis, was 502), a path
+        // through a file (ENOTDIR): the request's fault, on every start path.
+        ("/v1/processes", json!({"command": "a".repeat(300)}), 400),
+        (
+            "/v1/processes",
+            json!({"command": "a".repeat(300), "tty": true}),
+            400,
+        ),
+        (
+            "/v1/processes/run",
+            json!({"command": "a".repeat(300)}),
+            400,
+        ),
+        ("/v1/processes", json!({"command": "/etc/passwd/x"}), 400),
         (
             "/v1/processes",
             json!({"command": "true", "cwd": "/no/such/dir"}),

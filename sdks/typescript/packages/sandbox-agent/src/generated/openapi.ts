@@ -505,6 +505,13 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description One event of an ACP instance's stream: `message` (`id` the event's id in the instance log, `data` one JSON-RPC object) or `gap` (no `id`; `data` `{"from","to"}`, the ids evicted before this reader got them). */
+        AcpStreamEvent: {
+            /** @enum {string} */
+            event: "message" | "gap";
+            id?: string;
+            data: string;
+        };
         /** @description One agent: its install status and how many of its processes the proxy runs. */
         AgentInfo: components["schemas"]["AgentStatus"] & {
             serverStatus: components["schemas"]["AgentServerStatus"];
@@ -836,6 +843,13 @@ export interface components {
         ProcessListResponse: {
             processes: components["schemas"]["ProcessInfo"][];
         };
+        /** @description One event of a process's follow stream: `log` (`id` the entry's `sequence`, `data` a ProcessLogEntry) or `gap` (no `id`; `data` `{"from","to"}`, the output dropped before this reader got it). */
+        ProcessLogEvent: {
+            /** @enum {string} */
+            event: "log" | "gap";
+            id?: string;
+            data: string;
+        };
         /** @description `GET /v1/processes/{id}/logs` without `follow`. */
         ProcessLogsResponse: {
             processId: string;
@@ -858,6 +872,13 @@ export interface components {
             processes: number;
             /** Format: int64 */
             openFds: number;
+        };
+        /** @description One event of an RFD connection or session stream: `message`, `data` one JSON-RPC object. */
+        RfdStreamEvent: {
+            /** @enum {string} */
+            event: "message";
+            id?: string;
+            data: string;
         };
         RootInfo: {
             /** @example Sandbox Agent */
@@ -1187,11 +1208,13 @@ export interface operations {
                 };
                 content: {
                     /**
-                     * @example event: message
-                     *     id: 1
-                     *     data: {"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"mock-1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hello"}}}}
+                     * @example {
+                     *       "data": "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"mock-1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hello\"}}}}",
+                     *       "event": "message",
+                     *       "id": "1"
+                     *     }
                      */
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["AcpStreamEvent"];
                 };
             };
             /** @description Invalid serverId, or a `Last-Event-ID` (`lastEventId`) that is not a number or is beyond the last event; with `Upgrade`, an unknown `agent` or a bad upgrade request */
@@ -1480,7 +1503,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["RfdStreamEvent"];
                 };
             };
             /** @description No `Acp-Connection-Id` (SSE), a bad header or session id, or a bad upgrade request */
@@ -2985,7 +3008,7 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessInfo"];
                 };
             };
-            /** @description An invalid request, or the program or directory does not exist */
+            /** @description An invalid request, or the program or directory it names cannot be used (missing, not executable, not a program, a name too long) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3016,7 +3039,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The program could not be started */
+            /** @description The program could not be started for a reason of the machine's (no processes or memory left) */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -3123,7 +3146,7 @@ export interface operations {
                     "application/json": components["schemas"]["RunResponse"];
                 };
             };
-            /** @description An invalid request, or the program or directory does not exist */
+            /** @description An invalid request, or the program or directory it names cannot be used (missing, not executable, not a program, a name too long) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3145,7 +3168,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The program could not be started */
+            /** @description The program could not be started for a reason of the machine's (no processes or memory left) */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -3449,7 +3472,10 @@ export interface operations {
                 tail?: number;
                 /** @description Which stream; default `pty` for a terminal process, else `combined` */
                 stream?: components["schemas"]["StreamFilter"];
-                /** @description Answer with an SSE stream that replays, then follows, and ends when the process has exited and all output was sent */
+                /**
+                 * @description Answer with an SSE stream that replays, then follows, and ends when the process has exited and all output was sent
+                 * @example true
+                 */
                 follow?: boolean;
             };
             header?: {
@@ -3474,7 +3500,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ProcessLogsResponse"];
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["ProcessLogEvent"];
                 };
             };
             /** @description An invalid parameter or `Last-Event-ID` */
