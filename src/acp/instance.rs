@@ -251,10 +251,7 @@ impl AcpInstance {
         let detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
         if *detached {
             // Deleted while it started: nobody else will stop it.
-            let handle = process.handle;
-            tokio::spawn(async move {
-                handle.kill().await;
-            });
+            process.handle.kill_detached();
             return Err(AcpError::NotFound {
                 server_id: self.server_id.clone(),
             });

@@ -373,9 +373,7 @@ impl Drop for KillOnDrop {
         if let Some(h) = self.0.take()
             && h.exit().is_none()
         {
-            tokio::spawn(async move {
-                h.kill().await;
-            });
+            h.kill_detached();
         }
     }
 }

@@ -244,6 +244,26 @@ impl AgentHandle {
         }
     }
 
+    /// KILL the whole tree without waiting, for paths that cannot await (a drop): the group gets
+    /// SIGKILL at once, so the child cannot outlive a runtime that is shutting down; the rest
+    /// (reaping, what is left in the cgroup, the exit) follows in a task as for `kill`.
+    pub fn kill_detached(&self) {
+        let first = {
+            let mut phase = self.inner.phase.lock().unwrap_or_else(|e| e.into_inner());
+            let first = *phase == Phase::Running;
+            if first {
+                *phase = Phase::Stopping;
+            }
+            first
+        };
+        if first {
+            self.inner.killpg_unless_reaped(Signal::SIGKILL);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(self.inner.clone().run_stop(Duration::ZERO, false));
+            }
+        }
+    }
+
     async fn end(&self, grace: Duration, term: bool) -> ExitInfo {
         let first = {
             let mut phase = self.inner.phase.lock().expect("phase lock");
@@ -752,14 +772,7 @@ impl Drop for KillUnclaimed {
             pid = h.pid(),
             "its start was cancelled before it was taken: killing it"
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    h.kill().await;
-                });
-            }
-            Err(_) => h.signal_group(Signal::SIGKILL),
-        }
+        h.kill_detached();
     }
 }
 
