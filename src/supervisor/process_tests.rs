@@ -273,21 +273,18 @@ async fn spawn_failures_name_their_cause_and_leave_no_cgroup() {
     let sup = supervisor(|_| {});
     let mut spec = sh("true", "bad-cwd");
     spec.cwd = "/nonexistent/sandbox-agent-test".into();
-    let err = sup
-        .start(spec)
-        .await
-        .err()
-        .expect("spawn fails")
-        .to_string();
+    let start_error = async |spec| {
+        sup.start(spec)
+            .await
+            .err()
+            .expect("spawn fails")
+            .to_string()
+    };
+    let err = start_error(spec).await;
     assert!(err.contains("working directory"), "{err}");
     let mut spec = sh("true", "bad-program");
     spec.program = "/nonexistent/agent".into();
-    let err = sup
-        .start(spec)
-        .await
-        .err()
-        .expect("spawn fails")
-        .to_string();
+    let err = start_error(spec).await;
     assert!(err.contains("/nonexistent/agent"), "{err}");
     assert!(sup.live().is_empty());
     for dir in sup.cgroups.own_dirs() {
