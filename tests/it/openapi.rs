@@ -402,8 +402,47 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
         support::descendants(pid).is_empty().then_some(())
     });
 
-    // Pass 2: the SSE operation, with no instance left: its parameters, headers and error
-    // answers are fuzzed; its 200 stream is covered by the acp tests (`tests/it/acp.rs`).
+    // Pass 2: the SSE operation. Its one instance is `s1` (the document's example id), whose
+    // agent has exited after streaming two updates: a 200 is then a finite stream (replay, then
+    // end), so schemathesis checks every event of it against `AcpStreamEvent`, beside fuzzing
+    // the parameters, headers and error answers. (A live instance's stream never ends.)
+    let post = async |body: Value| {
+        let r = c
+            .post(d.url("/v1/acp/s1?agent=mock"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<Value>().await.unwrap_or_default(),
+        )
+    };
+    let request = |id: u32, method: &str, params: Value| serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let (status, _) = post(request(
+        0,
+        "initialize",
+        serde_json::json!({"protocolVersion": 1}),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let (status, new) = post(request(
+        1,
+        "session/new",
+        serde_json::json!({"cwd": "/", "mcpServers": []}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{new}");
+    let session = new["result"]["sessionId"].clone();
+    let say = |id, text: &str| {
+        request(
+            id,
+            "session/prompt",
+            serde_json::json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}),
+        )
+    };
+    assert_eq!(post(say(2, "/stream 2")).await.0, 200);
+    assert_eq!(post(say(3, "/crash")).await.0, 502);
     if let Err(report) = schemathesis(
         &d,
         &doc,
@@ -417,6 +456,8 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
         )));
     }
     assert!(!d.stderr().contains("panicked"), "{}", d.stderr());
+    let r = c.delete(d.url("/v1/acp/s1")).send().await.unwrap();
+    assert_eq!(r.status(), 204, "DELETE s1");
 
     // A negative control: the same run does catch an answer the document does not describe.
     let scratch = tempfile::tempdir().unwrap();
