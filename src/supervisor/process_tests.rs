@@ -301,30 +301,36 @@ async fn spawn_failures_name_their_cause_and_leave_no_cgroup() {
     }
 }
 
-/// The start runs on the blocking pool; a caller that goes away before it completes (a client
-/// that disconnects) leaves nothing behind: the child it would have got is killed and reaped.
+/// The start runs on the blocking pool; a caller that goes away before taking the child (a
+/// client that disconnects mid-start) leaves nothing behind: the child is killed and reaped.
 #[tokio::test]
 async fn a_start_whose_caller_went_away_is_killed() {
     let sup = supervisor(|_| {});
     let dir = tempfile::tempdir().expect("tempdir");
     let started = dir.path().join("started");
-    let script = format!("echo > '{}'; exec sleep 1000", started.display());
+    let script = format!("echo $$ > '{}'; exec sleep 1000", started.display());
     let mut fut = Box::pin(sup.start(sh(&script, "abandoned")));
-    // One poll hands the start to the blocking pool; then the caller drops it.
+    // One poll hands the start to the blocking pool…
     assert!(
         futures_util::poll!(&mut fut).is_pending(),
         "a start completed within its first poll"
     );
-    drop(fut);
-    // The child did start (so the kill below is what ended it)…
+    // …which goes on without the caller: the child runs (and says its pid) while nobody polls.
+    let mut pid = None;
     for _ in 0..500 {
-        if started.exists() {
+        pid = std::fs::read_to_string(&started)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        if pid.is_some() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(started.exists(), "the abandoned start never ran");
-    // …and is gone, its group and cgroup with it.
+    let pid = pid.expect("the start ran on the blocking pool");
+    assert!(alive(pid));
+    // The caller goes away without taking it: the child is killed, reaped, and unregistered.
+    drop(fut);
+    assert!(gone_soon(pid).await, "the abandoned child {pid} runs on");
     for _ in 0..500 {
         if sup.live().is_empty() {
             break;
