@@ -180,6 +180,14 @@ pub fn set_cloexec(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
     }
 }
 
+/// Runs `f` on the blocking pool and returns its value; a panic in it goes on unwinding in the
+/// caller (the edge answers a plain 500), as if `f` had run inline.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// Clock ticks per second (the unit of CPU times in `/proc/<pid>/stat`).
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions and touches no memory of ours.

@@ -835,9 +835,7 @@ async fn classify(line: &Bytes) -> Result<AgentLine, BadLine> {
         return classify_agent_line(line);
     }
     let line = line.clone();
-    tokio::task::spawn_blocking(move || classify_agent_line(&line))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    crate::sys::blocking(move || classify_agent_line(&line)).await
 }
 
 async fn read_loop(
@@ -1101,13 +1099,7 @@ mod tests {
             "a deleted instance started anyway"
         );
         assert!(!inst.is_started());
-        for _ in 0..500 {
-            if sup.live().is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let left: Vec<u32> = sup.live().iter().map(|h| h.pid()).collect();
+        let left = sup.live_after(Duration::from_secs(5)).await;
         assert!(
             left.is_empty(),
             "the process of a deleted instance runs on: {left:?}"

@@ -174,23 +174,15 @@ pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
     let members: Members<'_> =
         serde_json::from_slice(&body).map_err(|e| EnvelopeError::Json(e.to_string()))?;
     check_text(&body)?;
-    if let Some(id) = members.id
-        && !matches!(json_kind(id), "a string" | "a number" | "null")
-    {
-        return Err(EnvelopeError::BadId {
-            found: json_kind(id),
-        });
+    // serde reads a member that is `null` as absent: an `id` of null is no id, a `method` of
+    // null no method (a response or nothing), as before.
+    if let Some(found @ ("an object" | "an array" | "a boolean")) = members.id.map(json_kind) {
+        return Err(EnvelopeError::BadId { found });
     }
-    // `"method": null` reads as no method (a response or nothing), as before.
-    let method = members.method.filter(|m| json_kind(m) != "null");
-    if let Some(m) = method
-        && json_kind(m) != "a string"
-    {
-        return Err(EnvelopeError::BadMethod {
-            found: json_kind(m),
-        });
+    if let Some(found) = members.method.map(json_kind).filter(|k| *k != "a string") {
+        return Err(EnvelopeError::BadMethod { found });
     }
-    let kind = match (method.is_some(), members.id) {
+    let kind = match (members.method.is_some(), members.id) {
         (true, Some(id)) => Kind::Request {
             key: IdKey::from_raw(id),
             raw_id: id.to_owned(),

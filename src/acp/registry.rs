@@ -304,12 +304,11 @@ impl AcpService {
     /// pool, never on the runtime thread.
     pub async fn list(&self) -> Vec<ServerInfo> {
         let all: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
-        tokio::task::spawn_blocking(move || {
+        crate::sys::blocking(move || {
             let mut scan = GroupScan::default();
             all.iter().map(|i| info(i, &mut scan)).collect()
         })
         .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     /// The budget of ACP request bodies being received; a POST reserves its bytes as they arrive.

@@ -167,9 +167,7 @@ async fn post_message(
     // The daemon runs one runtime thread: a large envelope (an image, a big file) is parsed on the
     // blocking pool so that other requests and streams go on meanwhile.
     let parsed = if body.len() > LARGE_ENVELOPE {
-        tokio::task::spawn_blocking(move || acp::jsonrpc::parse_envelope(body))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        crate::sys::blocking(move || acp::jsonrpc::parse_envelope(body)).await
     } else {
         acp::jsonrpc::parse_envelope(body)
     };

@@ -302,10 +302,10 @@ fn finish(doc: &mut Document) {
         "bearerAuth",
         Vec::<String>::new(),
     )]);
-    for (name, events, about) in SSE_STREAMS.iter().map(|s| (s.schema, s.events, s.about)) {
+    for s in SSE_STREAMS {
         components
             .schemas
-            .insert(name.to_string(), sse_event_schema(events, about));
+            .insert(s.schema.to_string(), sse_event_schema(s.events, s.about));
     }
     for (path, item) in doc.paths.paths.iter_mut() {
         if let Some(stream) = SSE_STREAMS.iter().find(|s| s.path == path)

@@ -119,9 +119,7 @@ async fn post_message(
         (Err(p), _) | (_, Err(p)) => return p.into_response(),
     };
     let parsed = if body.len() > 256 * 1024 {
-        tokio::task::spawn_blocking(move || acp::jsonrpc::parse_envelope(body))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        crate::sys::blocking(move || acp::jsonrpc::parse_envelope(body)).await
     } else {
         acp::jsonrpc::parse_envelope(body)
     };

@@ -255,9 +255,7 @@ async fn read_frames(
                 Some(_) => continue,
             };
             let envelope = if text.len() > 256 * 1024 {
-                tokio::task::spawn_blocking(move || parse_envelope(text))
-                    .await
-                    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+                crate::sys::blocking(move || parse_envelope(text)).await
             } else {
                 parse_envelope(text)
             };

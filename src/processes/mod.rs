@@ -268,9 +268,7 @@ impl ManagedProcess {
     /// The record, with a running process's figures read from `/proc` on the blocking pool.
     pub async fn info(self: &Arc<Self>) -> ProcessInfo {
         let me = self.clone();
-        tokio::task::spawn_blocking(move || me.info_in(&mut GroupScan::default()))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        crate::sys::blocking(move || me.info_in(&mut GroupScan::default())).await
     }
 
     /// The record; blocking (a running process's figures come from `/proc`; its process group,
@@ -639,12 +637,11 @@ impl ProcessService {
             .values()
             .cloned()
             .collect();
-        tokio::task::spawn_blocking(move || {
+        crate::sys::blocking(move || {
             let mut scan = GroupScan::default();
             records.iter().map(|p| p.info_in(&mut scan)).collect()
         })
         .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {

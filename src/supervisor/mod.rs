@@ -302,7 +302,8 @@ impl AgentHandle {
 
     /// rss, cpu time, process count and open fds of the agent's processes (its cgroup, or its
     /// process group without one). Zero once it has ended. Blocking (reads `/proc`): call it on
-    /// the blocking pool.
+    /// the blocking pool. (The daemon itself always asks through `stats_in`.)
+    #[cfg(test)]
     pub fn stats(&self) -> ProcessStats {
         self.stats_in(&mut GroupScan::default())
     }
@@ -756,6 +757,18 @@ impl Drop for Supervisor {
             pool.kill_now();
         }
         self.cgroups.remove_own();
+    }
+}
+
+#[cfg(test)]
+impl Supervisor {
+    /// The pids of the agents still live once none is, or `within` has passed.
+    pub(crate) async fn live_after(&self, within: Duration) -> Vec<u32> {
+        let deadline = Instant::now() + within;
+        while !self.live().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.live().iter().map(|h| h.pid()).collect()
     }
 }
 
