@@ -257,6 +257,16 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
 
+    /// Log every request at INFO (method, path, status, latency); without it only errors,
+    /// refusals and slow requests are logged, the rest at DEBUG
+    #[arg(long, env = "SANDBOX_AGENT_ACCESS_LOG", value_parser = BoolishValueParser::new())]
+    pub access_log: bool,
+
+    /// A request whose answer head takes longer than this is logged at INFO even without
+    /// --access-log [default: 1s]
+    #[arg(long, env = "SANDBOX_AGENT_SLOW_REQUEST", value_name = "DURATION")]
+    pub slow_request: Option<String>,
+
     /// Act as init: reap every orphan and forward signals (automatic when running as PID 1)
     #[arg(long, env = "SANDBOX_AGENT_INIT", value_parser = BoolishValueParser::new())]
     pub init: bool,

@@ -67,6 +67,10 @@ pub struct Config {
     pub acp_registry_url: String,
     pub log_format: LogFormat,
     pub log_level: String,
+    /// One INFO line per request (`--access-log`); otherwise only errors, refusals and slow ones.
+    pub access_log: bool,
+    /// Requests slower than this to their answer head are logged without `access_log`.
+    pub slow_request: Duration,
     pub init: bool,
     /// The daemon's environment at start-up, minus everything an agent must never see.
     pub agent_base_env: Vec<(OsString, OsString)>,
@@ -646,6 +650,8 @@ impl Config {
             |s: &str| Ok::<_, String>(s.to_string()),
             "info".to_string()
         );
+        let access_log = flag!(access_log);
+        let slow_request = setting!(slow_request, "slow-request", dur, Duration::from_secs(1));
         let init = flag!(init);
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
             let from_file = args.log_level.is_none();
@@ -960,6 +966,8 @@ impl Config {
             acp_registry_url,
             log_format,
             log_level,
+            access_log,
+            slow_request,
             init,
             agent_base_env,
             systemd,

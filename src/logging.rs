@@ -64,6 +64,11 @@ struct QueueState {
     /// Records refused since the last notice.
     dropped: u64,
     closed: bool,
+    /// True while the writer thread sleeps on the condvar with nothing queued: only the push
+    /// that finds it so wakes it (one wake-up per batch, never one per record).
+    parked: bool,
+    /// How often the writer was woken (for the tests and the batching claim).
+    wakeups: u64,
 }
 
 impl Shared {
@@ -81,15 +86,23 @@ impl Shared {
         }
         st.bytes += record.len();
         st.records.push_back(record);
+        let wake = std::mem::take(&mut st.parked);
         drop(st);
-        self.ready.notify_one();
+        if wake {
+            self.ready.notify_one();
+        }
     }
 }
 
 /// Where the writer thread sends records.
 enum Sink {
-    Stderr { json: bool },
+    Stderr {
+        json: bool,
+    },
     Journal(UnixDatagram),
+    /// The tests' sink: counts the records written.
+    #[cfg(test)]
+    Count(Arc<std::sync::atomic::AtomicUsize>),
 }
 
 impl Sink {
@@ -107,6 +120,10 @@ impl Sink {
                 for r in batch {
                     let _ = sock.send(r);
                 }
+            }
+            #[cfg(test)]
+            Sink::Count(n) => {
+                n.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
             }
         }
     }
@@ -138,17 +155,30 @@ impl Sink {
                 journal_field(&mut rec, "MESSAGE", msg.as_bytes());
                 rec
             }
+            #[cfg(test)]
+            Sink::Count(_) => msg.into_bytes(),
         }
     }
 }
+
+/// After a batch of more than one record (records arrive faster than one at a time), the writer
+/// waits this long before taking the next batch, so that under a steady stream of records it
+/// wakes at most a few hundred times a second whatever the record rate. A lone record after a
+/// quiet spell is written at once.
+const LINGER: Duration = Duration::from_millis(2);
 
 fn drain(shared: Arc<Shared>, sink: Sink) {
     loop {
         let (batch, dropped) = {
             let mut st = shared.lock();
             while st.records.is_empty() && st.dropped == 0 && !st.closed {
+                st.parked = true;
                 st = shared.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+                if !st.parked {
+                    st.wakeups += 1;
+                }
             }
+            st.parked = false;
             if st.records.is_empty() && st.dropped == 0 && st.closed {
                 return;
             }
@@ -162,6 +192,9 @@ fn drain(shared: Arc<Shared>, sink: Sink) {
         sink.write_batch(&batch);
         if dropped > 0 {
             sink.write_batch(&[sink.dropped_notice(dropped)]);
+        }
+        if batch.len() > 1 {
+            std::thread::sleep(LINGER);
         }
     }
 }
@@ -457,6 +490,57 @@ mod tests {
         let st = shared.lock();
         assert_eq!(st.records.len(), 2);
         assert_eq!(st.dropped, 1);
+    }
+
+    /// Records pushed from several threads as fast as they can are all written, and the writer is
+    /// woken once per batch, not once per record.
+    #[test]
+    fn the_writer_wakes_once_per_batch() {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+            max_bytes: 64 << 20,
+        });
+        let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let writer = {
+            let (shared, sink) = (shared.clone(), Sink::Count(written.clone()));
+            std::thread::spawn(move || drain(shared, sink))
+        };
+        // Let the writer park first, so the first push has to wake it.
+        while !shared.lock().parked {
+            std::thread::yield_now();
+        }
+        const THREADS: usize = 4;
+        const EACH: usize = 5_000;
+        let pushers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        shared.push(format!("record {i}\n").into_bytes());
+                    }
+                })
+            })
+            .collect();
+        for p in pushers {
+            p.join().unwrap();
+        }
+        shared.lock().closed = true;
+        shared.ready.notify_all();
+        writer.join().unwrap();
+        let st = shared.lock();
+        assert_eq!(st.dropped, 0);
+        assert_eq!(
+            written.load(std::sync::atomic::Ordering::Relaxed),
+            THREADS * EACH
+        );
+        assert!(st.wakeups >= 1, "the first push wakes the parked writer");
+        assert!(
+            st.wakeups <= (THREADS * EACH / 20) as u64,
+            "{} wake-ups for {} records",
+            st.wakeups,
+            THREADS * EACH
+        );
     }
 
     #[test]

@@ -52,6 +52,8 @@ fn print_openapi() -> ExitCode {
 }
 
 fn serve(args: &ServerArgs) -> ExitCode {
+    // Before the config: the default --max-connections is derived from the open-file limit.
+    let nofile = sandbox_agent::sys::raise_nofile_limit();
     let config = match Config::load(args) {
         Ok(c) => c,
         Err(e) => {
@@ -77,6 +79,17 @@ fn serve(args: &ServerArgs) -> ExitCode {
     sandbox_agent::sys::fix_mmap_threshold(1 << 20);
     // Flushes the log queue (bounded wait) when `serve` returns.
     let _log_guard = sandbox_agent::logging::init(&config);
+    match nofile {
+        Ok((before, after)) if after > before => {
+            tracing::info!(
+                before,
+                after,
+                "raised the open-file limit to its hard limit"
+            )
+        }
+        Ok((_, after)) => tracing::info!(limit = after, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
     install_panic_hook();
     sandbox_agent::install_crypto_provider();
     let runtime = match build_runtime(config.worker_threads) {

@@ -99,9 +99,28 @@ pub struct ChildSetup {
     pub after_join: Vec<(RawFd, &'static [u8])>,
 }
 
+/// The open-file limit the daemon was started with, before `raise_nofile_limit`; children get it
+/// back (programs that use `select(2)` break on descriptors past 1024).
+static INHERITED_NOFILE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+
+/// Raises the soft open-file limit to the hard limit (every connection, agent pipe and file
+/// transfer is a descriptor; the usual soft limit of 1024 would let a few hundred idle sockets
+/// exhaust it) and returns `(before, after)`. Children get the original soft limit back.
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    let _ = INHERITED_NOFILE.set((soft, hard));
+    if soft >= hard {
+        return Ok((soft, soft));
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+    Ok((soft, hard))
+}
+
 /// Registers the agent's child setup: new session, cgroups, rlimits, close-on-exec on every
 /// inherited descriptor, then the agent user.
 pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
+    let nofile = INHERITED_NOFILE.get().copied();
     // SAFETY: the closure only makes async-signal-safe system calls (setsid, write, setrlimit,
     // close_range, setgroups, setgid, setuid) on data prepared before the fork; it allocates
     // nothing (error values carry a plain errno). The cgroup fds (and `after_join`'s) stay open
@@ -120,6 +139,14 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
             for (resource, limit) in &setup.rlimits {
                 nix::sys::resource::setrlimit(*resource, *limit, *limit)
                     .map_err(io::Error::from)?;
+            }
+            if let Some((soft, hard)) = nofile {
+                // Lowering the soft limit never fails; the hard limit stays the daemon's.
+                let _ = nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    soft,
+                    hard,
+                );
             }
             // Descriptors a parent of ours leaked to us without close-on-exec must not reach the
             // agent. Marking (not closing) keeps std's exec-error pipe working. Old kernels

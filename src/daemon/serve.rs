@@ -2,9 +2,15 @@
 //! on one port, upgrades (WebSocket) enabled, served by hyper-util with axum's router as the
 //! service. **Invariants:** a request head not complete within `header_read_timeout` of its
 //! first byte closes the connection; a connection with no request in flight and no bytes moved
-//! for `idle_timeout` (a fresh one that never sent anything included) is closed; at most `max_connections` sockets are held at once (a socket
-//! over the cap is answered with a canned 503 and closed, never read); an accept error from
-//! descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
+//! for `idle_timeout` (a fresh one that never sent anything included) is closed; at most
+//! `max_connections` sockets are held at once. At the cap, the connection with no request in
+//! flight that has been quiet longest is closed to admit the new one (idle sockets cannot lock
+//! honest clients out); only when every held connection has a request in flight is a socket
+//! refused, with a canned 503 that is never read but always arrives whole (the close lingers
+//! until the client's request bytes are drained, so no reset cuts the answer). Under pressure
+//! (three quarters of the cap held) a new connection that sends nothing is closed after
+//! `FRESH_UNDER_PRESSURE`. A request head is at most `MAX_HEAD_BYTES` (431 above). An accept
+//! error from descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
 //! request in flight, so SSE streams and long POSTs keep working. A panic in a handler becomes a
 //! plain 500 problem (the panic hook logged it once) and the connection goes on.
 
@@ -47,6 +53,22 @@ pub struct Limits {
     pub max_connections: usize,
 }
 
+/// The largest request head (request line and headers) read: HTTP/1.1 answers 431 above it,
+/// HTTP/2 refuses the header list. Hyper's own default is about 400 KiB, which a few hundred
+/// connections could turn into hundreds of MB.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// Under pressure, how long a new connection may stay silent before it is closed.
+pub const FRESH_UNDER_PRESSURE: Duration = Duration::from_secs(2);
+
+/// At the cap, how long the accept loop waits for the slot of the idle connection it closed.
+const EVICT_WAIT: Duration = Duration::from_millis(200);
+
+/// Refused sockets whose close lingers (their request bytes read and discarded, for at most
+/// `LINGER`) at once; past it a refused socket is closed at once.
+const MAX_LINGERING: usize = 256;
+const LINGER: Duration = Duration::from_secs(1);
+
 /// The canned answer to a socket over the cap: written without reading anything, then closed.
 const OVER_CAP: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
 content-type: application/problem+json\r\n\
@@ -66,13 +88,22 @@ pub async fn serve(
     tracker: TaskTracker,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Arc::new(Open::default());
+    let lingering = Arc::new(Semaphore::new(MAX_LINGERING));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // Our own watcher enforces the header-read timeout for both protocols; hyper's h1 one would
     // also cut idle keep-alives at the same deadline, and it needs a timer we do not give it.
-    builder.http1().header_read_timeout(None).keep_alive(true);
+    builder
+        .http1()
+        .header_read_timeout(None)
+        .keep_alive(true)
+        .max_buf_size(MAX_HEAD_BYTES);
     // RFC 8441: WebSockets over HTTP/2 are extended CONNECT requests (`:protocol websocket`),
     // which a server must announce in its SETTINGS before a client may send one.
-    builder.http2().enable_connect_protocol();
+    builder
+        .http2()
+        .enable_connect_protocol()
+        .max_header_list_size(MAX_HEAD_BYTES as u32);
     let builder = Arc::new(builder);
     let mut backoff = Backoff::default();
     let mut over_cap = Burst::default();
@@ -94,20 +125,31 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            // At the cap: close the connection that has been quiet longest with nothing in
+            // flight, and take its slot once its socket is gone.
+            Err(_) if open.evict_quietest() => {
+                tokio::time::timeout(EVICT_WAIT, permits.clone().acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            Err(_) => None,
+        };
+        let Some(permit) = permit else {
             over_cap.hit(|| {
                 tracing::warn!(
                     max_connections = limits.max_connections,
-                    "connection cap reached; answering new connections 503 until some close"
+                    "connection cap reached with a request in flight on every connection; \
+                     answering new connections 503 until some close"
                 )
             });
-            // A fresh socket has nothing unread yet, so closing after the write sends FIN, not
-            // RST, and a client that waits to read gets the whole answer.
-            let _ = stream.try_write(OVER_CAP);
-            drop(stream);
+            refuse(stream, &lingering);
             continue;
         };
         over_cap.end(|n| tracing::info!(refused = n, "below the connection cap again"));
+        let pressure = permits.available_permits() < limits.max_connections / 4;
         // Nagle would hold a small SSE event back behind an unacknowledged one until the
         // client's delayed ACK (up to 40 ms on a real network).
         if let Err(e) = stream.set_nodelay(true) {
@@ -116,6 +158,7 @@ pub async fn serve(
         tracker.spawn(connection(
             stream,
             permit,
+            Registered::new(&open, pressure),
             app.clone(),
             builder.clone(),
             limits,
@@ -125,16 +168,107 @@ pub async fn serve(
     // Dropping the listener here stops the kernel from completing new handshakes for us.
 }
 
+/// Answers a socket over the cap with the canned 503. Its request may already be in the socket's
+/// receive buffer, and closing a socket with unread data sends a reset that can destroy the
+/// answer before the client reads it; so the write side is shut (FIN after the answer) and the
+/// socket kept, reading and discarding, until the client closes or `LINGER` passes (at most
+/// `MAX_LINGERING` such sockets; past that, closed at once).
+fn refuse(stream: TcpStream, lingering: &Arc<Semaphore>) {
+    // A fresh socket's send buffer takes the whole answer at once.
+    let _ = stream.try_write(OVER_CAP);
+    let Ok(slot) = lingering.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        let mut stream = stream;
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+        let mut sink = [0u8; 4096];
+        let mut left = 64usize << 10;
+        let drain = async {
+            while left > 0 {
+                match tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    });
+}
+
+/// Every connection being served (not yet upgraded), for choosing which one to close at the cap.
+#[derive(Default)]
+struct Open {
+    conns: std::sync::Mutex<std::collections::HashMap<u64, Arc<Activity>>>,
+    next: AtomicU64,
+}
+
+impl Open {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Activity>>> {
+        // Held only to insert, remove or scan; a panic cannot leave the map inconsistent.
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the connection with no request in flight that has been quiet longest for closing
+    /// and wakes its driver; false when every connection has a request in flight.
+    fn evict_quietest(&self) -> bool {
+        let conns = self.lock();
+        let victim = conns
+            .values()
+            .filter(|a| {
+                a.in_flight.load(Ordering::Acquire) == 0 && !a.evict.load(Ordering::Relaxed)
+            })
+            .min_by_key(|a| a.quiet_since());
+        match victim {
+            Some(a) => {
+                a.evict.store(true, Ordering::Release);
+                a.wake.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A connection's entry in `Open`, removed when the driver returns (an upgraded socket leaves
+/// the map then, keeping its slot under the cap).
+struct Registered {
+    open: Arc<Open>,
+    id: u64,
+    activity: Arc<Activity>,
+}
+
+impl Registered {
+    fn new(open: &Arc<Open>, pressure: bool) -> Self {
+        let activity = Arc::new(Activity::new(pressure));
+        let id = open.next.fetch_add(1, Ordering::Relaxed);
+        open.lock().insert(id, activity.clone());
+        Registered {
+            open: open.clone(),
+            id,
+            activity,
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.id);
+    }
+}
+
 /// Drives one connection to its end, enforcing the header-read and idle timeouts.
 async fn connection(
     stream: TcpStream,
     permit: OwnedSemaphorePermit,
+    registered: Registered,
     app: Router,
     builder: Arc<hyper_util::server::conn::auto::Builder<TokioExecutor>>,
     limits: Limits,
     stop: CancellationToken,
 ) {
-    let activity = Arc::new(Activity::new());
+    let activity = registered.activity.clone();
     let local = stream.local_addr().ok().map(LocalAddr);
     let io = Tracked {
         inner: stream,
@@ -156,7 +290,12 @@ async fn connection(
     let mut draining = false;
     // Set once the connection was told to close for a timeout; it gets this long to do so.
     let mut closing_by: Option<Instant> = None;
-    let timer = tokio::time::sleep(limits.idle_timeout);
+    let first_check = if activity.pressure {
+        limits.idle_timeout.min(FRESH_UNDER_PRESSURE)
+    } else {
+        limits.idle_timeout
+    };
+    let timer = tokio::time::sleep(first_check);
     tokio::pin!(timer);
     loop {
         tokio::select! {
@@ -175,6 +314,15 @@ async fn connection(
         }
         if closing_by.is_some_and(|by| Instant::now() >= by) {
             return;
+        }
+        // Chosen to make room at the cap while nothing was in flight: closed at once (a request
+        // that began since keeps it open; the accept loop then refuses instead).
+        if activity.evict.load(Ordering::Acquire) {
+            if activity.in_flight.load(Ordering::Acquire) == 0 {
+                tracing::debug!("closing a quiet connection to admit a new one at the cap");
+                return;
+            }
+            activity.evict.store(false, Ordering::Release);
         }
         let next = match activity.verdict(&limits) {
             Verdict::CheckAt(at) => at,
@@ -260,15 +408,24 @@ struct Activity {
     /// When the current wait for a request head began; `NONE` while none is awaited.
     head_since: AtomicU64,
     in_flight: AtomicUsize,
+    /// Set once any byte was read; a connection that never sent one may get a shorter deadline.
+    used: std::sync::atomic::AtomicBool,
+    /// Opened under pressure: closed after `FRESH_UNDER_PRESSURE` if it sends nothing.
+    pressure: bool,
+    /// Chosen by the accept loop to make room at the cap.
+    evict: std::sync::atomic::AtomicBool,
     wake: Notify,
 }
 
 const NONE: u64 = u64::MAX;
 
 impl Activity {
-    fn new() -> Self {
+    fn new(pressure: bool) -> Self {
         Activity {
             born: Instant::now(),
+            used: std::sync::atomic::AtomicBool::new(false),
+            pressure,
+            evict: std::sync::atomic::AtomicBool::new(false),
             last_io: AtomicU64::new(0),
             // A new connection that has sent nothing is idle, not slow: clients open connections
             // ahead of need and keep them pooled, and closing those at the header deadline races
@@ -287,9 +444,17 @@ impl Activity {
         self.born + Duration::from_millis(ms)
     }
 
+    /// When the connection last moved a byte (its birth if never), for choosing a victim.
+    fn quiet_since(&self) -> Instant {
+        self.at(self.last_io.load(Ordering::Relaxed))
+    }
+
     fn on_read(&self) {
         let now = self.now_ms();
         self.last_io.store(now, Ordering::Relaxed);
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
         // The first byte of a new request on an idle connection starts the head clock.
         if self.in_flight.load(Ordering::Acquire) == 0
             && self
@@ -328,7 +493,10 @@ impl Activity {
             // Nothing times out while a request is in flight; look again later.
             return Verdict::CheckAt(self.at(now.saturating_add(idle_ms)));
         }
-        let due = self.last_io.load(Ordering::Relaxed).saturating_add(idle_ms);
+        let mut due = self.last_io.load(Ordering::Relaxed).saturating_add(idle_ms);
+        if self.pressure && !self.used.load(Ordering::Relaxed) {
+            due = due.min(FRESH_UNDER_PRESSURE.as_millis() as u64);
+        }
         if now >= due {
             Verdict::Idle
         } else {

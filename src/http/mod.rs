@@ -233,7 +233,14 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
             resp
         }
     };
-    log_request(&method, uri.path(), probe, started, resp.status().as_u16());
+    log_request(
+        &state.config,
+        &method,
+        uri.path(),
+        probe,
+        started,
+        resp.status().as_u16(),
+    );
     resp
 }
 
@@ -272,15 +279,41 @@ async fn problem_safety_net(state: &AppState, resp: Response) -> Response {
     out
 }
 
-/// One log line per request: method, path (never the query or headers, so never the token),
-/// status and latency to the response head.
-fn log_request(method: &Method, path: &str, probe: bool, started: Instant, status: u16) {
-    let latency_us = started.elapsed().as_micros() as u64;
+/// The request log: method, path (never the query or headers, so never the token), status and
+/// latency to the response head. By default only what an operator must see is logged — a
+/// server error (WARN), a refusal or client error (4xx, INFO), an answer slower than
+/// `--slow-request` (INFO) — and every other request at DEBUG, so a busy daemon writes nothing
+/// per request; `--access-log` logs every request at INFO. The watchdog's own probe is DEBUG.
+fn log_request(
+    config: &Config,
+    method: &Method,
+    path: &str,
+    probe: bool,
+    started: Instant,
+    status: u16,
+) {
+    let latency = started.elapsed();
+    let latency_us = latency.as_micros() as u64;
+    match request_log_level(config, probe, latency, status) {
+        tracing::Level::WARN => tracing::warn!(%method, path, status, latency_us, "request"),
+        tracing::Level::INFO => tracing::info!(%method, path, status, latency_us, "request"),
+        _ => tracing::debug!(%method, path, status, latency_us, "request"),
+    }
+}
+
+fn request_log_level(
+    config: &Config,
+    probe: bool,
+    latency: std::time::Duration,
+    status: u16,
+) -> tracing::Level {
     if probe {
-        tracing::debug!(%method, path, status, latency_us, "request");
+        tracing::Level::DEBUG
     } else if status >= 500 {
-        tracing::warn!(%method, path, status, latency_us, "request");
+        tracing::Level::WARN
+    } else if config.access_log || status >= 400 || latency >= config.slow_request {
+        tracing::Level::INFO
     } else {
-        tracing::info!(%method, path, status, latency_us, "request");
+        tracing::Level::DEBUG
     }
 }

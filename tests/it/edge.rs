@@ -544,30 +544,215 @@ async fn idle_keepalives_close_but_sse_and_long_requests_do_not() {
     assert!(got.contains("after the quiet"), "{got}");
 }
 
+/// Starts a mock instance `s` and opens `n` raw connections that each follow its SSE stream, so
+/// each holds a request in flight for as long as it is open.
+fn busy_connections(d: &Daemon, n: usize) -> Vec<TcpStream> {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}"#;
+    let (status, text) = raw(
+        &d.addr,
+        &format!(
+            "POST /v1/acp/s?agent=mock HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        ),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+    (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(&d.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(
+                b"GET /v1/acp/s HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n",
+            )
+            .unwrap();
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                assert_eq!(s.read(&mut b).unwrap(), 1, "the SSE head");
+                head.push(b[0]);
+            }
+            assert!(
+                head.starts_with(b"HTTP/1.1 200"),
+                "{}",
+                String::from_utf8_lossy(&head)
+            );
+            s
+        })
+        .collect()
+}
+
+/// With a request in flight on every held connection, a new one is refused with the canned 503
+/// — whole, although the client sent its request first (a plain close with those bytes unread
+/// would reset the connection and destroy the answer) — and service resumes once some close.
 #[test]
-fn connections_over_the_cap_get_503_and_service_resumes() {
-    let d = Daemon::builder()
-        .args(["--max-connections", "8", "--header-read-timeout", "60s"])
-        .start();
-    let held: Vec<TcpStream> = (0..8)
-        .map(|_| TcpStream::connect(&d.addr).unwrap())
-        .collect();
-    // The slots are taken as the daemon accepts; the next connection is answered 503 unread.
-    let text = eventually(Duration::from_secs(5), "a 503 over the cap", || {
+fn at_the_cap_with_every_connection_busy_the_refusal_arrives_whole() {
+    let d = Daemon::builder().args(["--max-connections", "8"]).start();
+    let held = busy_connections(&d, 8);
+    for i in 0..40 {
         let mut s = TcpStream::connect(&d.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Ignored: the daemon may have answered and shut its side already.
+        let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n");
         let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
+        let r = s.read_to_end(&mut out);
         let text = String::from_utf8_lossy(&out).into_owned();
-        text.starts_with("HTTP/1.1 503").then_some(text)
-    });
-    assert!(text.contains("retry-after: 1"), "{text}");
-    assert!(text.contains("application/problem+json"), "{text}");
+        assert!(
+            r.is_ok(),
+            "attempt {i}: {r:?} after {} bytes: {text}",
+            out.len()
+        );
+        assert!(text.starts_with("HTTP/1.1 503"), "attempt {i}: {text}");
+        assert!(text.contains("retry-after: 1"), "{text}");
+        assert_problem(&text, 503);
+        assert!(text.ends_with("retry\"}"), "attempt {i}: cut short: {text}");
+    }
     drop(held);
     eventually(Duration::from_secs(5), "service after the cap", || {
         let (status, _) = get_with_host(&d.addr, "/v1/health", "localhost");
         (status == 200).then_some(())
     });
+}
+
+/// Hundreds of connections that never send a byte cannot lock honest clients out: at the cap the
+/// quietest idle connection is closed to admit the new one, so every honest request on a fresh
+/// connection is served, and quickly, while the attack goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_at_the_cap_make_room_for_honest_clients() {
+    const CAP: usize = 32;
+    let d = Daemon::builder()
+        .args([
+            "--max-connections",
+            &CAP.to_string(),
+            "--idle-timeout",
+            "60s",
+        ])
+        .start();
+    let addr = d.addr.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && held.len() < 600 {
+                if let Ok(s) = TcpStream::connect(&addr) {
+                    held.push(s);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            held.len()
+        })
+    };
+    // Let the attack fill the cap first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sandbox_agent::install_crypto_provider();
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut latencies = Vec::new();
+    for i in 0..100 {
+        let t = Instant::now();
+        let r = c.get(d.url("/v1/health")).send().await;
+        let r = r.unwrap_or_else(|e| panic!("honest request {i}: {e}"));
+        assert_eq!(r.status(), 200, "honest request {i}");
+        latencies.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = tokio::task::spawn_blocking(move || attack.join().unwrap())
+        .await
+        .unwrap();
+    assert!(opened > CAP * 4, "the attack opened only {opened} sockets");
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100];
+    eprintln!(
+        "health during {opened} idle sockets at a cap of {CAP}: p50={:?} p99={p99:?}",
+        latencies[latencies.len() / 2]
+    );
+    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+}
+
+/// Under pressure (three quarters of the cap held) a new connection that sends nothing is closed
+/// within seconds, while one opened before the pressure keeps the whole idle timeout.
+#[test]
+fn a_silent_connection_opened_under_pressure_is_closed_early() {
+    let d = Daemon::builder()
+        .args(["--max-connections", "16", "--idle-timeout", "60s"])
+        .start();
+    let mut early = TcpStream::connect(&d.addr).unwrap();
+    // Make sure it was accepted before the others come.
+    let (status, _) = get_with_host(&d.addr, "/v1/health", "localhost");
+    assert_eq!(status, 200);
+    let mut rest: Vec<TcpStream> = (0..12)
+        .map(|_| TcpStream::connect(&d.addr).unwrap())
+        .collect();
+    let t = Instant::now();
+    let last = rest.last_mut().unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the late silent socket closed",
+        || closed_by_peer(last).then_some(()),
+    );
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(8), "closed after {took:?}");
+    assert!(
+        !closed_by_peer(&mut early),
+        "the socket opened before the pressure stays"
+    );
+}
+
+/// A request head is capped: a 100 KB header is answered 431, not buffered.
+#[test]
+fn a_huge_request_head_is_431() {
+    let d = Daemon::start();
+    let big = "a".repeat(100_000);
+    let (status, text) = raw(
+        &d.addr,
+        &format!("GET /v1/health HTTP/1.1\r\nHost: localhost\r\nX-Big: {big}\r\n\r\n"),
+        b"",
+    );
+    assert_eq!(status, 431, "{text}");
+    let (status, _) = get_with_host(&d.addr, "/v1/health", "localhost");
+    assert_eq!(status, 200);
+}
+
+/// The soft open-file limit is raised to the hard limit at start (and logged); agents get the
+/// original soft limit back.
+#[tokio::test]
+async fn the_open_file_limit_is_raised_for_the_daemon_only() {
+    if !have("prlimit") {
+        crate::support::skip("prlimit (util-linux) is not installed");
+        return;
+    }
+    let d = Daemon::builder()
+        .wrapper(["prlimit", "--nofile=1024:8192", "--"])
+        .start();
+    let soft_of = |pid: u32| -> u64 {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap()
+            .to_string();
+        line.split_whitespace().nth(3).unwrap().parse().unwrap()
+    };
+    assert_eq!(soft_of(d.pid()), 8192);
+    assert!(
+        d.stderr().contains("raised the open-file limit"),
+        "{}",
+        d.stderr()
+    );
+    let r = d
+        .client()
+        .post(d.url("/v1/acp/lim?agent=mock"))
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let agent = d.servers().await[0]["pid"].as_u64().unwrap() as u32;
+    assert_eq!(soft_of(agent), 1024, "the agent's soft limit");
 }
 
 /// CPU time (user + system, in clock ticks) of `pid` so far.
@@ -962,4 +1147,75 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
         !log.contains("access_token"),
         "a query reached the log:\n{log}"
     );
+}
+
+/// The request-log lines of `d`'s log with `status`.
+fn request_lines(d: &Daemon, status: u16) -> Vec<String> {
+    d.stderr()
+        .lines()
+        .filter(|l| l.contains(": request ") && l.contains(&format!("status={status} ")))
+        .map(str::to_string)
+        .collect()
+}
+
+fn latency_us(line: &str) -> u64 {
+    let v = line.split("latency_us=").nth(1).expect("latency_us");
+    v.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// By default a quick successful request writes no log line (a busy daemon must not flood its
+/// log), while a refusal and a slow answer are still logged; `--access-log` logs every request.
+/// The 404 is sent last: the log writer keeps the order, so once its line is there, every
+/// earlier one would be too.
+#[tokio::test]
+async fn the_request_log_is_quiet_by_default_and_complete_with_access_log() {
+    for access_log in [false, true] {
+        let mut b = Daemon::builder().args(["--slow-request", "200ms"]);
+        if access_log {
+            b = b.arg("--access-log");
+        }
+        let d = b.start();
+        let c = d.client();
+        for _ in 0..20 {
+            let r = c.get(d.url("/v1/health")).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+        }
+        let acp = d.url("/v1/acp/slow?agent=mock");
+        for (id, method, params) in [
+            (1, "initialize", json!({"protocolVersion": 1})),
+            (2, "session/new", json!({"cwd": "/tmp", "mcpServers": []})),
+            (
+                3,
+                "session/prompt",
+                json!({"sessionId": "mock-1", "prompt": [{"type": "text", "text": "/sleep 400"}]}),
+            ),
+        ] {
+            let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            let r = c.post(&acp).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{method}");
+        }
+        let r = c.get(d.url("/v1/no-such-route")).send().await.unwrap();
+        assert_eq!(r.status(), 404);
+        eventually(Duration::from_secs(10), "the 404's log line", || {
+            (request_lines(&d, 404).len() == 1).then_some(())
+        });
+        let ok = request_lines(&d, 200);
+        let health = ok.iter().filter(|l| l.contains("/v1/health")).count();
+        let slow = ok
+            .iter()
+            .filter(|l| l.contains("/v1/acp/slow") && latency_us(l) >= 400_000)
+            .count();
+        assert_eq!(slow, 1, "the slow prompt is logged:\n{}", d.stderr());
+        if access_log {
+            assert_eq!(health, 20, "{}", d.stderr());
+            assert_eq!(ok.len(), 23, "{}", d.stderr());
+        } else {
+            assert_eq!(health, 0, "{}", d.stderr());
+            assert!(
+                ok.iter().all(|l| latency_us(l) >= 200_000),
+                "only slow answers are logged by default:\n{}",
+                d.stderr()
+            );
+        }
+    }
 }
