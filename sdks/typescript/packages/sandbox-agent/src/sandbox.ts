@@ -7,7 +7,8 @@
  * Invariants: every wait is bounded (`healthTimeoutMs`, each probe `probeTimeoutMs`); a failure
  * is a {@link SandboxStartError} naming the step (create, start, health, auth, connect) and
  * carrying the provider's (or the daemon's) own error as `cause`; a sandbox this call created is
- * destroyed again when the start fails (one it only reconnected to is left as it was).
+ * removed again when the start fails (`kill`, else `destroy`; one it only reconnected to is left
+ * as it was).
  * Browser-safe: nothing here needs Node.
  */
 import { SandboxAgentClient, type SandboxAgentClientOptions } from "./client.js";
@@ -181,7 +182,8 @@ export class SandboxAgent extends SandboxAgentClient {
       }
       return agent;
     } catch (error) {
-      if (created) await provider.destroy(rawId).catch(() => {});
+      // The sandbox never served anyone: remove it at once (`kill`), else through `destroy`.
+      if (created) await (provider.kill ? provider.kill(rawId) : provider.destroy(rawId)).catch(() => {});
       throw error;
     }
   }
