@@ -22,6 +22,7 @@ export interface DockerContainerLike {
   start(options?: Record<string, unknown>): Promise<unknown>;
   stop(options?: Record<string, unknown>): Promise<unknown>;
   remove(options?: Record<string, unknown>): Promise<unknown>;
+  kill(options?: Record<string, unknown>): Promise<unknown>;
   unpause(options?: Record<string, unknown>): Promise<unknown>;
   inspect(options?: Record<string, unknown>): Promise<any>;
 }
@@ -163,6 +164,9 @@ export function docker(options: DockerProviderOptions = {}): SandboxProvider & {
     async kill(id) {
       const found = await ignoring([404], () => ours(id));
       if (!found) return;
+      // SIGKILL first: Podman's forced removal would give the container its stop timeout.
+      // (Killing a container that is not running fails; the removal below still reports errors.)
+      await found.container.kill({ signal: "SIGKILL" }).catch(() => {});
       await ignoring([404, 409], () => found.container.remove({ force: true, v: true }));
     },
 
