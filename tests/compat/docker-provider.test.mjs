@@ -90,8 +90,10 @@ test("the published SDK's own SandboxAgent.start with its docker provider drives
   const sa = await PublishedSandboxAgent.start({ sandbox: publishedDocker({ image }) });
   const raw = sa.sandboxId.slice("docker/".length);
   try {
-    assert.deepEqual(await sa.getHealth(), { status: "ok" });
+    // Its start() returns before the daemon answers; createSession() waits for health (getHealth()
+    // would not), so it comes first.
     const session = await sa.createSession({ agent: "mock" });
+    assert.deepEqual(await sa.getHealth(), { status: "ok" });
     const events = [];
     session.onEvent((e) => void events.push(e));
     const asked = [];
@@ -114,6 +116,8 @@ test("the published SDK's own SandboxAgent.start with its docker provider drives
     await sa.destroySandbox();
     assert.ok(await gone(raw), "the container is removed");
   } finally {
+    // Its health wait has no deadline by default: dispose() ends it, or node would never exit.
+    await sa.dispose().catch(() => {});
     await engine.getContainer(raw).remove({ force: true }).catch(() => {});
   }
 });
