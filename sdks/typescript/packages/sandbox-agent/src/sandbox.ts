@@ -145,39 +145,41 @@ export class SandboxAgent extends SandboxAgentClient {
     }
     const id = `${provider.name}/${rawId}`;
     try {
-      let baseUrl: string | undefined;
-      let fetcher = options.fetch;
       let token = options.token;
       try {
         if (!created) {
           await provider.reconnect?.(rawId);
           await provider.ensureServer?.(rawId);
         }
-        if (!fetcher && provider.getFetch) fetcher = await provider.getFetch(rawId);
-        if (provider.getUrl) baseUrl = await provider.getUrl(rawId);
         if (token === undefined && provider.getToken) token = await provider.getToken(rawId);
       } catch (error) {
         throw new SandboxStartError("start", provider.name, id, error);
       }
+      const reach = async (): Promise<Endpoint> => {
+        try {
+          return await endpoint(provider, rawId, options.fetch);
+        } catch (error) {
+          throw new SandboxStartError("start", provider.name, id, error);
+        }
+      };
+      let where = await reach();
+      if (!options.skipHealthCheck) where = await waitForHealth(options, provider, rawId, id, where, token, reach);
       const agent = new SandboxAgent({
         ...options,
-        baseUrl: (baseUrl ?? "http://sandbox").replace(/\/+$/, ""),
+        baseUrl: where.baseUrl,
         token,
-        fetch: fetcher,
+        fetch: where.fetch,
         agent: options.agent ?? "mock",
         autoConnect: false,
       });
       agent.provider = provider;
       agent.rawId = rawId;
-      if (!options.skipHealthCheck) {
-        await agent.waitForHealth(options, id);
-        if (options.autoConnect ?? true) {
-          try {
-            await agent.connect();
-          } catch (error) {
-            await agent.disconnect().catch(() => {});
-            throw new SandboxStartError("connect", provider.name, id, error);
-          }
+      if (!options.skipHealthCheck && (options.autoConnect ?? true)) {
+        try {
+          await agent.connect();
+        } catch (error) {
+          await agent.disconnect().catch(() => {});
+          throw new SandboxStartError("connect", provider.name, id, error);
         }
       }
       return agent;
@@ -232,68 +234,94 @@ export class SandboxAgent extends SandboxAgentClient {
     this.rawId = undefined;
     await step(provider, rawId);
   }
+}
 
-  /** Probes `/v1/health` with a doubling back-off until it answers, a deadline, or a refusal. */
-  private async waitForHealth(options: SandboxStartOptions, id: string): Promise<void> {
-    const provider = this.provider!;
-    const timeoutMs = options.healthTimeoutMs ?? 120_000;
-    const probeMs = options.probeTimeoutMs ?? 5_000;
-    const ensureAfter = options.ensureServerAfter ?? 3;
-    const deadline = Date.now() + timeoutMs;
-    let delay = FIRST_DELAY_MS;
-    let failures = 0;
-    let probes = 0;
-    let last: unknown = new Error("no probe finished");
-    for (;;) {
-      options.signal?.throwIfAborted();
-      probes++;
-      const left = deadline - Date.now();
-      const signals = [AbortSignal.timeout(Math.max(1, Math.min(probeMs, left)))];
-      if (options.signal) signals.push(options.signal);
-      try {
-        const res = await this.fetcher(`${this.baseUrl}/v1/health`, {
-          headers: this.authHeaders(),
-          signal: AbortSignal.any(signals),
-        });
-        const body = await res.text().catch(() => "");
-        if (res.status === 401 || res.status === 403) {
-          throw new SandboxStartError(
-            "auth",
-            provider.name,
-            id,
-            new Error(`GET /v1/health answered ${res.status}: ${body.slice(0, 500)}`),
-            `the daemon refused the token (HTTP ${res.status})`,
-          );
-        }
-        if (res.ok) return;
-        last = new Error(`GET /v1/health answered ${res.status}: ${body.slice(0, 500)}`);
-      } catch (error) {
-        if (error instanceof SandboxStartError) throw error;
-        options.signal?.throwIfAborted();
-        last = error;
-      }
-      failures++;
-      if (failures >= ensureAfter && provider.ensureServer && this.rawId !== undefined) {
-        failures = 0;
-        try {
-          await provider.ensureServer(this.rawId);
-        } catch (error) {
-          last = error;
-        }
-      }
-      const wait = Math.min(delay, deadline - Date.now());
-      if (wait <= 0) {
+interface Endpoint {
+  baseUrl: string;
+  fetch?: typeof globalThis.fetch;
+}
+
+/** Where the daemon of a sandbox answers: the provider's URL and/or fetch (re-read after `ensureServer`). */
+async function endpoint(provider: SandboxProvider, rawId: string, own?: typeof globalThis.fetch): Promise<Endpoint> {
+  const fetch = own ?? (provider.getFetch ? await provider.getFetch(rawId) : undefined);
+  const url = provider.getUrl ? await provider.getUrl(rawId) : undefined;
+  return { baseUrl: (url ?? "http://sandbox").replace(/\/+$/, ""), fetch };
+}
+
+/**
+ * Probes `/v1/health` with a doubling back-off until it answers 200 (resolves with the endpoint
+ * that answered), a 401/403 (step auth), or the deadline (step health). After `ensureServerAfter`
+ * failures in a row, calls `ensureServer` and asks the provider for the endpoint again (a
+ * restarted server may have moved).
+ */
+async function waitForHealth(
+  options: SandboxStartOptions,
+  provider: SandboxProvider,
+  rawId: string,
+  id: string,
+  first: Endpoint,
+  token: string | undefined,
+  reach: () => Promise<Endpoint>,
+): Promise<Endpoint> {
+  const timeoutMs = options.healthTimeoutMs ?? 120_000;
+  const probeMs = options.probeTimeoutMs ?? 5_000;
+  const ensureAfter = options.ensureServerAfter ?? 3;
+  const deadline = Date.now() + timeoutMs;
+  const headers: Record<string, string> = { ...(options.headers ?? {}) };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let where = first;
+  let delay = FIRST_DELAY_MS;
+  let failures = 0;
+  let probes = 0;
+  let last: unknown = new Error("no probe finished");
+  for (;;) {
+    options.signal?.throwIfAborted();
+    probes++;
+    const left = deadline - Date.now();
+    const signals = [AbortSignal.timeout(Math.max(1, Math.min(probeMs, left)))];
+    if (options.signal) signals.push(options.signal);
+    try {
+      const fetcher = where.fetch ?? globalThis.fetch;
+      const res = await fetcher(`${where.baseUrl}/v1/health`, { headers, signal: AbortSignal.any(signals) });
+      const body = await res.text().catch(() => "");
+      if (res.status === 401 || res.status === 403) {
         throw new SandboxStartError(
-          "health",
+          "auth",
           provider.name,
           id,
-          last,
-          `GET ${this.baseUrl}/v1/health did not answer within ${timeoutMs} ms (${probes} probes; last: ${describe(last)})`,
+          new Error(`GET /v1/health answered ${res.status}: ${body.slice(0, 500)}`),
+          `the daemon refused the token (HTTP ${res.status})`,
         );
       }
-      await sleep(wait, options.signal);
-      delay = Math.min(MAX_DELAY_MS, delay * 2);
+      if (res.ok) return where;
+      last = new Error(`GET /v1/health answered ${res.status}: ${body.slice(0, 500)}`);
+    } catch (error) {
+      if (error instanceof SandboxStartError) throw error;
+      options.signal?.throwIfAborted();
+      last = error;
     }
+    failures++;
+    if (failures >= ensureAfter && provider.ensureServer) {
+      failures = 0;
+      try {
+        await provider.ensureServer(rawId);
+        where = await reach();
+      } catch (error) {
+        last = error;
+      }
+    }
+    const wait = Math.min(delay, deadline - Date.now());
+    if (wait <= 0) {
+      throw new SandboxStartError(
+        "health",
+        provider.name,
+        id,
+        last,
+        `GET ${where.baseUrl}/v1/health did not answer within ${timeoutMs} ms (${probes} probes; last: ${describe(last)})`,
+      );
+    }
+    await sleep(wait, options.signal);
+    delay = Math.min(MAX_DELAY_MS, delay * 2);
   }
 }
 
