@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds docker/Dockerfile with podman, without pulling anything, under a tag named after what
 # went into it (the binary, the Dockerfile and the base tree), so every test that needs the image
-# reuses one build: a second call with the same inputs only prints the tag. The base image is the
+# reuses one build: a second call with the same inputs only prints the tag. The base image is
+# kept across binaries; test images of earlier binaries older than an hour are removed. The base image is the
 # debootstrap tree ROOT plus the host's node and npm, imported under a local name, as
 # podman-image.sh does. Usage: build-image.sh ROOT BINARY. Prints the image name on stdout; the
 # build's log goes to stderr when it fails.
@@ -11,10 +12,11 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 pm() { podman --runtime runc "$@"; }
 node=$(readlink -f "$(command -v node)")
 npm_dir=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
-sum=$({ sha256sum "$bin" "$repo/docker/Dockerfile" "$node" | cut -d' ' -f1; stat -c %Y "$root/.complete"; } |
+base_sum=$({ sha256sum "$node" | cut -d' ' -f1; echo "$npm_dir"; stat -c %Y "$root/.complete"; } |
   sha256sum | cut -c1-16)
+sum=$({ sha256sum "$bin" "$repo/docker/Dockerfile" | cut -d' ' -f1; echo "$base_sum"; } | sha256sum | cut -c1-16)
 image=localhost/sandbox-agent:test-$sum
-base=localhost/sandbox-agent-test-base:$sum
+base=localhost/sandbox-agent-test-base:b$base_sum
 if pm image exists "$image"; then
   echo "$image"
   exit 0
@@ -49,4 +51,10 @@ objcopy --strip-debug "$ctx/sandbox-agent" 2>/dev/null || true
 pm build -q --pull=never --network=none --format docker --build-arg "BASE=$base" \
   --build-arg SANDBOX_AGENT_BINARY=sandbox-agent -f "$repo/docker/Dockerfile" -t "$image" \
   "$ctx" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+# Earlier builds (another binary) older than an hour go; one a container still uses stays.
+for old in $(pm images --filter 'reference=localhost/sandbox-agent:test-*' \
+  --filter 'reference=localhost/sandbox-agent-test-base:b*' --filter until=1h \
+  --format '{{.Repository}}:{{.Tag}}'); do
+  [ "$old" = "$image" ] || [ "$old" = "$base" ] || pm rmi "$old" >/dev/null 2>&1 || true
+done
 echo "$image"
