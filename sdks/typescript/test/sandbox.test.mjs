@@ -212,3 +212,30 @@ test("sandbox-agent/local's SandboxAgent.start() takes a provider too", async ()
   await sa.destroySandbox();
   assert.equal(p.daemons.size, 0);
 });
+
+test("the docker and kubernetes providers load their engine clients; an unreachable engine fails at step create", async () => {
+  const { docker } = await import("sandbox-agent/docker");
+  const e1 = await SandboxAgent.start({ sandbox: docker({ socketPath: "/nonexistent/docker.sock" }) }).catch((e) => e);
+  assert.ok(e1 instanceof SandboxStartError, String(e1));
+  assert.equal(e1.step, "create");
+  assert.equal(e1.provider, "docker");
+  assert.equal(e1.cause.code, "ENOENT", `dockerode's own error: ${e1.cause}`);
+
+  const k8s = await import("@kubernetes/client-node");
+  const { kubernetes } = await import("sandbox-agent/kubernetes");
+  const kc = new k8s.KubeConfig();
+  kc.loadFromOptions({
+    clusters: [{ name: "c", server: await closedPortUrl(), skipTLSVerify: true }],
+    users: [{ name: "u", token: "t" }],
+    contexts: [{ name: "x", cluster: "c", user: "u", namespace: "team-a" }],
+    currentContext: "x",
+  });
+  const provider = kubernetes({ kubeConfig: kc });
+  assert.equal(await provider.namespace, "team-a", "the context's namespace");
+  const e2 = await SandboxAgent.start({ sandbox: provider }).catch((e) => e);
+  assert.ok(e2 instanceof SandboxStartError, String(e2));
+  assert.equal(e2.step, "create");
+  assert.equal(e2.provider, "kubernetes");
+  assert.match(String(e2.cause?.message ?? e2.cause), /ECONNREFUSED|connect|fetch failed/i);
+  await provider.close();
+});
