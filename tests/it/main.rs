@@ -14,6 +14,7 @@ mod mock_agent;
 mod openapi;
 mod packaging;
 mod processes;
+mod providers;
 mod real_agents;
 mod sdk;
 mod supervisor;

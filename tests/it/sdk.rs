@@ -32,6 +32,10 @@ fn typescript_sdk_npm_test_passes_against_this_daemon() {
         // The suite still runs; its browser test skips (or fails under strict mode) on its own.
         skip("no /usr/bin/chromium: the SDK's browser test cannot run (.ci/install-sdk.sh)");
     }
+    // `npm test` rebuilds dist/, which the provider suites import.
+    let _build = crate::support::SDK_BUILD
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let log = std::env::temp_dir().join(format!("sdk-npm-test-{}.log", std::process::id()));
     let out = std::fs::File::create(&log).expect("log file");
     let mut child = Command::new("npm")

@@ -7,8 +7,14 @@ root=${1:?usage: rootfs.sh ROOT}
 if [ -e "$root/.complete" ]; then
   exit 0
 fi
-rm -rf "$root"
 mkdir -p "$(dirname "$root")"
+# One build at a time: the packaging and the provider tests may ask for it at once.
+exec 9>"$root.lock"
+flock 9
+if [ -e "$root/.complete" ]; then
+  exit 0
+fi
+rm -rf "$root"
 mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 mirror=${mirror:-http://deb.debian.org/debian}
 # procps for pgrep/ps inside, curl to talk HTTP inside the machine's private network.

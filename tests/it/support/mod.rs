@@ -480,6 +480,10 @@ pub fn bin_for_any_user() -> &'static Path {
     })
 }
 
+/// Held while something builds or runs the TypeScript SDK's `dist/` (`tsc -b`): the SDK suite
+/// (sdk.rs) and the provider suites (providers.rs) must not rewrite it under each other.
+pub static SDK_BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Says why a test is skipped (the test then returns early). A skip must never pass unseen:
 /// with `SANDBOX_AGENT_TESTS_STRICT=1` (set by `.ci/run`, which installs every tool the tests
 /// need) a skip fails the test; otherwise it is printed and appended to

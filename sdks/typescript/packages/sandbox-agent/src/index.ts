@@ -1,6 +1,7 @@
 /**
  * `sandbox-agent`: the TypeScript SDK of the Sandbox Agent daemon. Browser-safe: Node-only parts
- * live in `sandbox-agent/local` (starting a daemon) and `sandbox-agent/file-store`.
+ * live in `sandbox-agent/local` (starting a daemon), `sandbox-agent/file-store` and the sandbox
+ * providers `sandbox-agent/docker` and `sandbox-agent/kubernetes`.
  */
 export {
   SandboxAgentClient,
@@ -11,6 +12,14 @@ export {
   type NewSessionOptions,
   type PromptOptions,
 } from "./client.js";
+export {
+  SandboxAgent,
+  SandboxStartError,
+  SandboxDetachedError,
+  type SandboxProvider,
+  type SandboxStartOptions,
+  type SandboxStep,
+} from "./sandbox.js";
 export { HostApi, type HostOptions, type BodySource, type ConfigKey } from "./host.js";
 export {
   ProcessTerminalSession,

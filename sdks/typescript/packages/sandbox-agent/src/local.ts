@@ -1,14 +1,16 @@
 /**
  * Local mode (Node only; import `sandbox-agent/local`): `SandboxAgent.start()` runs a daemon from a
  * binary on this machine, waits until it answers, and returns a connected client that stops the
- * daemon on `dispose()`.
+ * daemon on `dispose()`. Given `{ sandbox: provider }` instead, `start()` is the root package's
+ * `SandboxAgent.start()` (a sandbox from a provider).
  *
  * Invariants: the start is bounded (`startTimeoutMs`); a daemon that fails to start is killed and
  * its stderr tail is in the error; `dispose()` always ends the child (TERM, then KILL after
  * `stopTimeoutMs`).
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { SandboxAgentClient, type SandboxAgentClientOptions } from "./client.js";
+import type { SandboxAgentClientOptions } from "./client.js";
+import { SandboxAgent as SandboxAgentBase, type SandboxStartOptions } from "./sandbox.js";
 
 export interface StartOptions extends Omit<SandboxAgentClientOptions, "baseUrl" | "token" | "agent"> {
   /** The `sandbox-agent` binary; default: `sandbox-agent` on PATH. */
@@ -29,13 +31,20 @@ export interface StartOptions extends Omit<SandboxAgentClientOptions, "baseUrl" 
   stopTimeoutMs?: number;
 }
 
-export class SandboxAgent extends SandboxAgentClient {
+export class SandboxAgent extends SandboxAgentBase {
   private child: ChildProcess | null = null;
   private stopTimeoutMs = 15_000;
   private exited: Promise<void> = Promise.resolve();
 
-  /** Starts a daemon and returns a client connected to it. */
-  static async start(options: StartOptions = {}): Promise<SandboxAgent> {
+  /** Starts a daemon and returns a client connected to it (or, with `sandbox`, uses the provider). */
+  static override start(options: SandboxStartOptions): Promise<SandboxAgentBase>;
+  static override start(options?: StartOptions): Promise<SandboxAgent>;
+  static override async start(options: StartOptions | SandboxStartOptions = {}): Promise<SandboxAgentBase> {
+    if ("sandbox" in options && options.sandbox) return SandboxAgentBase.start(options);
+    return SandboxAgent.startLocal(options as StartOptions);
+  }
+
+  private static async startLocal(options: StartOptions): Promise<SandboxAgent> {
     const bin = options.binaryPath ?? "sandbox-agent";
     const args = ["server", "--host", "127.0.0.1", "--port", String(options.port ?? 0), "--log-format", "text"];
     if (options.token) args.push("--token", options.token);
@@ -76,7 +85,7 @@ export class SandboxAgent extends SandboxAgentClient {
   }
 
   /** Disconnects and stops the daemon (SIGTERM, then SIGKILL after `stopTimeoutMs`). */
-  async dispose(): Promise<void> {
+  override async dispose(): Promise<void> {
     await this.disconnect().catch(() => {});
     const child = this.child;
     if (!child) return;
@@ -87,7 +96,7 @@ export class SandboxAgent extends SandboxAgentClient {
     clearTimeout(killer);
   }
 
-  async [Symbol.asyncDispose](): Promise<void> {
+  override async [Symbol.asyncDispose](): Promise<void> {
     await this.dispose();
   }
 }
