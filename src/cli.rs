@@ -43,6 +43,31 @@ pub enum Command {
     MockAgent,
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
+    /// Ask a running daemon how it is: health, version, instance and process counts
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the agent instances of a running daemon (the `GET /v1/acp` table)
+    Instances {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Talk to one agent instance of a running daemon: send, stream, stop
+    Acp {
+        #[command(subcommand)]
+        command: AcpCommand,
+    },
+    /// Run, start, list, follow and stop programs through a running daemon
+    Processes {
+        #[command(subcommand)]
+        command: ProcessesCommand,
+    },
+    /// List, download and upload files through a running daemon
+    Fs {
+        #[command(subcommand)]
+        command: FsCommand,
+    },
     /// Internal: a warm spawn waiting on the control socket `fd` for the program to exec
     #[command(name = "spawn-stub", hide = true)]
     SpawnStub { fd: i32 },
@@ -73,6 +98,193 @@ pub enum AgentsCommand {
         agent_process_version: Option<String>,
         #[command(flatten)]
         settings: AgentsArgs,
+    },
+}
+
+/// How the client commands (`status`, `instances`, `acp`, `processes`, `fs`) reach the daemon:
+/// the server's own address and token settings (same flags, variables and config-file keys, so
+/// the daemon's config file serves both), plus `--url` and `--json`.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Daemon and output")]
+pub struct ClientArgs {
+    /// TOML file of the daemon's settings; only `host`, `port`, `token` and `token_file` are read
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The daemon's address; an unspecified one (0.0.0.0, ::) means loopback [default: 127.0.0.1]
+    #[arg(long, env = "SANDBOX_AGENT_HOST", value_name = "ADDR")]
+    pub host: Option<String>,
+
+    /// The daemon's port [default: 2468]
+    #[arg(long, env = "SANDBOX_AGENT_PORT", value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// The daemon's base URL (e.g. http://127.0.0.1:2468); overrides --host and --port
+    #[arg(long, env = "SANDBOX_AGENT_URL", value_name = "URL")]
+    pub url: Option<String>,
+
+    /// Bearer token the daemon requires
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
+    /// Read the bearer token from this file (surrounding whitespace ignored)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Print JSON (one document, or one line per event when following) instead of tables
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AcpCommand {
+    /// POST one JSON-RPC message to an instance and print the answer
+    Send {
+        /// The instance's serverId
+        #[arg(value_name = "SERVER_ID")]
+        server_id: String,
+        /// The JSON-RPC message, as JSON text; `-` reads it from stdin
+        #[arg(value_name = "JSON")]
+        message: String,
+        /// Agent to start when SERVER_ID does not exist yet (e.g. mock, claude)
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Follow an instance's event stream, one JSON line per event, until it ends
+    Stream {
+        /// The instance's serverId
+        #[arg(value_name = "SERVER_ID")]
+        server_id: String,
+        /// Start after this event id (0: every event still kept) [default: every event kept]
+        #[arg(long, value_name = "ID")]
+        from: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Detach an instance and stop its agent
+    Stop {
+        /// The instance's serverId
+        #[arg(value_name = "SERVER_ID")]
+        server_id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// What `processes run` and `processes start` launch.
+#[derive(Debug, Clone, Args)]
+pub struct ProcessSpec {
+    /// Working directory (relative: beneath the daemon's --work-dir)
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Extra environment variable for the program (repeatable)
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The program and its arguments (put `--` before them when they start with `-`)
+    #[arg(value_name = "COMMAND", required = true, trailing_var_arg = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProcessesCommand {
+    /// Run a program to completion; print its output and exit with its exit code
+    Run {
+        /// Kill it after this long, e.g. 30s (at most the daemon's limit) [default: the daemon's]
+        #[arg(long, value_name = "DURATION")]
+        timeout: Option<String>,
+        #[command(flatten)]
+        spec: ProcessSpec,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Start a program in the background and print its id
+    Start {
+        #[command(flatten)]
+        spec: ProcessSpec,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the processes
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a process's output (stdout to stdout, stderr to stderr)
+    Logs {
+        /// The process id (proc_N)
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Keep printing new output until the process has exited
+        #[arg(short, long)]
+        follow: bool,
+        /// Only this stream: stdout, stderr, pty or combined [default: all of them]
+        #[arg(long, value_name = "STREAM")]
+        stream: Option<String>,
+        /// Only the last N chunks of output
+        #[arg(long, value_name = "N")]
+        tail: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Stop a process: SIGTERM to its tree, SIGKILL after the daemon's grace
+    Stop {
+        /// The process id (proc_N)
+        #[arg(value_name = "ID")]
+        id: String,
+        /// SIGKILL at once instead
+        #[arg(long)]
+        kill: bool,
+        /// Wait until it has exited, at most this long (at most 60s) [default: 10s]
+        #[arg(long, value_name = "DURATION")]
+        wait: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FsCommand {
+    /// List a directory
+    Ls {
+        /// The directory (relative: beneath the daemon's --work-dir) [default: the work dir]
+        #[arg(value_name = "PATH")]
+        path: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Download a file; LOCAL absent or `-` writes it to stdout
+    Get {
+        /// The file in the sandbox
+        #[arg(value_name = "REMOTE")]
+        remote: String,
+        /// Where to write it (replaced only once the whole file has arrived)
+        #[arg(value_name = "LOCAL")]
+        local: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Upload a file; LOCAL `-` reads stdin
+    Put {
+        /// The file to send, or `-` for stdin
+        #[arg(value_name = "LOCAL")]
+        local: PathBuf,
+        /// Where to write it in the sandbox (parents created; replaced only once complete)
+        #[arg(value_name = "REMOTE")]
+        remote: String,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 

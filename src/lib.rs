@@ -5,6 +5,7 @@ pub mod acp;
 pub mod agents;
 pub mod archive;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod config_store;
 pub mod daemon;

@@ -31,6 +31,13 @@ fn main() -> ExitCode {
         Some(Command::Openapi) => print_openapi(),
         Some(Command::SpawnStub { fd }) => sandbox_agent::supervisor::stub_main(fd),
         Some(Command::Server(args)) => serve(&args),
+        Some(
+            command @ (Command::Status { .. }
+            | Command::Instances { .. }
+            | Command::Acp { .. }
+            | Command::Processes { .. }
+            | Command::Fs { .. }),
+        ) => sandbox_agent::client::run(command),
         None => serve(&cli.server),
     }
 }

@@ -1,0 +1,154 @@
+//! `sandbox-agent acp send|stream|stop`: one agent instance (serverId) of a running daemon.
+
+use std::io::Read;
+
+use reqwest::Method;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+
+use super::api::{Api, ClientError};
+use super::sse::read_events;
+use super::{out, out_json};
+use crate::cli::AcpCommand;
+
+pub async fn run(api: &Api, command: AcpCommand, json: bool) -> Result<u8, ClientError> {
+    match command {
+        AcpCommand::Send {
+            server_id,
+            message,
+            agent,
+            ..
+        } => send(api, &server_id, &message, agent.as_deref(), json).await,
+        AcpCommand::Stream {
+            server_id, from, ..
+        } => stream(api, &server_id, from).await,
+        AcpCommand::Stop { server_id, .. } => stop(api, &server_id, json).await,
+    }
+}
+
+/// POSTs the message as given (checked to be one JSON object, never re-serialized, so key order
+/// and numbers reach the agent untouched) and prints the agent's answer line.
+async fn send(
+    api: &Api,
+    server_id: &str,
+    message: &str,
+    agent: Option<&str>,
+    json: bool,
+) -> Result<u8, ClientError> {
+    let text = if message == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| ClientError::local("reading the message from stdin", e))?;
+        s
+    } else {
+        message.to_string()
+    };
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(v) if v.is_object() => {}
+        Ok(_) => {
+            return Err(ClientError::Usage(
+                "the message must be one JSON-RPC object, e.g. \
+                 '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}'"
+                    .into(),
+            ));
+        }
+        Err(e) => {
+            return Err(ClientError::Usage(format!(
+                "the message is not valid JSON: {e}"
+            )));
+        }
+    }
+    let query: Vec<(&str, &str)> = agent.map(|a| ("agent", a)).into_iter().collect();
+    let rb = api
+        .request(Method::POST, api.url(&["v1", "acp", server_id], &query))
+        .header(CONTENT_TYPE, "application/json")
+        .header(ACCEPT, "application/json")
+        .body(text);
+    let what = format!("sending to {server_id}");
+    let resp = api.send(&what, rb).await?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| api.transport(e))?;
+    if status == reqwest::StatusCode::ACCEPTED || body.is_empty() {
+        // A notification or a response: written to the agent, no answer to print.
+        if json {
+            return out_json(&serde_json::json!({"accepted": true})).map(|()| 0);
+        }
+        eprintln!("sandbox-agent: accepted (a notification or response has no answer)");
+        return Ok(0);
+    }
+    let mut line = body.to_vec();
+    if line.last() != Some(&b'\n') {
+        line.push(b'\n');
+    }
+    out(&line).map(|()| 0)
+}
+
+/// Follows the event stream: one JSON line per event (`{"event":"message","id":N,"data":{…}}`
+/// or `{"event":"gap","data":{"from":F,"to":T}}`). When the daemon ends the stream while the
+/// agent still runs (this reader fell behind), it reconnects after the last id it printed; it
+/// stops once the instance has nothing more (410 gone, 404 deleted) or a reconnection brings
+/// nothing.
+async fn stream(api: &Api, server_id: &str, from: Option<u64>) -> Result<u8, ClientError> {
+    let mut last = from;
+    let mut first = true;
+    loop {
+        let mut rb = api
+            .request(Method::GET, api.url(&["v1", "acp", server_id], &[]))
+            .header(ACCEPT, "text/event-stream");
+        if let Some(id) = last {
+            rb = rb.header("Last-Event-ID", id.to_string());
+        }
+        let what = format!("streaming {server_id}");
+        let resp = match api.send(&what, rb).await {
+            Ok(resp) => resp,
+            Err(e) if !first && matches!(e.status(), Some(404 | 410)) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut delivered = 0u64;
+        read_events(api, resp, |event| {
+            // The daemon sends one JSON object per event; the line is built around it unparsed,
+            // so it is checked first to keep every printed line valid JSON.
+            if serde_json::from_str::<serde::de::IgnoredAny>(&event.data).is_err() {
+                return Err(ClientError::Protocol(format!(
+                    "an event whose data is not JSON: {}",
+                    event.data.chars().take(200).collect::<String>()
+                )));
+            }
+            let line = match event.event.as_str() {
+                "message" => {
+                    let id = event.id.as_deref().and_then(|i| i.parse::<u64>().ok());
+                    let Some(id) = id else {
+                        return Err(ClientError::Protocol(format!(
+                            "an event without a numeric id: {:?}",
+                            event.id
+                        )));
+                    };
+                    last = Some(id);
+                    format!(
+                        "{{\"event\":\"message\",\"id\":{id},\"data\":{}}}\n",
+                        event.data
+                    )
+                }
+                "gap" => format!("{{\"event\":\"gap\",\"data\":{}}}\n", event.data),
+                _ => return Ok(()),
+            };
+            delivered += 1;
+            out(line.as_bytes())
+        })
+        .await?;
+        if !first && delivered == 0 {
+            return Ok(0);
+        }
+        first = false;
+    }
+}
+
+async fn stop(api: &Api, server_id: &str, json: bool) -> Result<u8, ClientError> {
+    let rb = api.request(Method::DELETE, api.url(&["v1", "acp", server_id], &[]));
+    api.send(&format!("stopping {server_id}"), rb).await?;
+    if json {
+        out_json(&serde_json::json!({"serverId": server_id, "stopped": true})).map(|()| 0)
+    } else {
+        out(format!("stopped {server_id}\n").as_bytes()).map(|()| 0)
+    }
+}

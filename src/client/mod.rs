@@ -1,0 +1,114 @@
+//! The command-line client of a running daemon: `sandbox-agent status`, `instances`, `acp …`,
+//! `processes …`, `fs …`. Each command is one or a few HTTP calls on a current-thread runtime;
+//! bodies that can be large (file transfers, followed streams) are streamed, never held whole.
+//! Every failure maps to one exit code by its class (`ClientError::exit_code`, docs/cli.md).
+
+mod acp;
+mod api;
+mod fs;
+mod processes;
+mod sse;
+mod status;
+mod table;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use crate::cli::{ClientArgs, Command};
+use crate::config::ClientTarget;
+pub use api::{Api, ClientError};
+
+/// Runs one client command; `command` is one of the client variants of [`Command`].
+pub fn run(command: Command) -> ExitCode {
+    let Some(args) = client_args(&command) else {
+        eprintln!("sandbox-agent: not a client command");
+        return ExitCode::from(api::EX_USAGE);
+    };
+    let json = args.json;
+    let result = match ClientTarget::load(args) {
+        Ok(target) => execute(command, target, json),
+        Err(e) => Err(ClientError::Config(e.to_string())),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e, json);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn client_args(command: &Command) -> Option<&ClientArgs> {
+    use crate::cli::{AcpCommand as A, FsCommand as F, ProcessesCommand as P};
+    Some(match command {
+        Command::Status { client } | Command::Instances { client } => client,
+        Command::Acp { command } => match command {
+            A::Send { client, .. } | A::Stream { client, .. } | A::Stop { client, .. } => client,
+        },
+        Command::Processes { command } => match command {
+            P::Run { client, .. }
+            | P::Start { client, .. }
+            | P::List { client }
+            | P::Logs { client, .. }
+            | P::Stop { client, .. } => client,
+        },
+        Command::Fs { command } => match command {
+            F::Ls { client, .. } | F::Get { client, .. } | F::Put { client, .. } => client,
+        },
+        _ => return None,
+    })
+}
+
+/// Builds the runtime and the HTTP client, then runs the command to its exit code.
+fn execute(command: Command, target: ClientTarget, json: bool) -> Result<u8, ClientError> {
+    crate::install_crypto_provider();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClientError::Runtime)?;
+    let api = Api::new(target)?;
+    runtime.block_on(async move {
+        match command {
+            Command::Status { .. } => status::status(&api, json).await,
+            Command::Instances { .. } => status::instances(&api, json).await,
+            Command::Acp { command } => acp::run(&api, command, json).await,
+            Command::Processes { command } => processes::run(&api, command, json).await,
+            Command::Fs { command } => fs::run(&api, command, json).await,
+            _ => Err(ClientError::Usage("not a client command".into())),
+        }
+    })
+}
+
+/// One line on stderr: plain words, or with `--json` one JSON object a script can parse.
+fn report(e: &ClientError, json: bool) {
+    let mut err = std::io::stderr().lock();
+    if json {
+        let line = serde_json::json!({
+            "error": e.class(),
+            "exitCode": e.exit_code(),
+            "message": e.to_string(),
+            "status": e.status(),
+            "problem": e.problem(),
+        });
+        let _ = writeln!(err, "{line}");
+    } else {
+        let _ = writeln!(err, "sandbox-agent: {}", e.to_string().trim_end());
+    }
+}
+
+/// Writes to stdout; a failed write is a `ClientError::Stdout` (a closed pipe ends quietly).
+fn out(bytes: &[u8]) -> Result<(), ClientError> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(ClientError::Stdout)
+}
+
+/// Writes one JSON document (or event) as one line on stdout.
+fn out_json(value: &serde_json::Value) -> Result<(), ClientError> {
+    let mut line = serde_json::to_vec(value).expect("a Value always serializes");
+    line.push(b'\n');
+    out(&line)
+}
