@@ -1131,6 +1131,21 @@ fn client_host(host: &str) -> String {
 mod tests {
     use super::*;
 
+    fn check_client_host(input: &str, expected: &str) {
+        assert_eq!(client_host(input), expected, "{input}");
+    }
+
+    #[test]
+    fn client_hosts() {
+        check_client_host("127.0.0.1", "127.0.0.1");
+        check_client_host("0.0.0.0", "127.0.0.1");
+        check_client_host("::", "[::1]");
+        check_client_host("[::]", "[::1]");
+        check_client_host("::1", "[::1]");
+        check_client_host("10.1.2.3", "10.1.2.3");
+        check_client_host("localhost", "localhost");
+    }
+
     fn check_size(input: &str, expected: Result<Option<u64>, ()>) {
         assert_eq!(parse_size(input).map_err(|_| ()), expected, "{input}");
     }

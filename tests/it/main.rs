@@ -3,6 +3,7 @@
 
 mod acp;
 mod agents;
+mod client;
 mod config;
 mod edge;
 mod files;
