@@ -1118,7 +1118,11 @@ impl ClientTarget {
 /// interface was given) is reached on loopback; IPv6 goes in brackets; a name stays a name.
 fn client_host(host: &str) -> String {
     let host = host.trim();
-    match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+    match host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
         Ok(IpAddr::V4(v4)) if v4.is_unspecified() => "127.0.0.1".to_string(),
         Ok(IpAddr::V6(v6)) if v6.is_unspecified() => "[::1]".to_string(),
         Ok(IpAddr::V4(v4)) => v4.to_string(),

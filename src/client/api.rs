@@ -156,9 +156,8 @@ pub struct Api {
 
 impl Api {
     pub fn new(target: ClientTarget) -> Result<Api, ClientError> {
-        let base = Url::parse(&target.base_url).map_err(|e| {
-            ClientError::Config(format!("`{}` is not a URL: {e}", target.base_url))
-        })?;
+        let base = Url::parse(&target.base_url)
+            .map_err(|e| ClientError::Config(format!("`{}` is not a URL: {e}", target.base_url)))?;
         // No proxy: the daemon is on loopback (or a port-forward to it), and a proxy from the
         // environment would only be in the way. No overall timeout: streams and prompts are long.
         let http = reqwest::Client::builder()

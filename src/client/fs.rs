@@ -58,12 +58,7 @@ async fn ls(api: &Api, path: Option<&str>, json: bool) -> Result<u8, ClientError
     out(table::render(&["TYPE", "SIZE", "MODIFIED", "NAME"], &rows).as_bytes()).map(|()| 0)
 }
 
-async fn get(
-    api: &Api,
-    remote: &str,
-    local: Option<&Path>,
-    json: bool,
-) -> Result<u8, ClientError> {
+async fn get(api: &Api, remote: &str, local: Option<&Path>, json: bool) -> Result<u8, ClientError> {
     let rb = api.request(
         Method::GET,
         api.url(&["v1", "fs", "file"], &[("path", remote)]),
@@ -124,10 +119,7 @@ impl PartFile {
             .into_owned();
         let mut attempt = 0u32;
         loop {
-            let path = dir.join(format!(
-                ".{name}.{}.{attempt}.part",
-                std::process::id()
-            ));
+            let path = dir.join(format!(".{name}.{}.{attempt}.part", std::process::id()));
             match std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -217,7 +209,10 @@ async fn put(api: &Api, local: &Path, remote: &str, json: bool) -> Result<u8, Cl
     }
     let result = api.json(&format!("uploading to {remote}"), rb).await;
     if let Some(e) = read_error.lock().expect("never poisoned").take() {
-        return Err(ClientError::local(format!("reading {}", local.display()), e));
+        return Err(ClientError::local(
+            format!("reading {}", local.display()),
+            e,
+        ));
     }
     let outcome = result?;
     if json {

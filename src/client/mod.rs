@@ -26,7 +26,10 @@ pub fn run(command: Command) -> ExitCode {
     };
     let json = args.json;
     let result = match ClientTarget::load(args) {
-        Ok(target) => execute(command, target, json),
+        Ok(target) => {
+            hide_token(&target);
+            execute(command, target, json)
+        }
         Err(e) => Err(ClientError::Config(e.to_string())),
     };
     match result {
@@ -36,6 +39,16 @@ pub fn run(command: Command) -> ExitCode {
             report(&e, json);
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// A client that follows a stream can run for hours: its token is overwritten in its own argv
+/// and environment, as the daemon does with its own (before any thread exists).
+fn hide_token(target: &ClientTarget) {
+    if let Some(token) = &target.token
+        && let Err(e) = crate::sys::scrub_from_proc(token.as_bytes(), "SANDBOX_AGENT_TOKEN")
+    {
+        eprintln!("sandbox-agent: warning: cannot hide the token in /proc/self: {e}");
     }
 }
 

@@ -11,9 +11,7 @@ pub async fn status(api: &Api, json: bool) -> Result<u8, ClientError> {
     let root = api.get_json("daemon info", &[""], &[]).await?;
     let health = api.get_json("health", &["v1", "health"], &[]).await?;
     let servers = api.get_json("instances", &["v1", "acp"], &[]).await?;
-    let processes = api
-        .get_json("processes", &["v1", "processes"], &[])
-        .await?;
+    let processes = api.get_json("processes", &["v1", "processes"], &[]).await?;
     let instances = count_by_status(&servers["servers"], &["starting", "running", "exited"]);
     let processes = count_by_status(&processes["processes"], &["running", "exited"]);
     let report = json!({
@@ -49,7 +47,11 @@ pub async fn status(api: &Api, json: bool) -> Result<u8, ClientError> {
     rows.push(vec!["processes".to_string(), counts_line(&processes)]);
     let text = table::render(&["", ""], &rows);
     // The header of this two-column listing is empty: drop its line.
-    out(text.split_once('\n').map_or("", |(_, rest)| rest).as_bytes()).map(|()| 0)
+    out(text
+        .split_once('\n')
+        .map_or("", |(_, rest)| rest)
+        .as_bytes())
+    .map(|()| 0)
 }
 
 pub async fn instances(api: &Api, json: bool) -> Result<u8, ClientError> {
@@ -78,7 +80,15 @@ pub async fn instances(api: &Api, json: bool) -> Result<u8, ClientError> {
             ]
         })
         .collect();
-    let header = ["SERVER ID", "AGENT", "STATUS", "PID", "RSS", "CPU", "SUBSCRIBERS"];
+    let header = [
+        "SERVER ID",
+        "AGENT",
+        "STATUS",
+        "PID",
+        "RSS",
+        "CPU",
+        "SUBSCRIBERS",
+    ];
     out(table::render(&header, &rows).as_bytes()).map(|()| 0)
 }
 

@@ -5,7 +5,10 @@
 /// Renders `header` and `rows` as aligned lines (each ending in `\n`).
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     let cells: Vec<Vec<String>> = std::iter::once(header.iter().map(|h| h.to_string()).collect())
-        .chain(rows.iter().map(|r| r.iter().map(|c| printable(c)).collect()))
+        .chain(
+            rows.iter()
+                .map(|r| r.iter().map(|c| printable(c)).collect()),
+        )
         .collect();
     let mut widths = vec![0; header.len()];
     for row in &cells {

@@ -87,7 +87,8 @@ fn json_of(o: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", stdout(o)))
 }
 
-const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}"#;
+const INIT: &str =
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}"#;
 const NEW_SESSION: &str =
     r#"{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}"#;
 
@@ -169,11 +170,24 @@ fn instances_lists_each_instance_with_its_pid_and_figures() {
     assert_code(&o, 0);
     let text = stdout(&o);
     let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split("  ").filter(|c| !c.is_empty()).collect();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap()
+        .split("  ")
+        .filter(|c| !c.is_empty())
+        .collect();
     let header: Vec<&str> = header.iter().map(|c| c.trim()).collect();
     assert_eq!(
         header,
-        ["SERVER ID", "AGENT", "STATUS", "PID", "RSS", "CPU", "SUBSCRIBERS"]
+        [
+            "SERVER ID",
+            "AGENT",
+            "STATUS",
+            "PID",
+            "RSS",
+            "CPU",
+            "SUBSCRIBERS"
+        ]
     );
     for server in &servers {
         let id = server["serverId"].as_str().unwrap();
@@ -226,7 +240,9 @@ fn acp_send_prints_answers_and_stream_follows_until_the_instance_goes() {
         .stdin
         .take()
         .unwrap()
-        .write_all(br#"{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"mock-1"}}"#)
+        .write_all(
+            br#"{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"mock-1"}}"#,
+        )
         .unwrap();
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_code(&o, 0);
@@ -243,7 +259,10 @@ fn acp_send_prints_answers_and_stream_follows_until_the_instance_goes() {
     std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
     let event: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(event["id"], 3);
-    assert_eq!(event["data"]["params"]["update"]["content"]["text"], "chunk 3 of 3");
+    assert_eq!(
+        event["data"]["params"]["update"]["content"]["text"],
+        "chunk 3 of 3"
+    );
     let _ = from.kill();
     let _ = from.wait();
 
@@ -279,7 +298,10 @@ fn acp_failures_exit_by_class() {
     let d = Daemon::start();
     start_instance(&d, "crashy");
     // The agent dies during the request: 502, the server-error class, with the stderr tail.
-    let o = cli(&d, &["acp", "send", "crashy", &prompt(3, "/stderr last words")]);
+    let o = cli(
+        &d,
+        &["acp", "send", "crashy", &prompt(3, "/stderr last words")],
+    );
     assert_code(&o, 0);
     let o = cli(&d, &["acp", "send", "crashy", &prompt(4, "/crash 3")]);
     assert_code(&o, 70);
@@ -293,12 +315,19 @@ fn acp_failures_exit_by_class() {
     let o = cli(&d, &["acp", "send", "fresh", INIT]);
     assert_code(&o, 65);
     // A message that is not JSON is refused before anything is sent: usage.
-    let o = cli(&d, &["acp", "send", "fresh", "{not json", "--agent", "mock"]);
+    let o = cli(
+        &d,
+        &["acp", "send", "fresh", "{not json", "--agent", "mock"],
+    );
     assert_code(&o, 64);
     let o = cli(&d, &["acp", "send", "fresh", "[1,2]", "--agent", "mock"]);
     assert_code(&o, 64);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let ids: Vec<Value> = rt.block_on(d.servers()).iter().map(|s| s["serverId"].clone()).collect();
+    let ids: Vec<Value> = rt
+        .block_on(d.servers())
+        .iter()
+        .map(|s| s["serverId"].clone())
+        .collect();
     assert_eq!(ids, ["crashy"]);
     // An unknown serverId has no stream.
     let o = cli(&d, &["acp", "stream", "nobody"]);
@@ -311,19 +340,42 @@ fn processes_run_passes_output_and_exit_code() {
     let d = Daemon::start();
     let o = cli(
         &d,
-        &["processes", "run", "--env", "WHO=cli", "--", "sh", "-c", "echo out $WHO; echo err >&2; exit 3"],
+        &[
+            "processes",
+            "run",
+            "--env",
+            "WHO=cli",
+            "--",
+            "sh",
+            "-c",
+            "echo out $WHO; echo err >&2; exit 3",
+        ],
     );
     assert_code(&o, 3);
     assert_eq!(stdout(&o), "out cli\n");
     assert!(stderr(&o).starts_with("err\n"), "{}", stderr(&o));
 
-    let o = cli(&d, &["processes", "run", "--json", "--", "sh", "-c", "echo hi"]);
+    let o = cli(
+        &d,
+        &["processes", "run", "--json", "--", "sh", "-c", "echo hi"],
+    );
     assert_code(&o, 0);
     let r = json_of(&o);
     assert_eq!(r["stdout"], "hi\n");
     assert_eq!(r["exitCode"], 0);
 
-    let o = cli(&d, &["processes", "run", "--timeout", "300ms", "--", "sleep", "30"]);
+    let o = cli(
+        &d,
+        &[
+            "processes",
+            "run",
+            "--timeout",
+            "300ms",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
     assert_code(&o, 124);
     assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
 
@@ -401,7 +453,10 @@ fn processes_start_list_logs_follow_and_stop() {
             .collect()
     };
     assert_eq!(row(&id)[1..4], ["exited", "-", "0"]);
-    assert_eq!(row(&sleeper)[1..4], ["running".to_string(), pid.to_string(), "-".into()]);
+    assert_eq!(
+        row(&sleeper)[1..4],
+        ["running".to_string(), pid.to_string(), "-".into()]
+    );
     assert_eq!(row(&sleeper)[6..], ["sleep", "60"]);
 
     let o = cli(&d, &["processes", "stop", &sleeper]);
@@ -450,7 +505,11 @@ fn fs_ls_get_put_move_files_both_ways() {
     assert_code(&o, 0);
     assert_eq!(
         stdout(&o),
-        format!("wrote {} bytes to {}\n", data.len(), d.path("dir/copy.bin").display())
+        format!(
+            "wrote {} bytes to {}\n",
+            data.len(),
+            d.path("dir/copy.bin").display()
+        )
     );
     assert_eq!(std::fs::read(d.path("dir/copy.bin")).unwrap(), data);
 
@@ -459,7 +518,16 @@ fn fs_ls_get_put_move_files_both_ways() {
     let o = cli(&d, &["fs", "get", "dir/copy.bin", down.to_str().unwrap()]);
     assert_code(&o, 0);
     assert_eq!(std::fs::read(&down).unwrap(), data);
-    let o = cli(&d, &["fs", "get", "dir/copy.bin", local.path().to_str().unwrap(), "--json"]);
+    let o = cli(
+        &d,
+        &[
+            "fs",
+            "get",
+            "dir/copy.bin",
+            local.path().to_str().unwrap(),
+            "--json",
+        ],
+    );
     assert_code(&o, 0);
     assert_eq!(json_of(&o)["bytes"], data.len());
     assert_eq!(std::fs::read(local.path().join("copy.bin")).unwrap(), data);
@@ -468,17 +536,33 @@ fn fs_ls_get_put_move_files_both_ways() {
     assert!(o.stdout == data, "stdout differs from the file");
 
     // Upload from stdin.
-    let mut child = command(&["fs", "put", "-", "dir/stdin.txt", "--json", "--url", &d.url("")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut child = command(&[
+        "fs",
+        "put",
+        "-",
+        "dir/stdin.txt",
+        "--json",
+        "--url",
+        &d.url(""),
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin\n")
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"from stdin\n").unwrap();
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_code(&o, 0);
     assert_eq!(json_of(&o)["bytesWritten"], 11);
-    assert_eq!(std::fs::read(d.path("dir/stdin.txt")).unwrap(), b"from stdin\n");
+    assert_eq!(
+        std::fs::read(d.path("dir/stdin.txt")).unwrap(),
+        b"from stdin\n"
+    );
 
     let o = cli(&d, &["fs", "ls", "dir", "--json"]);
     assert_code(&o, 0);
@@ -494,13 +578,15 @@ fn fs_ls_get_put_move_files_both_ways() {
     let text = stdout(&o);
     assert!(text.starts_with("TYPE  SIZE"), "{text}");
     assert!(
-        text.lines().any(|l| l.starts_with("dir ") && l.ends_with(" dir/")),
+        text.lines()
+            .any(|l| l.starts_with("dir ") && l.ends_with(" dir/")),
         "{text}"
     );
     let o = cli(&d, &["fs", "ls", "dir"]);
     let text = stdout(&o);
     assert!(
-        text.lines().any(|l| l.starts_with("file  3145728  ") && l.ends_with(" copy.bin")),
+        text.lines()
+            .any(|l| l.starts_with("file  3145728  ") && l.ends_with(" copy.bin")),
         "{text}"
     );
 
@@ -509,7 +595,10 @@ fn fs_ls_get_put_move_files_both_ways() {
     let o = cli(&d, &["fs", "get", "nope.bin", down.to_str().unwrap()]);
     assert_code(&o, 66);
     assert_eq!(std::fs::read(&down).unwrap(), data, "the old file is kept");
-    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), before.len());
+    assert_eq!(
+        std::fs::read_dir(local.path()).unwrap().count(),
+        before.len()
+    );
     let o = cli(&d, &["fs", "ls", "nope"]);
     assert_code(&o, 66);
     // A local file that does not exist: an I/O error, nothing sent.
@@ -668,7 +757,11 @@ fn connection_and_token_failures_exit_by_class() {
         cmd.args(["--url", &url, "--token", "right-token"]);
         let o = run_to_end(cmd);
         assert_code(&o, 69);
-        assert!(stderr(&o).contains("cannot reach the daemon"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("cannot reach the daemon"),
+            "{}",
+            stderr(&o)
+        );
     }
 }
 
@@ -691,7 +784,15 @@ fn help_of_each_client_command_shows_only_its_own_options() {
         (&["fs", "get"], &[]),
         (&["fs", "put"], &[]),
     ];
-    let own_everywhere = ["--host", "--port", "--url", "--token", "--token-file", "--config", "--json"];
+    let own_everywhere = [
+        "--host",
+        "--port",
+        "--url",
+        "--token",
+        "--token-file",
+        "--config",
+        "--json",
+    ];
     for (path, own) in cases {
         let mut args = path.to_vec();
         args.push("--help");
@@ -734,9 +835,51 @@ fn broken_pipe_on_stdout_ends_the_client_quietly() {
         .spawn()
         .unwrap();
     let mut first = [0u8; 2];
-    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
     drop(child.stdout.take());
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_code(&o, 0);
     assert_eq!(stderr(&o), "");
+}
+
+#[test]
+fn a_following_client_hides_its_token_from_other_processes() {
+    let d = Daemon::builder().token("cli-secret-token").start();
+    start_instance(&d, "quiet");
+    let o = cli(&d, &["acp", "send", "quiet", &prompt(3, "/stream 1")]);
+    assert_code(&o, 0);
+    let mut follow = command(&[
+        "acp",
+        "stream",
+        "quiet",
+        "--url",
+        &d.url(""),
+        "--token",
+        "cli-secret-token",
+    ])
+    .env("SANDBOX_AGENT_TOKEN", "cli-secret-token")
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The first event is printed after the token was read and hidden.
+    let mut reader = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+    assert!(line.contains("chunk 1 of 1"), "{line}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", follow.id())).unwrap();
+    let environ = std::fs::read(format!("/proc/{}/environ", follow.id())).unwrap();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let has = |hay: &[u8]| hay.windows(16).any(|w| w == b"cli-secret-token");
+    assert!(!has(&cmdline), "the token is in the command line");
+    assert!(!has(&environ), "the token is in the environment");
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("--token"),
+        "the flag itself stays visible"
+    );
 }
