@@ -883,3 +883,72 @@ fn a_following_client_hides_its_token_from_other_processes() {
         "the flag itself stays visible"
     );
 }
+
+/// A follower that cannot keep up is cut off by the daemon (more than twice `--event-buffer`
+/// events queued for it); the client reconnects after the last id it printed, reports the gap
+/// and goes on to the end.
+#[test]
+fn acp_stream_reconnects_after_falling_behind() {
+    const EVENTS: u64 = 60_000;
+    let d = Daemon::builder().args(["--event-buffer", "8"]).start();
+    start_instance(&d, "flood");
+    let mut follow = command(&["acp", "stream", "flood", "--url", &d.url("")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let subscribers = || -> u64 { rt.block_on(d.servers())[0]["subscribers"].as_u64().unwrap() };
+    crate::support::eventually(Duration::from_secs(20), "the follower to subscribe", || {
+        (subscribers() == 1).then_some(())
+    });
+    // Nobody reads the client's stdout yet: it blocks, its socket fills, the daemon cuts it off.
+    let o = cli(
+        &d,
+        &[
+            "acp",
+            "send",
+            "flood",
+            &prompt(3, &format!("/stream {EVENTS}")),
+        ],
+    );
+    assert_code(&o, 0);
+    crate::support::eventually(
+        Duration::from_secs(30),
+        "the follower to be cut off",
+        || (subscribers() == 0).then_some(()),
+    );
+    let stdout_pipe = follow.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout_pipe)) {
+            let event: Value = serde_json::from_str(&line.unwrap()).expect("a JSON line");
+            let last = event["id"] == EVENTS;
+            lines.push(event);
+            if last {
+                break;
+            }
+        }
+        lines
+    });
+    let events = reader.join().unwrap();
+    // It reconnected: it follows again and received the very last event.
+    assert_eq!(events.last().unwrap()["id"], EVENTS);
+    assert_eq!(subscribers(), 1);
+    let gaps: Vec<&Value> = events.iter().filter(|e| e["event"] == "gap").collect();
+    assert!(!gaps.is_empty(), "the dropped events are reported as a gap");
+    // Ids only grow, and every id is either printed or inside a reported gap.
+    let mut next = 1u64;
+    for e in &events {
+        if e["event"] == "gap" {
+            assert_eq!(e["data"]["from"], next, "{e}");
+            next = e["data"]["to"].as_u64().unwrap() + 1;
+        } else {
+            assert_eq!(e["id"], next, "{e}");
+            next += 1;
+        }
+    }
+    assert_code(&cli(&d, &["acp", "stop", "flood"]), 0);
+    let o = wait_bounded(follow, Duration::from_secs(30));
+    assert_code(&o, 0);
+}
