@@ -52,6 +52,9 @@ pub enum ClientError {
     Stdout(#[source] std::io::Error),
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// Stopped by this signal before the command was done.
+    #[error("interrupted by signal {0}")]
+    Interrupted(i32),
 }
 
 /// ` (<title>): <detail>` from a problem body (the title only when it says more than the
@@ -101,6 +104,7 @@ impl ClientError {
             ClientError::Protocol(_) => EX_PROTOCOL,
             ClientError::Local { .. } | ClientError::Stdout(_) => EX_IOERR,
             ClientError::Runtime(_) => EX_OSERR,
+            ClientError::Interrupted(signal) => (128 + signal).clamp(0, 255) as u8,
         }
     }
 
@@ -117,7 +121,8 @@ impl ClientError {
             EX_SOFTWARE => "server-error",
             EX_PROTOCOL => "protocol",
             EX_IOERR => "io",
-            _ => "internal",
+            EX_OSERR => "internal",
+            _ => "interrupted",
         }
     }
 

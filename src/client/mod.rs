@@ -35,6 +35,8 @@ pub fn run(command: Command) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
+        // Interrupted on purpose (Ctrl-C): no message, the shell's usual 128 + signal.
+        Err(ClientError::Interrupted(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
         Err(e) => {
             report(&e, json);
             ExitCode::from(e.exit_code())
@@ -82,15 +84,49 @@ fn execute(command: Command, target: ClientTarget, json: bool) -> Result<u8, Cli
         .map_err(ClientError::Runtime)?;
     let api = Api::new(target)?;
     runtime.block_on(async move {
-        match command {
-            Command::Status { .. } => status::status(&api, json).await,
-            Command::Instances { .. } => status::instances(&api, json).await,
-            Command::Acp { command } => acp::run(&api, command, json).await,
-            Command::Processes { command } => processes::run(&api, command, json).await,
-            Command::Fs { command } => fs::run(&api, command, json).await,
-            _ => Err(ClientError::Usage("not a client command".into())),
+        let work = async {
+            match command {
+                Command::Status { .. } => status::status(&api, json).await,
+                Command::Instances { .. } => status::instances(&api, json).await,
+                Command::Acp { command } => acp::run(&api, command, json).await,
+                Command::Processes { command } => processes::run(&api, command, json).await,
+                Command::Fs { command } => fs::run(&api, command, json).await,
+                _ => Err(ClientError::Usage("not a client command".into())),
+            }
+        };
+        // A stop signal drops the command's future, so what it holds is released as on any
+        // other error: a half-downloaded temporary file is removed, not left behind.
+        tokio::select! {
+            result = work => result,
+            signal = stop_signal() => Err(ClientError::Interrupted(signal)),
         }
     })
+}
+
+/// The first SIGINT, SIGTERM or SIGHUP; never resolves if the handlers cannot be installed
+/// (the signal then ends the process as it would without them).
+async fn stop_signal() -> i32 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let kinds = [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ];
+    let mut streams = Vec::new();
+    for kind in kinds {
+        match signal(kind) {
+            Ok(s) => streams.push((kind.as_raw_value(), s)),
+            Err(_) => return std::future::pending().await,
+        }
+    }
+    let waits = streams.iter_mut().map(|(n, s)| {
+        let n = *n;
+        Box::pin(async move {
+            s.recv().await;
+            n
+        })
+    });
+    futures_util::future::select_all(waits).await.0
 }
 
 /// One line on stderr: plain words, or with `--json` one JSON object a script can parse.

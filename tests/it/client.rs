@@ -952,3 +952,49 @@ fn acp_stream_reconnects_after_falling_behind() {
     let o = wait_bounded(follow, Duration::from_secs(30));
     assert_code(&o, 0);
 }
+
+/// Ctrl-C during a download into a file: exit 130 and nothing left beside the target (neither
+/// the temporary nor a partial file under the target's name).
+#[test]
+fn an_interrupted_download_leaves_nothing_behind() {
+    let d = Daemon::start();
+    // Sparse: instant to make, long enough to download that the signal lands mid-transfer.
+    let big = std::fs::File::create(d.path("huge.bin")).unwrap();
+    big.set_len(8 << 30).unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let target = local.path().join("huge.bin");
+    let mut get = command(&[
+        "fs",
+        "get",
+        "huge.bin",
+        target.to_str().unwrap(),
+        "--url",
+        &d.url(""),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    crate::support::eventually(
+        Duration::from_secs(30),
+        "a part file with bytes in it",
+        || {
+            std::fs::read_dir(local.path())
+                .unwrap()
+                .filter_map(Result::ok)
+                .find(|e| e.metadata().map(|m| m.len() > 0).unwrap_or(false))
+                .map(|_| ())
+        },
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(get.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = crate::support::eventually(Duration::from_secs(30), "the client to exit", || {
+        get.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    let left: Vec<_> = std::fs::read_dir(local.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
