@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use crate::cli::{ClientArgs, Command};
 use crate::config::ClientTarget;
-pub use api::{Api, ClientError};
+use api::{Api, ClientError};
 
 /// Runs one client command; `command` is one of the client variants of [`Command`].
 pub fn run(command: Command) -> ExitCode {
