@@ -998,3 +998,22 @@ fn an_interrupted_download_leaves_nothing_behind() {
     let left: Vec<_> = std::fs::read_dir(local.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// A local file goes with its length, so the daemon refuses one over `--upload-limit` up front:
+/// the refused class, the limit named, nothing written.
+#[test]
+fn fs_put_over_the_upload_limit_is_refused() {
+    let d = Daemon::builder().args(["--upload-limit", "1K"]).start();
+    let local = tempfile::tempdir().unwrap();
+    let file = local.path().join("big.bin");
+    std::fs::write(&file, pattern(64 << 10)).unwrap();
+    let o = cli(
+        &d,
+        &["fs", "put", file.to_str().unwrap(), "big.bin", "--json"],
+    );
+    assert_code(&o, 65);
+    let e: Value = serde_json::from_str(stderr(&o).trim()).expect("a JSON error line");
+    assert_eq!(e["status"], 413);
+    assert_eq!(e["problem"]["limit"], 1024);
+    assert!(!d.path("big.bin").exists());
+}
