@@ -612,12 +612,11 @@ impl Supervisor {
         let limits = Limits::from_config(config);
         // Only cgroups make a start wait (for the join); without them there is nothing to hide.
         let warm = match &user {
-            Ok(user) if cgroups.enabled() && config.warm_spawns > 0 => {
+            Ok(_) if cgroups.enabled() && config.warm_spawns > 0 => {
                 let pool = warm::Pool::new(
                     warm::Recipe {
                         cgroups: cgroups.clone(),
                         limits,
-                        user: user.clone(),
                         program: PathBuf::from("/proc/self/exe"),
                     },
                     config.warm_spawns,
