@@ -491,6 +491,7 @@ fn exec_happened(pid: u32) -> io::Result<bool> {
         Ok(comm.strip_suffix(b"\n").unwrap_or(&comm) == STUB_COMM.to_bytes())
     };
     let deadline = std::time::Instant::now() + STUB_TIMEOUT;
+    let mut round = 0u32;
     loop {
         if !named_stub()? {
             return Ok(true);
@@ -509,7 +510,14 @@ fn exec_happened(pid: u32) -> io::Result<bool> {
                 "the spawn stub neither exec'd nor exited",
             ));
         }
-        std::thread::sleep(Duration::from_micros(200));
+        // The rename or the exit is microseconds away: yield first (the stub may be waiting
+        // for this very CPU), then poll gently.
+        round += 1;
+        if round < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 

@@ -383,3 +383,311 @@ async fn a_late_sse_subscriber_reserves_no_more_than_it_is_sent() {
         "VmPeak went from {before} MiB to {after} MiB"
     );
 }
+
+/// The daemon's resident memory in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap()
+        / 1024
+}
+
+/// An HTTP/1.1 WebSocket handshake on a raw TCP stream (frames are then written by hand).
+async fn raw_socket(d: &Daemon, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = d.url("").trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let auth = d
+        .token
+        .as_ref()
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{auth}\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).await.unwrap(), 1, "the handshake answer");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// A masked (all-zero key) client frame header: `first` is FIN + opcode.
+fn frame_header(first: u8, len: u64) -> Vec<u8> {
+    let mut h = vec![first, 0x80 | 127];
+    h.extend_from_slice(&len.to_be_bytes());
+    h.extend_from_slice(&[0, 0, 0, 0]);
+    h
+}
+
+/// Reads frames until a close frame (its code), the end of the stream (`None`) or `within`.
+async fn close_code(s: &mut tokio::net::TcpStream, within: Duration) -> Option<u16> {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        // Server frames are unmasked; only the lengths below 126 matter for control frames.
+        while buf.len() >= 2 {
+            let len = match buf[1] & 0x7f {
+                126 if buf.len() >= 4 => (u16::from_be_bytes([buf[2], buf[3]]) as usize, 4),
+                127 if buf.len() >= 10 => (
+                    u64::from_be_bytes(buf[2..10].try_into().unwrap()) as usize,
+                    10,
+                ),
+                126 | 127 => break,
+                n => (n as usize, 2),
+            };
+            if buf.len() < len.1 + len.0 {
+                break;
+            }
+            if buf[0] & 0x0f == 0x8 {
+                let payload = &buf[len.1..len.1 + len.0];
+                return Some(if payload.len() >= 2 {
+                    u16::from_be_bytes([payload[0], payload[1]])
+                } else {
+                    1005
+                });
+            }
+            buf.drain(..len.1 + len.0);
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
+            Err(_) => panic!("the socket was neither closed nor ended within {within:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return None,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A tokio-tungstenite client on an ACP WebSocket path.
+async fn ws_client(
+    d: &Daemon,
+    path: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    let url = d.url(path).replacen("http://", "ws://", 1);
+    let (ws, resp) = tokio_tungstenite::connect_async(url)
+        .await
+        .unwrap_or_else(|e| panic!("WebSocket to {path}: {e}"));
+    assert_eq!(resp.status(), 101);
+    ws
+}
+
+/// Sends `initialize` (id 1) as two fragments `gap` apart and waits for its answer.
+async fn initialize_in_fragments<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>, gap: Duration)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    let text = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": 1}})
+    .to_string();
+    let (a, b) = text.split_at(text.len() / 2);
+    ws.send(Message::Frame(Frame::message(
+        a.as_bytes().to_vec(),
+        OpCode::Data(Data::Text),
+        false,
+    )))
+    .await
+    .unwrap();
+    tokio::time::sleep(gap).await;
+    ws.send(Message::Frame(Frame::message(
+        b.as_bytes().to_vec(),
+        OpCode::Data(Data::Continue),
+        true,
+    )))
+    .await
+    .unwrap();
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("an answer within 20 s")
+            .expect("the socket stays open")
+            .unwrap();
+        if let Message::Text(t) = frame {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v["id"] == 1 {
+                assert_eq!(v["result"]["agentInfo"]["name"], "mock", "{v}");
+                return;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_pass() {
+    use tokio::io::AsyncWriteExt;
+    let d = Daemon::builder()
+        .args(["--acp-inflight-bytes", "16M", "--body-limit", "8M"])
+        .start();
+    // The instance the attack talks to exists first (its start is not part of the attack).
+    let mut warm = ws_client(&d, "/v1/acp/atk?agent=mock").await;
+    initialize_in_fragments(&mut warm, Duration::ZERO).await;
+    let before = rss_mib(d.pid());
+    // 48 sockets, each a text message of 4 MiB sent as four 1 MiB frames, never finished: 192
+    // MiB the daemon used to hold until the sockets closed.
+    const SOCKETS: usize = 48;
+    const MIB: usize = 1 << 20;
+    let mut attackers = Vec::new();
+    for _ in 0..SOCKETS {
+        attackers.push(raw_socket(&d, "/v1/acp/atk").await);
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack = tokio::spawn(async move {
+        let sends = attackers.into_iter().map(|mut s| async move {
+            let payload = vec![b' '; MIB];
+            for i in 0..4 {
+                let first = if i == 0 { 0x01 } else { 0x00 };
+                if s.write_all(&frame_header(first, MIB as u64)).await.is_err()
+                    || s.write_all(&payload).await.is_err()
+                {
+                    break;
+                }
+            }
+            s
+        });
+        futures_util::future::join_all(sends).await
+    });
+    let pid = d.pid();
+    let done_seen = done.clone();
+    let peak = tokio::spawn(async move {
+        let mut peak = 0;
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            peak = peak.max(rss_mib(pid));
+            if done_seen.load(std::sync::atomic::Ordering::Acquire) || Instant::now() > until {
+                return peak;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let honest = async {
+        // An honest client's WebSocket message (fragmented, even) goes through meanwhile.
+        let mut ws = ws_client(&d, "/v1/acp/honest?agent=mock").await;
+        initialize_in_fragments(&mut ws, Duration::from_millis(100)).await;
+        attack.await.unwrap()
+    };
+    let (lat, mut sockets) = {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let probe = health_latencies(&d, async {
+            let _ = rx.await;
+        });
+        let run = async {
+            let s = honest.await;
+            let _ = tx.send(());
+            s
+        };
+        let (lat, s) = tokio::join!(probe, run);
+        (lat, s)
+    };
+    assert_p99_within_100ms(lat, "unfinished WebSocket messages");
+    // Sockets past the budget were told why (1013) and closed.
+    let mut refused = 0;
+    for s in &mut sockets {
+        if let Ok(Some(1013)) =
+            tokio::time::timeout(Duration::from_millis(500), close_code(s, Duration::from_secs(5)))
+                .await
+        {
+            refused += 1;
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let peak = peak.await.unwrap();
+    assert!(refused > 0, "no socket was refused for the budget");
+    assert!(
+        peak < before + 96,
+        "the daemon went from {before} MiB to {peak} MiB holding unfinished messages"
+    );
+    // The budget came back: an ordinary POST's body still fits.
+    let r = d
+        .client()
+        .post(d.url("/v1/acp/atk"))
+        .header("content-type", "application/json")
+        .body(json!({"jsonrpc": "2.0", "id": 9, "method": "_mock/echo", "params": {"pad": "x".repeat(2 << 20)}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    drop(sockets);
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_websocket_message_is_closed_at_its_deadline_on_every_socket_kind() {
+    use tokio::io::AsyncWriteExt;
+    let d = Daemon::builder()
+        .token(crate::transports::TOKEN)
+        .args(["--idle-timeout", "2s"])
+        .start();
+    // Our endpoint and the RFD profile over HTTP/1.1: a message begun, then silence.
+    for path in ["/v1/acp/slow?agent=mock", "/v1/agents/mock/acp"] {
+        let mut s = raw_socket(&d, path).await;
+        s.write_all(&frame_header(0x01, 100)).await.unwrap();
+        s.write_all(&[b' '; 40]).await.unwrap();
+        let t = Instant::now();
+        assert_eq!(close_code(&mut s, Duration::from_secs(15)).await, Some(1008), "{path}");
+        assert!(t.elapsed() >= Duration::from_millis(1500), "{path}: closed too early");
+    }
+    // The same over HTTP/2 (extended CONNECT): a first fragment, then nothing.
+    let mut h2 = crate::transports::H2::connect(&d).await;
+    let (resp, ws) = h2.socket(&d, "/v1/acp/slow2?agent=mock").await;
+    assert_eq!(resp.status(), 200);
+    let mut ws = ws.unwrap();
+    {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        ws.send(Message::Frame(Frame::message(
+            b"{\"jsonrpc\":".to_vec(),
+            OpCode::Data(Data::Text),
+            false,
+        )))
+        .await
+        .unwrap();
+        let code = loop {
+            match tokio::time::timeout(Duration::from_secs(15), ws.next())
+                .await
+                .expect("closed within 15 s")
+            {
+                Some(Ok(Message::Close(Some(f)))) => break u16::from(f.code),
+                Some(Ok(_)) => continue,
+                other => panic!("ended without a close frame: {other:?}"),
+            }
+        };
+        assert_eq!(code, 1008);
+    }
+    // A message whose fragments arrive within the deadline is answered, on every kind.
+    let mut ws = ws_client_with_token(&d, "/v1/acp/ok?agent=mock").await;
+    initialize_in_fragments(&mut ws, Duration::from_millis(500)).await;
+    let (_, ws2) = h2.socket(&d, "/v1/acp/ok2?agent=mock").await;
+    initialize_in_fragments(&mut ws2.unwrap(), Duration::from_millis(500)).await;
+    drop(h2);
+    tokio::task::spawn_blocking(move || drop(d)).await.unwrap();
+}
+
+async fn ws_client_with_token(
+    d: &Daemon,
+    path: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = d.url(path).replacen("http://", "ws://", 1);
+    let mut req = url.into_client_request().unwrap();
+    if let Some(t) = &d.token {
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let (ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
+    assert_eq!(resp.status(), 101);
+    ws
+}
