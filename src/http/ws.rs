@@ -351,11 +351,17 @@ impl<IO> Metered<IO> {
     }
 
     fn refuse(&mut self, why: Refusal) -> io::Error {
-        *self.report.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        *self
+            .report
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why);
         self.share = Reservation::default();
         self.shared = 0;
         io::Error::other(match why {
-            Refusal::BudgetFull => "an unfinished WebSocket message does not fit the in-flight budget",
+            Refusal::BudgetFull => {
+                "an unfinished WebSocket message does not fit the in-flight budget"
+            }
             Refusal::TooSlow => "a WebSocket message was not completed in time",
         })
     }
@@ -627,8 +633,8 @@ async fn read_frames(
                         };
                         tracing::info!(server_id, refusal = ?why, "a WebSocket was closed for an unfinished message");
                         if own_tx.send(frame).await.is_ok() {
-                            let _ = tokio::time::timeout(Duration::from_secs(1), own_tx.closed())
-                                .await;
+                            let _ =
+                                tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
                         }
                     }
                     return;

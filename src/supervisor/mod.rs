@@ -597,7 +597,9 @@ impl Supervisor {
             base_env.retain(|(k, _)| k != "HOME");
             match limits::agent_home(u, &config.data_dir) {
                 Ok(home) => base_env.push(("HOME".into(), home.into_os_string())),
-                Err(e) => tracing::warn!(error = %e, "no HOME for the agent user; agents start without HOME"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no HOME for the agent user; agents start without HOME")
+                }
             }
         }
         base_env.extend(

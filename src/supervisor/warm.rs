@@ -383,9 +383,7 @@ fn make(r: &Recipe) -> io::Result<Stub> {
             let mut b = [0u8; 1];
             match ours.read(&mut b)? {
                 1 if b[0] == READY => Ok(()),
-                _ => Err(io::Error::other(
-                    "the stub ended before it was ready",
-                )),
+                _ => Err(io::Error::other("the stub ended before it was ready")),
             }
         });
     if let Err(e) = ready {
@@ -701,7 +699,10 @@ mod tests {
         let user = (
             nix::unistd::Uid::from_raw(65534),
             nix::unistd::Gid::from_raw(65534),
-            vec![nix::unistd::Gid::from_raw(65534), nix::unistd::Gid::from_raw(7)],
+            vec![
+                nix::unistd::Gid::from_raw(65534),
+                nix::unistd::Gid::from_raw(7),
+            ],
         );
         let w = Launch {
             program: std::path::Path::new("/bin/sh"),
@@ -758,7 +759,10 @@ mod tests {
         use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
         let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
         let st = waitid(Id::Pid(nix::unistd::Pid::from_raw(pid as i32)), flags).unwrap();
-        assert!(matches!(st, WaitStatus::Exited(..) | WaitStatus::Signaled(..)));
+        assert!(matches!(
+            st,
+            WaitStatus::Exited(..) | WaitStatus::Signaled(..)
+        ));
     }
 
     #[test]
@@ -846,7 +850,10 @@ mod tests {
         let failures = || pool.state.lock().unwrap().failures;
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while failures() < 5 {
-            assert!(std::time::Instant::now() < until, "the pool stopped retrying");
+            assert!(
+                std::time::Instant::now() < until,
+                "the pool stopped retrying"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // From now on a stub can start: it says it is ready on its control socket and waits.
@@ -861,7 +868,10 @@ mod tests {
         std::fs::rename(&script, &program).unwrap();
         let until = std::time::Instant::now() + BACKOFF_MAX * 3;
         while pool.state.lock().unwrap().ready.len() < 1 {
-            assert!(std::time::Instant::now() < until, "the pool never filled again");
+            assert!(
+                std::time::Instant::now() < until,
+                "the pool never filled again"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(failures(), 0);

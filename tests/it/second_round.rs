@@ -110,7 +110,7 @@ async fn no_agent_user_process_can_ptrace_or_signal_a_warm_stub() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201);
+    assert_eq!(r.status(), 200);
     let victim: Value = r.json().await.unwrap();
     let victim_pid = victim["pid"].as_u64().expect("pid") as u32;
     let mut args = vec!["-c".to_string(), ATTACK.to_string()];
@@ -155,11 +155,7 @@ fn unreachable_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     std::fs::create_dir(&inner).unwrap();
     std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(inner.join("secret"), "root's").unwrap();
-    std::fs::set_permissions(
-        inner.join("secret"),
-        std::fs::Permissions::from_mode(0o644),
-    )
-    .unwrap();
+    std::fs::set_permissions(inner.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
     (outer, inner)
 }
 
@@ -206,7 +202,7 @@ async fn the_cwd_is_entered_as_the_agent_user_on_the_warm_and_the_direct_path() 
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201);
+    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test]
@@ -245,7 +241,11 @@ async fn an_agent_user_gets_its_own_home_not_the_daemons() {
         .args(["--agent-user", "nobody", "--agent-env", "HOME=/tmp"])
         .start();
     open_to_any_user(&d);
-    let (status, out) = run(&d, json!({"command": "sh", "args": ["-c", "echo \"$HOME\""]})).await;
+    let (status, out) = run(
+        &d,
+        json!({"command": "sh", "args": ["-c", "echo \"$HOME\""]}),
+    )
+    .await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["stdout"], "/tmp\n", "{out}");
 }
@@ -263,7 +263,10 @@ fn vm_peak_mib(pid: u32) -> u64 {
 }
 
 /// Latencies of `GET /v1/health`, taken one after the other until `stop` resolves.
-async fn health_latencies(d: &Daemon, stop: impl std::future::Future<Output = ()>) -> Vec<Duration> {
+async fn health_latencies(
+    d: &Daemon,
+    stop: impl std::future::Future<Output = ()>,
+) -> Vec<Duration> {
     let client = d.client();
     let url = d.url("/v1/health");
     let mut out = Vec::new();
@@ -289,7 +292,7 @@ async fn health_latencies(d: &Daemon, stop: impl std::future::Future<Output = ()
 
 /// The 99th percentile of `lat`; asserts it is within 100 ms (the health figure).
 fn assert_p99_within_100ms(mut lat: Vec<Duration>, what: &str) {
-    assert!(lat.len() >= 10, "{what}: only {} health probes", lat.len());
+    assert!(lat.len() >= 100, "{what}: only {} health probes", lat.len());
     lat.sort();
     let p99 = lat[(lat.len() * 99).div_ceil(100) - 1];
     assert!(
@@ -361,11 +364,12 @@ async fn a_late_sse_subscriber_reserves_no_more_than_it_is_sent() {
         let mut total = 0usize;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let chunk = tokio::time::timeout_at(deadline, futures_util::StreamExt::next(&mut stream))
-                .await
-                .expect("the replay arrives")
-                .expect("the stream stays open")
-                .unwrap();
+            let chunk =
+                tokio::time::timeout_at(deadline, futures_util::StreamExt::next(&mut stream))
+                    .await
+                    .expect("the replay arrives")
+                    .expect("the stream stays open")
+                    .unwrap();
             total += chunk.len();
             tail.extend_from_slice(&chunk);
             if tail.windows(6).any(|w| w == b"\"done\"") {
@@ -374,7 +378,10 @@ async fn a_late_sse_subscriber_reserves_no_more_than_it_is_sent() {
             let keep = tail.len().saturating_sub(16);
             tail.drain(..keep);
         }
-        assert!(total > 62_000 + 16_000 * 40, "the whole log was replayed: {total}");
+        assert!(
+            total > 62_000 + 16_000 * 40,
+            "the whole log was replayed: {total}"
+        );
     }
     let after = vm_peak_mib(d.pid());
     // Each replay's first wake-up used to reserve 62 KB × 16,001 ≈ 1 GB.
@@ -385,14 +392,13 @@ async fn a_late_sse_subscriber_reserves_no_more_than_it_is_sent() {
 }
 
 /// The daemon's resident memory in MiB.
-fn rss_mib(pid: u32) -> u64 {
+fn rss_mib(pid: u32) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
+        .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap()
-        / 1024
+        .map(|kib| kib / 1024)
 }
 
 /// An HTTP/1.1 WebSocket handshake on a raw TCP stream (frames are then written by hand).
@@ -534,7 +540,7 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
     // The instance the attack talks to exists first (its start is not part of the attack).
     let mut warm = ws_client(&d, "/v1/acp/atk?agent=mock").await;
     initialize_in_fragments(&mut warm, Duration::ZERO).await;
-    let before = rss_mib(d.pid());
+    let before = rss_mib(d.pid()).expect("the daemon's RSS");
     // 48 sockets, each a text message of 4 MiB sent as four 1 MiB frames, never finished: 192
     // MiB the daemon used to hold until the sockets closed.
     const SOCKETS: usize = 48;
@@ -565,7 +571,7 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
         let mut peak = 0;
         let until = Instant::now() + Duration::from_secs(60);
         loop {
-            peak = peak.max(rss_mib(pid));
+            peak = peak.max(rss_mib(pid).unwrap_or(0));
             if done_seen.load(std::sync::atomic::Ordering::Acquire) || Instant::now() > until {
                 return peak;
             }
@@ -585,6 +591,8 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
         });
         let run = async {
             let s = honest.await;
+            // The attack goes on while its sockets are held: keep probing for a while.
+            tokio::time::sleep(Duration::from_secs(2)).await;
             let _ = tx.send(());
             s
         };
@@ -595,9 +603,11 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
     // Sockets past the budget were told why (1013) and closed.
     let mut refused = 0;
     for s in &mut sockets {
-        if let Ok(Some(1013)) =
-            tokio::time::timeout(Duration::from_millis(500), close_code(s, Duration::from_secs(5)))
-                .await
+        if let Ok(Some(1013)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            close_code(s, Duration::from_secs(5)),
+        )
+        .await
         {
             refused += 1;
         }
@@ -609,17 +619,27 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
         peak < before + 96,
         "the daemon went from {before} MiB to {peak} MiB holding unfinished messages"
     );
-    // The budget came back: an ordinary POST's body still fits.
-    let r = d
-        .client()
-        .post(d.url("/v1/acp/atk"))
-        .header("content-type", "application/json")
-        .body(json!({"jsonrpc": "2.0", "id": 9, "method": "_mock/echo", "params": {"pad": "x".repeat(2 << 20)}}).to_string())
-        .send()
-        .await
-        .unwrap();
+    // Once the attackers hang up, their shares come back: a 2 MiB POST body fits again.
     drop(sockets);
-    assert_eq!(r.status(), 200);
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "_mock/echo",
+        "params": {"pad": "x".repeat(2 << 20)}})
+    .to_string();
+    crate::support::eventually_async(
+        Duration::from_secs(10),
+        "the in-flight budget back",
+        || async {
+            let r = d
+                .client()
+                .post(d.url("/v1/acp/atk"))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            (r.status() == 200).then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,8 +655,15 @@ async fn an_unfinished_websocket_message_is_closed_at_its_deadline_on_every_sock
         s.write_all(&frame_header(0x01, 100)).await.unwrap();
         s.write_all(&[b' '; 40]).await.unwrap();
         let t = Instant::now();
-        assert_eq!(close_code(&mut s, Duration::from_secs(15)).await, Some(1008), "{path}");
-        assert!(t.elapsed() >= Duration::from_millis(1500), "{path}: closed too early");
+        assert_eq!(
+            close_code(&mut s, Duration::from_secs(15)).await,
+            Some(1008),
+            "{path}"
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(1500),
+            "{path}: closed too early"
+        );
     }
     // The same over HTTP/2 (extended CONNECT): a first fragment, then nothing.
     let mut h2 = crate::transports::H2::connect(&d).await;
