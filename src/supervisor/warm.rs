@@ -867,7 +867,7 @@ mod tests {
             .unwrap();
         std::fs::rename(&script, &program).unwrap();
         let until = std::time::Instant::now() + BACKOFF_MAX * 3;
-        while pool.state.lock().unwrap().ready.len() < 1 {
+        while pool.state.lock().unwrap().ready.is_empty() {
             assert!(
                 std::time::Instant::now() < until,
                 "the pool never filled again"
