@@ -535,15 +535,15 @@ where
 async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_pass() {
     use tokio::io::AsyncWriteExt;
     let d = Daemon::builder()
-        .args(["--acp-inflight-bytes", "16M", "--body-limit", "8M"])
+        .args(["--acp-inflight-bytes", "4M", "--body-limit", "4M"])
         .start();
     // The instance the attack talks to exists first (its start is not part of the attack).
     let mut warm = ws_client(&d, "/v1/acp/atk?agent=mock").await;
     initialize_in_fragments(&mut warm, Duration::ZERO).await;
     let before = rss_mib(d.pid()).expect("the daemon's RSS");
-    // 48 sockets, each a text message of 4 MiB sent as four 1 MiB frames, never finished: 192
-    // MiB the daemon used to hold until the sockets closed.
-    const SOCKETS: usize = 48;
+    // 24 sockets, each a text message of 2 MiB sent as two 1 MiB frames, never finished: 48 MiB
+    // (and the library's buffers around them) the daemon used to hold until the sockets closed.
+    const SOCKETS: usize = 24;
     const MIB: usize = 1 << 20;
     let mut attackers = Vec::new();
     for _ in 0..SOCKETS {
@@ -553,7 +553,7 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
     let attack = tokio::spawn(async move {
         let sends = attackers.into_iter().map(|mut s| async move {
             let payload = vec![b' '; MIB];
-            for i in 0..4 {
+            for i in 0..2 {
                 let first = if i == 0 { 0x01 } else { 0x00 };
                 if s.write_all(&frame_header(first, MIB as u64)).await.is_err()
                     || s.write_all(&payload).await.is_err()
@@ -616,7 +616,7 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
     let peak = peak.await.unwrap();
     assert!(refused > 0, "no socket was refused for the budget");
     assert!(
-        peak < before + 96,
+        peak < before + 40,
         "the daemon went from {before} MiB to {peak} MiB holding unfinished messages"
     );
     // Once the attackers hang up, their shares come back: a 2 MiB POST body fits again.
@@ -717,4 +717,64 @@ async fn ws_client_with_token(
     let (ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
     assert_eq!(resp.status(), 101);
     ws
+}
+
+#[tokio::test]
+async fn a_warm_pool_whose_stubs_kept_failing_fills_again_once_they_can_start() {
+    if !is_root() {
+        skip("needs root for cgroups");
+        return;
+    }
+    // A budget for all agents together far too small for any stub: every stub is OOM-killed as
+    // it starts, many times in a row (it used to turn the pool off for the daemon's life).
+    let d = Daemon::builder()
+        .args(["--warm-spawns", "2", "--agents-memory-max", "1M"])
+        .start();
+    if !crate::supervisor::cgroup_controller_or_skip(&d, "memory") {
+        return;
+    }
+    let log = d.stderr();
+    let ready = log
+        .lines()
+        .find(|l| l.contains("agent cgroups ready"))
+        .expect("cgroups ready")
+        .to_string();
+    let Some(dir) = ready
+        .split('"')
+        .find(|t| t.starts_with('/') && t.contains("memory"))
+        .map(std::path::PathBuf::from)
+    else {
+        skip("the agents' cgroups have no memory hierarchy here");
+        return;
+    };
+    let limit = dir.join("memory.limit_in_bytes");
+    if !limit.exists() {
+        skip("not a v1 memory hierarchy");
+        return;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "three stub failures in a row",
+        || d.stderr().contains("stubs fail to start").then_some(()),
+    );
+    assert!(stubs_of(d.pid()).is_empty());
+    // Memory for the agents again: the pool must fill by itself, within its longest back-off.
+    // (With swap accounting the memory+swap limit goes first: it may never be below the other.)
+    let memsw = dir.join("memory.memsw.limit_in_bytes");
+    if memsw.exists() {
+        std::fs::write(&memsw, "-1").expect("lift the memory+swap budget");
+    }
+    std::fs::write(&limit, "-1").expect("lift the budget");
+    let stubs = eventually(Duration::from_secs(20), "the pool filled again", || {
+        let s = stubs_of(d.pid());
+        (s.len() == 2).then_some(s)
+    });
+    let (status, out) = run(
+        &d,
+        json!({"command": "sh", "args": ["-c", "echo $$"], "cwd": "/"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let pid: u32 = out["stdout"].as_str().unwrap().trim().parse().unwrap();
+    assert!(stubs.contains(&pid), "the run started from a stub");
 }
