@@ -93,6 +93,8 @@ pub struct ChildSetup {
     pub rlimits: Vec<(nix::sys::resource::Resource, u64)>,
     /// uid, gid and supplementary groups to switch to (last, after joining the cgroups).
     pub user: Option<(nix::unistd::Uid, nix::unistd::Gid, Vec<nix::unistd::Gid>)>,
+    /// The working directory, entered after the switch to `user` (see `enter_as`).
+    pub cwd: Option<std::ffi::CString>,
     /// Open files and the bytes the child writes to each once it has joined its cgroups,
     /// best-effort (a warm stub lowers its group's CPU weight there: after the joins, so it never
     /// holds the kernel's cgroup locks at that weight).
@@ -117,12 +119,32 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     Ok((soft, hard))
 }
 
+/// The last steps before a supervised program's exec, in the one order both spawn paths use (a
+/// direct spawn's child between fork and exec, a warm stub once told what to run): switch to the
+/// agent user (groups, gid, uid), then enter the working directory — as that user, so that a
+/// directory it could not reach by path is refused (EACCES) as it would be in a shell of its
+/// own. Async-signal-safe and allocation-free (the caller prepared every argument).
+pub fn enter_as(
+    user: Option<&(nix::unistd::Uid, nix::unistd::Gid, Vec<nix::unistd::Gid>)>,
+    cwd: Option<&std::ffi::CStr>,
+) -> io::Result<()> {
+    if let Some((uid, gid, groups)) = user {
+        nix::unistd::setgroups(groups).map_err(io::Error::from)?;
+        nix::unistd::setgid(*gid).map_err(io::Error::from)?;
+        nix::unistd::setuid(*uid).map_err(io::Error::from)?;
+    }
+    if let Some(cwd) = cwd {
+        nix::unistd::chdir(cwd).map_err(io::Error::from)?;
+    }
+    Ok(())
+}
+
 /// Registers the agent's child setup: new session, cgroups, rlimits, close-on-exec on every
-/// inherited descriptor, then the agent user.
+/// inherited descriptor, then the agent user and the working directory (`enter_as`).
 pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
     let nofile = INHERITED_NOFILE.get().copied();
     // SAFETY: the closure only makes async-signal-safe system calls (setsid, write, setrlimit,
-    // close_range, setgroups, setgid, setuid) on data prepared before the fork; it allocates
+    // close_range, setgroups, setgid, setuid, chdir) on data prepared before the fork; it allocates
     // nothing (error values carry a plain errno). The cgroup fds (and `after_join`'s) stay open
     // in the parent until `spawn` has returned, so they are valid in the child.
     unsafe {
@@ -157,12 +179,7 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
                 u32::MAX,
                 libc::CLOSE_RANGE_CLOEXEC,
             );
-            if let Some((uid, gid, groups)) = &setup.user {
-                nix::unistd::setgroups(groups).map_err(io::Error::from)?;
-                nix::unistd::setgid(*gid).map_err(io::Error::from)?;
-                nix::unistd::setuid(*uid).map_err(io::Error::from)?;
-            }
-            Ok(())
+            enter_as(setup.user.as_ref(), setup.cwd.as_deref())
         });
     }
 }

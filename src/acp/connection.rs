@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
@@ -422,16 +422,8 @@ impl StreamReader {
                     return Next::CutOff;
                 }
                 if !outbox.frames.is_empty() {
-                    let mut chunk = BytesMut::new();
-                    while let Some(f) = outbox.frames.front() {
-                        if !chunk.is_empty() && chunk.len() + f.len() > 64 * 1024 {
-                            break;
-                        }
-                        let f = outbox.frames.pop_front().expect("front exists");
-                        outbox.bytes -= f.len();
-                        chunk.extend_from_slice(&f);
-                    }
-                    return Next::Frames(chunk.freeze());
+                    let chunk = super::events::take_chunk(&mut outbox.frames, &mut outbox.bytes);
+                    return Next::Frames(chunk);
                 }
                 if ended {
                     return Next::End;

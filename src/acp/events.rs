@@ -303,22 +303,9 @@ impl Subscription {
                 if q.cut {
                     return Next::CutOff;
                 }
-                if let Some(first) = q.frames.pop_front() {
-                    q.bytes -= first.len();
-                    if q.frames.is_empty() || first.len() >= 64 * 1024 {
-                        return Next::Frames(first);
-                    }
-                    let mut chunk = BytesMut::with_capacity(first.len() * (q.frames.len() + 1));
-                    chunk.extend_from_slice(&first);
-                    while let Some(f) = q.frames.front() {
-                        if chunk.len() + f.len() > 64 * 1024 {
-                            break;
-                        }
-                        let f = q.frames.pop_front().expect("front exists");
-                        q.bytes -= f.len();
-                        chunk.extend_from_slice(&f);
-                    }
-                    return Next::Frames(chunk.freeze());
+                if !q.frames.is_empty() {
+                    let q = &mut *q;
+                    return Next::Frames(take_chunk(&mut q.frames, &mut q.bytes));
                 }
                 if q.closed {
                     return Next::End;
@@ -327,6 +314,34 @@ impl Subscription {
             self.queue.notify.notified().await;
         }
     }
+}
+
+/// Most bytes of queued frames one wake-up of a reader concatenates (one larger frame goes alone).
+pub(super) const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Takes the frames at the front of `frames` (at least one; `frames` must not be empty) that
+/// together fit in `CHUNK_BYTES`, as one buffer, subtracting them from `bytes`. The buffer is
+/// sized to exactly what is taken: sizing it from the queue's length instead (a large first
+/// frame times the number queued) reserved gigabytes that were never written.
+pub(super) fn take_chunk(frames: &mut VecDeque<Bytes>, bytes: &mut usize) -> Bytes {
+    let mut size = 0;
+    let mut count = 0;
+    for f in frames.iter() {
+        if count > 0 && size + f.len() > CHUNK_BYTES {
+            break;
+        }
+        size += f.len();
+        count += 1;
+    }
+    *bytes -= size;
+    if count == 1 {
+        return frames.pop_front().expect("one frame counted");
+    }
+    let mut chunk = BytesMut::with_capacity(size);
+    for f in frames.drain(..count) {
+        chunk.extend_from_slice(&f);
+    }
+    chunk.freeze()
 }
 
 /// What `Subscription::next_into` found.
@@ -350,7 +365,7 @@ impl Subscription {
                 }
                 let mut taken = 0;
                 while let Some(f) = q.frames.front() {
-                    if taken > 0 && taken + f.len() > 64 * 1024 {
+                    if taken > 0 && taken + f.len() > CHUNK_BYTES {
                         break;
                     }
                     let f = q.frames.pop_front().expect("front exists");

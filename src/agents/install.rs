@@ -611,7 +611,9 @@ fn safe_relative(p: &Path) -> Option<PathBuf> {
     (!out.as_os_str().is_empty()).then_some(out)
 }
 
-/// `npm install --prefix <dest> <specs…>`; `npm` and `node` must be on `path`.
+/// `npm install --prefix <dest> -- <specs…>`; `npm` and `node` must be on `path`. The `--` ends
+/// npm's options: a spec from a registry document that starts with a dash (`--global`,
+/// `--prefix=/`) is a package name to npm, never an option.
 pub async fn npm_install(
     specs: &[String],
     dest: &Path,
@@ -634,6 +636,7 @@ pub async fn npm_install(
             "--loglevel=error",
             "--no-update-notifier",
         ])
+        .arg("--")
         .args(specs)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))

@@ -604,14 +604,25 @@ pub fn extract_zip<R: Read + Seek>(
             }
         };
         let perm = mode.map(|m| m & 0o777).filter(|m| *m != 0).unwrap_or(0o644);
-        // What is really written counts, within what is left of the limit.
+        // What is really written counts, within what is left of the limit. An entry is cut one
+        // byte past the size the archive's index declares for it: a deflate stream that goes on
+        // inflating beyond that (a bomb behind a small declared size) is refused there, after
+        // at most its declared size was written, instead of being written whole.
+        let declared = entry.size();
         let budget = w.budget();
+        let mut capped = (&mut entry).take(declared.saturating_add(1));
         let mut counted = Counting {
-            inner: &mut entry,
+            inner: &mut capped,
             n: 0,
         };
         w.entry(&raw, kind, (perm, None), &mut counted, budget)?;
         let n = counted.n;
+        if n > declared {
+            return Err(refused(
+                &name,
+                &format!("it inflates to more than the {declared} bytes the archive declares"),
+            ));
+        }
         w.add_bytes(n)?;
     }
     w.finish()

@@ -358,10 +358,7 @@ async fn stream(
     headers: HeaderMap,
     uri: axum::http::Uri,
     hold: Option<axum::Extension<super::ws::StreamHold>>,
-    upgrade: Result<
-        axum::extract::ws::WebSocketUpgrade,
-        axum::extract::ws::rejection::WebSocketUpgradeRejection,
-    >,
+    upgrade: Result<super::ws::Upgrade, super::ws::UpgradeRejection>,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();

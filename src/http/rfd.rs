@@ -8,8 +8,6 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -19,7 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::acp::{accepts, is_json_content_type};
-use super::ws::{SocketPlan, configure, run_socket, wants_upgrade};
+use super::ws::{SocketPlan, Upgrade, UpgradeRejection, run_socket, wants_upgrade};
 use super::{AppState, Problem};
 use crate::acp::connection::session_of;
 use crate::acp::events::KEEPALIVE_FRAME;
@@ -243,7 +241,7 @@ async fn open_stream(
     method: axum::http::Method,
     headers: HeaderMap,
     hold: Option<axum::Extension<super::ws::StreamHold>>,
-    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    upgrade: Result<Upgrade, UpgradeRejection>,
 ) -> Response {
     if wants_upgrade(&method, &headers) {
         return open_socket(st, agent, upgrade, hold.map(|axum::Extension(h)| h));
@@ -289,7 +287,7 @@ async fn open_stream(
 fn open_socket(
     st: AppState,
     agent: String,
-    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    upgrade: Result<Upgrade, UpgradeRejection>,
     hold: Option<super::ws::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
@@ -319,7 +317,7 @@ fn open_socket(
         connection: Some((conn, guard)),
         hold,
     };
-    let mut resp = configure(upgrade, &st).on_upgrade(move |socket| run_socket(socket, st, plan));
+    let mut resp = upgrade.on_upgrade(&st.clone(), move |socket| run_socket(socket, st, plan));
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(CONNECTION_ID, v);
     }

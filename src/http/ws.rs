@@ -8,16 +8,29 @@
 //! socket whose reader fell behind is closed and its queue dropped, even while a write to it is
 //! blocked.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
-use axum::http::{HeaderMap, Method, Uri, header};
+use axum::body::{Body, Bytes};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
+use hyper_util::rt::TokioIo;
 use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+
+use crate::acp::caps::{Budget, Reservation};
 
 use super::{AppState, Problem};
 use crate::acp::connection::ReaderGuard;
@@ -85,7 +98,7 @@ pub async fn acp_socket(
     st: AppState,
     server_id: String,
     uri: Uri,
-    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    upgrade: Result<Upgrade, UpgradeRejection>,
     hold: Option<StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
@@ -117,7 +130,7 @@ pub async fn acp_socket(
         connection: None,
         hold,
     };
-    configure(upgrade, &st).on_upgrade(move |socket| run_socket(socket, st, plan))
+    upgrade.on_upgrade(&st.clone(), move |socket| run_socket(socket, st, plan))
 }
 
 fn body_limit(st: &AppState) -> usize {
@@ -129,11 +142,363 @@ fn body_limit(st: &AppState) -> usize {
 /// still takes hundreds of small frames per read.
 const READ_BUFFER: usize = 32 * 1024;
 
-/// The settings every socket of ours gets: frames up to `--body-limit`, the read buffer above.
-pub fn configure(upgrade: WebSocketUpgrade, st: &AppState) -> WebSocketUpgrade {
-    upgrade
-        .max_message_size(body_limit(st))
-        .read_buffer_size(READ_BUFFER)
+/// The socket a handler gets: the library's stream over the upgraded connection, every read
+/// through `Metered`.
+pub type Socket = WebSocketStream<Metered<TokioIo<hyper::upgrade::Upgraded>>>;
+
+/// A checked WebSocket upgrade request: HTTP/1.1 `GET` with `Upgrade: websocket`, or an HTTP/2
+/// extended CONNECT with `:protocol = websocket` (RFC 8441). Our own extractor rather than the
+/// framework's, so that the socket's reads go through `Metered`.
+pub struct Upgrade {
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    /// `Sec-WebSocket-Key` (HTTP/1.1 only).
+    key: Option<HeaderValue>,
+}
+
+/// Why a request is not a WebSocket upgrade we can serve.
+#[derive(Debug)]
+pub struct UpgradeRejection(&'static str);
+
+impl std::fmt::Display for UpgradeRejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl IntoResponse for UpgradeRejection {
+    fn into_response(self) -> Response {
+        Problem::bad_request(format!("bad WebSocket upgrade: {}", self.0)).into_response()
+    }
+}
+
+fn header_has_token(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case(token))
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Upgrade {
+    type Rejection = UpgradeRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let key = if parts.method == Method::GET {
+            if !header_has_token(&parts.headers, header::CONNECTION, "upgrade") {
+                return Err(UpgradeRejection("`Connection` does not include `upgrade`"));
+            }
+            if !header_has_token(&parts.headers, header::UPGRADE, "websocket") {
+                return Err(UpgradeRejection("`Upgrade` is not `websocket`"));
+            }
+            let Some(key) = parts.headers.get(header::SEC_WEBSOCKET_KEY) else {
+                return Err(UpgradeRejection("`Sec-WebSocket-Key` is missing"));
+            };
+            Some(key.clone())
+        } else if parts.method == Method::CONNECT {
+            let protocol = parts.extensions.get::<hyper::ext::Protocol>();
+            if !protocol.is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket")) {
+                return Err(UpgradeRejection("`:protocol` is not `websocket`"));
+            }
+            None
+        } else {
+            return Err(UpgradeRejection("a WebSocket upgrade is a GET or CONNECT"));
+        };
+        if parts
+            .headers
+            .get(header::SEC_WEBSOCKET_VERSION)
+            .is_none_or(|v| v.as_bytes() != b"13")
+        {
+            return Err(UpgradeRejection("`Sec-WebSocket-Version` is not 13"));
+        }
+        let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+            return Err(UpgradeRejection("this connection cannot be upgraded"));
+        };
+        Ok(Upgrade { on_upgrade, key })
+    }
+}
+
+impl Upgrade {
+    /// Answers the upgrade (101, or 200 to an extended CONNECT) and, once the connection is
+    /// handed over, runs `callback` with the socket: messages up to `--body-limit`, the read
+    /// buffer above, reads metered against the in-flight budget (`Metered`).
+    pub fn on_upgrade<F, Fut>(self, st: &AppState, callback: F) -> Response
+    where
+        F: FnOnce(Socket) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let limit = body_limit(st);
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(limit))
+            .max_frame_size(Some(limit))
+            .read_buffer_size(READ_BUFFER);
+        let budget = st.acp.inflight_budget().clone();
+        let deadline = st.config.idle_timeout;
+        let on_upgrade = self.on_upgrade;
+        tokio::spawn(async move {
+            let upgraded = match on_upgrade.await {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a WebSocket upgrade did not complete");
+                    return;
+                }
+            };
+            let io = Metered::new(TokioIo::new(upgraded), budget, deadline);
+            let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
+            callback(socket).await;
+        });
+        match self.key {
+            Some(key) => {
+                let accept =
+                    tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+                let mut resp = Response::new(Body::empty());
+                *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                let h = resp.headers_mut();
+                h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+                if let Ok(v) = HeaderValue::from_str(&accept) {
+                    h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+                }
+                resp
+            }
+            // HTTP/2 (RFC 8441): a 2xx with no body opens the stream as the socket.
+            None => Response::new(Body::empty()),
+        }
+    }
+}
+
+/// Bytes of an unfinished message a socket may hold without a share of the in-flight budget:
+/// the messages of ordinary ACP traffic, so that they still go through while attackers hold the
+/// whole budget (the daemon holds at most this per socket, `--max-connections` sockets).
+const FREE_PER_SOCKET: u64 = 64 * 1024;
+
+/// Beyond `FREE_PER_SOCKET`, the share of the budget grows in steps of this.
+const BUDGET_STEP: u64 = 256 * 1024;
+
+/// Why a metered socket was ended, for its close frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The in-flight budget could not cover an unfinished message.
+    BudgetFull,
+    /// A message was not complete within `--idle-timeout` of its first frame.
+    TooSlow,
+}
+
+/// What a `Metered` reports to the socket's reader.
+#[derive(Default)]
+pub struct MeterReport {
+    refusal: Mutex<Option<Refusal>>,
+}
+
+impl MeterReport {
+    pub fn refusal(&self) -> Option<Refusal> {
+        *self.refusal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Where the frame parser is in the byte stream.
+#[derive(Debug)]
+enum FramePos {
+    /// Reading a frame header: the bytes so far (at most 14).
+    Header { buf: [u8; 14], have: usize },
+    /// Inside a frame's payload: bytes left, whether it is a data frame and its FIN bit.
+    Payload { left: u64, data: bool, fin: bool },
+}
+
+/// The reads of a server socket, followed frame by frame (headers parsed, payloads skipped) so
+/// that the bytes of a data message still being assembled are known without trusting the
+/// library's buffers: up to `FREE_PER_SOCKET` they are free, beyond that they hold a share of
+/// the in-flight budget (`--acp-inflight-bytes`, shared with ACP request bodies), given back
+/// when the message's last frame is complete; a message must be complete within its deadline
+/// (`--idle-timeout` from its first frame). A socket that passes either is ended with an error
+/// its reader sees as the end of the stream (and `MeterReport` says why). Writes pass through.
+pub struct Metered<IO> {
+    io: IO,
+    pos: FramePos,
+    /// A data message is being assembled (its first frame was seen, its last not yet).
+    in_message: bool,
+    /// Payload bytes of that message so far.
+    held: u64,
+    budget: Arc<Budget>,
+    share: Reservation,
+    shared: u64,
+    limit: Duration,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    report: Arc<MeterReport>,
+}
+
+impl<IO> Metered<IO> {
+    pub fn new(io: IO, budget: Arc<Budget>, limit: Duration) -> Self {
+        Metered {
+            io,
+            pos: FramePos::Header {
+                buf: [0; 14],
+                have: 0,
+            },
+            in_message: false,
+            held: 0,
+            budget,
+            share: Reservation::default(),
+            shared: 0,
+            limit,
+            deadline: None,
+            report: Arc::default(),
+        }
+    }
+
+    pub fn report(&self) -> Arc<MeterReport> {
+        self.report.clone()
+    }
+
+    fn refuse(&mut self, why: Refusal) -> io::Error {
+        *self
+            .report
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why);
+        self.share = Reservation::default();
+        self.shared = 0;
+        io::Error::other(match why {
+            Refusal::BudgetFull => {
+                "an unfinished WebSocket message does not fit the in-flight budget"
+            }
+            Refusal::TooSlow => "a WebSocket message was not completed in time",
+        })
+    }
+
+    /// Follows `bytes` (just read) through the frame structure.
+    fn observe(&mut self, mut bytes: &[u8]) -> Result<(), Refusal> {
+        while !bytes.is_empty() {
+            match &mut self.pos {
+                FramePos::Header { buf, have } => {
+                    let mut need = 2;
+                    while *have < need {
+                        let Some((&b, rest)) = bytes.split_first() else {
+                            return Ok(());
+                        };
+                        buf[*have] = b;
+                        *have += 1;
+                        bytes = rest;
+                        if *have >= 2 {
+                            let ext = match buf[1] & 0x7f {
+                                126 => 2,
+                                127 => 8,
+                                _ => 0,
+                            };
+                            let mask = if buf[1] & 0x80 != 0 { 4 } else { 0 };
+                            need = 2 + ext + mask;
+                        }
+                    }
+                    let len = match buf[1] & 0x7f {
+                        126 => u64::from(u16::from_be_bytes([buf[2], buf[3]])),
+                        127 => u64::from_be_bytes([
+                            buf[2], buf[3], buf[4], buf[5], buf[6], buf[7], buf[8], buf[9],
+                        ]),
+                        n => u64::from(n),
+                    };
+                    let fin = buf[0] & 0x80 != 0;
+                    // Continuation, text and binary frames carry a message; the rest (0x8..)
+                    // are control frames, which may come between a message's frames.
+                    let data = buf[0] & 0x0f < 8;
+                    if data && !self.in_message {
+                        self.in_message = true;
+                        self.deadline = Some(Box::pin(tokio::time::sleep(self.limit)));
+                    }
+                    self.pos = FramePos::Payload {
+                        left: len,
+                        data,
+                        fin,
+                    };
+                }
+                FramePos::Payload { left, data, .. } => {
+                    let take = (*left).min(bytes.len() as u64);
+                    *left -= take;
+                    bytes = &bytes[take as usize..];
+                    if *data {
+                        self.held = self.held.saturating_add(take);
+                    }
+                }
+            }
+            if let FramePos::Payload { left: 0, data, fin } = self.pos {
+                if data && fin {
+                    // The message is complete: its share goes back.
+                    self.in_message = false;
+                    self.held = 0;
+                    self.share = Reservation::default();
+                    self.shared = 0;
+                    self.deadline = None;
+                }
+                self.pos = FramePos::Header {
+                    buf: [0; 14],
+                    have: 0,
+                };
+            }
+            while self.held > FREE_PER_SOCKET + self.shared {
+                if !self.share.grow(&self.budget, BUDGET_STEP) {
+                    return Err(Refusal::BudgetFull);
+                }
+                self.shared += BUDGET_STEP;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(why) = this.report.refusal() {
+            return Poll::Ready(Err(this.refuse(why)));
+        }
+        // Polled before the read, so that a client that went silent mid-message is woken for.
+        if let Some(d) = this.deadline.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(this.refuse(Refusal::TooSlow)));
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        let filled = buf.filled();
+        let new = &filled[before..];
+        if let Err(why) = this.observe(new) {
+            return Poll::Ready(Err(this.refuse(why)));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
 }
 
 /// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket (see
@@ -178,17 +543,18 @@ fn close(code: u16, reason: impl Into<String>) -> Message {
         reason.truncate(cut);
     }
     Message::Close(Some(CloseFrame {
-        code,
+        code: CloseCode::from(code),
         reason: Utf8Bytes::from(reason),
     }))
 }
 
 /// Serves one socket until either side ends it.
-pub async fn run_socket(socket: WebSocket, st: AppState, plan: SocketPlan) {
+pub async fn run_socket(socket: Socket, st: AppState, plan: SocketPlan) {
+    let report = socket.get_ref().report();
     let (sink, stream) = socket.split();
     // Frames the daemon itself answers (errors) go through the writer, so that one task writes.
     let (own_tx, own_rx) = mpsc::channel::<Message>(64);
-    let reader = read_frames(stream, &st, &plan.server_id, own_tx);
+    let reader = read_frames(stream, &st, &plan.server_id, own_tx, report);
     let writer = write_frames(sink, &st, &plan, own_rx);
     tokio::select! {
         _ = reader => {}
@@ -208,10 +574,11 @@ const BATCH_BYTES: usize = 256 * 1024;
 /// that are already decoded when the first one is taken (a client that pipelines sends many per
 /// TCP segment) are delivered as one batch.
 async fn read_frames(
-    mut stream: futures_util::stream::SplitStream<WebSocket>,
+    mut stream: futures_util::stream::SplitStream<Socket>,
     st: &AppState,
     server_id: &str,
     own_tx: mpsc::Sender<Message>,
+    report: Arc<MeterReport>,
 ) {
     use futures_util::FutureExt;
     let mut frames: Vec<Option<Message>> = Vec::new();
@@ -249,6 +616,27 @@ async fn read_frames(
                 }
                 None => {
                     deliver(st, server_id, &mut envelopes, &own_tx).await;
+                    // Ended by the meter: say why (the writer sends it, then the socket ends).
+                    if let Some(why) = report.refusal() {
+                        let frame = match why {
+                            Refusal::BudgetFull => close(
+                                1013,
+                                "an unfinished message does not fit the daemon's in-flight budget; try again later",
+                            ),
+                            Refusal::TooSlow => close(
+                                1008,
+                                format!(
+                                    "a message was not completed within {} of its first frame (--idle-timeout)",
+                                    humantime::format_duration(st.config.idle_timeout)
+                                ),
+                            ),
+                        };
+                        tracing::info!(server_id, refusal = ?why, "a WebSocket was closed for an unfinished message");
+                        if own_tx.send(frame).await.is_ok() {
+                            let _ =
+                                tokio::time::timeout(Duration::from_secs(1), own_tx.closed()).await;
+                        }
+                    }
                     return;
                 }
                 // Binary frames are ignored (the RFD's rule); pings are answered by the library.
@@ -361,7 +749,7 @@ async fn cut_off(sub: &Subscription) {
 
 /// Writes the event log (and the daemon's own frames) to the socket.
 async fn write_frames(
-    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut sink: futures_util::stream::SplitSink<Socket, Message>,
     st: &AppState,
     plan: &SocketPlan,
     mut own_rx: mpsc::Receiver<Message>,

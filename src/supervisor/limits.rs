@@ -2,6 +2,8 @@
 //! that is missing, and the user an agent runs as. RLIMIT_AS and RLIMIT_NPROC are never used: the
 //! first breaks Node (it reserves large address ranges), the second counts the whole user.
 
+use std::path::PathBuf;
+
 use nix::sys::resource::Resource;
 use nix::unistd::{Gid, Uid, User};
 
@@ -66,6 +68,39 @@ pub fn resolve_user(spec: Option<&str>) -> Result<Option<AgentUser>, String> {
         .map_err(|_| format!("agent user `{spec}` has an invalid name"))?;
     let groups = nix::unistd::getgrouplist(&name, user.gid).unwrap_or_else(|_| vec![user.gid]);
     Ok(Some((user.uid, user.gid, groups)))
+}
+
+/// The HOME an agent user gets. A root daemon's own HOME (`/root`) is not the agent's: its
+/// home directory from the user database when that is a directory the user owns, else
+/// `<data-dir>/home/<uid>`, made for it (mode 0700, owned by it).
+pub fn agent_home(user: &AgentUser, data_dir: &std::path::Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let (uid, gid, _) = user;
+    if let Ok(Some(entry)) = User::from_uid(*uid)
+        && std::fs::metadata(&entry.dir).is_ok_and(|m| m.is_dir() && m.uid() == uid.as_raw())
+    {
+        return Ok(entry.dir);
+    }
+    let homes = data_dir.join("home");
+    std::fs::create_dir_all(&homes)?;
+    let home = homes.join(uid.as_raw().to_string());
+    match std::fs::DirBuilder::new().mode(0o700).create(&home) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Only a real directory (never a link planted there) is handed over.
+    let meta = std::fs::symlink_metadata(&home)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory",
+            home.display()
+        )));
+    }
+    if meta.uid() != uid.as_raw() || meta.gid() != gid.as_raw() {
+        nix::unistd::chown(&home, Some(*uid), Some(*gid)).map_err(std::io::Error::from)?;
+    }
+    Ok(home)
 }
 
 #[cfg(test)]

@@ -588,28 +588,37 @@ impl Supervisor {
     /// behind) and resolves the agent user.
     pub fn new(config: &Config) -> Self {
         let mut base_env = config.agent_base_env.clone();
+        let user = limits::resolve_user(config.agent_user.as_deref());
+        if let Err(e) = &user {
+            tracing::error!(error = e, "agents cannot start until --agent-user is fixed");
+        }
+        // An agent user gets its own HOME, not the daemon's (`--agent-env HOME=…` still wins).
+        if let Ok(Some(u)) = &user {
+            base_env.retain(|(k, _)| k != "HOME");
+            match limits::agent_home(u, &config.data_dir) {
+                Ok(home) => base_env.push(("HOME".into(), home.into_os_string())),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no HOME for the agent user; agents start without HOME")
+                }
+            }
+        }
         base_env.extend(
             config
                 .agent_env
                 .iter()
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
-        let user = limits::resolve_user(config.agent_user.as_deref());
-        if let Err(e) = &user {
-            tracing::error!(error = e, "agents cannot start until --agent-user is fixed");
-        }
         let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
         cgroups.apply_budget(config.agents_memory_max, config.agents_pids_max);
         let cgroups = Arc::new(cgroups);
         let limits = Limits::from_config(config);
         // Only cgroups make a start wait (for the join); without them there is nothing to hide.
         let warm = match &user {
-            Ok(user) if cgroups.enabled() && config.warm_spawns > 0 => {
+            Ok(_) if cgroups.enabled() && config.warm_spawns > 0 => {
                 let pool = warm::Pool::new(
                     warm::Recipe {
                         cgroups: cgroups.clone(),
                         limits,
-                        user: user.clone(),
                         program: PathBuf::from("/proc/self/exe"),
                     },
                     config.warm_spawns,

@@ -5,6 +5,7 @@
 //! ready: it only has to exec.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,12 @@ pub(super) fn spawn(
             format!("working directory {} does not exist", spec.cwd.display()),
         )));
     }
+    let cwd = std::ffi::CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| {
+        fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the working directory contains a NUL byte",
+        ))
+    })?;
     let pipes = matches!(stdio, ChildStdio::Pipes | ChildStdio::AllPipes);
     let warm_msg = match &sup.warm {
         Some(_) if pipes => warm::message(&warm::Launch {
@@ -48,6 +55,7 @@ pub(super) fn spawn(
             args: &spec.args,
             env: merged_env(&sup.base_env, &spec.env),
             cwd: &spec.cwd,
+            user: user.as_ref(),
         }),
         _ => None,
     };
@@ -58,31 +66,45 @@ pub(super) fn spawn(
         if !sup.limits.fallback_rlimits(stub.applied).is_empty() {
             announce_fallback("memory");
         }
-        let launched = warm::launch(&mut stub, &msg);
-        if let Err(e) = launched {
-            // The stub exits by itself after a failed exec; make sure, reap it, drop its cgroup.
-            let _ = stub.child.start_kill();
-            let (child, cgroup) = (stub.child, stub.cgroup);
-            tokio::spawn(async move {
-                let mut child = child;
-                let _ = child.wait().await;
-                if let Some(cg) = cgroup {
-                    let _ = tokio::task::spawn_blocking(move || {
-                        cg.kill_all();
-                        cg.remove_dirs();
-                    })
-                    .await;
+        match warm::launch(&mut stub, &msg) {
+            Ok(()) => {
+                return Ok(started(
+                    sup,
+                    spec,
+                    stub.child,
+                    stub.cgroup,
+                    matches!(stdio, ChildStdio::Pipes),
+                ));
+            }
+            Err(e) => {
+                // The stub exits by itself after a failed exec; make sure, reap it, drop its
+                // cgroup.
+                let _ = stub.child.start_kill();
+                let (child, cgroup) = (stub.child, stub.cgroup);
+                tokio::spawn(async move {
+                    let mut child = child;
+                    let _ = child.wait().await;
+                    if let Some(cg) = cgroup {
+                        let _ = tokio::task::spawn_blocking(move || {
+                            cg.kill_all();
+                            cg.remove_dirs();
+                        })
+                        .await;
+                    }
+                });
+                match e {
+                    // Killed (or dead) before its exec: the program never ran, so the start
+                    // takes the direct path below instead of reporting a death it did not die.
+                    warm::LaunchError::DiedBeforeExec => {
+                        tracing::info!(
+                            server_id = spec.server_id,
+                            "a warm spawn stub died before its exec; starting directly"
+                        );
+                    }
+                    warm::LaunchError::Failed(e) => return Err(fail(e)),
                 }
-            });
-            return Err(fail(e));
+            }
         }
-        return Ok(started(
-            sup,
-            spec,
-            stub.child,
-            stub.cgroup,
-            matches!(stdio, ChildStdio::Pipes),
-        ));
     }
     let (cgroup, applied) = if sup.cgroups.enabled() {
         match sup.cgroups.create(&spec.server_id, &sup.limits) {
@@ -115,7 +137,6 @@ pub(super) fn spawn(
         .env_clear()
         .envs(sup.base_env.iter().map(|(k, v)| (k, v)))
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&spec.cwd)
         .kill_on_drop(false);
     let terminal = match stdio {
         ChildStdio::Pipes | ChildStdio::AllPipes => {
@@ -148,6 +169,9 @@ pub(super) fn spawn(
             rlimits,
             user,
             after_join: Vec::new(),
+            // Entered as the agent user, after the switch (never by std's `current_dir`, which
+            // runs before any `pre_exec` and so as root).
+            cwd: Some(cwd),
         },
     );
     if terminal {

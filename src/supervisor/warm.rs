@@ -1,6 +1,10 @@
 //! Warm spawns: children started ahead of need, each already in its own session, its own cgroup
-//! (limits written and read back), with its rlimits and as the agent user, waiting in a small stub
-//! (our own binary, `sandbox-agent spawn-stub <fd>`) for the program it is to become.
+//! (limits written and read back) and with its rlimits, waiting in a small stub (our own binary,
+//! `sandbox-agent spawn-stub <fd>`) for the program it is to become. A stub waits as the
+//! daemon's user, not as the agent user: a process of the agent user can neither ptrace it
+//! (and rewrite its registers at its exec to run its own program in the client's place) nor
+//! signal it. Told what to run, it switches to the agent user, enters the working directory as
+//! that user (`sys::enter_as`, the step a direct spawn takes too) and execs.
 //!
 //! Why: joining a cgroup (the child's write to `cgroup.procs`) takes the kernel's
 //! `cgroup_threadgroup_rwsem` for writing, and on kernels from 6.0 on (without the
@@ -17,10 +21,12 @@
 //! leftovers like any other); the pool never holds more than its size; `close` kills and reaps
 //! every stub and removes its cgroups, and the supervisor's shutdown awaits it.
 //!
-//! The control protocol (one Unix stream socket per stub): the stub writes one byte when it is
-//! ready; the daemon writes one launch message (`encode`); the stub makes its control socket
-//! close-on-exec and execs, so end of file means the program runs, and four bytes (an errno, little
-//! endian) mean the exec failed (the stub then exits 127).
+//! The control protocol (one Unix stream socket per stub): the stub names itself `STUB_COMM`
+//! and writes one byte when it is ready; the daemon writes one launch message (`encode`); the stub
+//! makes its control socket close-on-exec and execs, so end of file means the program runs — or
+//! that the stub died — and four bytes (an errno, little endian) mean the exec failed (the stub
+//! then exits 127). An exec is told from a death by the name: the kernel renames a process
+//! at its exec, before the new program runs, and a dead stub keeps its name (`exec_happened`).
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -52,9 +58,33 @@ const MAX_MESSAGE: usize = 16 << 20;
 /// How long after the last start the pool refills (see `Pool::take`).
 const REFILL_QUIET: Duration = Duration::from_millis(10);
 
-/// Consecutive failures to make a stub after which the pool stops trying (and says so): a daemon
-/// binary that cannot run as the agent user, say, would otherwise fail on every start.
-const MAX_FAILURES: u32 = 3;
+/// After a failure to make a stub the pool waits before it tries again, twice as long after
+/// each failure in a row, from `BACKOFF_MIN` up to `BACKOFF_MAX`: a stub that cannot start at
+/// all costs one attempt per `BACKOFF_MAX`, and a pool whose stubs were killed for a while (an
+/// OOM kill, an operator) fills again by itself — it never stops for good.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Consecutive failures after which a failure is logged as a warning (earlier ones: debug).
+const WARN_AFTER: u32 = 3;
+
+/// The name (`comm`) a stub gives itself while it waits; its exec replaces it.
+const STUB_COMM: &std::ffi::CStr = c"sa-spawn-stub";
+
+/// How a launch went wrong.
+#[derive(Debug)]
+pub(super) enum LaunchError {
+    /// The stub was gone before its exec (killed, or dead by itself): the program never ran.
+    DiedBeforeExec,
+    /// The exec failed (its errno), or the stub could not be told or did not answer in time.
+    Failed(io::Error),
+}
+
+fn backoff(failures: u32) -> Duration {
+    BACKOFF_MIN
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX)
+}
 
 /// A child waiting to exec: its tokio handle (pipes included), its control socket and its cgroup.
 pub(super) struct Stub {
@@ -70,7 +100,6 @@ pub(super) struct Stub {
 pub(super) struct Recipe {
     pub cgroups: Arc<Cgroups>,
     pub limits: Limits,
-    pub user: Option<AgentUser>,
     /// Our own binary (`/proc/self/exe` in the daemon).
     pub program: PathBuf,
 }
@@ -80,7 +109,11 @@ struct State {
     ready: VecDeque<Stub>,
     /// Stubs being made (counted against the size so refills never overshoot).
     making: usize,
+    /// Failures to make a stub in a row, and until when the pool waits before the next try.
     failures: u32,
+    retry_at: Option<std::time::Instant>,
+    /// A task waits for `retry_at` to refill.
+    retry_pending: bool,
 }
 
 /// At most `size` warm stubs, refilled in the background after each one taken.
@@ -89,6 +122,8 @@ pub(super) struct Pool {
     size: usize,
     state: Mutex<State>,
     closed: AtomicBool,
+    /// Cancelled by `close`: ends a refill task waiting out a back-off.
+    closing: tokio_util::sync::CancellationToken,
     tasks: TaskTracker,
     /// Starts so far; a refill waits until this has not moved for `REFILL_QUIET`.
     takes: AtomicU64,
@@ -101,6 +136,7 @@ impl Pool {
             size,
             state: Mutex::new(State::default()),
             closed: AtomicBool::new(false),
+            closing: tokio_util::sync::CancellationToken::new(),
             tasks: TaskTracker::new(),
             takes: AtomicU64::new(0),
         })
@@ -153,7 +189,10 @@ impl Pool {
         }
         let missing = {
             let mut st = self.state.lock().expect("pool lock");
-            if st.failures >= MAX_FAILURES {
+            if let Some(at) = st.retry_at
+                && std::time::Instant::now() < at
+            {
+                self.retry_later(&mut st, at);
                 return;
             }
             let n = self.size.saturating_sub(st.ready.len() + st.making);
@@ -172,6 +211,7 @@ impl Pool {
                 match made {
                     Ok(stub) if !pool.closed.load(Ordering::Acquire) => {
                         st.failures = 0;
+                        st.retry_at = None;
                         st.ready.push_back(stub);
                     }
                     Ok(stub) => {
@@ -179,16 +219,39 @@ impl Pool {
                         pool.discard(stub);
                     }
                     Err(e) => {
-                        st.failures += 1;
-                        if st.failures == MAX_FAILURES {
-                            tracing::warn!(error = %e, "cannot keep warm spawns (stubs fail to start); every start now pays its own cgroup join");
+                        st.failures = st.failures.saturating_add(1);
+                        let wait = backoff(st.failures);
+                        let at = std::time::Instant::now() + wait;
+                        st.retry_at = Some(st.retry_at.map_or(at, |t| t.max(at)));
+                        if st.failures == WARN_AFTER {
+                            tracing::warn!(error = %e, failures = st.failures, retry_in_ms = wait.as_millis() as u64, "warm spawn stubs fail to start; starts pay their own cgroup join until one does");
                         } else {
-                            tracing::debug!(error = %e, "warm spawn stub failed to start");
+                            tracing::debug!(error = %e, failures = st.failures, "warm spawn stub failed to start");
                         }
+                        let at = st.retry_at.expect("just set");
+                        pool.retry_later(&mut st, at);
                     }
                 }
             });
         }
+    }
+
+    /// Refills at `at` (once: a refill already waiting covers this one), unless closed first.
+    fn retry_later(self: &Arc<Self>, st: &mut State, at: std::time::Instant) {
+        if st.retry_pending || self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        st.retry_pending = true;
+        let pool = self.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep_until(at.into()) => {
+                    pool.state.lock().expect("pool lock").retry_pending = false;
+                    pool.refill();
+                }
+                _ = pool.closing.cancelled() => {}
+            }
+        });
     }
 
     /// Kills a stub, reaps it and removes its cgroups, in a tracked task.
@@ -199,6 +262,7 @@ impl Pool {
     /// No more stubs: waits for those being made, then kills, reaps and removes every one.
     pub async fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.closing.cancel();
         self.tasks.close();
         self.tasks.wait().await;
         let ready: Vec<Stub> = self
@@ -296,8 +360,10 @@ fn make(r: &Recipe) -> io::Result<Stub> {
         crate::sys::ChildSetup {
             cgroup_procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
             rlimits: r.limits.fallback_rlimits(applied),
-            user: r.user.clone(),
+            // The stub waits as our user; it switches to the agent user when told what to run.
+            user: None,
             after_join,
+            cwd: None,
         },
     );
     crate::sys::keep_fd_on_exec(&mut cmd, theirs.as_raw_fd());
@@ -317,9 +383,7 @@ fn make(r: &Recipe) -> io::Result<Stub> {
             let mut b = [0u8; 1];
             match ours.read(&mut b)? {
                 1 if b[0] == READY => Ok(()),
-                _ => Err(io::Error::other(
-                    "the stub ended before it was ready (is the daemon binary runnable as the agent user?)",
-                )),
+                _ => Err(io::Error::other("the stub ended before it was ready")),
             }
         });
     if let Err(e) = ready {
@@ -346,19 +410,35 @@ pub(super) struct Launch<'a> {
     pub args: &'a [OsString],
     pub env: Vec<(OsString, OsString)>,
     pub cwd: &'a std::path::Path,
+    /// The user to switch to before entering `cwd` and exec'ing.
+    pub user: Option<&'a AgentUser>,
 }
 
-/// The launch message for `what`, or `None` when it is larger than a stub accepts (the start
-/// then takes the direct path, where the kernel judges the size).
+/// The launch message for `what`, or `None` when a stub cannot take it: larger than a stub
+/// accepts (the direct path then lets the kernel judge the size), or a program whose name is
+/// the stub's own (its exec could not be told from the stub's death).
 pub(super) fn message(what: &Launch<'_>) -> Option<Vec<u8>> {
+    let name = what.program.file_name()?.as_bytes();
+    if name[..name.len().min(15)] == *STUB_COMM.to_bytes() {
+        return None;
+    }
     let msg = encode(what);
     (msg.len() - 4 <= MAX_MESSAGE).then_some(msg)
 }
 
-/// Tells a stub to exec (`msg` from `message`); returns once it has, or the exec's error.
+/// Tells a stub to exec (`msg` from `message`); returns once it has, or why not.
 /// Blocking, bounded by `STUB_TIMEOUT`.
-pub(super) fn launch(stub: &mut Stub, msg: &[u8]) -> io::Result<()> {
-    stub.control.write_all(msg)?;
+pub(super) fn launch(stub: &mut Stub, msg: &[u8]) -> Result<(), LaunchError> {
+    let Some(pid) = stub.child.id() else {
+        return Err(LaunchError::DiedBeforeExec);
+    };
+    if let Err(e) = stub.control.write_all(msg) {
+        // A dead stub's socket is closed (EPIPE): nothing ran.
+        return match exec_happened(pid) {
+            Ok(false) => Err(LaunchError::DiedBeforeExec),
+            _ => Err(LaunchError::Failed(e)),
+        };
+    }
     let mut reply = [0u8; 4];
     let mut got = 0;
     while got < reply.len() {
@@ -372,18 +452,70 @@ pub(super) fn launch(stub: &mut Stub, msg: &[u8]) -> io::Result<()> {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(io::Error::new(
+                return Err(LaunchError::Failed(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("the spawn stub did not exec within {STUB_TIMEOUT:?}"),
-                ));
+                )));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(LaunchError::Failed(e)),
         }
     }
     match got {
-        0 => Ok(()),
-        4 => Err(io::Error::from_raw_os_error(i32::from_le_bytes(reply))),
-        _ => Err(io::Error::other("the spawn stub answered a partial errno")),
+        // End of file: the exec closed the socket, or the stub died.
+        0 => match exec_happened(pid) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LaunchError::DiedBeforeExec),
+            Err(e) => Err(LaunchError::Failed(e)),
+        },
+        4 => Err(LaunchError::Failed(io::Error::from_raw_os_error(
+            i32::from_le_bytes(reply),
+        ))),
+        _ => Err(LaunchError::Failed(io::Error::other(
+            "the spawn stub answered a partial errno",
+        ))),
+    }
+}
+
+/// Whether our child `pid`, a stub whose control socket just closed, exec'd (true) or died
+/// before its exec (false). The kernel renames a process during its exec (to the program's file
+/// name), before the program runs; a dead process keeps its name until it is reaped. The
+/// socket closes a little before the rename (close-on-exec comes first) and a little before a
+/// dying process turns into a zombie, so this waits, within `STUB_TIMEOUT`, for one of the two:
+/// a new name, or an exit with the stub's name still on it.
+fn exec_happened(pid: u32) -> io::Result<bool> {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    let named_stub = || -> io::Result<bool> {
+        let comm = std::fs::read(format!("/proc/{pid}/comm"))?;
+        Ok(comm.strip_suffix(b"\n").unwrap_or(&comm) == STUB_COMM.to_bytes())
+    };
+    let deadline = std::time::Instant::now() + STUB_TIMEOUT;
+    let mut round = 0u32;
+    loop {
+        if !named_stub()? {
+            return Ok(true);
+        }
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+        match waitid(Id::Pid(nix::unistd::Pid::from_raw(pid as i32)), flags) {
+            // Exited: its name, read again now that it cannot change, says whether the exec
+            // got that far (a program that ran and died at once has its own name).
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => return Ok(!named_stub()?),
+            Ok(_) => {}
+            Err(e) => return Err(io::Error::from(e)),
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the spawn stub neither exec'd nor exited",
+            ));
+        }
+        // The rename or the exit is microseconds away: yield first (the stub may be waiting
+        // for this very CPU), then poll gently.
+        round += 1;
+        if round < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -406,6 +538,18 @@ fn encode(w: &Launch<'_>) -> Vec<u8> {
         put(&mut body, k.as_bytes());
         put(&mut body, v.as_bytes());
     }
+    match w.user {
+        None => body.push(0),
+        Some((uid, gid, groups)) => {
+            body.push(1);
+            body.extend_from_slice(&uid.as_raw().to_le_bytes());
+            body.extend_from_slice(&gid.as_raw().to_le_bytes());
+            body.extend_from_slice(&(groups.len() as u32).to_le_bytes());
+            for g in groups {
+                body.extend_from_slice(&g.as_raw().to_le_bytes());
+            }
+        }
+    }
     let mut out = Vec::with_capacity(body.len() + 4);
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&body);
@@ -419,6 +563,7 @@ struct Decoded {
     cwd: OsString,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    user: Option<AgentUser>,
 }
 
 /// Parses a launch message body (without its length prefix); `None` when malformed.
@@ -455,11 +600,31 @@ fn decode(body: &[u8]) -> Option<Decoded> {
     for _ in 0..nenv {
         env.push((bytes(&mut rest)?, bytes(&mut rest)?));
     }
+    let (flag, tail) = rest.split_first()?;
+    rest = tail;
+    let user = match flag {
+        0 => None,
+        1 => {
+            let uid = nix::unistd::Uid::from_raw(u32_(&mut rest)? as u32);
+            let gid = nix::unistd::Gid::from_raw(u32_(&mut rest)? as u32);
+            let n = u32_(&mut rest)?;
+            if n > rest.len() / 4 {
+                return None;
+            }
+            let mut groups = Vec::with_capacity(n);
+            for _ in 0..n {
+                groups.push(nix::unistd::Gid::from_raw(u32_(&mut rest)? as u32));
+            }
+            Some((uid, gid, groups))
+        }
+        _ => return None,
+    };
     rest.is_empty().then_some(Decoded {
         program,
         cwd,
         args,
         env,
+        user,
     })
 }
 
@@ -471,10 +636,15 @@ pub fn stub_main(fd: i32) -> ExitCode {
     let Ok(mut control) = crate::sys::inherited_socket(fd) else {
         return ExitCode::from(126);
     };
-    // A stub runs as the agent user while it waits: non-dumpable, another process of that user
-    // (an agent) cannot ptrace it or write its memory to run its own code in this cgroup. The
-    // exec below makes the program dumpable again, as a direct spawn's program is.
+    // A stub waits as the daemon's user, never as the agent user, and non-dumpable: no agent
+    // can ptrace it or write its memory to run its own code in this cgroup. The switch to the
+    // agent user below keeps it non-dumpable until the exec, which makes the program dumpable
+    // again, as a direct spawn's program is.
     let _ = nix::sys::prctl::set_dumpable(false);
+    // The name the daemon tells an exec from a death by (see `exec_happened`).
+    if nix::sys::prctl::set_name(STUB_COMM).is_err() {
+        return ExitCode::from(126);
+    }
     if control.write_all(&[READY]).is_err() {
         return ExitCode::from(126);
     }
@@ -501,13 +671,20 @@ pub fn stub_main(fd: i32) -> ExitCode {
     if let Err(e) = crate::sys::set_cloexec(&control) {
         return refuse(control, e.raw_os_error().unwrap_or(libc::EIO));
     }
+    // The same last steps as a direct spawn's, in the same order: the agent user, then the
+    // working directory entered as that user.
+    let Ok(cwd) = std::ffi::CString::new(d.cwd.into_vec()) else {
+        return refuse(control, libc::EINVAL);
+    };
+    if let Err(e) = crate::sys::enter_as(d.user.as_ref(), Some(&cwd)) {
+        return refuse(control, e.raw_os_error().unwrap_or(libc::EPERM));
+    }
     // std resets the signal mask and SIGPIPE (which our runtime ignores) before the exec, and
     // searches PATH of the new environment, as the direct spawn does.
     let err = std::process::Command::new(&d.program)
         .args(&d.args)
         .env_clear()
         .envs(d.env)
-        .current_dir(&d.cwd)
         .exec();
     refuse(control, err.raw_os_error().unwrap_or(libc::EIO))
 }
@@ -519,6 +696,14 @@ mod tests {
     #[test]
     fn launch_messages_round_trip_with_non_utf8_bytes() {
         let args = vec![OsString::from("-c"), OsString::from_vec(vec![0xff, b'x'])];
+        let user = (
+            nix::unistd::Uid::from_raw(65534),
+            nix::unistd::Gid::from_raw(65534),
+            vec![
+                nix::unistd::Gid::from_raw(65534),
+                nix::unistd::Gid::from_raw(7),
+            ],
+        );
         let w = Launch {
             program: std::path::Path::new("/bin/sh"),
             args: &args,
@@ -527,6 +712,7 @@ mod tests {
                 ("EMPTY".into(), "".into()),
             ],
             cwd: std::path::Path::new("/tmp"),
+            user: Some(&user),
         };
         let msg = encode(&w);
         let len = u32::from_le_bytes(msg[..4].try_into().unwrap()) as usize;
@@ -536,6 +722,7 @@ mod tests {
         assert_eq!(d.cwd, OsString::from("/tmp"));
         assert_eq!(d.args, args);
         assert_eq!(d.env[1], ("EMPTY".into(), "".into()));
+        assert_eq!(d.user, Some(user));
     }
 
     #[test]
@@ -546,6 +733,7 @@ mod tests {
             args: &args,
             env: vec![],
             cwd: std::path::Path::new("/"),
+            user: None,
         };
         let msg = encode(&w);
         let body = &msg[4..];
@@ -564,5 +752,129 @@ mod tests {
         }
         lie.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(decode(&lie), None);
+    }
+
+    /// A child of this test process that is a zombie once this returns.
+    fn wait_zombie(pid: u32) {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
+        let st = waitid(Id::Pid(nix::unistd::Pid::from_raw(pid as i32)), flags).unwrap();
+        assert!(matches!(
+            st,
+            WaitStatus::Exited(..) | WaitStatus::Signaled(..)
+        ));
+    }
+
+    #[test]
+    fn an_exec_is_told_from_a_death_before_exec_by_the_name() {
+        let sh = |script: &str| {
+            std::process::Command::new("/bin/sh")
+                .args(["-c", script])
+                .spawn()
+                .unwrap()
+        };
+        // Named like a stub and killed before any exec: a death, never "the program ran".
+        let mut dead = sh("printf sa-spawn-stub > /proc/self/comm; kill -9 $$");
+        wait_zombie(dead.id());
+        assert!(!exec_happened(dead.id()).unwrap());
+        dead.wait().unwrap();
+        // Named like a stub, then exec'd: an exec, even once the program has exited.
+        let mut ran = sh("printf sa-spawn-stub > /proc/self/comm; exec /bin/true");
+        assert!(exec_happened(ran.id()).unwrap());
+        wait_zombie(ran.id());
+        assert!(exec_happened(ran.id()).unwrap());
+        ran.wait().unwrap();
+        // Still waiting under the stub's name and alive: neither, within the bound.
+        let mut waiting = std::process::Command::new("/bin/sh")
+            .args(["-c", "printf sa-spawn-stub > /proc/self/comm; read x"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let named = || {
+            std::fs::read(format!("/proc/{}/comm", waiting.id()))
+                .is_ok_and(|c| c == b"sa-spawn-stub\n")
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !named() {
+            assert!(std::time::Instant::now() < until, "never renamed itself");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t = std::time::Instant::now();
+        assert!(exec_happened(waiting.id()).is_err());
+        assert!(t.elapsed() >= STUB_TIMEOUT);
+        waiting.kill().unwrap();
+        waiting.wait().unwrap();
+    }
+
+    #[test]
+    fn a_program_named_like_the_stub_never_takes_a_stub() {
+        let w = |program: &'static str| Launch {
+            program: std::path::Path::new(program),
+            args: &[],
+            env: vec![],
+            cwd: std::path::Path::new("/"),
+            user: None,
+        };
+        assert!(message(&w("/usr/bin/sa-spawn-stub")).is_none());
+        // Its name after the exec is its first 15 bytes, not the stub's.
+        assert!(message(&w("/usr/bin/sa-spawn-stub-and-more")).is_some());
+        assert!(message(&w("/usr/bin/sa-spawn-stu")).is_some());
+    }
+
+    #[test]
+    fn the_back_off_doubles_up_to_its_cap() {
+        assert_eq!(backoff(1), BACKOFF_MIN);
+        assert_eq!(backoff(2), BACKOFF_MIN * 2);
+        assert_eq!(backoff(3), BACKOFF_MIN * 4);
+        assert_eq!(backoff(40), BACKOFF_MAX);
+        assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_pool_whose_stubs_failed_many_times_fills_again_once_they_can_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("stub");
+        let pool = Pool::new(
+            Recipe {
+                cgroups: Arc::new(Cgroups::none()),
+                limits: Limits {
+                    memory_max: None,
+                    pids_max: None,
+                    cpu_max: None,
+                },
+                program: program.clone(),
+            },
+            1,
+        );
+        pool.refill();
+        let failures = || pool.state.lock().unwrap().failures;
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while failures() < 5 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the pool stopped retrying"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // From now on a stub can start: it says it is ready on its control socket and waits.
+        let script = dir.path().join("stub.tmp");
+        std::fs::write(
+            &script,
+            "#!/usr/bin/perl\nopen(my $c, '>&=', $ARGV[1]) or exit 1;\nsyswrite($c, 'R');\nsleep 30;\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        std::fs::rename(&script, &program).unwrap();
+        let until = std::time::Instant::now() + BACKOFF_MAX * 3;
+        while pool.state.lock().unwrap().ready.is_empty() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the pool never filled again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(failures(), 0);
+        pool.close().await;
     }
 }

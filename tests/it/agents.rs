@@ -123,6 +123,35 @@ fn zip(items: &[Item]) -> Vec<u8> {
     w.finish().unwrap().into_inner()
 }
 
+/// A zip archive whose last entry `pkg/bomb` declares `declared` bytes in its local header and
+/// in the central directory but inflates to `real` zero bytes (a bomb behind a small size).
+fn lying_zip(script: &[u8], declared: u32, real: usize) -> Vec<u8> {
+    let bomb = vec![0u8; real];
+    let mut bytes = zip(&[
+        Item::File("pkg/bin/test-agent", script, 0o755),
+        Item::File("pkg/bomb", &bomb, 0o644),
+    ]);
+    let name = b"pkg/bomb";
+    // (signature, offset of the uncompressed size, offset of the name length) of the local
+    // file header and of the central directory header.
+    for (sig, size_at, name_len_at, name_at) in [
+        (*b"PK\x03\x04", 22usize, 26usize, 30usize),
+        (*b"PK\x01\x02", 24, 28, 46),
+    ] {
+        let at = (0..bytes.len() - name_at)
+            .find(|&i| {
+                bytes[i..i + 4] == sig
+                    && u16::from_le_bytes([bytes[i + name_len_at], bytes[i + name_len_at + 1]])
+                        as usize
+                        == name.len()
+                    && &bytes[i + name_at..i + name_at + name.len()] == name
+            })
+            .expect("the bomb's header");
+        bytes[at + size_at..at + size_at + 4].copy_from_slice(&declared.to_le_bytes());
+    }
+    bytes
+}
+
 fn tar_into<W: Write>(w: W, items: &[Item]) -> W {
     let mut b = tar::Builder::new(w);
     for item in items {
@@ -635,6 +664,12 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
             ]),
         ),
         (
+            // Declares 4 KiB, inflates to 64 MiB: cut at its declared size and refused.
+            "ziplies",
+            "zip",
+            lying_zip(&script, 4096, 64 << 20),
+        ),
+        (
             "bz2dotdot",
             "tar.bz2",
             tar_bz2(&[
@@ -1144,6 +1179,64 @@ async fn npm_fallback_installs_into_the_agent_dir_and_runs() {
     assert_eq!(s, 200, "{init}");
     assert!(init["result"]["protocolVersion"].is_number(), "{init}");
     delete_server(&d, "n1").await;
+}
+
+#[tokio::test]
+async fn a_registry_package_that_looks_like_an_npm_option_is_passed_after_a_double_dash() {
+    // npm itself is replaced by a script that records its arguments: what matters is what the
+    // daemon asks npm to do, and a real npm would go to the network.
+    let tools = tempfile::tempdir().unwrap();
+    let argv = tools.path().join("argv");
+    let npm = tools.path().join("npm");
+    std::fs::write(
+        &npm,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > {}\nexit 1\n",
+            argv.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(tools.path().join("node"), "#!/bin/sh\nexit 0\n").unwrap();
+    for f in ["npm", "node"] {
+        std::fs::set_permissions(
+            tools.path().join(f),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let evil = json!({"id": "evil-acp", "version": "1",
+        "distribution": {"npx": {"package": "--prefix=/tmp/sandbox-agent-evil@1"}}});
+    let regsrv = FileServer::start(vec![(
+        "/registry.json".into(),
+        registry_json(vec![evil]),
+        Duration::ZERO,
+    )]);
+    let (_g, file) = agents_file("[[agent]]\nid = \"evil\"\nregistry_id = \"evil-acp\"\n");
+    let d = Daemon::builder()
+        .arg("--agents-file")
+        .arg(&file)
+        .arg("--acp-registry-url")
+        .arg(regsrv.url("/registry.json"))
+        .env("PATH", format!("{}:/usr/bin:/bin", tools.path().display()))
+        .start();
+    let (s, body) = post_install(&d, "evil", json!({})).await;
+    assert_eq!(s, 502, "{body}");
+    let args: Vec<String> = std::fs::read_to_string(&argv)
+        .expect("npm was run")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let spec = args
+        .iter()
+        .position(|a| a.starts_with("--prefix=/tmp/sandbox-agent-evil"))
+        .expect("the spec was passed");
+    assert_eq!(args[spec - 1], "--", "{args:?}");
+    assert_eq!(
+        args.iter().position(|a| a == "--"),
+        Some(spec - 1),
+        "options only before the `--`: {args:?}"
+    );
+    assert!(!Path::new("/tmp/sandbox-agent-evil").exists());
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ mod processes;
 mod providers;
 mod real_agents;
 mod sdk;
+mod second_round;
 mod supervisor;
 mod support;
 mod transports;

@@ -17,7 +17,7 @@ use crate::support::{self, Daemon, eventually_async};
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-const TOKEN: &str = "transport-test-token";
+pub(crate) const TOKEN: &str = "transport-test-token";
 
 /// A daemon with a token; RFD connections without a reader go after 3 s (unless `extra` says
 /// otherwise), so that the tests of a closed WebSocket do not wait the default 30 s.
@@ -717,12 +717,12 @@ async fn rfd_streamable_http_over_h2c_with_prior_knowledge() {
 
 /// An HTTP/2 (h2c, prior knowledge) client doing RFC 8441 extended CONNECT, as a browser or an
 /// HTTP/2-only client would for a WebSocket.
-struct H2 {
-    send: hyper::client::conn::http2::SendRequest<axum::body::Body>,
+pub(crate) struct H2 {
+    pub(crate) send: hyper::client::conn::http2::SendRequest<axum::body::Body>,
 }
 
 impl H2 {
-    async fn connect(d: &Daemon) -> H2 {
+    pub(crate) async fn connect(d: &Daemon) -> H2 {
         let addr = d.url("").trim_start_matches("http://").to_string();
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (send, conn) =
@@ -746,7 +746,7 @@ impl H2 {
     }
 
     /// `CONNECT path` with `:protocol websocket`; the response and, on 200, the socket.
-    async fn socket(
+    pub(crate) async fn socket(
         &mut self,
         d: &Daemon,
         path: &str,
