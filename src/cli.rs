@@ -606,6 +606,20 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
     pub transfer_max: Option<String>,
 
+    /// Most watch streams (GET /v1/fs/watch) at once; more are answered 503 [default: 64]
+    #[arg(long, env = "SANDBOX_AGENT_MAX_WATCHES", value_name = "COUNT")]
+    pub max_watches: Option<String>,
+
+    /// Most directories (kernel inotify watches) all watch streams hold together; a stream that
+    /// needs more fails [default: 65536]
+    #[arg(long, env = "SANDBOX_AGENT_WATCH_MAX_DIRS", value_name = "COUNT")]
+    pub watch_max_dirs: Option<String>,
+
+    /// Bytes of changes queued for one watch stream's reader; beyond, changes are dropped and an
+    /// `overflow` event says so [default: 1M]
+    #[arg(long, env = "SANDBOX_AGENT_WATCH_QUEUE", value_name = "SIZE")]
+    pub watch_queue: Option<String>,
+
     /// Largest ACP registry document read [default: 16M]
     #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]
     pub registry_max_bytes: Option<String>,

@@ -104,6 +104,12 @@ pub struct Config {
     pub transfer_timeout: Duration,
     /// Concurrent file transfers.
     pub transfer_max: usize,
+    /// Watch streams (`GET /v1/fs/watch`) at once.
+    pub max_watches: usize,
+    /// Directories (kernel watches) all watch streams hold together.
+    pub watch_max_dirs: usize,
+    /// Bytes of changes queued for one watch stream's reader.
+    pub watch_queue_bytes: usize,
     pub registry_max_bytes: u64,
     pub require_checksums: bool,
     /// An RFD transport connection with no reader for this long is stopped.
@@ -734,6 +740,14 @@ impl Config {
             Duration::from_secs(30)
         );
         let transfer_max = setting!(transfer_max, "transfer-max", positive_count, 256);
+        let max_watches = setting!(max_watches, "max-watches", positive_count, 64);
+        let watch_max_dirs = setting!(watch_max_dirs, "watch-max-dirs", positive_count, 65_536);
+        let watch_queue_bytes = setting!(
+            watch_queue,
+            "watch-queue",
+            |s: &str| size_required(s).map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            1 << 20
+        );
         let registry_max_bytes = setting!(
             registry_max_bytes,
             "registry-max-bytes",
@@ -992,6 +1006,9 @@ impl Config {
             agent_stderr_bytes,
             transfer_timeout,
             transfer_max,
+            max_watches,
+            watch_max_dirs,
+            watch_queue_bytes,
             registry_max_bytes,
             require_checksums,
             acp_connection_idle,

@@ -7,6 +7,7 @@ mod entries;
 mod path;
 mod read;
 mod upload;
+pub mod watch;
 mod write;
 
 use std::io;
@@ -203,16 +204,26 @@ pub struct FileService {
     transfers: Transfers,
     /// Where upload-batch bodies are spooled (as unnamed files) before extraction.
     spool_dir: PathBuf,
+    /// `GET /v1/fs/watch`: the live change feeds.
+    pub watches: watch::WatchService,
 }
 
 impl FileService {
     /// Opens the filesystem root once; failing here means the configured root vanished.
     pub fn new(config: &Config) -> io::Result<Self> {
+        let policy = std::sync::Arc::new(PathPolicy::new(
+            config.work_dir.clone(),
+            config.fs_root.clone(),
+        )?);
         Ok(FileService {
-            policy: std::sync::Arc::new(PathPolicy::new(
-                config.work_dir.clone(),
-                config.fs_root.clone(),
-            )?),
+            watches: watch::WatchService::new(
+                policy.clone(),
+                config.max_watches,
+                config.watch_max_dirs,
+                config.watch_queue_bytes,
+                config.transfer_timeout,
+            ),
+            policy,
             upload_limit: config.upload_limit,
             upload_max_entries: config.upload_max_entries,
             transfers: Transfers::new(config.transfer_max, config.transfer_timeout),

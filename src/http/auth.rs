@@ -72,10 +72,11 @@ pub fn check_token(state: &AppState, req: &mut Request) -> Option<Response> {
 
 /// The routes that serve WebSockets (OpenAPI path templates; `{…}` is one non-empty segment). The
 /// OpenAPI document marks their GET as also taking the query token (`openapi.rs`).
-pub const WEBSOCKET_ROUTES: [&str; 3] = [
+pub const WEBSOCKET_ROUTES: [&str; 4] = [
     "/v1/acp/{serverId}",
     "/v1/agents/{agent}/acp",
     "/v1/processes/{id}/terminal/ws",
+    "/v1/fs/watch",
 ];
 
 /// A `GET` asking for a WebSocket on one of [`WEBSOCKET_ROUTES`]. (Not the HTTP/2 form, an

@@ -313,6 +313,26 @@ impl From<crate::files::FileError> for Problem {
     }
 }
 
+impl From<crate::files::watch::WatchError> for Problem {
+    fn from(e: crate::files::watch::WatchError) -> Self {
+        use crate::files::watch::WatchError;
+        let detail = e.to_string();
+        match e {
+            WatchError::File(f) => Problem::from(f),
+            WatchError::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .with("limit", limit)
+                .header(header::RETRY_AFTER, "1"),
+            WatchError::Limit { setting, limit, .. } => {
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                    .title("Watch Limit Reached")
+                    .with("setting", setting)
+                    .with("limit", limit)
+            }
+            WatchError::Internal(_) => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+        }
+    }
+}
+
 impl From<crate::config_store::ConfigError> for Problem {
     fn from(e: crate::config_store::ConfigError) -> Self {
         use crate::config_store::ConfigError as E;

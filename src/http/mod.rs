@@ -12,6 +12,7 @@ pub mod openapi;
 pub mod processes;
 pub mod rfd;
 pub mod ui;
+pub mod watch;
 pub mod ws;
 
 use std::sync::Arc;
@@ -106,6 +107,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())
+        .merge(watch::routes())
         .merge(config::routes())
         .merge(processes::routes())
 }
