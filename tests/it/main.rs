@@ -23,3 +23,4 @@ mod supervisor;
 mod support;
 mod transports;
 mod warm_spawns;
+mod watch;

@@ -182,8 +182,6 @@ impl Modifies {
 struct Feed {
     plan: Plan,
     inotify: Inotify,
-    /// The watched directory, opened beneath the policy's root.
-    root_fd: OwnedFd,
     root_wd: Option<WatchDescriptor>,
     dirs: HashMap<WatchDescriptor, Dir>,
     /// Directories counted against the daemon-wide budget.
@@ -259,13 +257,15 @@ impl Feed {
                 },
                 e => internal(e),
             })?;
-        let root_fd = plan
-            .policy
-            .open(&plan.root, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+        // Checked here for the answer's sake (404, 400 for a file, 403); not kept open, or the
+        // kernel would not report the directory's removal while the feed holds it.
+        drop(
+            plan.policy
+                .open(&plan.root, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?,
+        );
         let mut feed = Feed {
             plan,
             inotify,
-            root_fd,
             root_wd: None,
             dirs: HashMap::new(),
             held: 0,
@@ -344,8 +344,15 @@ impl Feed {
         None
     }
 
+    /// Opens the watched directory beneath the policy's root (for one walk).
+    fn open_root(&self) -> Result<OwnedFd, FileError> {
+        self.plan
+            .policy
+            .open(&self.plan.root, OFlag::O_PATH | OFlag::O_DIRECTORY)
+    }
+
     /// Opens a directory of the tree, following no symlink and never leaving the tree.
-    fn open_in_tree(&self, rel: &Path) -> nix::Result<OwnedFd> {
+    fn open_in_tree(root: &OwnedFd, rel: &Path) -> nix::Result<OwnedFd> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let how = OpenHow::new()
             .flags(flags)
@@ -355,7 +362,7 @@ impl Feed {
         } else {
             rel
         };
-        openat2(self.root_fd.as_fd(), rel, how)
+        openat2(root.as_fd(), rel, how)
     }
 
     fn limit_reached(&self, rel: &Path) -> WatchError {
@@ -370,6 +377,14 @@ impl Feed {
     /// Watches `parent/name` (the root when `parent` is `None`) and, with `recursive`, every
     /// directory beneath it; with `report`, every entry found beneath it is reported as created.
     fn add_tree(&mut self, parent: Option<WatchDescriptor>, name: OsString, report: bool) -> Step {
+        let root = match self.open_root() {
+            Ok(fd) => fd,
+            // The watched directory went: its own events end the feed.
+            Err(FileError::NotFound { .. } | FileError::WrongKind { .. }) if parent.is_some() => {
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let mut todo: Vec<(Option<WatchDescriptor>, OsString)> = vec![(parent, name)];
         while let Some((parent, name)) = todo.pop() {
             if self.plan.shared.is_closed() {
@@ -383,7 +398,7 @@ impl Feed {
                 },
             };
             let shown = self.plan.root.abs.join(&rel);
-            let fd = match self.open_in_tree(&rel) {
+            let fd = match Self::open_in_tree(&root, &rel) {
                 Ok(fd) => fd,
                 // Gone, replaced by something that is not a directory, or a symlink meanwhile:
                 // its own events say what became of it.
