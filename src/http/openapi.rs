@@ -46,7 +46,7 @@ RFC 9457 `application/problem+json` body (`Problem`). Generated from the code: \
         (name = "config", description = "Per-directory MCP and skills configuration"),
         (name = "processes", description = "Programs run next to the agents: runs, background processes, logs, terminals"),
     ),
-    components(schemas(ProblemSchema))
+    components(schemas(ProblemSchema, crate::files::watch::WatchChange))
 )]
 struct ApiDoc;
 
@@ -235,6 +235,15 @@ const SSE_STREAMS: &[SseStream] = &[
         events: &["message"],
         about: "One event of an RFD connection or session stream: `message`, `data` one \
                 JSON-RPC object.",
+    },
+    SseStream {
+        path: "/v1/fs/watch",
+        schema: "FsWatchEvent",
+        events: &["ready", "change", "overflow", "error"],
+        about: "One event of a watch stream: `ready` (no `id`; `data` `{\"path\",\"recursive\"}`), \
+                `change` (`id` the change's number in the stream, from 1; `data` a WatchChange), \
+                `overflow` (no `id`; `data` `{\"reason\"}`: changes were lost, rescan) or `error` \
+                (no `id`; `data` a problem; the stream ends).",
     },
     SseStream {
         path: "/v1/processes/{id}/logs",

@@ -28,20 +28,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .route("/v1/fs/watch", super::ws::on_connect(watch))
 }
 
-/// One event of the stream, as a parser yields it (`event: ready|change|overflow|error`).
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // only its schema is used: the frames are written by hand
-struct FsWatchEvent {
-    /// `ready`, `change`, `overflow` or `error`.
-    event: String,
-    /// On `change` only: the change's number in this stream, from 1.
-    #[schema(nullable = false, required = false)]
-    id: Option<String>,
-    /// JSON: `{"path","recursive"}` on `ready`, a [`WatchChange`] on `change`,
-    /// `{"reason":"kernel"|"reader"|"scan"}` on `overflow`, a problem on `error`.
-    data: String,
-}
-
 fn params(uri: &Uri) -> Result<(String, bool, IgnoreSet), Problem> {
     let pairs: Vec<(String, String)> = match uri.query() {
         None => Vec::new(),
@@ -114,7 +100,7 @@ fn params(uri: &Uri) -> Result<(String, bool, IgnoreSet), Problem> {
             watched whole (a watch limit). Writes to one file within 50 ms are one `modify`, sent \
             when the 50 ms are over. A comment `: keepalive` comes after `--keepalive` of \
             silence. When the watched directory itself goes, a `remove` of it ends the stream.",
-            content_type = "text/event-stream", body = FsWatchEvent,
+            content_type = "text/event-stream", body = String,
             example = json!({"event": "change", "id": "1", "data": "{\"kind\":\"create\",\"path\":\"/work/src/main.rs\",\"entryType\":\"file\"}"})),
         (status = 101, description = "With `Upgrade: websocket`: the WebSocket (see the \
             `Upgrade` parameter). Over HTTP/2 the same socket is an extended CONNECT (RFC \

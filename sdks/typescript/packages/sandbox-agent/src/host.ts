@@ -21,6 +21,7 @@ import {
   type ProcessTerminalConnectOptions,
   type ProcessTerminalUrlOptions,
 } from "./processes.js";
+import { watchFs, type WatchItem, type WatchOptions } from "./watch.js";
 import type {
   AgentInfo,
   FsEntry,
@@ -111,6 +112,15 @@ export class HostApi {
 
   listEntries(path?: string): Promise<FsEntry[]> {
     return this.json("GET", "/v1/fs/entries", { query: { path } });
+  }
+
+  /**
+   * Every change beneath the directory `path` as it happens (`GET /v1/fs/watch`), as an async
+   * iterator that reconnects by itself; `{ kind: "rescan" }` items say where changes may have been
+   * missed (see watch.ts). Break out of the loop or abort `signal` to stop.
+   */
+  watch(path: string, options: WatchOptions = {}): AsyncGenerator<WatchItem> {
+    return watchFs(this.processContext(), path, options);
   }
 
   stat(path: string): Promise<FsStat> {

@@ -35,6 +35,7 @@ export {
   type ProcessTerminalErrorFrame,
   type WebSocketConstructor,
 } from "./processes.js";
+export { type WatchOptions, type WatchItem, type WatchRescan } from "./watch.js";
 export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError } from "./errors.js";
 export { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
 export type { GapEvent, ProblemDetails } from "acp-http-client";

@@ -557,7 +557,7 @@ function sleep(ms: number, signal: AbortSignal): Promise<void> {
 }
 
 /** An AbortSignal that aborts when any of `signals` does. */
-function anySignal(signals: AbortSignal[]): AbortSignal {
+export function anySignal(signals: AbortSignal[]): AbortSignal {
   // AbortSignal.any (Node >= 20.3, current browsers) holds its sources weakly; the fallback is
   // for older runtimes and leaves one listener per call on the sources.
   const any = (AbortSignal as { any?: (s: AbortSignal[]) => AbortSignal }).any;

@@ -20,6 +20,8 @@ export type ExitReason = Schemas["ExitReason"];
 export type EntryType = Schemas["EntryType"];
 export type FsEntry = Schemas["FsEntry"];
 export type FsStat = Schemas["FsStat"];
+/** One change of `GET /v1/fs/watch` (`kind` create, modify, remove or rename). */
+export type WatchChange = Schemas["WatchChange"];
 export type WriteFileResult = Schemas["WriteOutcome"];
 export type PathResult = Schemas["FsPath"];
 export type MoveRequest = Schemas["FsMoveRequest"];

@@ -292,6 +292,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/fs/watch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Follows the changes beneath a directory as they happen. */
+        get: operations["watchFs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/config/mcp": {
         parameters: {
             query?: never;
@@ -565,6 +582,11 @@ export interface components {
          * @description Raw bytes (`type: string, format: binary`).
          */
         Binary: string;
+        /**
+         * @description What happened to an entry.
+         * @enum {string}
+         */
+        ChangeKind: "create" | "modify" | "remove" | "rename";
         /** @description `POST /v1/processes`. */
         CreateRequest: {
             command: string;
@@ -619,6 +641,13 @@ export interface components {
             /** Format: int64 */
             size: number;
             modified?: string | null;
+        };
+        /** @description One event of a watch stream: `ready` (no `id`; `data` `{"path","recursive"}`), `change` (`id` the change's number in the stream, from 1; `data` a WatchChange), `overflow` (no `id`; `data` `{"reason"}`: changes were lost, rescan) or `error` (no `id`; `data` a problem; the stream ends). */
+        FsWatchEvent: {
+            /** @enum {string} */
+            event: "ready" | "change" | "overflow" | "error";
+            id?: string;
+            data: string;
         };
         /** @description Output that was asked for but is no longer held: bytes `[from, to)`. */
         Gap: {
@@ -978,6 +1007,15 @@ export interface components {
         UploadOutcome: {
             paths: string[];
             truncated: boolean;
+        };
+        /** @description One change beneath the watched directory (`event: change`). */
+        WatchChange: {
+            kind: components["schemas"]["ChangeKind"];
+            /** @description The entry's absolute path (for `rename`, its new path). */
+            path: string;
+            entryType: components["schemas"]["EntryType"];
+            /** @description Only for `rename`: the entry's absolute path before. */
+            oldPath?: string | null;
         };
         WriteOutcome: {
             path: string;
@@ -2570,6 +2608,114 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
             /** @description No space left on the device */
             507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    watchFs: {
+        parameters: {
+            query: {
+                /** @description The directory: absolute, or relative to the working root (`--work-dir`) */
+                path: string;
+                /** @description Also every directory beneath it, including those made later (default false: only the directory's own entries) */
+                recursive?: boolean;
+                /**
+                 * @description Comma-separated globs of entries to leave out (not watched, not reported), e.g. `.git,node_modules`: `*` and `?` within a name, `**` for any number of directories; a pattern without `/` matches an entry's name at any depth, one with `/` its path beneath the watched directory. At most 64 patterns of 256 bytes; may be repeated.
+                 * @example .git,node_modules
+                 */
+                ignore?: string;
+            };
+            header?: {
+                /**
+                 * @description `websocket` (with the other RFC 6455 headers) asks for the same feed over a WebSocket: one text frame per event, `{"event":…,"id"?:n,"data":…}` with the SSE event's name, id and data
+                 * @example websocket
+                 */
+                Upgrade?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description With `Upgrade: websocket`: the WebSocket (see the `Upgrade` parameter). Over HTTP/2 the same socket is an extended CONNECT (RFC 8441) */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description An endless `text/event-stream`, answered once the kernel watches are installed. First `event: ready` (no id, `data: {"path","recursive"}`); then one `event: change` per change, `id: <n>` (from 1 per stream), `data:` a `WatchChange` (`kind` create|modify|remove|rename, absolute `path`, `entryType`, `oldPath` for a rename). `event: overflow` (no id, `data: {"reason":"kernel"|"reader"|"scan"}`) says changes were lost: the client must rescan; the feed goes on. `event: error` (a problem as data) ends the stream when the tree can no longer be watched whole (a watch limit). Writes to one file within 50 ms are one `modify`, sent when the 50 ms are over. A comment `: keepalive` comes after `--keepalive` of silence. When the watched directory itself goes, a `remove` of it ends the stream. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "data": "{\"kind\":\"create\",\"path\":\"/work/src/main.rs\",\"entryType\":\"file\"}",
+                     *       "event": "change",
+                     *       "id": "1"
+                     *     }
+                     */
+                    "text/event-stream": components["schemas"]["FsWatchEvent"];
+                };
+            };
+            /** @description Missing or invalid parameter, a bad ignore pattern, or a file where a directory is needed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description Outside the configured fs root, or permission denied (on the directory or one beneath it) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such directory */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `Accept` excludes `text/event-stream` */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            /** @description An unexpected error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description All `--max-watches` streams are in use (`limit`, with `Retry-After`), or the tree needs more watches than the kernel (`fs.inotify.max_user_watches`, `fs.inotify.max_user_instances`) or `--watch-max-dirs` allow (`setting`, `limit`) */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
