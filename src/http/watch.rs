@@ -162,10 +162,13 @@ async fn watch(
         let hold = hold.map(|axum::Extension(h)| h);
         let shutdown = st.shutdown.clone();
         let keepalive = st.config.keepalive;
-        return super::ws::configure(upgrade, &st).on_upgrade(move |socket| async move {
-            run_socket(socket, stream, keepalive, shutdown).await;
-            drop(hold);
-        });
+        // The client's frames are only read to notice its close: small ones suffice.
+        return upgrade
+            .max_message_size(64 * 1024)
+            .on_upgrade(move |socket| async move {
+                run_socket(socket, stream, keepalive, shutdown).await;
+                drop(hold);
+            });
     }
     let body = Body::from_stream(sse_frames(stream, st.config.keepalive, st.shutdown.clone()));
     let mut resp = Response::new(body);
