@@ -30,9 +30,22 @@ use utoipa_axum::routes;
 use crate::config::Config;
 pub use error::Problem;
 
-/// Everything a handler may reach. Cheap to clone.
+/// Everything a handler may reach: one shared allocation, so a clone (axum makes several per
+/// request: the edge middleware's state, each `State` extractor) is one reference-count
+/// increment. Cloning the services one by one cost a mutex round trip per request for the
+/// `CancellationToken` alone (measured in docs/performance.md).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Services>);
+
+impl std::ops::Deref for AppState {
+    type Target = Services;
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}
+
+/// What `AppState` shares.
+pub struct Services {
     pub config: Arc<Config>,
     pub shutdown: CancellationToken,
     pub supervisor: Arc<crate::supervisor::Supervisor>,
@@ -74,7 +87,7 @@ impl AppState {
             supervisor.clone(),
             shutdown.child_token(),
         ));
-        Ok(AppState {
+        Ok(AppState(Arc::new(Services {
             config,
             shutdown,
             supervisor,
@@ -84,7 +97,7 @@ impl AppState {
             files,
             config_store,
             processes,
-        })
+        })))
     }
 
     /// Stops every agent (TERM, grace, KILL) before `deadline`.
