@@ -102,8 +102,12 @@ pub struct Config {
     // --- harden-files ---
     /// Idle timeout of a file transfer's body (either direction).
     pub transfer_timeout: Duration,
-    /// Concurrent file transfers.
+    /// Blocking disk steps of file transfers running at once (a transfer waiting on the network
+    /// holds none).
     pub transfer_max: usize,
+    /// Bytes per second a file transfer's request body must average after the transfer
+    /// timeout's grace (0: no minimum).
+    pub body_min_rate: u64,
     pub registry_max_bytes: u64,
     pub require_checksums: bool,
     /// An RFD transport connection with no reader for this long is stopped.
@@ -734,6 +738,16 @@ impl Config {
             Duration::from_secs(30)
         );
         let transfer_max = setting!(transfer_max, "transfer-max", positive_count, 256);
+        let body_min_rate = setting!(
+            body_min_rate,
+            "body-min-rate",
+            |s: &str| match parse_size(s) {
+                Ok(Some(n)) => Ok(n),
+                Ok(None) => Err(format!("`{s}` must be a size (0 turns the minimum off)")),
+                Err(e) => Err(e),
+            },
+            1024
+        );
         let registry_max_bytes = setting!(
             registry_max_bytes,
             "registry-max-bytes",
@@ -992,6 +1006,7 @@ impl Config {
             agent_stderr_bytes,
             transfer_timeout,
             transfer_max,
+            body_min_rate,
             registry_max_bytes,
             require_checksums,
             acp_connection_idle,

@@ -62,8 +62,11 @@ pub enum FileError {
     Body(#[source] io::Error),
     #[error("the client sent nothing for {}", humantime::format_duration(*idle))]
     Stalled { idle: std::time::Duration },
-    #[error("all {limit} transfer slots are in use; retry later")]
-    Busy { limit: usize },
+    #[error(
+        "the body arrived slower than the minimum of {min_rate} bytes per second \
+         (--body-min-rate, after a grace of --transfer-timeout)"
+    )]
+    TooSlow { min_rate: u64 },
     #[error("unsupported content type {got:?}; expected one of {expected}")]
     UnsupportedMediaType { got: String, expected: &'static str },
     #[error("{op} {}: {source}", path.display())]
@@ -215,7 +218,11 @@ impl FileService {
             )?),
             upload_limit: config.upload_limit,
             upload_max_entries: config.upload_max_entries,
-            transfers: Transfers::new(config.transfer_max, config.transfer_timeout),
+            transfers: Transfers::new(
+                config.transfer_max,
+                config.transfer_timeout,
+                config.body_min_rate,
+            ),
             spool_dir: config.data_dir.join("tmp"),
         })
     }

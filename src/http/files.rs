@@ -437,6 +437,7 @@ async fn read_file(
 ) -> Result<Response, Problem> {
     let opened = s.files.open_file(&q.path).await?;
     let size = opened.size;
+    let modified = opened.modified;
     let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
         Some(h) => parse_range(h, size)?,
         None => None,
@@ -445,14 +446,7 @@ async fn read_file(
         Some((start, len)) => (StatusCode::PARTIAL_CONTENT, start, len),
         None => (StatusCode::OK, 0, size),
     };
-    let idle = s.files.transfer_idle();
-    let mut resp = Response::new(Body::from_stream(stream_range(
-        opened.file,
-        start,
-        len,
-        idle,
-        opened.slot,
-    )));
+    let mut resp = Response::new(Body::from_stream(stream_range(opened, start, len)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(
@@ -467,9 +461,7 @@ async fn read_file(
             h.insert(header::CONTENT_RANGE, v);
         }
     }
-    if let Some(m) = opened
-        .modified
-        .and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok())
+    if let Some(m) = modified.and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok())
     {
         h.insert(header::LAST_MODIFIED, m);
     }
