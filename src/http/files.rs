@@ -255,7 +255,8 @@ async fn move_entry(
         (status = 500, description = "An unexpected I/O error"),
         (status = 409, description = "A directory is in the way"),
         (status = 408, description = "The body stalled (no bytes for longer than the transfer \
-            idle timeout); the connection is closed"),
+            idle timeout) or arrived slower than the minimum rate (`minRate`, after the grace of \
+            the transfer timeout); the connection is closed"),
         (status = 413, description = "The body is larger than the upload limit (`limit`)"),
         (status = 507, description = "No space left on the device"),
     )
@@ -298,7 +299,8 @@ async fn write_file(
         (status = 500, description = "An unexpected I/O error"),
         (status = 409, description = "An entry conflicts with what is on disk"),
         (status = 408, description = "The body stalled (no bytes for longer than the transfer \
-            idle timeout); the connection is closed"),
+            idle timeout) or arrived slower than the minimum rate (`minRate`, after the grace of \
+            the transfer timeout); the connection is closed"),
         (status = 413, description = "The archive is larger than the upload limit, or has too \
             many entries (`limit`)"),
         (status = 507, description = "No space left on the device"),
