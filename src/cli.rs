@@ -607,8 +607,9 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
     pub transfer_max: Option<String>,
 
-    /// Bytes per second an upload's body (PUT /v1/fs/file, upload-batch) must average once
-    /// --transfer-timeout has passed; a slower body is ended with 408. 0 turns it off [default: 1K]
+    /// Bytes per second a request body must average once its grace has passed (uploads: PUT
+    /// /v1/fs/file and upload-batch after --transfer-timeout; POST /v1/acp after --idle-timeout);
+    /// a slower body is ended with 408. 0 turns it off [default: 1K]
     #[arg(long, env = "SANDBOX_AGENT_BODY_MIN_RATE", value_name = "SIZE")]
     pub body_min_rate: Option<String>,
 

@@ -153,6 +153,21 @@ impl Batch {
     }
 }
 
+/// When a request body that began at `started` must have ended at the latest, for the `received`
+/// bytes it has sent so far: `grace`, plus one second per `min_rate` bytes (`None`: no minimum).
+/// A body trickled a byte at a time, never silent for long, runs out of it after the grace.
+pub fn rate_deadline(
+    started: Instant,
+    grace: Duration,
+    received: u64,
+    min_rate: u64,
+) -> Option<Instant> {
+    (min_rate > 0).then(|| {
+        let earned = Duration::from_secs_f64(received as f64 / min_rate as f64);
+        started + grace + earned.min(Duration::from_secs(1 << 32))
+    })
+}
+
 /// Reads a body in batches on the async side, with the idle timeout, the minimum rate and the
 /// byte limit.
 pub struct BodyReader {
@@ -185,13 +200,8 @@ impl BodyReader {
         }
     }
 
-    /// When the body must have ended at the latest for the bytes it has sent so far: the
-    /// transfer timeout as a grace period, plus one second per `min_rate` bytes received.
     fn rate_deadline(&self) -> Option<Instant> {
-        (self.min_rate > 0).then(|| {
-            let earned = Duration::from_secs_f64(self.total as f64 / self.min_rate as f64);
-            self.started + self.idle + earned
-        })
+        rate_deadline(self.started, self.idle, self.total, self.min_rate)
     }
 
     /// Moves the coalesced small frames into the batch.

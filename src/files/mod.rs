@@ -17,7 +17,7 @@ use nix::errno::Errno;
 use serde::Serialize;
 
 use crate::config::Config;
-pub use body::BodyStream;
+pub use body::{BodyStream, rate_deadline};
 use body::Transfers;
 pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};

@@ -345,6 +345,71 @@ async fn a_download_whose_client_takes_nothing_holds_no_slot_and_ends_after_the_
     drop(socks);
 }
 
+/// Sends `head` (without its final CRLF CRLF), then one body byte every 250 ms until the daemon
+/// answers (or 30 s pass), on a thread; joins to the answer's status line and how long it took.
+fn trickle(d: &Daemon, head: String) -> std::thread::JoinHandle<(String, Duration)> {
+    let addr = d.addr.clone();
+    std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(format!("{head}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
+        let started = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        while started.elapsed() < Duration::from_secs(30) {
+            if s.write_all(b"x").is_err() {
+                break;
+            }
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if got.windows(2).any(|w| w == b"\r\n") {
+                        break;
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        let line = String::from_utf8_lossy(&got)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        (line, started.elapsed())
+    })
+}
+
+/// Issue 25, "bodies trickled forever", as first seen: a `POST /v1/acp` body of 515 bytes sent a
+/// byte at a time stayed open for as long as its client liked (only silence timed out). Past the
+/// grace of `--idle-timeout` it must average `--body-min-rate`: 408, while health stays fast.
+#[tokio::test]
+async fn a_trickled_acp_post_is_408_after_the_grace() {
+    let d = Daemon::builder()
+        .args(["--idle-timeout", "2s", "--body-min-rate", "1K"])
+        .start();
+    let tricklers: Vec<_> = (0..10)
+        .map(|i| {
+            trickle(
+                &d,
+                format!(
+                    "POST /v1/acp/trickle{i}?agent=mock HTTP/1.1\r\nContent-Length: 515\r\nContent-Type: application/json"
+                ),
+            )
+        })
+        .collect();
+    let latencies = health_latencies(&d, Duration::from_secs(2)).await;
+    check_p99("while 10 ACP bodies trickle", &latencies);
+    for t in tricklers {
+        let (line, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
+            .await
+            .unwrap();
+        assert!(line.contains(" 408 "), "{line:?} after {took:?}");
+        assert!(took < Duration::from_secs(20), "408 only after {took:?}");
+    }
+}
+
 /// Issue 25, "bodies trickled forever": a body sent a byte at a time, never silent for the
 /// transfer timeout, used to stay open as long as its client liked. Past the grace of
 /// `--transfer-timeout` a body must average `--body-min-rate`; a trickled PUT and upload-batch
@@ -356,35 +421,7 @@ async fn bodies_trickled_below_the_minimum_rate_are_408_and_slow_honest_ones_pas
         .args(["--transfer-timeout", "2s", "--body-min-rate", "1K"])
         .start();
     // 20 tricklers: a byte every 250 ms (never idle for 2 s, far below 1 KiB/s).
-    let trickle = |head: String| {
-        let addr = d.addr.clone();
-        std::thread::spawn(move || {
-            let mut s = TcpStream::connect(&addr).unwrap();
-            s.write_all(format!("{head}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-                .unwrap();
-            s.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
-            let started = Instant::now();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 512];
-            while started.elapsed() < Duration::from_secs(30) {
-                if s.write_all(b"x").is_err() {
-                    break;
-                }
-                match s.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        got.extend_from_slice(&buf[..n]);
-                        if got.windows(2).any(|w| w == b"\r\n") {
-                            break;
-                        }
-                    }
-                    Err(_) => {}
-                }
-            }
-            let line = String::from_utf8_lossy(&got).lines().next().unwrap_or("").to_string();
-            (line, started.elapsed())
-        })
-    };
+    let trickle = |head: String| trickle(&d, head);
     let mut tricklers = Vec::new();
     for i in 0..10 {
         tricklers.push(trickle(format!(
