@@ -206,7 +206,7 @@ fn main() {
     let www = data.join(format!("www-{}", size >> 20));
     std::fs::create_dir_all(&www).unwrap();
     let big = www.join("big.bin");
-    if std::fs::metadata(&big).map(|m| m.len()) .ok() != Some(size) {
+    if std::fs::metadata(&big).map(|m| m.len()).ok() != Some(size) {
         eprintln!("preparing a {} MiB file in {}", size >> 20, www.display());
         write_pattern(&big, size);
     }
@@ -384,7 +384,11 @@ fn main() {
         );
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
         let (ours, theirs) = (mib_s(size, d.ours), mib_s(size, d.theirs));
-        ab_figure("files PUT MiB/s", ours, Some(("dd bs=1M conv=fsync", theirs)));
+        ab_figure(
+            "files PUT MiB/s",
+            ours,
+            Some(("dd bs=1M conv=fsync", theirs)),
+        );
         print_row(
             &format!("PUT {} MiB", size >> 20),
             "MiB/s",

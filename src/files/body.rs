@@ -137,6 +137,10 @@ impl Batch {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Writes the whole batch with vectored writes (no copy into one buffer).
     pub fn write_to(&self, mut out: impl Write) -> io::Result<()> {
         let mut slices: Vec<IoSlice<'_>> = self.parts.iter().map(|b| IoSlice::new(b)).collect();
@@ -280,7 +284,7 @@ impl BodyReader {
             }
         }
         let last = self.take_batch();
-        Ok((last.len() > 0).then_some(last))
+        Ok((!last.is_empty()).then_some(last))
     }
 
     /// Reads and discards what the client is still sending after an early answer, bounded in

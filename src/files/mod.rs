@@ -17,8 +17,8 @@ use nix::errno::Errno;
 use serde::Serialize;
 
 use crate::config::Config;
-pub use body::{BodyStream, rate_deadline};
 use body::Transfers;
+pub use body::{BodyStream, rate_deadline};
 pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};
 pub use read::{OpenedFile, stream_range};

@@ -46,34 +46,35 @@ impl FileService {
         let transfers = self.transfers.clone();
         let p = self.policy.resolve(path)?;
         let policy = self.policy.clone();
-        self.transfers.step(move || {
-            // O_NONBLOCK so that opening a fifo cannot hang the request; we refuse it below.
-            let fd = policy.open(&p, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)?;
-            let file = File::from(fd);
-            let meta = file
-                .metadata()
-                .map_err(|e| FileError::from_io("stat", &p.abs, e))?;
-            if meta.is_dir() {
-                return Err(FileError::WrongKind {
-                    path: p.abs,
-                    expected: "is a directory, not a file",
-                });
-            }
-            if !meta.is_file() {
-                return Err(FileError::WrongKind {
-                    path: p.abs,
-                    expected: "is not a regular file",
-                });
-            }
-            Ok(OpenedFile {
-                transfer,
-                transfers,
-                size: meta.len(),
-                modified: meta.modified().ok(),
-                file,
+        self.transfers
+            .step(move || {
+                // O_NONBLOCK so that opening a fifo cannot hang the request; we refuse it below.
+                let fd = policy.open(&p, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)?;
+                let file = File::from(fd);
+                let meta = file
+                    .metadata()
+                    .map_err(|e| FileError::from_io("stat", &p.abs, e))?;
+                if meta.is_dir() {
+                    return Err(FileError::WrongKind {
+                        path: p.abs,
+                        expected: "is a directory, not a file",
+                    });
+                }
+                if !meta.is_file() {
+                    return Err(FileError::WrongKind {
+                        path: p.abs,
+                        expected: "is not a regular file",
+                    });
+                }
+                Ok(OpenedFile {
+                    transfer,
+                    transfers,
+                    size: meta.len(),
+                    modified: meta.modified().ok(),
+                    file,
+                })
             })
-        })
-        .await
+            .await
     }
 }
 
@@ -108,7 +109,9 @@ pub fn stream_range(opened: OpenedFile, start: u64, len: u64) -> ReceiverStream<
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "a download's read failed");
-                    let _ = tx.send_timeout(Err(io::Error::other("internal error")), idle).await;
+                    let _ = tx
+                        .send_timeout(Err(io::Error::other("internal error")), idle)
+                        .await;
                     break;
                 }
             };

@@ -124,9 +124,7 @@ impl FileService {
             match reader.next_batch().await {
                 // Spooled while the next batch arrives (see `write.rs`).
                 Ok(Some(batch)) => {
-                    let started = spool
-                        .start(&self.transfers, move |s| s.write(&batch))
-                        .await;
+                    let started = spool.start(&self.transfers, move |s| s.write(&batch)).await;
                     if let Err(e) = started {
                         reader.linger().await;
                         return Err(e);
@@ -144,13 +142,14 @@ impl FileService {
         }
         let policy = self.policy.clone();
         let spool = spool.finish().await?;
-        self.transfers.step(move || {
-            let mut file = spool.file;
-            file.seek(SeekFrom::Start(0))
-                .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
-            extract(&policy, &dest, file, compression, &limits)
-        })
-        .await
+        self.transfers
+            .step(move || {
+                let mut file = spool.file;
+                file.seek(SeekFrom::Start(0))
+                    .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
+                extract(&policy, &dest, file, compression, &limits)
+            })
+            .await
     }
 }
 

@@ -463,8 +463,7 @@ async fn read_file(
             h.insert(header::CONTENT_RANGE, v);
         }
     }
-    if let Some(m) = modified.and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok())
-    {
+    if let Some(m) = modified.and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok()) {
         h.insert(header::LAST_MODIFIED, m);
     }
     Ok(resp)

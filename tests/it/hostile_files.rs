@@ -239,7 +239,10 @@ fn check_p99(what: &str, latencies: &[Duration]) {
         latencies[latencies.len() / 2],
         latencies.last().unwrap()
     );
-    assert!(p99 < Duration::from_millis(750), "health p99 {p99:?} {what}");
+    assert!(
+        p99 < Duration::from_millis(750),
+        "health p99 {p99:?} {what}"
+    );
 }
 
 /// Sizes of our temporaries below `dir`.
@@ -353,7 +356,8 @@ fn trickle(d: &Daemon, head: String) -> std::thread::JoinHandle<(String, Duratio
         let mut s = TcpStream::connect(&addr).unwrap();
         s.write_all(format!("{head}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
             .unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(250))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(250)))
+            .unwrap();
         let started = Instant::now();
         let mut got = Vec::new();
         let mut buf = [0u8; 512];
@@ -466,9 +470,15 @@ async fn bodies_trickled_below_the_minimum_rate_are_408_and_slow_honest_ones_pas
         assert!(line.contains(" 408 "), "{line:?} after {took:?}");
         assert!(took < Duration::from_secs(20), "408 only after {took:?}");
     }
-    assert_eq!(slow.await.unwrap(), 200, "a slow body above the rate passes");
     assert_eq!(
-        std::fs::metadata(d.work_dir().join("slow.bin")).unwrap().len(),
+        slow.await.unwrap(),
+        200,
+        "a slow body above the rate passes"
+    );
+    assert_eq!(
+        std::fs::metadata(d.work_dir().join("slow.bin"))
+            .unwrap()
+            .len(),
         8 * 4096
     );
     eventually(Duration::from_secs(10), "the temporaries to go", || {
