@@ -71,7 +71,11 @@ for b in ${only//,/ }; do
     *) echo "ab.sh: unknown bench group $b" >&2; exit 2 ;;
   esac
 done
+# The daemon on its own, as it ships: `cargo bench` builds it with the dev-dependencies' features
+# unified in (tokio's test-util among them), which the previous build does not have either.
 cargo build --release --quiet --bin sandbox-agent
+cur_bin=$ab/sandbox-agent-current
+cp target/release/sandbox-agent "$cur_bin.part" && mv "$cur_bin.part" "$cur_bin"
 bench_args=()
 for b in "${benches[@]}"; do bench_args+=(--bench "$b"); done
 declare -A exe
@@ -86,8 +90,6 @@ done < <(cargo bench --no-run --quiet --message-format=json "${bench_args[@]}" 2
 for b in "${benches[@]}"; do
   [ -n "${exe[$b]:-}" ] || { echo "ab.sh: no executable for bench $b" >&2; exit 2; }
 done
-cur_bin=$ab/sandbox-agent-current
-cp target/release/sandbox-agent "$cur_bin.part" && mv "$cur_bin.part" "$cur_bin"
 
 # --- the knobs of each bench: the full run, or the short one CI takes.
 export BENCH_AB=1 RUST_LOG=warn
