@@ -6,7 +6,11 @@
 //! ACP RFD endpoint (WebSocket profile, Streamable HTTP). Every client is blocking and written
 //! here, so that the figures measure the daemon.
 //! Run: `cargo bench --bench acp` (builds the release daemon; log level warn);
-//! `ACP_BENCH_ONLY=pipe,http,sse,ws,rfd` selects groups (docs/performance.md).
+//! `ACP_BENCH_ONLY=pipe,http,sse,ws,wscore,rfd` selects groups (docs/performance.md; `wscore` is
+//! only our WebSocket at c=1 and 32 in flight); `ACP_BENCH_N` round trips at c=1 (default
+//! 20 000), `ACP_BENCH_DUR_MS` per concurrent figure (default 5000), `ACP_BENCH_STREAM_N` SSE
+//! events (default 100 000); `SANDBOX_AGENT_BIN` drives another daemon build and `BENCH_AB`
+//! also prints the figures for the A/B harness (`benches/ab.sh`).
 //! Every answer's id is checked; any error or wrong id is counted and reported.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{free_port, percentile};
+use common::{ab_figure, daemon_bin, free_port, knob, percentile};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
@@ -476,8 +480,9 @@ impl Daemon {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("acp-bench-{}-{port}", std::process::id()));
         std::fs::create_dir_all(dir.join("work")).unwrap();
-        // `ACP_BENCH_DAEMON=<path>` runs another build of the daemon (A/B comparisons).
-        let bin = std::env::var("ACP_BENCH_DAEMON").unwrap_or_else(|_| BIN.to_string());
+        // `SANDBOX_AGENT_BIN=<path>` (or the older `ACP_BENCH_DAEMON`) runs another build of
+        // the daemon (A/B comparisons).
+        let bin = std::env::var("ACP_BENCH_DAEMON").unwrap_or_else(|_| daemon_bin(BIN));
         let child = Command::new(bin)
             .arg("server")
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -1114,8 +1119,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-    let dur = Duration::from_secs(5);
-    let stream_n: u64 = 100_000;
+    let dur = Duration::from_millis(knob("ACP_BENCH_DUR_MS", 5000));
+    let stream_n: u64 = knob("ACP_BENCH_STREAM_N", 100_000);
     // For profiling: `ACP_BENCH_PROFILE=<port>` drives a daemon started by hand, HTTP (c=1 and
     // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown|rfd1|rfd32` (our WebSocket at c=1, 32 in
     // flight on one socket, 32 sockets on 32 serverIds; the RFD's WebSocket at c=1 and 32 in flight). `ACP_BENCH_SECS` is the length of the
@@ -1182,7 +1187,11 @@ fn main() {
         only.as_deref()
             .is_none_or(|o| o.split(',').any(|g| g.trim() == group))
     };
-    println!("ACP proxy benchmark (mock agent, _mock/echo; {n} round trips at c=1, 5 s at c=32)");
+    println!(
+        "ACP proxy benchmark (mock agent, _mock/echo; {n} round trips at c=1, {dur:?} at c=32)"
+    );
+    // Round trips per second at c=1 (the inverse of the median), for the A/B figures.
+    let per_s = |d: Duration| 1.0 / d.as_secs_f64().max(1e-9);
     let (pipe1, e1) = pipe_c1(n);
     let (pipe32, e2) = pipe_concurrent(32, dur);
     println!(
@@ -1232,6 +1241,16 @@ fn main() {
             "HTTP (daemon)  c=32 {h32:9.0} req/s                 errors {e4}   {:.2}x pipe",
             h32 / pipe32,
         );
+        ab_figure(
+            "proxy HTTP c=1 round trips/s (1/p50)",
+            per_s(h1.p50),
+            Some(("direct pipe", per_s(pipe1.p50))),
+        );
+        ab_figure(
+            "proxy HTTP c=32 req/s",
+            h32,
+            Some(("direct pipe, 32 pipelined", pipe32)),
+        );
     }
     if run("sse") {
         let (s1, all1) = http_stream(d.port, "stream1", 1, stream_n);
@@ -1240,11 +1259,45 @@ fn main() {
             s1 / pipe_rate,
             if all1 { "" } else { "  SUBSCRIBER CUT OFF" }
         );
+        ab_figure(
+            "SSE 1 subscriber events/s",
+            s1,
+            Some(("direct pipe", pipe_rate)),
+        );
         let (s8, all8) = http_stream(d.port, "stream8", 8, stream_n);
+        ab_figure(
+            "SSE fan-out 8 subscribers events/s each",
+            s8,
+            Some(("direct pipe", pipe_rate)),
+        );
         println!(
             "SSE, 8 subs    /stream {stream_n}: {s8:9.0} events/s per subscriber ({:.2}x pipe){}",
             s8 / pipe_rate,
             if all8 { "" } else { "  SUBSCRIBER CUT OFF" }
+        );
+    }
+    if run("ws") || run("wscore") {
+        let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
+        println!(
+            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe",
+            us(w1.p50),
+            us(w1.p99),
+            us(w1.p50) / us(pipe1.p50),
+        );
+        let (w32, e7) = ws_one_socket(d.port, "/v1/acp/ws32?agent=mock", 32, dur);
+        println!(
+            "WebSocket      32 in flight, 1 socket    {w32:9.0} msg/s   errors {e7}   {:.2}x pipe",
+            w32 / pipe32
+        );
+        ab_figure(
+            "WebSocket c=1 round trips/s (1/p50)",
+            per_s(w1.p50),
+            Some(("direct pipe", per_s(pipe1.p50))),
+        );
+        ab_figure(
+            "WebSocket 32 in flight msg/s",
+            w32,
+            Some(("direct pipe, 32 pipelined", pipe32)),
         );
     }
     if run("ws") {
@@ -1262,24 +1315,11 @@ fn main() {
             us(relay.p99),
             us(relay.p50) / us(pipe1.p50)
         );
-        let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
-        println!(
-            "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe, {:.2}x TCP relay",
-            us(w1.p50),
-            us(w1.p99),
-            us(w1.p50) / us(pipe1.p50),
-            us(w1.p50) / us(relay.p50)
-        );
         let floor = ws_floor(d.port, n);
         println!(
             "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   answered by the daemon (no agent)",
             us(floor.p50),
             us(floor.p99)
-        );
-        let (w32, e7) = ws_one_socket(d.port, "/v1/acp/ws32?agent=mock", 32, dur);
-        println!(
-            "WebSocket      32 in flight, 1 socket    {w32:9.0} msg/s   errors {e7}   {:.2}x pipe",
-            w32 / pipe32
         );
         let (pmany, ep) = pipe_many(32, dur);
         println!(

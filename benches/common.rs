@@ -29,3 +29,32 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
+
+/// The daemon binary to drive: `SANDBOX_AGENT_BIN` when set (the A/B harness, `benches/ab.sh`,
+/// points it at the previous build), else `built`, the one cargo built with the bench.
+pub fn daemon_bin(built: &str) -> String {
+    std::env::var("SANDBOX_AGENT_BIN").unwrap_or_else(|_| built.to_string())
+}
+
+/// Whether `bin server --help` lists `flag` (an older build, driven by the A/B harness, may
+/// predate it; a bench then leaves the flag out).
+pub fn knows_flag(bin: &str, flag: &str) -> bool {
+    std::process::Command::new(bin)
+        .args(["server", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
+}
+
+/// One figure for the A/B harness, higher is better (a rate; latencies are given as their
+/// inverse), with the physical reference it was measured against in the same run, if any.
+/// Printed only when `BENCH_AB` is set, as `AB<TAB>name<TAB>value<TAB>ref name<TAB>ref value`.
+pub fn ab_figure(name: &str, value: f64, reference: Option<(&str, f64)>) {
+    if std::env::var_os("BENCH_AB").is_none() || !value.is_finite() {
+        return;
+    }
+    match reference {
+        Some((r, v)) if v.is_finite() && v > 0.0 => println!("AB\t{name}\t{value}\t{r}\t{v}"),
+        _ => println!("AB\t{name}\t{value}\t-\t0"),
+    }
+}

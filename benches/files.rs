@@ -4,6 +4,11 @@
 //! growth during each. Prints figures and ratios; asserts nothing.
 //!
 //! Run: `cargo bench --bench files` (needs `nginx`, `dd`, `tar`; `apt-get install -y nginx`).
+//! Knobs: `BENCH_RUNS` (alternating runs, default 3), `BENCH_ONLY=get,put,upload`,
+//! `FILES_BENCH_MIB` (size of the GET/PUT file, default 1024), `FILES_BENCH_DIRS` (directories
+//! of 100 files in the tar, default 100), `FILES_BENCH_DATA` (a directory where the file and the
+//! tar are made once and reused by later runs), `SANDBOX_AGENT_BIN` (another daemon build, as
+//! `benches/ab.sh` does), `BENCH_AB` (also print the figures for `benches/ab.sh`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,10 +18,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 mod common;
-use common::free_port;
+use common::{ab_figure, daemon_bin, free_port, knob};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-const GIB: u64 = 1 << 30;
 const RUNS: usize = 3;
 
 fn wait_http(url: &str) {
@@ -192,44 +196,57 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
     let dir = tempfile::tempdir_in(&base).unwrap();
     let root = dir.path().to_path_buf();
-    let www = root.join("www");
+    let size: u64 = knob("FILES_BENCH_MIB", 1024u64) << 20;
+    let dirs: usize = knob("FILES_BENCH_DIRS", 100);
+    let files = dirs * 100;
+    // The data: made in the scratch directory, or once in `FILES_BENCH_DATA` and reused.
+    let data = std::env::var_os("FILES_BENCH_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("data-in"));
+    let www = data.join(format!("www-{}", size >> 20));
     std::fs::create_dir_all(&www).unwrap();
     let big = www.join("big.bin");
-    eprintln!(
-        "preparing 1 GiB file and a 10,000-file tar in {}",
-        root.display()
-    );
-    write_pattern(&big, GIB);
-    let tree = root.join("tree");
-    for d in 0..100 {
-        let sub = tree.join(format!("d{d:03}"));
-        std::fs::create_dir_all(&sub).unwrap();
-        for f in 0..100 {
-            let n = 512 + ((d * 100 + f) * 37) % 4096;
-            std::fs::write(
-                sub.join(format!("f{f:03}.txt")),
-                vec![b'a' + (f % 26) as u8; n],
-            )
-            .unwrap();
-        }
+    if std::fs::metadata(&big).map(|m| m.len()).ok() != Some(size) {
+        eprintln!("preparing a {} MiB file in {}", size >> 20, www.display());
+        write_pattern(&big, size);
     }
-    let tarball = root.join("tree.tar");
-    assert!(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(&tree)
-            .arg(".")
-            .status()
-            .unwrap()
-            .success()
-    );
+    let tarball = data.join(format!("tree-{dirs}.tar"));
+    if !tarball.exists() {
+        eprintln!("preparing a {files}-file tar in {}", data.display());
+        let tree = root.join("tree");
+        for d in 0..dirs {
+            let sub = tree.join(format!("d{d:03}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            for f in 0..100 {
+                let n = 512 + ((d * 100 + f) * 37) % 4096;
+                std::fs::write(
+                    sub.join(format!("f{f:03}.txt")),
+                    vec![b'a' + (f % 26) as u8; n],
+                )
+                .unwrap();
+            }
+        }
+        let partial = data.join(format!("tree-{dirs}.tar.part"));
+        assert!(
+            Command::new("tar")
+                .arg("-cf")
+                .arg(&partial)
+                .arg("-C")
+                .arg(&tree)
+                .arg(".")
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::fs::rename(&partial, &tarball).unwrap();
+        let _ = std::fs::remove_dir_all(&tree);
+    }
     let tar_len = std::fs::metadata(&tarball).unwrap().len();
+    let bin = daemon_bin(BIN);
 
     let port = free_port();
     let daemon = Guard(
-        Command::new(BIN)
+        Command::new(&bin)
             .args([
                 "server",
                 "--host",
@@ -289,7 +306,10 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let big_q = format!("{api}/v1/fs/file?path={}", big.display());
-    println!("# Filesystem benchmark (best of {RUNS}, alternating runs)");
+    println!(
+        "# Filesystem benchmark (best of {} alternating runs; daemon {bin})",
+        knob("BENCH_RUNS", RUNS)
+    );
     println!(
         "| operation | sandbox-agent | alternative | ratio | CPU per run (ours / theirs) | daemon peak RSS growth (MiB) |"
     );
@@ -303,7 +323,7 @@ fn main() {
         let nginx_url = format!("http://127.0.0.1:{nginx_port}/big.bin");
         let get = |url: &str| {
             let (n, d) = rt.block_on(download(&client, url));
-            assert_eq!(n, GIB);
+            assert_eq!(n, size);
             d
         };
         let base_rss = rss_mark(pid);
@@ -318,11 +338,16 @@ fn main() {
             None => duel(|| get(&big_q), || proc_cpu(pid), || Duration::ZERO, || 0.0),
         };
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
-        let theirs = nginx_pid.map(|_| mib_s(GIB, d.theirs));
+        let theirs = nginx_pid.map(|_| mib_s(size, d.theirs));
+        ab_figure(
+            "files GET MiB/s",
+            mib_s(size, d.ours),
+            theirs.map(|t| ("nginx sendfile", t)),
+        );
         print_row(
-            "GET 1 GiB",
+            &format!("GET {} MiB", size >> 20),
             "MiB/s",
-            mib_s(GIB, d.ours),
+            mib_s(size, d.ours),
             theirs,
             "nginx sendfile",
             &d,
@@ -343,7 +368,7 @@ fn main() {
                     .put(format!("{api}/v1/fs/file?path={}", dst.display()))
                     .header("content-type", "application/octet-stream");
                 let d = rt.block_on(send_file(req, &big));
-                assert_eq!(std::fs::metadata(&dst).unwrap().len(), GIB);
+                assert_eq!(std::fs::metadata(&dst).unwrap().len(), size);
                 d
             },
             || proc_cpu(pid),
@@ -358,9 +383,14 @@ fn main() {
             children_cpu,
         );
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
-        let (ours, theirs) = (mib_s(GIB, d.ours), mib_s(GIB, d.theirs));
+        let (ours, theirs) = (mib_s(size, d.ours), mib_s(size, d.theirs));
+        ab_figure(
+            "files PUT MiB/s",
+            ours,
+            Some(("dd bs=1M conv=fsync", theirs)),
+        );
         print_row(
-            "PUT 1 GiB",
+            &format!("PUT {} MiB", size >> 20),
             "MiB/s",
             ours,
             Some(theirs),
@@ -386,7 +416,7 @@ fn main() {
                 let d = rt.block_on(send_file(req, &tarball));
                 assert_eq!(
                     walk_count(&out),
-                    10_100,
+                    files + dirs,
                     "every file and directory extracted"
                 );
                 d
@@ -405,9 +435,14 @@ fn main() {
             children_cpu,
         );
         let rss = status_kib(pid, "VmHWM:").saturating_sub(base_rss);
-        let files_s = |t: Duration| 10_000.0 / t.as_secs_f64();
+        let files_s = |t: Duration| files as f64 / t.as_secs_f64();
+        ab_figure(
+            "files upload-batch files/s",
+            files_s(d.ours),
+            Some(("tar -x", files_s(d.theirs))),
+        );
         let what = format!(
-            "upload-batch 10,000 files ({:.1} MiB tar)",
+            "upload-batch {files} files ({:.1} MiB tar)",
             tar_len as f64 / (1 << 20) as f64
         );
         print_row(

@@ -13,7 +13,10 @@
 //!
 //! Run: `cargo bench --bench processes` (builds the release daemon; log level warn). Extra daemon
 //! flags: `PROC_BENCH_ARGS` (e.g. `--warm-spawns 0`); another daemon binary (say, an older
-//! build, to compare): `PROC_BENCH_DAEMON`. The load average is printed before and after.
+//! build, to compare): `SANDBOX_AGENT_BIN` (or `PROC_BENCH_DAEMON`). The load average is printed
+//! before and after. With `BENCH_AB` set (the A/B harness, `benches/ab.sh`), only the output
+//! throughput and the back-to-back starts run, and their figures are printed for the harness; a
+//! build without the process API is reported and skipped.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -24,7 +27,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 mod common;
-use common::{free_port, knob, percentile};
+use common::{ab_figure, daemon_bin, free_port, knob, knows_flag, percentile};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
@@ -214,7 +217,16 @@ fn main() {
     let bytes = knob("PROC_BENCH_BYTES", 1 << 30);
     let runs = knob("PROC_BENCH_RUNS", 300) as usize;
     let gap = Duration::from_millis(knob("PROC_BENCH_GAP_MS", 50));
-    let bin = std::env::var("PROC_BENCH_DAEMON").unwrap_or_else(|_| BIN.to_string());
+    let bin = std::env::var("PROC_BENCH_DAEMON").unwrap_or_else(|_| daemon_bin(BIN));
+    let ab = std::env::var_os("BENCH_AB").is_some();
+    // Log caps large enough for the throughput run, where the build knows them.
+    let mut caps: Vec<&str> = Vec::new();
+    if knows_flag(&bin, "--process-max-log-bytes") {
+        caps.extend(["--process-max-log-bytes", "256M"]);
+    }
+    if knows_flag(&bin, "--process-max-total-log-bytes") {
+        caps.extend(["--process-max-total-log-bytes", "512M"]);
+    }
     let extra: Vec<String> = std::env::var("PROC_BENCH_ARGS")
         .unwrap_or_default()
         .split_whitespace()
@@ -236,8 +248,7 @@ fn main() {
             "--port",
             &port.to_string(),
         ])
-        .args(["--process-max-log-bytes", "256M"])
-        .args(["--process-max-total-log-bytes", "512M"])
+        .args(&caps)
         .arg("--data-dir")
         .arg(work.join("data"))
         .arg("--work-dir")
@@ -266,6 +277,16 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
 
+        let probe = client
+            .post(format!("{base}/v1/processes/run"))
+            .json(&json!({"command": "true"}))
+            .send()
+            .await
+            .unwrap();
+        if probe.status() == reqwest::StatusCode::NOT_FOUND {
+            println!("this build has no process API (POST /v1/processes/run is 404): skipped");
+            return;
+        }
         if bytes > 0 {
             println!("== output throughput, {bytes} bytes of `yes`");
             for round in 1..=2 {
@@ -276,6 +297,13 @@ fn main() {
                     took
                 );
                 let f = follow_throughput(&client, &base, bytes).await;
+                if round == 2 {
+                    ab_figure(
+                        "process output MB/s (follow)",
+                        mbps(f.delivered, f.took),
+                        Some(("direct pipe", mbps(n, took))),
+                    );
+                }
                 println!(
                     "through follow   round {round}: {:.0} MB/s delivered ({} bytes, {} lost to the cap, in {:.2?})",
                     mbps(f.delivered, f.took),
@@ -302,6 +330,15 @@ fn main() {
             "POST /v1/processes/run, back to back: {}  (errors {errors})",
             summary(&mut api)
         );
+        let per_s = |d: Duration| 1.0 / d.as_secs_f64().max(1e-9);
+        ab_figure(
+            "process start runs/s (1/p50)",
+            per_s(percentile(&api, 0.5)),
+            Some(("fork+exec direct", per_s(percentile(&direct, 0.5)))),
+        );
+        if ab {
+            return;
+        }
         let (mut spaced, errors) = api_latency(&client, &base, runs, gap).await;
         println!(
             "POST /v1/processes/run, {gap:?} apart: {}  (errors {errors})",

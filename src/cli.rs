@@ -602,7 +602,8 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_TRANSFER_TIMEOUT", value_name = "DURATION")]
     pub transfer_timeout: Option<String>,
 
-    /// Most file transfers running at once; more are answered 503 [default: 256]
+    /// Most blocking disk steps (one write or read of about 1 MiB) of file transfers running at
+    /// once; more wait for a free one. A transfer waiting on its client holds none [default: 256]
     #[arg(long, env = "SANDBOX_AGENT_TRANSFER_MAX", value_name = "COUNT")]
     pub transfer_max: Option<String>,
 
@@ -619,6 +620,12 @@ pub struct ServerArgs {
     /// `overflow` event says so [default: 1M]
     #[arg(long, env = "SANDBOX_AGENT_WATCH_QUEUE", value_name = "SIZE")]
     pub watch_queue: Option<String>,
+
+    /// Bytes per second a request body must average once its grace has passed (uploads: PUT
+    /// /v1/fs/file and upload-batch after --transfer-timeout; POST /v1/acp after --idle-timeout);
+    /// a slower body is ended with 408. 0 turns it off [default: 1K]
+    #[arg(long, env = "SANDBOX_AGENT_BODY_MIN_RATE", value_name = "SIZE")]
+    pub body_min_rate: Option<String>,
 
     /// Largest ACP registry document read [default: 16M]
     #[arg(long, env = "SANDBOX_AGENT_REGISTRY_MAX_BYTES", value_name = "SIZE")]

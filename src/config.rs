@@ -102,7 +102,8 @@ pub struct Config {
     // --- harden-files ---
     /// Idle timeout of a file transfer's body (either direction).
     pub transfer_timeout: Duration,
-    /// Concurrent file transfers.
+    /// Blocking disk steps of file transfers running at once (a transfer waiting on the network
+    /// holds none).
     pub transfer_max: usize,
     /// Watch streams (`GET /v1/fs/watch`) at once.
     pub max_watches: usize,
@@ -110,6 +111,9 @@ pub struct Config {
     pub watch_max_dirs: usize,
     /// Bytes of changes queued for one watch stream's reader.
     pub watch_queue_bytes: usize,
+    /// Bytes per second a file transfer's request body must average after the transfer
+    /// timeout's grace (0: no minimum).
+    pub body_min_rate: u64,
     pub registry_max_bytes: u64,
     pub require_checksums: bool,
     /// An RFD transport connection with no reader for this long is stopped.
@@ -748,6 +752,16 @@ impl Config {
             |s: &str| size_required(s).map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             1 << 20
         );
+        let body_min_rate = setting!(
+            body_min_rate,
+            "body-min-rate",
+            |s: &str| match parse_size(s) {
+                Ok(Some(n)) => Ok(n),
+                Ok(None) => Err(format!("`{s}` must be a size (0 turns the minimum off)")),
+                Err(e) => Err(e),
+            },
+            1024
+        );
         let registry_max_bytes = setting!(
             registry_max_bytes,
             "registry-max-bytes",
@@ -1009,6 +1023,7 @@ impl Config {
             max_watches,
             watch_max_dirs,
             watch_queue_bytes,
+            body_min_rate,
             registry_max_bytes,
             require_checksums,
             acp_connection_idle,

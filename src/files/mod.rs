@@ -18,8 +18,8 @@ use nix::errno::Errno;
 use serde::Serialize;
 
 use crate::config::Config;
-pub use body::BodyStream;
 use body::Transfers;
+pub use body::{BodyStream, rate_deadline};
 pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};
 pub use read::{OpenedFile, stream_range};
@@ -63,8 +63,11 @@ pub enum FileError {
     Body(#[source] io::Error),
     #[error("the client sent nothing for {}", humantime::format_duration(*idle))]
     Stalled { idle: std::time::Duration },
-    #[error("all {limit} transfer slots are in use; retry later")]
-    Busy { limit: usize },
+    #[error(
+        "the body arrived slower than the minimum of {min_rate} bytes per second \
+         (--body-min-rate, after a grace of --transfer-timeout)"
+    )]
+    TooSlow { min_rate: u64 },
     #[error("unsupported content type {got:?}; expected one of {expected}")]
     UnsupportedMediaType { got: String, expected: &'static str },
     #[error("{op} {}: {source}", path.display())]
@@ -226,7 +229,11 @@ impl FileService {
             policy,
             upload_limit: config.upload_limit,
             upload_max_entries: config.upload_max_entries,
-            transfers: Transfers::new(config.transfer_max, config.transfer_timeout),
+            transfers: Transfers::new(
+                config.transfer_max,
+                config.transfer_timeout,
+                config.body_min_rate,
+            ),
             spool_dir: config.data_dir.join("tmp"),
         })
     }

@@ -22,11 +22,11 @@ use nix::unistd::UnlinkatFlags;
 
 use crate::archive::{self, ArchiveError};
 
-use super::body::{BodyReader, OffThread};
+use super::body::{Batch, BodyReader, Worker};
 use super::entries::remove_tree;
 use super::{
     BodyStream, FileError, FileService, PathPolicy, SandboxPath, UPLOAD_PATHS_SHOWN, UploadOutcome,
-    blocking, shown,
+    shown,
 };
 
 /// How the body is compressed, as the request said; `None` means sniff the gzip magic.
@@ -81,10 +81,9 @@ impl Spool {
         Ok(Spool { file, shown })
     }
 
-    fn write(&mut self, data: &[u8]) -> Result<(), FileError> {
-        use std::io::Write;
-        self.file
-            .write_all(data)
+    fn write(&mut self, batch: &Batch) -> Result<(), FileError> {
+        batch
+            .write_to(&self.file)
             .map_err(|e| FileError::from_io("write", &self.shown, e))
     }
 }
@@ -97,7 +96,7 @@ impl FileService {
         compression: Compression,
         declared: Option<u64>,
     ) -> Result<UploadOutcome, FileError> {
-        let _slot = self.transfers.acquire()?;
+        let _transfer = self.transfers.begin();
         let dest = self.policy.resolve(dest)?;
         let limits = Limits {
             bytes: self.upload_limit,
@@ -108,10 +107,14 @@ impl FileService {
         {
             return Err(FileError::TooLarge { limit });
         }
-        let mut reader = BodyReader::new(body, self.transfers.idle, self.upload_limit);
+        let mut reader = BodyReader::new(body, &self.transfers, self.upload_limit);
         let spool_dir = self.spool_dir.clone();
-        let mut spool = match blocking(move || Spool::create(&spool_dir, declared)).await {
-            Ok(s) => OffThread::new(s),
+        let created = self
+            .transfers
+            .step(move || Spool::create(&spool_dir, declared))
+            .await;
+        let mut spool = match created {
+            Ok(s) => Worker::new(s),
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
@@ -119,14 +122,12 @@ impl FileService {
         };
         loop {
             match reader.next_batch().await {
-                Ok(Some(chunk)) => {
-                    let mut s = spool.take()?;
-                    match blocking(move || s.write(&chunk).map(|()| s)).await {
-                        Ok(s) => spool.put(s),
-                        Err(e) => {
-                            reader.linger().await;
-                            return Err(e);
-                        }
+                // Spooled while the next batch arrives (see `write.rs`).
+                Ok(Some(batch)) => {
+                    let started = spool.start(&self.transfers, move |s| s.write(&batch)).await;
+                    if let Err(e) = started {
+                        reader.linger().await;
+                        return Err(e);
                     }
                 }
                 Ok(None) => break,
@@ -140,14 +141,15 @@ impl FileService {
             }
         }
         let policy = self.policy.clone();
-        let spool = spool.take()?;
-        blocking(move || {
-            let mut file = spool.file;
-            file.seek(SeekFrom::Start(0))
-                .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
-            extract(&policy, &dest, file, compression, &limits)
-        })
-        .await
+        let spool = spool.finish().await?;
+        self.transfers
+            .step(move || {
+                let mut file = spool.file;
+                file.seek(SeekFrom::Start(0))
+                    .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
+                extract(&policy, &dest, file, compression, &limits)
+            })
+            .await
     }
 }
 

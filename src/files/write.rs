@@ -17,7 +17,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 
-use super::body::{BodyReader, OffThread};
+use super::body::{Batch, BodyReader, Worker};
 use super::{BodyStream, FileError, FileService, WriteOutcome, blocking, shown};
 
 /// How much written data may accumulate before its writeback is started.
@@ -202,7 +202,18 @@ impl PutFile {
         self.file
             .write_all(data)
             .map_err(|e| FileError::from_io("write", &self.shown, e))?;
-        self.written += data.len() as u64;
+        self.wrote(data.len())
+    }
+
+    fn write_batch(&mut self, batch: &Batch) -> Result<(), FileError> {
+        batch
+            .write_to(&self.file)
+            .map_err(|e| FileError::from_io("write", &self.shown, e))?;
+        self.wrote(batch.len())
+    }
+
+    fn wrote(&mut self, n: usize) -> Result<(), FileError> {
+        self.written += n as u64;
         // Keep writeback running behind the incoming body instead of leaving a whole file of
         // dirty pages to the final fsync.
         if self.written - self.flushed >= WRITEBACK_STEP {
@@ -237,14 +248,14 @@ impl PutFile {
 
 impl FileService {
     /// Writes `body` to `path` atomically; `declared` is the Content-Length, checked up front
-    /// against the upload limit and the free space.
+    /// against the upload limit and the free space (507 before any byte of the body is read).
     pub async fn write_file(
         &self,
         path: &str,
         body: BodyStream,
         declared: Option<u64>,
     ) -> Result<WriteOutcome, FileError> {
-        let _slot = self.transfers.acquire()?;
+        let _transfer = self.transfers.begin();
         let target = self.policy.resolve(path)?;
         let limit = self.upload_limit;
         if let (Some(limit), Some(n)) = (limit, declared)
@@ -252,11 +263,15 @@ impl FileService {
         {
             return Err(FileError::TooLarge { limit });
         }
-        let mut reader = BodyReader::new(body, self.transfers.idle, limit);
+        let mut reader = BodyReader::new(body, &self.transfers, limit);
         let policy = self.policy.clone();
         let abs = target.abs.clone();
-        let mut put = match blocking(move || PutFile::create(&policy, &target, declared)).await {
-            Ok(p) => OffThread::new(p),
+        let created = self
+            .transfers
+            .step(move || PutFile::create(&policy, &target, declared))
+            .await;
+        let mut put = match created {
+            Ok(p) => Worker::new(p),
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
@@ -264,15 +279,15 @@ impl FileService {
         };
         loop {
             match reader.next_batch().await {
-                Ok(Some(chunk)) => {
-                    // On a failed write the temporary is dropped (removed) on the blocking side.
-                    let mut p = put.take()?;
-                    match blocking(move || p.write(&chunk).map(|()| p)).await {
-                        Ok(p) => put.put(p),
-                        Err(e) => {
-                            reader.linger().await;
-                            return Err(e);
-                        }
+                // The batch is written while the next one arrives; a failed write drops (removes)
+                // the temporary on the blocking side and is reported when the next step starts.
+                Ok(Some(batch)) => {
+                    let started = put
+                        .start(&self.transfers, move |p| p.write_batch(&batch))
+                        .await;
+                    if let Err(e) = started {
+                        reader.linger().await;
+                        return Err(e);
                     }
                 }
                 Ok(None) => break,
@@ -287,8 +302,8 @@ impl FileService {
                 }
             }
         }
-        let p = put.take()?;
-        let n = blocking(move || p.finish()).await?;
+        let p = put.finish().await?;
+        let n = self.transfers.step(move || p.finish()).await?;
         Ok(WriteOutcome {
             path: shown(&abs),
             bytes_written: n,

@@ -269,11 +269,29 @@ async fn read_body(
     // Grown as bytes arrive: a declared length is only a promise.
     let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
     let mut chunks = body.into_data_stream();
-    // A client that stops sending mid-body would otherwise hold its share of the budget for good.
+    // A client that stops sending mid-body would otherwise hold its share of the budget for good,
+    // and one that trickles it a byte at a time would too: past the grace of `--idle-timeout` the
+    // body must average `--body-min-rate`.
     let idle = st.config.idle_timeout;
+    let min_rate = st.config.body_min_rate;
+    let started = tokio::time::Instant::now();
     loop {
-        let next = match tokio::time::timeout(idle, chunks.next()).await {
+        let idle_due = tokio::time::Instant::now() + idle;
+        let rate_due = crate::files::rate_deadline(started, idle, buf.len() as u64, min_rate);
+        let due = rate_due.map_or(idle_due, |r| r.min(idle_due));
+        let next = match tokio::time::timeout_at(due, chunks.next()).await {
             Ok(n) => n,
+            Err(_) if due < idle_due => {
+                return Err(Problem::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the body arrived slower than the minimum of {min_rate} bytes per second \
+                         (--body-min-rate, after a grace of --idle-timeout)"
+                    ),
+                )
+                .with("minRate", min_rate)
+                .header(header::CONNECTION, "close"));
+            }
             Err(_) => {
                 return Err(Problem::new(
                     StatusCode::REQUEST_TIMEOUT,

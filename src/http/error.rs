@@ -303,9 +303,9 @@ impl From<crate::files::FileError> for Problem {
             // harden-files: transfer limits and content types.
             E::Stalled { .. } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
                 .header(header::CONNECTION, "close"),
-            E::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
-                .with("limit", limit)
-                .header(header::RETRY_AFTER, "1"),
+            E::TooSlow { min_rate } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                .with("minRate", min_rate)
+                .header(header::CONNECTION, "close"),
             E::UnsupportedMediaType { .. } => {
                 Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
             }

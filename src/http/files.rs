@@ -255,7 +255,8 @@ async fn move_entry(
         (status = 500, description = "An unexpected I/O error"),
         (status = 409, description = "A directory is in the way"),
         (status = 408, description = "The body stalled (no bytes for longer than the transfer \
-            idle timeout); the connection is closed"),
+            idle timeout) or arrived slower than the minimum rate (`minRate`, after the grace of \
+            the transfer timeout); the connection is closed"),
         (status = 413, description = "The body is larger than the upload limit (`limit`)"),
         (status = 507, description = "No space left on the device"),
     )
@@ -298,7 +299,8 @@ async fn write_file(
         (status = 500, description = "An unexpected I/O error"),
         (status = 409, description = "An entry conflicts with what is on disk"),
         (status = 408, description = "The body stalled (no bytes for longer than the transfer \
-            idle timeout); the connection is closed"),
+            idle timeout) or arrived slower than the minimum rate (`minRate`, after the grace of \
+            the transfer timeout); the connection is closed"),
         (status = 413, description = "The archive is larger than the upload limit, or has too \
             many entries (`limit`)"),
         (status = 507, description = "No space left on the device"),
@@ -437,6 +439,7 @@ async fn read_file(
 ) -> Result<Response, Problem> {
     let opened = s.files.open_file(&q.path).await?;
     let size = opened.size;
+    let modified = opened.modified;
     let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
         Some(h) => parse_range(h, size)?,
         None => None,
@@ -445,14 +448,7 @@ async fn read_file(
         Some((start, len)) => (StatusCode::PARTIAL_CONTENT, start, len),
         None => (StatusCode::OK, 0, size),
     };
-    let idle = s.files.transfer_idle();
-    let mut resp = Response::new(Body::from_stream(stream_range(
-        opened.file,
-        start,
-        len,
-        idle,
-        opened.slot,
-    )));
+    let mut resp = Response::new(Body::from_stream(stream_range(opened, start, len)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(
@@ -467,10 +463,7 @@ async fn read_file(
             h.insert(header::CONTENT_RANGE, v);
         }
     }
-    if let Some(m) = opened
-        .modified
-        .and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok())
-    {
+    if let Some(m) = modified.and_then(|m| httpdate::fmt_http_date(m).parse::<HeaderValue>().ok()) {
         h.insert(header::LAST_MODIFIED, m);
     }
     Ok(resp)
