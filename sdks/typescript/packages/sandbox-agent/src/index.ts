@@ -35,7 +35,7 @@ export {
   type ProcessTerminalErrorFrame,
   type WebSocketConstructor,
 } from "./processes.js";
-export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError } from "./errors.js";
+export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError, PermissionReplyError } from "./errors.js";
 export { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
 export type { GapEvent, ProblemDetails } from "acp-http-client";
 export type * from "./types.js";
