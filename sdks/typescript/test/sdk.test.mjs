@@ -208,6 +208,12 @@ test("cancel() ends a hanging prompt with stopReason cancelled", () =>
     await eventually(async () => (await listed(d, c.serverId))?.pendingRequests === 1, { what: "prompt in flight" });
     await c.cancel(sessionId);
     assert.equal((await running).stopReason, "cancelled");
+    // ACP's CancelNotification shape works the same.
+    const again = c.prompt({ sessionId, prompt: "/hang" });
+    await eventually(async () => (await listed(d, c.serverId))?.pendingRequests === 1, { what: "second prompt in flight" });
+    await c.cancel({ sessionId });
+    assert.equal((await again).stopReason, "cancelled");
+    await assert.rejects(c.cancel(42), TypeError);
     await c.disconnect();
   }));
 

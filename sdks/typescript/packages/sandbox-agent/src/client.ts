@@ -314,8 +314,13 @@ export class SandboxAgentClient extends HostApi {
     return res;
   }
 
-  /** Cancels the session's running prompt (which then ends with `stopReason: "cancelled"`). */
-  async cancel(sessionId: string): Promise<void> {
+  /**
+   * Cancels the session's running prompt (which then ends with `stopReason: "cancelled"`): takes
+   * the session id, or ACP's `CancelNotification` (`{ sessionId }`).
+   */
+  async cancel(session: string | { sessionId: string }): Promise<void> {
+    const sessionId = typeof session === "string" ? session : session?.sessionId;
+    if (typeof sessionId !== "string") throw new TypeError("cancel() takes a session id or { sessionId }");
     const c = await this.conn();
     await this.run("cancel", () => c.cancel({ sessionId }));
   }
