@@ -519,3 +519,41 @@ async fn process_logs_as_utf8_for_humans() {
         "{body}"
     );
 }
+
+/// Not a check of its own: the subject of `a_skipped_test_says_so_in_cargos_output`, skipped
+/// only when that test asks for it.
+#[test]
+#[ignore = "run only by a_skipped_test_says_so_in_cargos_output"]
+fn skip_probe() {
+    if std::env::var_os("SANDBOX_AGENT_SKIP_PROBE").is_some() {
+        crate::support::skip("the probe was asked to skip");
+    }
+}
+
+/// cargo counts a skipped test as passed; the skip must still be visible in cargo's own output
+/// (not only in the captured output cargo shows for failures), and in the report.
+#[test]
+fn a_skipped_test_says_so_in_cargos_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("skipped.txt");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "first_hour::skip_probe"])
+        .env("SANDBOX_AGENT_SKIP_PROBE", "1")
+        .env("SANDBOX_AGENT_SKIP_REPORT", &report)
+        .env_remove("SANDBOX_AGENT_TESTS_STRICT")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("test first_hour::skip_probe ... ok"), "{all}");
+    assert!(
+        all.contains("SKIPPED: first_hour::skip_probe: the probe was asked to skip"),
+        "the skip is not in the harness's output:\n{all}"
+    );
+    let listed = std::fs::read_to_string(&report).unwrap();
+    assert!(listed.contains("first_hour::skip_probe"), "{listed}");
+}
