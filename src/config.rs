@@ -295,7 +295,9 @@ impl FileValues {
 pub fn env_name(flag: &str) -> String {
     format!(
         "SANDBOX_AGENT_{}",
-        flag.trim_start_matches('-').replace('-', "_").to_uppercase()
+        flag.trim_start_matches('-')
+            .replace('-', "_")
+            .to_uppercase()
     )
 }
 
@@ -319,7 +321,10 @@ fn origin(flag: &str, from_file: bool, from_env: bool, file: &Path) -> String {
 /// on the command line or the error is of another kind.
 pub fn env_value_error(e: &clap::Error, argv: &[OsString]) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if !matches!(e.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
         return None;
     }
     let arg = match e.get(ContextKind::InvalidArg)? {
@@ -331,7 +336,11 @@ pub fn env_value_error(e: &clap::Error, argv: &[OsString]) -> Option<String> {
         _ => return None,
     };
     // `--port <PORT>` → `port`
-    let flag = arg.split_whitespace().next()?.trim_start_matches('-').to_string();
+    let flag = arg
+        .split_whitespace()
+        .next()?
+        .trim_start_matches('-')
+        .to_string();
     let long = format!("--{flag}");
     let on_command_line = argv.iter().any(|a| {
         let a = a.to_string_lossy();
@@ -377,12 +386,10 @@ pub fn normalise_log_filter(s: &str) -> Result<String, String> {
     let mut directives = Vec::new();
     for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         let d = match d.rsplit_once('=') {
-            Some((target, level)) if !level.contains([']', '}']) => {
-                match canonical_level(level) {
-                    Some(l) => format!("{target}={l}"),
-                    None => d.to_string(),
-                }
-            }
+            Some((target, level)) if !level.contains([']', '}']) => match canonical_level(level) {
+                Some(l) => format!("{target}={l}"),
+                None => d.to_string(),
+            },
             _ => canonical_level(d).map_or_else(|| d.to_string(), str::to_string),
         };
         directives.push(d);
@@ -463,7 +470,12 @@ fn known_file_keys() -> Vec<String> {
 /// What to say about a key the file does not know.
 fn unknown_key_message(key: &str, value: &toml::Value, file: &Path) -> String {
     let base = format!("config file {}: unknown key `{key}`", file.display());
-    if value.is_table() || (value.is_array() && value.as_array().is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty())) {
+    if value.is_table()
+        || (value.is_array()
+            && value
+                .as_array()
+                .is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty()))
+    {
         if matches!(key, "agent" | "agents") {
             return format!(
                 "{base}: agents are declared in their own file with `[[agent]]` tables, \
@@ -485,7 +497,11 @@ fn unknown_key_message(key: &str, value: &toml::Value, file: &Path) -> String {
 /// with the address to use instead, since the daemon binds one address.
 fn parse_host(s: &str) -> Result<IpAddr, String> {
     let t = s.trim();
-    if let Ok(ip) = t.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+    if let Ok(ip) = t
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
         return Ok(ip);
     }
     let refuse = |why: &str| {
@@ -506,7 +522,9 @@ fn parse_host(s: &str) -> Result<IpAddr, String> {
         return Err(refuse(" and resolves to nothing"));
     }
     if !addrs.iter().all(IpAddr::is_loopback) {
-        return Err(refuse(" of this machine's loopback (names other than loopback ones are refused: a name may resolve to several addresses)"));
+        return Err(refuse(
+            " of this machine's loopback (names other than loopback ones are refused: a name may resolve to several addresses)",
+        ));
     }
     Ok(addrs
         .iter()

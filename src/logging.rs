@@ -330,8 +330,9 @@ where
         use tracing_subscriber::fmt::time::FormatTime;
         let meta = event.metadata();
         let mut timestamp = String::new();
-        tracing_subscriber::fmt::time::SystemTime
-            .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp))?;
+        tracing_subscriber::fmt::time::SystemTime.format_time(
+            &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
+        )?;
         let mut map = serde_json::Map::new();
         map.insert("timestamp".into(), timestamp.into());
         map.insert("level".into(), meta.level().as_str().into());
@@ -668,7 +669,11 @@ mod tests {
         let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let v: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
         assert_eq!(v["pids"], serde_json::json!([1, 2]), "{v}");
-        assert_eq!(v["dirs"], serde_json::json!(["/sys/fs/cgroup/memory/x"]), "{v}");
+        assert_eq!(
+            v["dirs"],
+            serde_json::json!(["/sys/fs/cgroup/memory/x"]),
+            "{v}"
+        );
         assert_eq!(v["code"], 3, "{v}");
         assert_eq!(v["ok"], false, "{v}");
         assert_eq!(v["grace"], "3s", "{v}");

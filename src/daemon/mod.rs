@@ -71,8 +71,8 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
         root.child_token(),
         data_dir_problem,
     )
-        .await
-        .map_err(|e| StartError::Config(format!("{e:#}")))?;
+    .await
+    .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());
 
     let tasks = TaskTracker::new();
@@ -127,13 +127,13 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
 /// work); one that exists but refuses writes (a read-only mount, wrong owner) still serves
 /// what is installed and the built-in agent, so it is a warning, kept for `/v1/health`.
 fn check_data_dir(dir: &std::path::Path) -> Result<Option<String>, StartError> {
-    if let Err(source) = std::fs::create_dir_all(dir) {
-        if !dir.is_dir() {
-            return Err(StartError::DataDir {
-                path: dir.to_path_buf(),
-                source,
-            });
-        }
+    if let Err(source) = std::fs::create_dir_all(dir)
+        && !dir.is_dir()
+    {
+        return Err(StartError::DataDir {
+            path: dir.to_path_buf(),
+            source,
+        });
     }
     let probe = dir.join(format!(".write-check-{}", std::process::id()));
     let written = std::fs::OpenOptions::new()

@@ -186,7 +186,7 @@ async fn host_localhost_listens_on_loopback() {
         .unwrap();
     let url = format!("http://127.0.0.1:{port}/v1/health");
     let client = crate::support::http();
-    let served = eventually_async(Duration::from_secs(20), "health on 127.0.0.1", || {
+    eventually_async(Duration::from_secs(20), "health on 127.0.0.1", || {
         let client = client.clone();
         let url = url.clone();
         async move {
@@ -195,7 +195,6 @@ async fn host_localhost_listens_on_loopback() {
         }
     })
     .await;
-    let _ = served;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -205,7 +204,10 @@ async fn host_localhost_listens_on_loopback() {
 
     let (code, err) = run_to_exit(&["--host", "no-such-host.invalid", "--port", "0"], &[]);
     assert_eq!(code, 78, "{err}");
-    assert!(err.contains("127.0.0.1") && err.contains("0.0.0.0"), "{err}");
+    assert!(
+        err.contains("127.0.0.1") && err.contains("0.0.0.0"),
+        "{err}"
+    );
 }
 
 /// A data directory that can never exist is refused at start (73); one that exists but cannot
@@ -244,10 +246,7 @@ async fn data_dir_problems_are_found_at_start() {
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
         Daemon::builder()
     };
-    let d = builder
-        .data_dir(&ro)
-        .args(["--log-format", "json"])
-        .start();
+    let d = builder.data_dir(&ro).args(["--log-format", "json"]).start();
     let health = d.get_json("/v1/health").await;
     assert_eq!(health["dataDir"]["writable"], false, "{health}");
     assert_eq!(health["dataDir"]["path"], ro_str, "{health}");
@@ -335,11 +334,15 @@ async fn agents_dying_between_requests_are_warnings_with_their_last_words() {
             .contains("fatal: out of tokens"),
         "{quitter}"
     );
-    let killed = eventually(Duration::from_secs(10), "the killed agent's warning", || {
-        log_entries(&d)
-            .into_iter()
-            .find(|e| e["server_id"] == "killed" && e["message"] == "agent ended unexpectedly")
-    });
+    let killed = eventually(
+        Duration::from_secs(10),
+        "the killed agent's warning",
+        || {
+            log_entries(&d)
+                .into_iter()
+                .find(|e| e["server_id"] == "killed" && e["message"] == "agent ended unexpectedly")
+        },
+    );
     assert_eq!(killed["signal"], 9, "{killed}");
     assert_eq!(killed["reason"], "crashed", "{killed}");
     assert!(
@@ -445,10 +448,7 @@ fn mock_agent_help_and_docs_list_every_command() {
             help.lines().any(|l| l.trim_start().starts_with(c.as_str())),
             "mock-agent --help lacks {c}:\n{help}"
         );
-        assert!(
-            docs.contains(&format!("`{c}")),
-            "docs/acp.md lacks {c}"
-        );
+        assert!(docs.contains(&format!("`{c}")), "docs/acp.md lacks {c}");
     }
 }
 
@@ -460,7 +460,9 @@ async fn process_logs_as_utf8_for_humans() {
     let r = d
         .client()
         .post(d.url("/v1/processes"))
-        .json(&json!({"command": "sh", "args": ["-c", "printf 'héllo\\n'; printf '\\377x\\n' >&2"]}))
+        .json(
+            &json!({"command": "sh", "args": ["-c", "printf 'héllo\\n'; printf '\\377x\\n' >&2"]}),
+        )
         .send()
         .await
         .unwrap();
@@ -491,7 +493,10 @@ async fn process_logs_as_utf8_for_humans() {
         (all.contains("héllo") && all.contains("x\n")).then_some(all)
     })
     .await;
-    assert!(text.contains("\u{fffd}x"), "invalid UTF-8 is replaced: {text:?}");
+    assert!(
+        text.contains("\u{fffd}x"),
+        "invalid UTF-8 is replaced: {text:?}"
+    );
     let (status, v) = logs("").await;
     assert_eq!(status, 200);
     assert!(
@@ -507,7 +512,9 @@ async fn process_logs_as_utf8_for_humans() {
     // The follow stream too.
     let body = d
         .client()
-        .get(d.url(&format!("/v1/processes/{id}/logs?follow=true&encoding=utf8")))
+        .get(d.url(&format!(
+            "/v1/processes/{id}/logs?follow=true&encoding=utf8"
+        )))
         .send()
         .await
         .unwrap()

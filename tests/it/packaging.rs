@@ -299,7 +299,11 @@ fn dockerfiles_share_their_runtime_and_ship_the_stripped_binary() {
             .expect("the runtime part starts with the user");
         s[at..].to_string()
     };
-    assert_eq!(runtime(&host), runtime(&source), "the runtime stages differ");
+    assert_eq!(
+        runtime(&host),
+        runtime(&source),
+        "the runtime stages differ"
+    );
     assert!(
         host.contains("ARG SANDBOX_AGENT_BINARY=target/container/sandbox-agent"),
         "{host}"
@@ -318,7 +322,9 @@ fn dockerfiles_share_their_runtime_and_ship_the_stripped_binary() {
     assert_eq!(profile["strip"].as_str(), Some("debuginfo"));
     let ignore = std::fs::read_to_string(format!("{REPO}/.dockerignore")).unwrap();
     assert!(
-        ignore.lines().any(|l| l == "!target/container/sandbox-agent"),
+        ignore
+            .lines()
+            .any(|l| l == "!target/container/sandbox-agent"),
         "{ignore}"
     );
     let source_ignore =

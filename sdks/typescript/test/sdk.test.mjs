@@ -79,7 +79,9 @@ test("autoConnect false: nothing happens until connect(); session calls are gate
       await assert.rejects(call(), NotConnectedError);
     }
     // Host APIs need no connection.
-    assert.deepEqual(await c.getHealth(), { status: "ok" });
+    const health = await c.getHealth();
+    assert.equal(health.status, "ok");
+    assert.equal(health.dataDir.writable, true);
     await c.connect();
     assert.equal((await listed(d, "manual"))?.status, "running");
     const { sessionId } = await c.newSession();
