@@ -1299,7 +1299,7 @@ impl ClientTarget {
                     (None, Some(raw)) => raw.parse::<u16>().unwrap_or_else(|_| {
                         errors.push(format!(
                             "{}: `{raw}` is not a port (0-65535)",
-                            origin("port", true, &file_path)
+                            origin("port", true, false, &file_path)
                         ));
                         0
                     }),
