@@ -39,7 +39,7 @@ pub enum Command {
         command: AgentsCommand,
     },
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
-    #[command(name = "mock-agent")]
+    #[command(name = "mock-agent", after_help = MOCK_AGENT_COMMANDS)]
     MockAgent,
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
@@ -72,6 +72,27 @@ pub enum Command {
     #[command(name = "spawn-stub", hide = true)]
     SpawnStub { fd: i32 },
 }
+
+/// The mock agent's prompt commands (also in docs/acp.md, "The mock agent").
+const MOCK_AGENT_COMMANDS: &str = "\
+It answers initialize, session/new, session/prompt, session/cancel and _mock/echo (which
+returns its params as its result). A prompt's text is echoed
+back as one agent_message_chunk, unless it starts with one of these commands:
+
+  /stream N        send N chunks (\"chunk i of N\"), then end the turn
+  /sleep MS        wait MS milliseconds (a session/cancel ends it: stopReason cancelled)
+  /hang            never end the turn until cancelled
+  /permission      ask session/request_permission; the chunk \"permission: OPTION\" reports the answer
+  /crash N         exit at once with code N (default 1)
+  /stderr TEXT     write TEXT to stderr (the daemon logs it)
+  /garbage         write a line that is not JSON
+  /spawn-orphan    start a sleeping grandchild that leaves the process group
+  /ignore-term     ignore SIGTERM from now on (the stop has to SIGKILL)
+  /fork N          start N sleeping children in the same group
+  /alloc MB        allocate and touch MB MiB of memory, kept until exit
+
+Example: sandbox-agent mock-agent, then type
+  {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"s\",\"prompt\":[{\"type\":\"text\",\"text\":\"/stream 3\"}]}}";
 
 #[derive(Debug, Subcommand)]
 pub enum AgentsCommand {

@@ -301,20 +301,246 @@ impl FileValues {
     }
 }
 
-/// Where a value came from, for error messages.
-fn origin(flag: &str, from_file: bool, file: &Path) -> String {
+/// The environment variable of a flag: `request-timeout` → `SANDBOX_AGENT_REQUEST_TIMEOUT`.
+pub fn env_name(flag: &str) -> String {
+    format!(
+        "SANDBOX_AGENT_{}",
+        flag.trim_start_matches('-')
+            .replace('-', "_")
+            .to_uppercase()
+    )
+}
+
+/// Where a value came from, for error messages: the file's key, the variable, or the flag.
+fn origin(flag: &str, from_file: bool, from_env: bool, file: &Path) -> String {
     if from_file {
         format!(
             "config file {}: key `{}`",
             file.display(),
             flag.replace('-', "_")
         )
+    } else if from_env {
+        format!("environment variable {}", env_name(flag))
     } else {
-        format!(
-            "--{flag} (or SANDBOX_AGENT_{})",
-            flag.replace('-', "_").to_uppercase()
-        )
+        format!("--{flag}")
     }
+}
+
+/// A clap error about a value that came from the environment, reworded to name the variable
+/// the user set (clap names the flag, which the user never typed). `None` when the value was
+/// on the command line or the error is of another kind.
+pub fn env_value_error(e: &clap::Error, argv: &[OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let arg = match e.get(ContextKind::InvalidArg)? {
+        ContextValue::String(s) => s.clone(),
+        _ => return None,
+    };
+    let value = match e.get(ContextKind::InvalidValue)? {
+        ContextValue::String(s) => s.clone(),
+        _ => return None,
+    };
+    // `--port <PORT>` → `port`
+    let flag = arg
+        .split_whitespace()
+        .next()?
+        .trim_start_matches('-')
+        .to_string();
+    let long = format!("--{flag}");
+    let on_command_line = argv.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == long || a.starts_with(&format!("{long}="))
+    });
+    if on_command_line {
+        return None;
+    }
+    let var = env_name(&flag);
+    let set = std::env::var_os(&var)?;
+    if set.to_string_lossy() != value {
+        return None;
+    }
+    let why = e
+        .to_string()
+        .lines()
+        .next()
+        .and_then(|l| l.rsplit_once(": ").map(|(_, why)| why.to_string()))
+        .unwrap_or_else(|| "invalid value".to_string());
+    Some(format!(
+        "environment variable {var}: `{value}` is not valid for --{flag}: {why}"
+    ))
+}
+
+/// The spellings of a level that people type, in any case, as the filter's own names.
+fn canonical_level(s: &str) -> Option<&'static str> {
+    Some(match s.trim().to_ascii_lowercase().as_str() {
+        "off" | "none" | "quiet" => "off",
+        "error" | "err" | "fatal" | "critical" => "error",
+        "warn" | "warning" => "warn",
+        "info" | "information" | "notice" => "info",
+        "debug" | "verbose" => "debug",
+        "trace" | "all" => "trace",
+        _ => return None,
+    })
+}
+
+/// Normalises a `--log-level` filter: each level spelling (`warning`, `WARN`, `verbose`) becomes
+/// the filter's own name, then the result must be a valid filter that shows our errors — a word
+/// the filter does not know as a level is taken by tracing as a module name, which would filter
+/// out every line of ours, fatal errors included.
+pub fn normalise_log_filter(s: &str) -> Result<String, String> {
+    let mut directives = Vec::new();
+    for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let d = match d.rsplit_once('=') {
+            Some((target, level)) if !level.contains([']', '}']) => match canonical_level(level) {
+                Some(l) => format!("{target}={l}"),
+                None => d.to_string(),
+            },
+            _ => canonical_level(d).map_or_else(|| d.to_string(), str::to_string),
+        };
+        directives.push(d);
+    }
+    let filter = directives.join(",");
+    if filter.is_empty() {
+        return Err("the filter is empty; use a level like `info` or `warn`".to_string());
+    }
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&filter) {
+        return Err(format!(
+            "`{s}` is not a log filter like `info` or `sandbox_agent=debug`: {e}"
+        ));
+    }
+    // The most specific directive that applies to the target `sandbox_agent` (a bare level, or
+    // a target that is a prefix of it), as tracing picks it; a span/field directive never
+    // covers every event.
+    let mut best: Option<(usize, &str)> = None;
+    for d in &directives {
+        if d.contains('[') {
+            continue;
+        }
+        let (target, level) = match d.rsplit_once('=') {
+            Some((t, l)) => (t, l),
+            None if canonical_level(d).is_some() => ("", d.as_str()),
+            None => (d.as_str(), "trace"),
+        };
+        if !"sandbox_agent".starts_with(target) {
+            continue;
+        }
+        if best.is_none_or(|(len, _)| target.len() >= len) {
+            best = Some((target.len(), level));
+        }
+    }
+    match best {
+        Some((_, level)) if level != "off" => Ok(filter),
+        _ => Err(format!(
+            "`{s}` does not show the daemon's own errors, fatal ones included (a word that is \
+             not a level is read as a module name); use a level (error, warn, info, debug, \
+             trace), optionally with module overrides like `warn,sandbox_agent::acp=debug`"
+        )),
+    }
+}
+
+/// The known key nearest to an unknown one (edit distance at most a third of its length).
+fn nearest_key<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut cur = vec![i + 1; b.len() + 1];
+            for (j, cb) in b.iter().enumerate() {
+                let cost = usize::from(ca != *cb);
+                cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    }
+    let max = (unknown.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (distance(unknown, k), *k))
+        .filter(|(d, _)| *d <= max)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Every key the config file accepts: the server's long flags with `_` for `-`.
+fn known_file_keys() -> Vec<String> {
+    use clap::Args;
+    let cmd = ServerArgs::augment_args(clap::Command::new("sandbox-agent"));
+    cmd.get_arguments()
+        .filter_map(|a| a.get_long())
+        .map(|l| l.replace('-', "_"))
+        .collect()
+}
+
+/// What to say about a key the file does not know.
+fn unknown_key_message(key: &str, value: &toml::Value, file: &Path) -> String {
+    let base = format!("config file {}: unknown key `{key}`", file.display());
+    if value.is_table()
+        || (value.is_array()
+            && value
+                .as_array()
+                .is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty()))
+    {
+        if matches!(key, "agent" | "agents") {
+            return format!(
+                "{base}: agents are declared in their own file with `[[agent]]` tables, \
+                 passed with --agents-file (see docs/agents.md)"
+            );
+        }
+        return format!("{base}: the config file has no tables, only top-level keys");
+    }
+    let known = known_file_keys();
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    match nearest_key(key, &known) {
+        Some(k) => format!("{base}; did you mean `{k}`?"),
+        None => base,
+    }
+}
+
+/// A `--host` value: an IP address, or a name whose every address is loopback (such as
+/// `localhost`), which becomes its first IPv4 address (else its first). Other names are refused
+/// with the address to use instead, since the daemon binds one address.
+fn parse_host(s: &str) -> Result<IpAddr, String> {
+    let t = s.trim();
+    if let Ok(ip) = t
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
+        return Ok(ip);
+    }
+    let refuse = |why: &str| {
+        format!(
+            "`{s}` is not an IP address{why}; give the address to listen on, e.g. 127.0.0.1 \
+             (this machine only) or 0.0.0.0 (every interface)"
+        )
+    };
+    if t.is_empty() || t.contains(['/', ' ', ':']) {
+        return Err(refuse(""));
+    }
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<IpAddr> = match (t, 0).to_socket_addrs() {
+        Ok(a) => a.map(|a| a.ip()).collect(),
+        Err(e) => return Err(refuse(&format!(" and does not resolve ({e})"))),
+    };
+    if addrs.is_empty() {
+        return Err(refuse(" and resolves to nothing"));
+    }
+    if !addrs.iter().all(IpAddr::is_loopback) {
+        return Err(refuse(
+            " of this machine's loopback (names other than loopback ones are refused: a name may resolve to several addresses)",
+        ));
+    }
+    Ok(addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .copied()
+        .unwrap_or(addrs[0]))
 }
 
 /// Parses `30s`, `5m`, `1h 30m` (humantime); a bare number is seconds.
@@ -472,6 +698,20 @@ impl Config {
         let env_get = |name: &str| -> Option<OsString> {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         };
+        // Names where a bad value came from: the file's key, the variable the user set (when
+        // it holds that very value), or the flag.
+        let origin = |flag: &str, from_file: bool, file: &Path, raw: Option<&str>| -> String {
+            let var = env_name(flag);
+            // A list variable holds the bad item among others, comma-separated.
+            let from_env = !from_file
+                && raw.is_some_and(|raw| {
+                    env_get(&var).is_some_and(|v| {
+                        v.to_str()
+                            .is_some_and(|v| v == raw || v.split(',').any(|i| i.trim() == raw))
+                    })
+                });
+            origin(flag, from_file, from_env, file)
+        };
 
         // A string-valued setting: flag/env first, then the file, parsed by `parse`.
         macro_rules! setting {
@@ -487,7 +727,11 @@ impl Config {
                     Some(raw) => match $parse(raw.as_str()) {
                         Ok(v) => v,
                         Err(e) => {
-                            errors.push(format!("{}: {}", origin($flag, from_file, &file_path), e));
+                            errors.push(format!(
+                                "{}: {}",
+                                origin($flag, from_file, &file_path, Some(raw.as_str())),
+                                e
+                            ));
                             $default
                         }
                     },
@@ -508,14 +752,7 @@ impl Config {
             }};
         }
 
-        let host: IpAddr = setting!(
-            host,
-            "host",
-            |s: &str| s
-                .parse::<IpAddr>()
-                .map_err(|_| format!("`{s}` is not an IP address")),
-            IpAddr::from([127, 0, 0, 1])
-        );
+        let host: IpAddr = setting!(host, "host", parse_host, IpAddr::from([127, 0, 0, 1]));
         let port: u16 = setting!(
             port,
             "port",
@@ -616,7 +853,7 @@ impl Config {
                 Some((k, v)) if !k.is_empty() => agent_env.push((k.to_string(), v.to_string())),
                 _ => errors.push(format!(
                     "{}: `{kv}` is not KEY=VALUE",
-                    origin("agent-env", env_from_file, &file_path)
+                    origin("agent-env", env_from_file, &file_path, Some(kv))
                 )),
             }
         }
@@ -657,19 +894,12 @@ impl Config {
         let log_level: String = setting!(
             log_level,
             "log-level",
-            |s: &str| Ok::<_, String>(s.to_string()),
+            normalise_log_filter,
             "info".to_string()
         );
         let access_log = flag!(access_log);
         let slow_request = setting!(slow_request, "slow-request", dur, Duration::from_secs(1));
         let init = flag!(init);
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
-            let from_file = args.log_level.is_none();
-            errors.push(format!(
-                "{}: `{log_level}` is not a log filter like `info` or `sandbox_agent=debug`: {e}",
-                origin("log-level", from_file, &file_path)
-            ));
-        }
         // --- harden-edge ---
         let token_file = path!(token_file);
         let allowed_hosts = list_setting(
@@ -684,7 +914,10 @@ impl Config {
         for o in allowed_origins {
             match normalise_origin(&o) {
                 Ok(o) => origins.push(o),
-                Err(e) => errors.push(format!("--allowed-origins: {e}")),
+                Err(e) => errors.push(format!(
+                    "{}: {e}",
+                    origin("allowed-origins", false, &file_path, Some(o.as_str()))
+                )),
             }
         }
         let allowed_origins = origins;
@@ -872,11 +1105,8 @@ impl Config {
 
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
-        for key in file.map.keys() {
-            errors.push(format!(
-                "config file {}: unknown key `{key}`",
-                file_path.display()
-            ));
+        for (key, value) in &file.map {
+            errors.push(unknown_key_message(key, value, &file_path));
         }
 
         let token = match (token, token_file) {
@@ -1101,7 +1331,7 @@ impl ClientTarget {
                     (None, Some(raw)) => raw.parse::<u16>().unwrap_or_else(|_| {
                         errors.push(format!(
                             "{}: `{raw}` is not a port (0-65535)",
-                            origin("port", true, &file_path)
+                            origin("port", true, false, &file_path)
                         ));
                         0
                     }),

@@ -310,6 +310,90 @@ impl<S: tracing::Subscriber> Layer<S> for JournalLayer {
     }
 }
 
+/// `--log-format json`: one object per event, with `timestamp`, `level`, `target`, `message` and
+/// the event's fields at the top level. Numbers and booleans stay JSON numbers and booleans, and
+/// a field logged with `?` whose text is a list (`[1, 2]`, `["memory", "pids"]`) becomes a JSON
+/// array, so log tools can query it as one instead of parsing a printed string.
+struct JsonLines;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for JsonLines
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use tracing_subscriber::fmt::time::FormatTime;
+        let meta = event.metadata();
+        let mut timestamp = String::new();
+        tracing_subscriber::fmt::time::SystemTime.format_time(
+            &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
+        )?;
+        let mut map = serde_json::Map::new();
+        map.insert("timestamp".into(), timestamp.into());
+        map.insert("level".into(), meta.level().as_str().into());
+        event.record(&mut JsonFields(&mut map));
+        map.insert("target".into(), meta.target().into());
+        writeln!(writer, "{}", serde_json::Value::Object(map))
+    }
+}
+
+struct JsonFields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl JsonFields<'_> {
+    fn put(&mut self, field: &Field, value: serde_json::Value) {
+        self.0.insert(field.name().to_string(), value);
+    }
+}
+
+/// The JSON value of a field's `Debug` text: an array when the text is a list that reads as
+/// JSON, else the text itself.
+fn debug_value(name: &str, text: String) -> serde_json::Value {
+    if name == "message" {
+        return text.into();
+    }
+    // A set prints as `{"a", "b"}`: the same items in brackets.
+    let as_list = match text.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
+        Some(inner) => std::borrow::Cow::Owned(format!("[{inner}]")),
+        None => std::borrow::Cow::Borrowed(text.as_str()),
+    };
+    if as_list.starts_with('[')
+        && let Ok(v @ serde_json::Value::Array(_)) = serde_json::from_str(&as_list)
+    {
+        return v;
+    }
+    text.into()
+}
+
+impl Visit for JsonFields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field, value.to_string().into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let v = debug_value(field.name(), format!("{value:?}"));
+        self.put(field, v);
+    }
+}
+
 /// Keeps the writer thread; dropping it flushes what is queued (waiting at most a second, since
 /// stderr may be a pipe nobody reads).
 pub struct LogGuard {
@@ -371,8 +455,7 @@ pub fn init(config: &Config) -> LogGuard {
         LogFormat::Json => registry
             .with(
                 tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
+                    .event_format(JsonLines)
                     .with_writer(writer),
             )
             .init(),
@@ -541,6 +624,65 @@ mod tests {
             st.wakeups,
             THREADS * EACH
         );
+    }
+
+    #[test]
+    fn json_lines_print_lists_as_arrays() {
+        use tracing_subscriber::fmt::MakeWriter;
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        impl<'a> MakeWriter<'a> for Buf {
+            type Writer = Buf;
+            fn make_writer(&'a self) -> Buf {
+                self.clone()
+            }
+        }
+        let buf = Buf::default();
+        let subscriber = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .event_format(JsonLines)
+                .with_writer(buf.clone()),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            let dirs = vec!["/sys/fs/cgroup/memory/x".to_string()];
+            tracing::warn!(
+                pids = ?vec![1u32, 2],
+                ?dirs,
+                code = 3,
+                ok = false,
+                grace = ?Duration::from_secs(3),
+                odd = ?["\u{1b}"],
+                set = ?std::collections::BTreeSet::from(["memory", "pids"]),
+                map = ?std::collections::BTreeMap::from([("a", 1)]),
+                "[not a list] message"
+            );
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
+        assert_eq!(v["pids"], serde_json::json!([1, 2]), "{v}");
+        assert_eq!(
+            v["dirs"],
+            serde_json::json!(["/sys/fs/cgroup/memory/x"]),
+            "{v}"
+        );
+        assert_eq!(v["code"], 3, "{v}");
+        assert_eq!(v["ok"], false, "{v}");
+        assert_eq!(v["grace"], "3s", "{v}");
+        assert!(v["odd"].is_string(), "not JSON, kept as text: {v}");
+        assert_eq!(v["set"], serde_json::json!(["memory", "pids"]), "{v}");
+        assert_eq!(v["map"], "{\"a\": 1}", "{v}");
+        assert_eq!(v["message"], "[not a list] message", "{v}");
+        assert_eq!(v["level"], "WARN", "{v}");
+        assert!(v["timestamp"].is_string() && v["target"].is_string(), "{v}");
     }
 
     #[test]

@@ -13,6 +13,8 @@ use sandbox_agent::daemon::{self, StartError};
 const EX_USAGE: u8 = 64;
 /// sysexits: service unavailable (e.g. the port is taken).
 const EX_UNAVAILABLE: u8 = 69;
+/// sysexits: cannot create a (user) output file, here the data directory.
+const EX_CANTCREAT: u8 = 73;
 /// sysexits: configuration error.
 const EX_CONFIG: u8 = 78;
 
@@ -21,7 +23,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EX_USAGE } else { 0 };
-            let _ = e.print();
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            match sandbox_agent::config::env_value_error(&e, &argv) {
+                Some(msg) => eprintln!("sandbox-agent: {msg}"),
+                None => {
+                    let _ = e.print();
+                }
+            }
             return ExitCode::from(code);
         }
     };
@@ -114,6 +122,10 @@ fn serve(args: &ServerArgs) -> ExitCode {
         Err(e @ StartError::Bind { .. }) => {
             tracing::error!(error = %e, "cannot start");
             ExitCode::from(EX_UNAVAILABLE)
+        }
+        Err(e @ StartError::DataDir { .. }) => {
+            tracing::error!(error = %e, "cannot start");
+            ExitCode::from(EX_CANTCREAT)
         }
         Err(e @ StartError::Config(_)) => {
             tracing::error!(error = %e, "cannot start");

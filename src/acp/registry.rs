@@ -363,11 +363,10 @@ fn check_agent(inst: Arc<AcpInstance>, agent: Option<&str>) -> Result<Arc<AcpIns
 }
 
 async fn stop_instance(inst: Arc<AcpInstance>, handle: AgentHandle, grace: Duration) {
-    let exit = handle.stop(grace).await;
+    // The supervisor logs the end once ("agent ended", with its reason and status).
+    let _exit = handle.stop(grace).await;
     // The reader records the exit and fails whatever still waited.
     inst.wait_ended().await;
-    tracing::info!(server_id = %inst.server_id, agent = %inst.agent, pid = handle.pid(),
-        reason = ?exit.reason, code = exit.code, signal = exit.signal, "agent stopped");
 }
 
 fn info(i: &AcpInstance, scan: &mut GroupScan) -> ServerInfo {

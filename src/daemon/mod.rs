@@ -32,6 +32,12 @@ pub enum StartError {
     },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("the data directory {} does not exist and cannot be created: {source}", path.display())]
+    DataDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -55,12 +61,18 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
         }
     })
     .context("install signal handlers")?;
+    let data_dir_problem = check_data_dir(&config.data_dir)?;
     let listener = listen(&config, parent_init).await?;
     let addr = listener.local_addr().context("read the bound address")?;
 
-    let state = AppState::build(config.clone(), supervisor, root.child_token())
-        .await
-        .map_err(|e| StartError::Config(format!("{e:#}")))?;
+    let state = AppState::build(
+        config.clone(),
+        supervisor,
+        root.child_token(),
+        data_dir_problem,
+    )
+    .await
+    .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());
 
     let tasks = TaskTracker::new();
@@ -110,6 +122,40 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
 }
 
 /// The listener: the socket systemd passed, or a fresh bind of host:port.
+/// Makes sure the data directory exists and can be written before anything is served. One
+/// that cannot even be created is fatal (no install, upload spool or agent home could ever
+/// work); one that exists but refuses writes (a read-only mount, wrong owner) still serves
+/// what is installed and the built-in agent, so it is a warning, kept for `/v1/health`.
+fn check_data_dir(dir: &std::path::Path) -> Result<Option<String>, StartError> {
+    if let Err(source) = std::fs::create_dir_all(dir)
+        && !dir.is_dir()
+    {
+        return Err(StartError::DataDir {
+            path: dir.to_path_buf(),
+            source,
+        });
+    }
+    let probe = dir.join(format!(".write-check-{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|_| std::fs::remove_file(&probe));
+    match written {
+        Ok(()) => Ok(None),
+        Err(e) => {
+            let problem = format!("{} is not writable: {e}", dir.display());
+            tracing::warn!(
+                data_dir = %dir.display(),
+                error = %e,
+                "the data directory is not writable: installing agents and uploads that spool \
+                 to disk will fail until it is; installed agents and the mock agent still run"
+            );
+            Ok(Some(problem))
+        }
+    }
+}
+
 async fn listen(config: &Config, parent_init: Option<u32>) -> Result<TcpListener, StartError> {
     if let Some(std_listener) = systemd::take_activated_listener(&config.systemd, parent_init)
         .context("take the socket-activated listener")?

@@ -56,6 +56,8 @@ pub struct Services {
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
+    /// Why the data directory cannot be written, as found at start (`None`: it can).
+    pub data_dir_problem: Option<String>,
 }
 
 impl AppState {
@@ -67,6 +69,7 @@ impl AppState {
         config: Arc<Config>,
         supervisor: Arc<crate::supervisor::Supervisor>,
         shutdown: CancellationToken,
+        data_dir_problem: Option<String>,
     ) -> anyhow::Result<Self> {
         let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
         let acp = Arc::new(crate::acp::AcpService::new(
@@ -88,6 +91,7 @@ impl AppState {
             shutdown.child_token(),
         ));
         Ok(AppState(Arc::new(Services {
+            data_dir_problem,
             config,
             shutdown,
             supervisor,
@@ -170,15 +174,35 @@ pub struct RootInfo {
     tag = "meta",
     responses((status = 200, description = "The daemon serves", body = Health)),
 )]
-async fn health() -> axum::Json<Health> {
-    axum::Json(Health { status: "ok" })
+async fn health(State(state): State<AppState>) -> axum::Json<Health> {
+    axum::Json(Health {
+        status: "ok",
+        data_dir: DataDirHealth {
+            path: state.config.data_dir.display().to_string(),
+            writable: state.data_dir_problem.is_none(),
+            problem: state.data_dir_problem.clone(),
+        },
+    })
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct Health {
     /// Always `ok`.
     #[schema(example = "ok")]
     status: &'static str,
+    /// The data directory (installed agents, upload spool), as checked at start.
+    data_dir: DataDirHealth,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct DataDirHealth {
+    path: String,
+    /// False when a file could not be created there at start: installs will fail.
+    writable: bool,
+    /// Why it is not writable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
 async fn not_found(req: Request) -> Problem {

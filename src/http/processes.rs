@@ -74,9 +74,9 @@ struct LogEntry {
     sequence: u64,
     stream: LogStream,
     timestamp_ms: u64,
-    /// The bytes, base64.
+    /// The bytes: base64, or with `encoding=utf8` the text (invalid UTF-8 replaced by U+FFFD).
     data: String,
-    /// Always `base64`.
+    /// `base64` (the default), or `utf8` when asked for.
     #[schema(value_type = String, example = "base64")]
     encoding: &'static str,
 }
@@ -419,7 +419,7 @@ async fn resize(
 /// chunk, so `since=<sequence>` resumes right after it. Written by hand rather than through a
 /// `Value`: the follow stream's throughput is bound by this copy, and base64 and the stream names
 /// never need JSON escaping.
-fn entry_json(c: &Chunk, out: &mut String) {
+fn entry_json(c: &Chunk, out: &mut String, utf8: bool) {
     use std::fmt::Write;
     let stream = match c.stream {
         LogStream::Stdout => "stdout",
@@ -432,18 +432,41 @@ fn entry_json(c: &Chunk, out: &mut String) {
         c.end(),
         c.at_ms
     );
-    B64.encode_string(&c.data, out);
-    out.push_str(r#"","encoding":"base64"}"#);
+    if utf8 {
+        // The JSON string literal without its quotes (the opening one is already written).
+        let text = serde_json::to_string(&String::from_utf8_lossy(&c.data)).unwrap_or_default();
+        out.push_str(&text[1..]);
+        out.push_str(r#","encoding":"utf8"}"#);
+    } else {
+        B64.encode_string(&c.data, out);
+        out.push_str(r#"","encoding":"base64"}"#);
+    }
 }
 
 /// The same entry as a value, for the JSON answer.
-fn entry(c: &Chunk) -> LogEntry {
+fn entry(c: &Chunk, utf8: bool) -> LogEntry {
     LogEntry {
         sequence: c.end(),
         stream: c.stream,
         timestamp_ms: c.at_ms,
-        data: B64.encode(&c.data),
-        encoding: "base64",
+        data: if utf8 {
+            String::from_utf8_lossy(&c.data).into_owned()
+        } else {
+            B64.encode(&c.data)
+        },
+        encoding: if utf8 { "utf8" } else { "base64" },
+    }
+}
+
+/// `encoding=utf8` (or `text`): entries carry their bytes as text, lossily; `base64` (the
+/// default) keeps every byte.
+fn wants_utf8(q: &std::collections::HashMap<String, String>) -> Result<bool, Problem> {
+    match q.get("encoding").map(String::as_str) {
+        None | Some("") | Some("base64") => Ok(false),
+        Some("utf8" | "utf-8" | "text") => Ok(true),
+        Some(other) => Err(Problem::bad_request(format!(
+            "encoding must be base64 or utf8, not `{other}`"
+        ))),
     }
 }
 
@@ -467,6 +490,10 @@ fn gap_json((from, to): (u64, u64)) -> String {
         ("follow" = Option<bool>, Query, description = "Answer with an SSE stream that replays, \
             then follows, and ends when the process has exited and all output was sent",
             example = true),
+        ("encoding" = Option<String>, Query, description = "`base64` (the default: every byte \
+            kept) or `utf8`: each entry's `data` as text, invalid UTF-8 (a character cut between \
+            two entries included) replaced by U+FFFD — for people reading along, not for \
+            exact bytes", example = "utf8"),
         ("Last-Event-ID" = Option<String>, Header, description = "With `follow`: resume after \
             this offset (overrides `since`)", pattern = "^\\s*[0-9]{1,19}\\s*$"),
     ),
@@ -503,12 +530,13 @@ async fn logs(
     let mut since: Option<u64> = param(&q, "since")?;
     let tail: Option<usize> = param(&q, "tail")?;
     let follow = param::<bool>(&q, "follow")?.unwrap_or(false);
+    let utf8 = wants_utf8(&q)?;
     if !follow {
         let logs = st.processes.logs(&id, since, tail, stream)?;
         let body = ProcessLogsResponse {
             process_id: id,
             stream: logs.stream,
-            entries: logs.chunks.iter().map(entry).collect(),
+            entries: logs.chunks.iter().map(|c| entry(c, utf8)).collect(),
             end: logs.end,
             gap: logs.gap.map(|(from, to)| Gap { from, to }),
         };
@@ -542,6 +570,7 @@ async fn logs(
         slot,
         filter,
         start,
+        utf8,
         st.config.keepalive,
         st.shutdown.clone(),
     ));
@@ -563,6 +592,7 @@ fn sse_frames(
     slot: ReaderSlot,
     filter: StreamFilter,
     start: u64,
+    utf8: bool,
     keepalive: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
@@ -583,7 +613,7 @@ fn sse_frames(
                     out.push_str("event: log\nid: ");
                     out.push_str(&c.end().to_string());
                     out.push_str("\ndata: ");
-                    entry_json(c, &mut out);
+                    entry_json(c, &mut out, utf8);
                     out.push_str("\n\n");
                 }
                 cursor = read.cursor;
@@ -783,11 +813,13 @@ mod tests {
                 at_ms: 1234,
                 data: Bytes::copy_from_slice(data),
             };
-            let mut s = String::new();
-            entry_json(&c, &mut s);
-            let by_hand: Value = serde_json::from_str(&s).expect("valid JSON");
-            assert_eq!(by_hand, serde_json::to_value(entry(&c)).unwrap());
-            assert_eq!(by_hand["sequence"], 7 + data.len() as u64);
+            for utf8 in [false, true] {
+                let mut s = String::new();
+                entry_json(&c, &mut s, utf8);
+                let by_hand: Value = serde_json::from_str(&s).expect("valid JSON");
+                assert_eq!(by_hand, serde_json::to_value(entry(&c, utf8)).unwrap());
+                assert_eq!(by_hand["sequence"], 7 + data.len() as u64);
+            }
         }
     }
 

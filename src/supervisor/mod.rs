@@ -465,7 +465,7 @@ impl HandleInner {
         .await
         .is_ok();
         if !graceful && term {
-            tracing::info!(
+            tracing::warn!(
                 server_id = self.server_id,
                 agent = self.agent,
                 pid = self.pid,
@@ -518,9 +518,15 @@ impl HandleInner {
             // pipe, hence the bound.
             let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
         }
-        let level_warn = matches!(info.reason, ExitReason::Crashed | ExitReason::Oom);
         let reason = info.reason.as_str();
-        if level_warn {
+        if unexpected_exit(&info, &self.agent) {
+            // Nobody asked it to stop: the operator needs the why, which is usually in the last
+            // lines it wrote to stderr.
+            let tail = self
+                .stderr_tail
+                .lock()
+                .expect("stderr lock")
+                .text(STDERR_TAIL_IN_LOG);
             tracing::warn!(
                 server_id = self.server_id,
                 agent = self.agent,
@@ -528,7 +534,8 @@ impl HandleInner {
                 reason,
                 code = info.code,
                 signal = info.signal,
-                "agent ended"
+                stderr_tail = tail.trim_end(),
+                "agent ended unexpectedly"
             );
         } else {
             tracing::info!(
@@ -548,6 +555,21 @@ impl HandleInner {
             .expect("registry lock")
             .remove(&self.pid);
         self.exit.send_replace(Some(info));
+    }
+}
+
+/// Bytes of the stderr tail an unexpected exit's log line carries.
+const STDERR_TAIL_IN_LOG: usize = 2048;
+
+/// An exit worth a warning: an agent that ended by itself with a non-zero code, by a signal or
+/// by the memory limit. A stop we asked for (graceful, or forced: its own warning was logged
+/// when the grace ran out) and an exit with code 0 are not; nor is a process of the process
+/// API ending with a code, which is what its caller asked to learn.
+fn unexpected_exit(info: &ExitInfo, agent: &str) -> bool {
+    match info.reason {
+        ExitReason::Crashed | ExitReason::Oom => true,
+        ExitReason::Exited => info.code != Some(0) && !agent.starts_with("process:"),
+        ExitReason::Graceful | ExitReason::Forced => false,
     }
 }
 

@@ -344,7 +344,9 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
     std::fs::write(
         &agents_file,
         format!(
-            "[[agent]]\nid = \"scripted\"\nname = \"Scripted agent\"\ncommand = {:?}\nargs = [{:?}]\n",
+            "[[agent]]\nid = \"scripted\"\nname = \"Scripted agent\"\ncommand = {:?}\nargs = [{:?}]\n\
+             credentials_env = [\"SCRIPTED_API_KEY\"]\n\
+             credentials_files = [\"~/.scripted/credentials.json\"]\n",
             node_bin.display().to_string(),
             script.display().to_string()
         ),
@@ -391,6 +393,7 @@ async fn inspector_drives_the_mock_agent_in_chromium() {
             "4-cancel",
             "5-crash",
             "files-and-install",
+            "layout-and-credentials",
             "rich-updates",
             "slow-stream",
             "6-wrong-token",

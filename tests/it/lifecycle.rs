@@ -30,10 +30,9 @@ async fn root_and_health_answer() {
     assert_eq!(root["version"], env!("CARGO_PKG_VERSION"));
     let health = c.get(d.url("/v1/health")).send().await.unwrap();
     assert_eq!(health.status(), 200);
-    assert_eq!(
-        health.json::<Value>().await.unwrap(),
-        serde_json::json!({"status":"ok"})
-    );
+    let health = health.json::<Value>().await.unwrap();
+    assert_eq!(health["status"], "ok", "{health}");
+    assert_eq!(health["dataDir"]["writable"], true, "{health}");
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ mod client;
 mod config;
 mod edge;
 mod files;
+mod first_hour;
 mod hostile_agents;
 mod hostile_files;
 mod inspector;

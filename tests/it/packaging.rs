@@ -86,6 +86,30 @@ fn packaged_units_pass_systemd_analyze_verify() {
         "",
         "the packaged units must verify clean"
     );
+    // Every `Documentation=file:` of the packaged units names a file the package ships.
+    for unit in ["sandbox-agent.service", "sandbox-agent.socket"] {
+        let text = std::fs::read_to_string(root.join("lib/systemd/system").join(unit)).unwrap();
+        let docs: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .flat_map(str::split_whitespace)
+            .filter_map(|d| d.strip_prefix("file:"))
+            .collect();
+        assert!(!docs.is_empty(), "{unit} names no file: documentation");
+        for doc in docs {
+            let shipped = root.join(doc.trim_start_matches('/'));
+            assert!(
+                shipped.is_file(),
+                "{unit}: Documentation=file:{doc} is not in the package"
+            );
+        }
+    }
+    // Control: the path the units named before is not shipped, so the check can fail.
+    assert!(
+        !root
+            .join("usr/share/doc/sandbox-agent/operations.md")
+            .exists()
+    );
     // The shipped docs stand on their own: every relative link between them resolves inside
     // the package (operations.md links to supervision.md and config.md, README to docs/...).
     let doc = root.join("usr/share/doc/sandbox-agent");
@@ -261,18 +285,70 @@ fn packaged_config_documents_every_setting_and_loads() {
     );
 }
 
+/// The two Dockerfiles agree: the multi-stage one's runtime stage is the host-built one's, line
+/// for line, and both ship the `container` profile's binary, which Cargo.toml strips of its debug
+/// info and `.dockerignore` admits. (The multi-stage build itself needs a `rust:` image from a
+/// registry, which the test machines cannot pull: only this and hadolint check it.)
+#[test]
+fn dockerfiles_share_their_runtime_and_ship_the_stripped_binary() {
+    let host = std::fs::read_to_string(format!("{REPO}/docker/Dockerfile")).unwrap();
+    let source = std::fs::read_to_string(format!("{REPO}/docker/Dockerfile.source")).unwrap();
+    let runtime = |s: &str| {
+        let at = s
+            .find("# An unprivileged user")
+            .expect("the runtime part starts with the user");
+        s[at..].to_string()
+    };
+    assert_eq!(
+        runtime(&host),
+        runtime(&source),
+        "the runtime stages differ"
+    );
+    assert!(
+        host.contains("ARG SANDBOX_AGENT_BINARY=target/container/sandbox-agent"),
+        "{host}"
+    );
+    assert!(
+        source.contains("cargo build --profile container")
+            && source.contains("FROM ${RUST_IMAGE} AS build"),
+        "{source}"
+    );
+    let cargo: toml::Table = std::fs::read_to_string(format!("{REPO}/Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let profile = &cargo["profile"]["container"];
+    assert_eq!(profile["inherits"].as_str(), Some("release"));
+    assert_eq!(profile["strip"].as_str(), Some("debuginfo"));
+    let ignore = std::fs::read_to_string(format!("{REPO}/.dockerignore")).unwrap();
+    assert!(
+        ignore
+            .lines()
+            .any(|l| l == "!target/container/sandbox-agent"),
+        "{ignore}"
+    );
+    let source_ignore =
+        std::fs::read_to_string(format!("{REPO}/docker/Dockerfile.source.dockerignore")).unwrap();
+    assert!(
+        source_ignore.lines().any(|l| l == "target/") && !source_ignore.contains("\n*\n"),
+        "{source_ignore}"
+    );
+}
+
 #[test]
 fn dockerfile_is_hadolint_clean() {
     if !have_tools("hadolint", &["hadolint"]) {
         return;
     }
+    for file in ["Dockerfile", "Dockerfile.source"] {
+        let out = run(Command::new("hadolint").arg(format!("{REPO}/docker/{file}")));
+        assert!(
+            out.status.success() && text(&out).trim().is_empty(),
+            "hadolint {file}: {}",
+            text(&out)
+        );
+    }
     let dockerfile = format!("{REPO}/docker/Dockerfile");
-    let out = run(Command::new("hadolint").arg(&dockerfile));
-    assert!(
-        out.status.success() && text(&out).trim().is_empty(),
-        "hadolint: {}",
-        text(&out)
-    );
     // Negative control: the same file with a classic mistake (cd in RUN, user by name) must fail.
     let tmp = tempfile::tempdir().unwrap();
     let bad = tmp.path().join("Dockerfile");

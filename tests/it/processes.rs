@@ -749,6 +749,9 @@ async fn published_npm_sdk_drives_the_process_api() {
         d.stderr()
     );
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    // The published client reads the installer's answer as `already_installed` (our own SDK and
+    // the rest of the API spell it `alreadyInstalled`): both spellings stay for it.
+    assert_eq!(seen["installMock"]["already_installed"], true, "{seen}");
     assert_eq!(seen["configSet"]["maxOutputBytes"], 4096);
     assert_eq!(seen["run"]["exitCode"], 3);
     assert_eq!(seen["run"]["stdout"], "out\n");

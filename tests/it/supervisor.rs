@@ -582,9 +582,22 @@ async fn sigterm_waits_for_a_delete_whose_agent_is_still_stopping() {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     let at = |pred: &dyn Fn(&Value) -> bool| log.iter().position(pred);
-    let stopped = at(&|e| e["message"] == "agent stopped" && e["server_id"] == "leaving")
+    let stopped = at(&|e| e["message"] == "agent ended" && e["server_id"] == "leaving")
         .unwrap_or_else(|| panic!("the DELETE's stop was not awaited:\n{}", d.stderr()));
-    assert_eq!(log[stopped]["reason"], "Forced", "{}", log[stopped]);
+    assert_eq!(log[stopped]["reason"], "forced", "{}", log[stopped]);
+    // One stop, one line: nothing else reports the same end.
+    let ends = log
+        .iter()
+        .filter(|e| e["server_id"] == "leaving" && e["reason"].is_string())
+        .count();
+    assert_eq!(ends, 1, "{}", d.stderr());
+    // Killing after the grace is worth a warning.
+    let killed = at(&|e| {
+        e["server_id"] == "leaving"
+            && e["message"] == "agent still running after the grace period; killing it"
+    })
+    .unwrap_or_else(|| panic!("no kill line:\n{}", d.stderr()));
+    assert_eq!(log[killed]["level"], "WARN", "{}", log[killed]);
     let last = at(&|e| e["message"] == "stopped").expect("the daemon's last line");
     assert!(stopped < last, "{}", d.stderr());
 }

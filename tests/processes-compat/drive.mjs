@@ -21,6 +21,8 @@ async function until(what, cond, ms = 10000) {
 }
 
 const out = {};
+// Its installer call: the client's type is `{ already_installed: boolean, artifacts }`.
+out.installMock = await sdk.installAgent("mock");
 const config = await sdk.getProcessConfig();
 out.config = config;
 out.configSet = await sdk.setProcessConfig({ ...config, maxOutputBytes: 4096 });

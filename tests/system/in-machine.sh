@@ -156,10 +156,10 @@ r=$(prop sandbox-agent.service Result)/$(prop sandbox-agent.service ExecMainStat
 [ "$r" = success/0 ] && ok "stop: Result=success, exit 0" || fail "stop: Result=success, exit 0" "$r"
 left=$(pgrep -u sandbox-agent | tr '\n' ' ')
 # The daemon itself stopped the agent (logged), systemd had nothing left to kill.
-stopped=$(journalctl -u sandbox-agent -o json --no-pager | grep '"MESSAGE":"agent stopped"' |
+stopped=$(journalctl -u sandbox-agent -o json --no-pager | grep '"MESSAGE":"agent ended"' |
   grep -c '"SERVER_ID":"pkg-test-1"')
 if [ -z "$left" ] && [ "$stopped" -ge 1 ] && leftovers_ok sandbox-agent.service; then ok "stop leaves no agent process"
-else fail "stop leaves no agent process" "left: '$left'; agent stopped logged: $stopped; $(journalctl -u sandbox-agent --no-pager -o cat | grep 'Killing' | head -3)"; fi
+else fail "stop leaves no agent process" "left: '$left'; agent ended logged: $stopped; $(journalctl -u sandbox-agent --no-pager -o cat | grep 'Killing' | head -3)"; fi
 leftovers_ok ctl-leftover.service && fail "control: left-over process is detected" "not detected" ||
   ok "control: left-over process is detected"
 

@@ -84,7 +84,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 unauth=$(in_net "$ctr" -o /dev/null -w '%{http_code}' http://127.0.0.1:2468/v1/health)
-if [ "$health" = '{"status":"ok"}' ] && [ "$unauth" = 401 ]; then ok "/v1/health answers with the token"
+if case "$health" in '{"status":"ok",'*) true ;; *) false ;; esac && [ "$unauth" = 401 ]; then ok "/v1/health answers with the token"
 else fail "/v1/health answers with the token" "with token: '$health', without: $unauth"; fi
 
 # An agent through the proxy, so that the stop below has an agent to stop as well.

@@ -76,9 +76,14 @@ export class AgentsPanel {
       h("th", { scope: "row" }, a.id),
       h("td", { title: a.path ?? "" }, a.installed ? (a.version ?? "yes") : "no"),
       h("td", {}, a.source ?? "–"),
-      h("td", { class: `cred-${cred}` }, cred),
+      h("td", { class: `cred-${cred}`, title: cred === "missing" ? credentialsHint(a) : "" }, cred),
       action,
     );
+    if (a.source === "builtin") {
+      // Part of the daemon's own binary: nothing to install or reinstall.
+      action.append(h("span", { class: "muted", "data-field": "builtin" }, "built in"));
+      return tr;
+    }
     const button = h("button", { type: "button", class: "small", "data-testid": `install-${a.id}` }, a.installed ? "Reinstall" : "Install");
     button.addEventListener("click", () => void this.install(a.id));
     action.append(button);
@@ -124,4 +129,19 @@ export class AgentsPanel {
 
 function elapsed(started: number): string {
   return `${Math.round((Date.now() - started) / 1000)} s`;
+}
+
+/**
+ * What the daemon knows about where an agent looks for credentials, in words: the variables (any
+ * one, in the daemon's environment or `--agent-env`) and the files (any one, `~` being the
+ * agent's HOME). Empty when the daemon knows of none.
+ */
+export function credentialsHint(a: Pick<AgentInfo, "id" | "credentialsEnv" | "credentialsFiles">): string {
+  const env = a.credentialsEnv ?? [];
+  const files = a.credentialsFiles ?? [];
+  const ways: string[] = [];
+  if (env.length) ways.push(`set ${env.length > 1 ? "one of " : ""}${env.join(", ")} in the daemon's environment (or pass it with --agent-env)`);
+  if (files.length) ways.push(`create ${files.length > 1 ? "one of " : ""}${files.join(", ")} (~ is the agent's HOME), e.g. by logging in with the agent's own CLI`);
+  if (!ways.length) return "";
+  return `The daemon finds no credentials for ${a.id}: ${ways.join(", or ")}.`;
 }

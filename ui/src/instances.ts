@@ -93,7 +93,7 @@ export class InstancesPanel {
         h(
           "tr",
           { "data-server-id": s.serverId, "data-status": status, class: s.serverId === this.current() ? "current" : "" },
-          h("th", { scope: "row" }, h("div", { class: "sid" }, s.serverId), h("div", { class: "muted" }, s.agent), stop, attach),
+          h("th", { scope: "row" }, h("div", { class: "sid", "data-field": "server-id" }, ...breakable(s.serverId)), h("div", { class: "muted" }, s.agent), stop, attach),
           h(
             "td",
             {},
@@ -136,4 +136,14 @@ export class InstancesPanel {
 
 function fig(label: string, value: string | number | null | undefined): HTMLElement {
   return h("span", { class: "fig" }, h("span", { class: "muted" }, `${label} `), value == null ? "–" : String(value));
+}
+
+/** An id as text with a line-break opportunity after each `-`, `_` and `.`, and nowhere else. */
+function breakable(id: string): (string | HTMLElement)[] {
+  const out: (string | HTMLElement)[] = [];
+  for (const part of id.split(/(?<=[-_.])/)) {
+    if (out.length) out.push(h("wbr", {}));
+    out.push(part);
+  }
+  return out;
 }

@@ -21,8 +21,7 @@ function showError(error: unknown): void {
     notice.textContent = getToken()
       ? `The daemon refused this token (HTTP 401: ${error.problem.detail ?? error.problem.title}). Enter the right token above.`
       : "This daemon needs a bearer token: enter it above.";
-    byId("status").textContent = "token refused";
-    byId("status").dataset.state = "error";
+    session.showAuthProblem(getToken() ? "token refused" : "token required");
     byId("token").focus();
     return;
   }
@@ -64,6 +63,8 @@ const files = new FilesPanel(showError);
 async function load(): Promise<void> {
   clearError();
   if (!(await agents.refresh())) return;
+  // The token works: whatever the status said about it no longer holds.
+  session.clearAuthProblem();
   await instances.refresh();
   const cwd = byId<HTMLInputElement>("cwd");
   if (!cwd.value) {

@@ -7,6 +7,7 @@
 // error) is shown exactly once.
 
 import { AcpHttpClient, AcpHttpError } from "acp-http-client";
+import { credentialsHint } from "./agents";
 import { api, baseUrl, token } from "./api";
 import { byId, clear, h, pretty } from "./dom";
 import type { PermissionDialog } from "./permission";
@@ -81,6 +82,7 @@ export class SessionView {
       // Not knowing only means the first POST names the agent; the daemon checks it.
     }
     if (existing) agent = existing;
+    this.agent = agent;
     this.owned = !existing;
     this.serverId = serverId;
     this.sessionId = null;
@@ -236,6 +238,7 @@ export class SessionView {
       // The daemon's detail often says the same as the exit fields; say it once.
       const detail = parts.filter((p, i) => p && !parts.slice(i + 1).some((q) => q && q.includes(p))).join("; ");
       this.transcript.error(`${what}: ${error.title} (HTTP ${error.status})`, detail, error.stderrTail);
+      void this.credentialsHint(`${error.title} ${error.detail ?? ""} ${error.stderrTail ?? ""}`);
       if (error.status === 401) this.setState("error", "the token was refused (401)");
       return;
     }
@@ -243,6 +246,7 @@ export class SessionView {
     const msg = typeof e?.message === "string" ? e.message : String(error);
     const code = typeof e?.code === "number" ? ` (JSON-RPC ${e.code})` : "";
     this.transcript.error(`${what}${code}`, msg, e?.data !== undefined ? pretty(e.data) : undefined);
+    void this.credentialsHint(`${msg} ${e?.data !== undefined ? JSON.stringify(e.data) : ""}`);
   }
 
   private showInit(init: Json | null) {
@@ -263,9 +267,49 @@ export class SessionView {
   }
 
   private setState(state: ConnectionState, text: string) {
+    this.shown = { state, text };
     this.status.dataset.state = state;
     this.status.title = text;
     this.status.textContent = text;
+    delete this.status.dataset.auth;
+  }
+
+  /** The agent of the current connection (for the credentials hint). */
+  private agent = "";
+
+  /**
+   * After a failure that looks like missing credentials (the agent said so, or the call failed
+   * while the daemon finds none), adds what the daemon knows the agent needs.
+   */
+  private async credentialsHint(message: string) {
+    const agent = this.agent;
+    if (!agent) return;
+    try {
+      const info = (await api().listAgents()).find((a) => a.id === agent);
+      if (!info || info.credentialsAvailable !== false) return;
+      if (!/auth|credential|api[ _-]?key|log ?in|unauthori[sz]ed|forbidden/i.test(message)) return;
+      const hint = credentialsHint(info);
+      if (hint) this.transcript.info(hint, "warn", "credentials-hint");
+    } catch {
+      // Only a hint: the error itself is shown already.
+    }
+  }
+
+  /** The connection state last set, shown again once a token problem is over. */
+  private shown: { state: ConnectionState; text: string } = { state: "disconnected", text: "not connected" };
+
+  /** The status says what is wrong with the token (`token required` / `token refused`). */
+  showAuthProblem(text: string) {
+    this.status.dataset.state = "error";
+    this.status.dataset.auth = text;
+    this.status.title = text;
+    this.status.textContent = text;
+  }
+
+  /** A request with the token succeeded: back to the connection's own state. */
+  clearAuthProblem() {
+    if (this.status.dataset.auth === undefined) return;
+    this.setState(this.shown.state, this.shown.text);
   }
 
   private updateControls() {

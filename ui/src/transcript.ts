@@ -32,8 +32,8 @@ export class Transcript {
     this.push(h("li", { class: "msg user", "data-role": "user" }, h("span", { class: "chunk" }, text)));
   }
 
-  info(text: string, kind = "info"): void {
-    this.push(h("li", { class: `note ${kind}`, "data-role": kind }, text));
+  info(text: string, kind = "info", role = kind): void {
+    this.push(h("li", { class: `note ${kind}`, "data-role": role }, text));
   }
 
   error(title: string, detail?: string, stderr?: string | null): void {

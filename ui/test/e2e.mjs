@@ -140,10 +140,20 @@ try {
     // Without a token the daemon refuses the API: the page says so (this is the 401 it provokes).
     allowed.push(["1-hello", "GET", /\/v1\//, 401]);
     await byTestId(page, "error").filter({ hasText: "needs a bearer token" }).waitFor({ timeout: WAIT });
+    // No token yet: it is required, not refused.
+    await byTestId(page, "status").filter({ hasText: "token required" }).waitFor({ timeout: WAIT });
+    await byTestId(page, "token-input").fill(`${token}-not-it`);
+    await byTestId(page, "token-input").press("Enter");
+    await byTestId(page, "status").filter({ hasText: "token refused" }).waitFor({ timeout: WAIT });
     await byTestId(page, "token-input").fill(token);
     await byTestId(page, "token-input").press("Enter");
     await page.locator('[data-testid="agent-select"] option[value="mock"]').waitFor({ state: "attached", timeout: WAIT });
     await byTestId(page, "error").waitFor({ state: "hidden", timeout: WAIT });
+    // The right token loaded the agents: the status no longer speaks of the token.
+    await byTestId(page, "status").filter({ hasText: "not connected" }).waitFor({ timeout: WAIT });
+    // The built-in mock has nothing to install: no Install/Reinstall button.
+    await byTestId(page, "agents-table").locator('tr[data-agent="mock"] [data-field="builtin"]').waitFor({ timeout: WAIT });
+    if ((await byTestId(page, "install-mock").count()) !== 0) throw new Error("the built-in mock offers an install");
     await byTestId(page, "agent-select").selectOption("mock");
     serverId = await byTestId(page, "server-id-input").inputValue();
     await byTestId(page, "connect-button").click();
@@ -275,10 +285,49 @@ try {
     assert(gone.ok, "DELETE appeared.txt");
     await list.locator('li[data-name="appeared.txt"]').waitFor({ state: "detached", timeout: WAIT });
     await shot(page, "files");
-    // Installing the built-in mock agent reports it as already there.
     await page.locator("#tab-agents").click();
-    await byTestId(page, "install-mock").click();
-    await byTestId(page, "agents-table").locator('tr[data-agent="mock"]', { hasText: "already installed" }).waitFor({ timeout: WAIT });
+  });
+
+  await run("layout-and-credentials", async () => {
+    // The whole status is readable: not cut off, at the test's width and at a narrow one.
+    const statusCut = () =>
+      byTestId(page, "status").evaluate((el) => el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1);
+    if (await statusCut()) throw new Error("the status is cut off at 1366 px");
+    await page.setViewportSize({ width: 900, height: 800 });
+    const statusText = await byTestId(page, "status").textContent();
+    if (await statusCut()) throw new Error(`the status is cut off at 900 px: ${statusText}`);
+    await page.setViewportSize({ width: 1366, height: 800 });
+    // A long id in the Instances column wraps only after its separators, never mid-word.
+    const longId = "first-hour-instance-with-a-rather-long-server-id-0123456789";
+    const made = await fetch(`${baseUrl}/v1/acp/${longId}?agent=mock`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: JSON.stringify({ jsonrpc: "2.0", method: "hello" }),
+    });
+    if (made.status !== 202) throw new Error(`starting ${longId}: ${made.status}`);
+    await page.locator("#tab-instances").click();
+    const sid = byTestId(page, "instances-table").locator(`tr[data-server-id="${longId}"] [data-field="server-id"]`);
+    await sid.waitFor({ timeout: WAIT });
+    const breaks = await sid.evaluate((el) => {
+      const text = el.textContent;
+      const tops = [];
+      const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+      for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        for (let i = 0; i < n.length; i++) {
+          const r = document.createRange();
+          r.setStart(n, i);
+          r.setEnd(n, i + 1);
+          tops.push(Math.round(r.getBoundingClientRect().top));
+        }
+      }
+      const after = [];
+      for (let i = 1; i < tops.length; i++) if (tops[i] > tops[i - 1]) after.push(text[i - 1]);
+      return { lines: new Set(tops).size, after };
+    });
+    if (breaks.lines < 2) throw new Error(`the long id did not wrap at all (${JSON.stringify(breaks)}): the check proves nothing`);
+    if (breaks.after.some((c) => !"-_.".includes(c))) throw new Error(`the id wraps mid-word: breaks after ${JSON.stringify(breaks.after)}`);
+    await shot(page, "instances-long-id");
+    await page.locator("#tab-agents").click();
   });
 
   await run("rich-updates", async () => {
@@ -321,6 +370,14 @@ try {
     if (JSON.stringify(visible) !== JSON.stringify(["session/new", "session/new"])) throw new Error(`filtered rows ${JSON.stringify(visible)}`);
     await shot(p, "rich-updates");
     await byTestId(p, "raw-filter").fill("");
+    // A prompt that fails for missing credentials says what the daemon knows the agent needs.
+    await sendPrompt(p, "/auth");
+    await t.locator('[data-role="error"]', { hasText: "Authentication required" }).waitFor({ timeout: WAIT });
+    const hint = t.locator('[data-role="credentials-hint"]');
+    await hint.filter({ hasText: "SCRIPTED_API_KEY" }).waitFor({ timeout: WAIT });
+    const hintText = await hint.textContent();
+    if (!hintText.includes("~/.scripted/credentials.json")) throw new Error(`the hint lacks the file: ${hintText}`);
+    await shot(p, "credentials-hint");
     await byTestId(p, "disconnect-button").click();
     await byTestId(p, "status").filter({ hasText: "disconnected" }).waitFor({ timeout: WAIT });
     await other.close();

@@ -37,6 +37,9 @@ for await (const line of createInterface({ input: process.stdin })) {
     });
   } else if (method === "session/new") {
     send({ id, result: { sessionId: `scripted-${++sessions}` } });
+  } else if (method === "session/prompt" && JSON.stringify(params.prompt).includes("/auth")) {
+    // What a real agent answers when it has no key.
+    send({ id, error: { code: -32000, message: "Authentication required" } });
   } else if (method === "session/prompt") {
     const s = params.sessionId;
     update(s, { sessionUpdate: "agent_thought_chunk", content: { type: "text", text: "the second line looks wrong" } });

@@ -136,7 +136,9 @@ test("MCP and skills config entries round-trip", () =>
 
 test("health, agents, install, instances; a wrong token is a 401 HttpError", () =>
   withHost(async (c, d) => {
-    assert.deepEqual(await c.getHealth(), { status: "ok" });
+    const health = await c.getHealth();
+    assert.equal(health.status, "ok");
+    assert.equal(health.dataDir.writable, true);
     const agents = await c.listAgents();
     assert.ok(agents.some((a) => a.id === "mock" && a.installed));
     const mock = await c.getAgent("mock");

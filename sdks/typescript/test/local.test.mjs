@@ -35,7 +35,9 @@ test("start() runs a daemon and connects; dispose() stops it", async () => {
     const pid = sa.pid;
     assert.ok(pid > 0);
     assert.equal(sa.connected, true);
-    assert.deepEqual(await sa.getHealth(), { status: "ok" });
+    const health = await sa.getHealth();
+    assert.equal(health.status, "ok");
+    assert.equal(health.dataDir.writable, true);
     const { sessionId } = await sa.newSession();
     assert.equal((await sa.prompt({ sessionId, prompt: "hello local" })).stopReason, "end_turn");
     assert.deepEqual(events, ["hello local"]);

@@ -12,6 +12,7 @@ import {
   UnsupportedError,
   HttpError,
   AgentError,
+  PermissionReplyError,
 } from "sandbox-agent";
 import { JsonFileSessionStore } from "sandbox-agent/file-store";
 import { startDaemon, startProxy, eventually, binaryExists, BIN, chunkTexts } from "./support.mjs";
@@ -78,7 +79,9 @@ test("autoConnect false: nothing happens until connect(); session calls are gate
       await assert.rejects(call(), NotConnectedError);
     }
     // Host APIs need no connection.
-    assert.deepEqual(await c.getHealth(), { status: "ok" });
+    const health = await c.getHealth();
+    assert.equal(health.status, "ok");
+    assert.equal(health.dataDir.writable, true);
     await c.connect();
     assert.equal((await listed(d, "manual"))?.status, "running");
     const { sessionId } = await c.newSession();
@@ -207,6 +210,12 @@ test("cancel() ends a hanging prompt with stopReason cancelled", () =>
     await eventually(async () => (await listed(d, c.serverId))?.pendingRequests === 1, { what: "prompt in flight" });
     await c.cancel(sessionId);
     assert.equal((await running).stopReason, "cancelled");
+    // ACP's CancelNotification shape works the same.
+    const again = c.prompt({ sessionId, prompt: "/hang" });
+    await eventually(async () => (await listed(d, c.serverId))?.pendingRequests === 1, { what: "second prompt in flight" });
+    await c.cancel({ sessionId });
+    assert.equal((await again).stopReason, "cancelled");
+    await assert.rejects(c.cancel(42), TypeError);
     await c.disconnect();
   }));
 
@@ -289,3 +298,80 @@ test("session metadata is the client's: recorded, updated, and read back from a 
       rmSync(dir, { recursive: true, force: true });
     }
   }));
+
+test("onPermissionRequest may answer with ACP's own RequestPermissionResponse", () =>
+  withDaemon(async (d) => {
+    for (const [shape, make] of [
+      ["selected outcome", (o) => ({ outcome: { outcome: "selected", optionId: o } })],
+      ["{ optionId }", (o) => ({ optionId: o })],
+      ["bare optionId", (o) => o],
+    ]) {
+      const events = [];
+      const errors = [];
+      const c = new SandboxAgentClient({
+        baseUrl: d.url,
+        agent: "mock",
+        onSessionUpdate: (e) => void events.push(e),
+        onError: (e) => void errors.push(e),
+        onPermissionRequest: (req) => make(req.options.find((o) => o.kind === "allow_once").optionId),
+      });
+      const { sessionId } = await c.newSession();
+      assert.equal((await c.prompt({ sessionId, prompt: "/permission" })).stopReason, "end_turn");
+      const texts = chunkTexts(events);
+      assert.ok(texts.includes("permission: allow-once"), `${shape}: ${texts}`);
+      assert.deepEqual(errors, [], shape);
+      await c.disconnect();
+    }
+    // ACP's cancelled outcome is a cancel.
+    const events = [];
+    const c = new SandboxAgentClient({
+      baseUrl: d.url,
+      agent: "mock",
+      onSessionUpdate: (e) => void events.push(e),
+      onPermissionRequest: () => ({ outcome: { outcome: "cancelled" } }),
+    });
+    const { sessionId } = await c.newSession();
+    await c.prompt({ sessionId, prompt: "/permission" });
+    assert.ok(chunkTexts(events).includes("permission: cancelled"), `${chunkTexts(events)}`);
+    await c.disconnect();
+  }));
+
+test("an unrecognised permission reply is an error for the caller, never a silent cancel", () =>
+  withDaemon(async (d) => {
+    for (const reply of [{ outcome: "selected", option: "allow-once" }, 42, "no-such-option", { outcome: { outcome: "maybe" } }]) {
+      const events = [];
+      const errors = [];
+      const c = new SandboxAgentClient({
+        baseUrl: d.url,
+        agent: "mock",
+        onSessionUpdate: (e) => void events.push(e),
+        onError: (e) => void errors.push(e),
+        onPermissionRequest: () => reply,
+      });
+      const { sessionId } = await c.newSession();
+      assert.equal((await c.prompt({ sessionId, prompt: "/permission" })).stopReason, "end_turn");
+      assert.equal(errors.length, 1, `${JSON.stringify(reply)}: ${errors}`);
+      assert.ok(errors[0] instanceof PermissionReplyError, `${errors[0]}`);
+      assert.match(errors[0].message, /onPermissionRequest returned/);
+      const texts = chunkTexts(events);
+      // The mock reports a JSON-RPC error answer as "error"; a cancel would say "cancelled".
+      assert.ok(texts.includes("permission: error"), `${JSON.stringify(reply)}: ${texts}`);
+      await c.disconnect();
+    }
+  }));
+
+test("a network error names the URL and the cause", async () => {
+  const net = await import("node:net");
+  const server = net.createServer();
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const port = server.address().port;
+  await new Promise((r) => server.close(r));
+  const c = new SandboxAgentClient({ baseUrl: `http://127.0.0.1:${port}`, agent: "mock", autoConnect: false });
+  const e = await c.listAgents().catch((err) => err);
+  assert.ok(e instanceof HttpError, `${e}`);
+  assert.equal(e.status, 0);
+  assert.ok(e.message.includes(`http://127.0.0.1:${port}/v1/agents`), e.message);
+  assert.match(e.message, /ECONNREFUSED/);
+  assert.ok(e.cause instanceof Error, "the fetch error is the cause");
+  assert.equal(e.problem.url, `http://127.0.0.1:${port}/v1/agents`);
+});

@@ -486,8 +486,11 @@ pub static SDK_BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Says why a test is skipped (the test then returns early). A skip must never pass unseen:
 /// with `SANDBOX_AGENT_TESTS_STRICT=1` (set by `.ci/run`, which installs every tool the tests
-/// need) a skip fails the test; otherwise it is printed and appended to
-/// `target/skipped-tests.txt`, which the test runner script prints at the end.
+/// need) a skip fails the test; otherwise `SKIPPED: <test>: <reason>` goes to the real stderr —
+/// written to the descriptor, not through `eprintln!`, which the test harness captures and shows
+/// only for failures — so it stands in cargo's own output next to the `... ok` that cargo
+/// counts as passed; and the line is appended to `target/skipped-tests.txt` (or
+/// `$SANDBOX_AGENT_SKIP_REPORT`), which the test runner script prints at the end.
 pub fn skip(reason: &str) {
     let test = std::thread::current()
         .name()
@@ -496,8 +499,13 @@ pub fn skip(reason: &str) {
     if std::env::var_os("SANDBOX_AGENT_TESTS_STRICT").is_some_and(|v| v != "0" && !v.is_empty()) {
         panic!("{test} would be skipped, but SANDBOX_AGENT_TESTS_STRICT is set: {reason}");
     }
-    eprintln!("SKIPPED: {test}: {reason}");
-    let report = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests.txt");
+    {
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(format!("SKIPPED: {test}: {reason}\n").as_bytes());
+    }
+    let report = std::env::var_os("SANDBOX_AGENT_SKIP_REPORT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests.txt"));
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -148,7 +148,7 @@ test("killSandbox removes the container at once", async (t) => {
   if (!need(t)) return;
   const sa = await SandboxAgent.start({ sandbox: provider(), healthTimeoutMs: 60_000, autoConnect: false });
   const raw = sa.sandboxId.slice("docker/".length);
-  assert.deepEqual(await sa.getHealth(), { status: "ok" });
+  assert.equal((await sa.getHealth()).status, "ok");
   await sa.killSandbox();
   assert.ok(await gone(raw));
 });

@@ -36,8 +36,15 @@ export class AcpHttpError extends Error {
   /** The whole problem body. */
   readonly problem: ProblemDetails;
 
-  constructor(problem: ProblemDetails) {
-    super(problem.detail ? `${problem.title}: ${problem.detail}` : problem.title);
+  /**
+   * `cause`: what made it, for a failed fetch the network error itself (its own `cause` names
+   * the system error, e.g. `ECONNREFUSED`).
+   */
+  constructor(problem: ProblemDetails, options?: { cause?: unknown }) {
+    super(
+      problem.detail ? `${problem.title}: ${problem.detail}` : problem.title,
+      options?.cause !== undefined ? { cause: options.cause } : undefined,
+    );
     this.name = "AcpHttpError";
     this.problem = problem;
     this.status = problem.status;
@@ -98,14 +105,34 @@ export async function problemFromResponse(response: Response): Promise<ProblemDe
   };
 }
 
-/** The problem that stands for a fetch that failed without an HTTP answer. */
-export function networkProblem(error: unknown): ProblemDetails {
+/**
+ * The problem that stands for a fetch that failed without an HTTP answer: `detail` names the URL
+ * and the cause (fetch says only "fetch failed"; the reason, such as `connect ECONNREFUSED
+ * 127.0.0.1:2468`, is in its `cause`), and the problem carries `url`.
+ */
+export function networkProblem(error: unknown, url?: string | URL): ProblemDetails {
+  const message = error instanceof Error ? error.message : String(error);
+  const reasons: string[] = [];
+  let cause: unknown = error instanceof Error ? error.cause : undefined;
+  for (let depth = 0; cause !== undefined && cause !== null && depth < 4; depth++) {
+    const c = cause as { message?: unknown; code?: unknown; cause?: unknown };
+    const text = typeof c.message === "string" && c.message ? c.message : typeof c.code === "string" ? c.code : String(cause);
+    if (!reasons.includes(text) && text !== message) reasons.push(text);
+    cause = c.cause;
+  }
+  const where = url === undefined ? "" : `${redact(String(url))}: `;
   return {
     type: NETWORK_ERROR_TYPE,
     title: "Network error",
     status: 0,
-    detail: error instanceof Error ? error.message : String(error),
+    detail: `${where}${message}${reasons.length ? ` (${reasons.join("; ")})` : ""}`,
+    ...(url === undefined ? {} : { url: redact(String(url)) }),
   };
+}
+
+/** A URL without an `access_token` query value (never put a token in an error). */
+function redact(url: string): string {
+  return url.replace(/([?&]access_token=)[^&#]*/g, "$1<redacted>");
 }
 
 /**

@@ -276,7 +276,7 @@ export class AcpHttpTransport implements AcpStreamTransport {
       problem = await problemFromResponse(res);
     } catch (error) {
       if (this.postAbort.signal.aborted) return; // closed: the connection fails its calls itself
-      problem = networkProblem(error);
+      problem = networkProblem(error, url);
     }
     if (requestId === null) {
       this.opts.onError?.(new AcpHttpError(problem));

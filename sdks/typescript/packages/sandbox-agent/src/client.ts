@@ -9,7 +9,14 @@
  */
 import type { AcpHttpClient, AcpStreamTransport, GapEvent, WebSocketLike, acp } from "acp-http-client";
 import { AcpHttpError, toAcpError } from "acp-http-client/errors";
-import { AgentError, AlreadyConnectedError, HttpError, NotConnectedError, UnsupportedError } from "./errors.js";
+import {
+  AgentError,
+  AlreadyConnectedError,
+  HttpError,
+  NotConnectedError,
+  PermissionReplyError,
+  UnsupportedError,
+} from "./errors.js";
 import { HostApi, type HostOptions } from "./host.js";
 import { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
 
@@ -27,8 +34,19 @@ export interface PermissionRequest {
   options: acp.PermissionOption[];
 }
 
-/** An option id to choose it; `null`/`undefined` to cancel (refuse without choosing). */
-export type PermissionReply = string | { optionId: string } | null | undefined;
+/**
+ * What `onPermissionRequest` returns: an option id to choose it (`"allow-once"`, or
+ * `{ optionId }`), ACP's own `RequestPermissionResponse` (`{ outcome: { outcome: "selected",
+ * optionId } }` or `{ outcome: { outcome: "cancelled" } }`), or `null`/`undefined` to cancel
+ * (refuse without choosing). Anything else — or an option id the agent did not offer — is a
+ * {@link PermissionReplyError}: the agent gets a JSON-RPC error, never a silent cancel.
+ */
+export type PermissionReply =
+  | string
+  | { optionId: string }
+  | acp.RequestPermissionResponse
+  | null
+  | undefined;
 
 export interface SandboxAgentClientOptions extends HostOptions {
   /** Agent to run (e.g. `claude`, `codex`, `mock`). */
@@ -296,8 +314,13 @@ export class SandboxAgentClient extends HostApi {
     return res;
   }
 
-  /** Cancels the session's running prompt (which then ends with `stopReason: "cancelled"`). */
-  async cancel(sessionId: string): Promise<void> {
+  /**
+   * Cancels the session's running prompt (which then ends with `stopReason: "cancelled"`): takes
+   * the session id, or ACP's `CancelNotification` (`{ sessionId }`).
+   */
+  async cancel(session: string | { sessionId: string }): Promise<void> {
+    const sessionId = typeof session === "string" ? session : session?.sessionId;
+    if (typeof sessionId !== "string") throw new TypeError("cancel() takes a session id or { sessionId }");
     const c = await this.conn();
     await this.run("cancel", () => c.cancel({ sessionId }));
   }
@@ -409,7 +432,7 @@ export class SandboxAgentClient extends HostApi {
   }
 
   private async answerPermission(r: acp.RequestPermissionRequest): Promise<acp.RequestPermissionResponse> {
-    let reply: PermissionReply;
+    let reply: unknown;
     try {
       reply = this.options.onPermissionRequest
         ? await this.options.onPermissionRequest({ sessionId: r.sessionId, toolCall: r.toolCall, options: r.options })
@@ -418,10 +441,45 @@ export class SandboxAgentClient extends HostApi {
       this.options.onError?.(error instanceof Error ? error : new Error(String(error)));
       reply = defaultReply(r.options);
     }
-    const optionId = typeof reply === "string" ? reply : reply?.optionId;
-    if (optionId === undefined || optionId === null) return { outcome: { outcome: "cancelled" } };
-    return { outcome: { outcome: "selected", optionId } };
+    const answer = permissionResponse(reply, r.options);
+    if (answer instanceof PermissionReplyError) {
+      // Reported to the caller (or the console), and the agent is told it was an error: the
+      // reply was a bug on our side, not a decision to cancel.
+      if (this.options.onError) this.options.onError(answer);
+      else console.error(`sandbox-agent: ${answer.message}`);
+      throw answer;
+    }
+    return answer;
   }
+}
+
+/** The ACP answer for a reply of `onPermissionRequest`, or why the reply is not one. */
+export function permissionResponse(
+  reply: unknown,
+  options: acp.PermissionOption[],
+): acp.RequestPermissionResponse | PermissionReplyError {
+  const offered = (id: unknown): acp.RequestPermissionResponse | PermissionReplyError =>
+    typeof id === "string" && options.some((o) => o.optionId === id)
+      ? { outcome: { outcome: "selected", optionId: id } }
+      : new PermissionReplyError(
+          reply,
+          `option ${JSON.stringify(id)} was not offered (offered: ${options.map((o) => o.optionId).join(", ")})`,
+        );
+  if (reply === null || reply === undefined) return { outcome: { outcome: "cancelled" } };
+  if (typeof reply === "string") return offered(reply);
+  if (typeof reply === "object") {
+    const o = reply as Record<string, unknown>;
+    if ("optionId" in o && !("outcome" in o)) return offered(o.optionId);
+    const outcome = o.outcome as Record<string, unknown> | undefined;
+    if (outcome && typeof outcome === "object") {
+      if (outcome.outcome === "cancelled") return { outcome: { outcome: "cancelled" } };
+      if (outcome.outcome === "selected") return offered(outcome.optionId);
+    }
+  }
+  return new PermissionReplyError(
+    reply,
+    "expected an optionId, { optionId }, an ACP RequestPermissionResponse, or null to cancel",
+  );
 }
 
 function defaultReply(options: acp.PermissionOption[]): PermissionReply {

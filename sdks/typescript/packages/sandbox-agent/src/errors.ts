@@ -8,8 +8,8 @@ import { AcpHttpError, type ProblemDetails } from "acp-http-client/errors";
 
 /** A non-2xx answer of the daemon (or a failed fetch, `status` 0), with its problem body. */
 export class HttpError extends AcpHttpError {
-  constructor(problem: ProblemDetails) {
-    super(problem);
+  constructor(problem: ProblemDetails, options?: { cause?: unknown }) {
+    super(problem, options);
     this.name = "HttpError";
   }
 }
@@ -51,5 +51,24 @@ export class AgentError extends Error {
     this.name = "AgentError";
     this.code = code;
     this.data = data;
+  }
+}
+
+/**
+ * `onPermissionRequest` returned something that is no answer (or an option the agent did not
+ * offer). Given to `onError` (else logged with `console.error`); the agent gets a JSON-RPC error.
+ */
+export class PermissionReplyError extends Error {
+  readonly reply: unknown;
+  constructor(reply: unknown, why: string) {
+    let shown: string;
+    try {
+      shown = JSON.stringify(reply) ?? String(reply);
+    } catch {
+      shown = String(reply);
+    }
+    super(`onPermissionRequest returned ${shown}: ${why}`);
+    this.name = "PermissionReplyError";
+    this.reply = reply;
   }
 }

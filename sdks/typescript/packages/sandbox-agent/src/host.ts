@@ -336,7 +336,7 @@ export class HostApi {
     try {
       res = await this.fetcher(url, req);
     } catch (error) {
-      throw new HttpError(networkProblem(error));
+      throw new HttpError(networkProblem(error, url), { cause: error });
     }
     if (!res.ok) throw new HttpError(await problemFromResponse(res));
     return res;

@@ -36,7 +36,7 @@ export {
   type WebSocketConstructor,
 } from "./processes.js";
 export { type WatchOptions, type WatchItem, type WatchRescan } from "./watch.js";
-export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError } from "./errors.js";
+export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError, PermissionReplyError } from "./errors.js";
 export { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";
 export type { GapEvent, ProblemDetails } from "acp-http-client";
 export type * from "./types.js";

@@ -131,7 +131,7 @@ class ProcessLogFollower implements ProcessLogSubscription {
     try {
       return await this.ctx.fetcher(url, { method: "GET", headers, signal });
     } catch (error) {
-      throw new HttpError(networkProblem(error));
+      throw new HttpError(networkProblem(error, url), { cause: error });
     }
   }
 

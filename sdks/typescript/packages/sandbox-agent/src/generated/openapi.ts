@@ -605,6 +605,13 @@ export interface components {
             /** Format: int32 */
             rows?: number | null;
         };
+        DataDirHealth: {
+            path: string;
+            /** @description False when a file could not be created there at start: installs will fail. */
+            writable: boolean;
+            /** @description Why it is not writable. */
+            problem?: string | null;
+        };
         /** @enum {string} */
         EntryType: "file" | "directory";
         /**
@@ -662,6 +669,8 @@ export interface components {
              * @example ok
              */
             status: string;
+            /** @description The data directory (installed agents, upload spool), as checked at start. */
+            dataDir: components["schemas"]["DataDirHealth"];
         };
         InputRequest: {
             data: string;
@@ -714,10 +723,10 @@ export interface components {
             stream: components["schemas"]["LogStream"];
             /** Format: int64 */
             timestampMs: number;
-            /** @description The bytes, base64. */
+            /** @description The bytes: base64, or with `encoding=utf8` the text (invalid UTF-8 replaced by U+FFFD). */
             data: string;
             /**
-             * @description Always `base64`.
+             * @description `base64` (the default), or `utf8` when asked for.
              * @example base64
              */
             encoding: string;
@@ -3623,6 +3632,11 @@ export interface operations {
                  * @example true
                  */
                 follow?: boolean;
+                /**
+                 * @description `base64` (the default: every byte kept) or `utf8`: each entry's `data` as text, invalid UTF-8 (a character cut between two entries included) replaced by U+FFFD — for people reading along, not for exact bytes
+                 * @example utf8
+                 */
+                encoding?: string;
             };
             header?: {
                 /** @description With `follow`: resume after this offset (overrides `since`) */
