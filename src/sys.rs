@@ -451,3 +451,11 @@ pub fn pidfd(pid: u32) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::Owned
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(io::Error::from)
 }
+
+/// Locks `m`. A lock poisoned by a panic elsewhere is taken anyway: every lock of the daemon
+/// guards state that each critical section leaves consistent at its every step (no invariant is
+/// broken halfway), and a panic in a request is a 500 for that request, not a reason to fail
+/// every later request that touches the same data. The one way the crate treats poisoning.
+pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

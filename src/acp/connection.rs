@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::events::LogLimits;
 use super::frames::{LogItem, split};
 use super::jsonrpc::IdKey;
-use super::{AcpError, AcpService, Next, Subscription};
+use super::{AcpError, AcpService, Next, Retirement, Subscription};
 use crate::agents::Agents;
 use crate::config::Config;
 
@@ -200,7 +200,14 @@ impl Connections {
         let id = new_connection_id();
         let server_id = format!("{SERVER_ID_PREFIX}{id}");
         self.acp.open(&server_id, Some(agent))?;
-        let sub = self.acp.subscribe(&server_id, None)?;
+        let sub = match self.acp.subscribe(&server_id, None) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing else knows this instance yet: it must not stay in the map.
+                self.acp.retire_id(&server_id, Retirement::ConnectFailed);
+                return Err(e.into());
+            }
+        };
         let conn = Arc::new(Connection {
             id: id.clone(),
             server_id,
@@ -244,9 +251,14 @@ impl Connections {
         Ok(conn)
     }
 
-    /// Ends a connection: its instance is deleted (stopped in the background) and its streams end.
+    /// Ends a connection: its instance is retired (stopped in the background) and its streams
+    /// end.
     pub fn delete(&self, conn: &Connection) {
-        self.acp.delete(&conn.server_id);
+        self.end(conn, Retirement::Deleted);
+    }
+
+    fn end(&self, conn: &Connection, why: Retirement) {
+        self.acp.retire_id(&conn.server_id, why);
         self.forget(conn);
     }
 
@@ -474,7 +486,7 @@ async fn wait_idle(conns: &Weak<Connections>, conn: &Connection) -> bool {
                 tracing::info!(connection_id = %conn.id, server_id = %conn.server_id,
                     "an ACP connection had no reader for {}; stopping it",
                     humantime::format_duration(idle));
-                c.delete(conn);
+                c.end(conn, Retirement::Idle);
             }
             true
         }
