@@ -197,7 +197,7 @@ fn message_frame(id: u64, json_line: &[u8]) -> Bytes {
     b.freeze()
 }
 
-fn gap_frame(from: u64, to: u64) -> Bytes {
+pub(super) fn gap_frame(from: u64, to: u64) -> Bytes {
     Bytes::from(format!(
         "event: gap\ndata: {{\"from\":{from},\"to\":{to}}}\n\n"
     ))

@@ -365,6 +365,12 @@ impl AcpService {
         .await
     }
 
+    /// The budget of SSE subscribers of every instance (`--max-subscribers-total`), which the
+    /// RFD transport's session outboxes share.
+    pub fn subscribers_budget(&self) -> &Arc<Budget> {
+        &self.subscribers_total
+    }
+
     /// The budget of ACP request bodies being received; a POST reserves its bytes as they arrive.
     pub fn inflight_budget(&self) -> &Arc<Budget> {
         &self.inflight
