@@ -846,14 +846,11 @@ async fn send_line<L: ToStdin>(
                     // Not expected below PIPE_BUF; queue the rest (a cut line's newline is added
                     // back by the writer).
                     Ok(n) => {
-                        let mut off = 0;
-                        while off + lines[next].line().len() < n {
-                            off += lines[next].line().len() + 1;
-                            next += 1;
-                        }
-                        if n > off {
-                            let line = lines[next].line();
-                            cut = Some(line.slice((n - off).min(line.len())..));
+                        let lens = lines[next..end].iter().map(|l| l.line().len());
+                        let (whole, part) = split_written(lens, n);
+                        next += whole;
+                        if let Some(k) = part {
+                            cut = Some(lines[next].line().slice(k..));
                             next += 1;
                         }
                         break;
@@ -923,6 +920,23 @@ async fn send_line<L: ToStdin>(
         .await
         .map_err(|_| failed(SendFail::Gone, next))?;
     Ok(Sent::Queued)
+}
+
+/// After a short write of `n` bytes of lines (each followed by its newline) of these lengths:
+/// how many lines went whole, and how many bytes of the next one (its newline not included)
+/// went too, if any did — that line is cut, and its rest must follow before anything else.
+fn split_written(lens: impl IntoIterator<Item = usize>, n: usize) -> (usize, Option<usize>) {
+    let mut off = 0;
+    let mut whole = 0;
+    for len in lens {
+        if off + len < n {
+            off += len + 1;
+            whole += 1;
+            continue;
+        }
+        return (whole, (n > off).then(|| (n - off).min(len)));
+    }
+    (whole, None)
 }
 
 /// Writes all of `buf`, taking the stdin lock only for each attempt (never across an await).
@@ -1301,6 +1315,29 @@ mod tests {
             left.is_empty(),
             "the process of a deleted instance runs on: {left:?}"
         );
+    }
+
+    /// Where a short write leaves a batch of lines (lengths, bytes written): whole lines, and
+    /// the bytes of the cut line that went.
+    #[test]
+    fn short_write_split() {
+        let check = |lens: &[usize], n, expected| {
+            assert_eq!(
+                split_written(lens.iter().copied(), n),
+                expected,
+                "{lens:?} {n}"
+            )
+        };
+        check(&[3, 3], 0, (0, None));
+        check(&[3, 3], 2, (0, Some(2)));
+        // The line went but not its newline: an empty rest (its newline) must still follow.
+        check(&[3, 3], 3, (0, Some(3)));
+        check(&[3, 3], 4, (1, None));
+        check(&[3, 3], 5, (1, Some(1)));
+        check(&[3, 3], 7, (1, Some(3)));
+        check(&[3, 3], 8, (2, None));
+        check(&[0, 2], 1, (1, None));
+        check(&[0, 2], 2, (1, Some(1)));
     }
 
     #[test]

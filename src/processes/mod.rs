@@ -12,6 +12,8 @@
 
 pub mod log;
 mod pty;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
