@@ -58,12 +58,17 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
     let listener = listen(&config, parent_init).await?;
     let addr = listener.local_addr().context("read the bound address")?;
 
-    let state = AppState::build(config.clone(), supervisor, root.child_token())
-        .await
-        .map_err(|e| StartError::Config(format!("{e:#}")))?;
+    let tasks = TaskTracker::new();
+    let state = AppState::build(
+        config.clone(),
+        supervisor,
+        root.child_token(),
+        tasks.clone(),
+    )
+    .await
+    .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());
 
-    let tasks = TaskTracker::new();
     let limits = serve::Limits {
         header_read_timeout: config.header_read_timeout,
         idle_timeout: config.idle_timeout,

@@ -42,6 +42,10 @@ pub struct AppState {
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
+    /// The daemon's tracker of connection tasks: a WebSocket's task (spawned by the upgrade,
+    /// outside the connection's own task) holds a token of it, so the shutdown drain waits for
+    /// its close frame like for any request in flight.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl AppState {
@@ -53,6 +57,7 @@ impl AppState {
         config: Arc<Config>,
         supervisor: Arc<crate::supervisor::Supervisor>,
         shutdown: CancellationToken,
+        tasks: tokio_util::task::TaskTracker,
     ) -> anyhow::Result<Self> {
         let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
         let acp = Arc::new(crate::acp::AcpService::new(
@@ -83,6 +88,7 @@ impl AppState {
             files,
             config_store,
             processes,
+            tasks,
         })
     }
 

@@ -644,10 +644,15 @@ async fn terminal_ws(
     let max = (st.processes.max_input_bytes() as usize).saturating_mul(2) + 4096;
     let shutdown = st.shutdown.clone();
     let limit = st.processes.max_input_bytes();
+    // The socket's task is held in the daemon's drain (see `AppState::tasks`).
+    let drain = st.tasks.token();
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| terminal_session(socket, slot, limit, shutdown)))
+        .on_upgrade(move |socket| async move {
+            let _drain = drain;
+            terminal_session(socket, slot, limit, shutdown).await
+        }))
 }
 
 #[derive(serde::Deserialize)]
