@@ -204,7 +204,7 @@ impl Connections {
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Connection>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.map)
     }
 
     pub fn acp(&self) -> &Arc<AcpService> {
@@ -305,7 +305,7 @@ impl Connections {
 
 impl Connection {
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
-        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.routes)
     }
 
     /// Remembers that the request `key` belongs to `session`, so that its response goes to that
@@ -611,27 +611,7 @@ async fn route_loop(conns: Weak<Connections>, conn: Arc<Connection>, sub: Subscr
 /// 128 random bits as 32 hex digits. The id is not a credential (the bearer token is), but an
 /// unguessable id keeps one client from stumbling into another's connection.
 fn new_connection_id() -> String {
-    // 16 bytes of /dev/urandom: never blocks once the kernel's pool is initialised, which is long
-    // before a daemon serves requests, so it may run on the runtime thread.
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if random.is_err() {
-        // No /dev/urandom (an odd sandbox): fall back to the std hasher's random keys.
-        use std::hash::{BuildHasher, Hasher};
-        for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(i);
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0),
-            );
-            chunk.copy_from_slice(&h.finish().to_le_bytes());
-        }
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::sys::random_hex::<16>()
 }
 
 #[cfg(test)]

@@ -100,6 +100,26 @@ impl AppState {
     }
 }
 
+/// The response of every SSE route: `body` as `text/event-stream`, never cached, and marked so
+/// that proxies in front of the sandbox do not buffer the stream.
+pub(crate) fn sse_response(body: axum::body::Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-cache"),
+    );
+    h.insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    resp
+}
+
 /// Every route, each registered with its OpenAPI description (`routes!` of a handler carrying
 /// `#[utoipa::path]`). A feature adds one `.merge(feature::routes())` line here, its `routes()`
 /// returning an `OpenApiRouter`; see "Adding a route" in docs/api.md.

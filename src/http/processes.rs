@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -545,15 +545,7 @@ async fn logs(
         st.config.keepalive,
         st.shutdown.clone(),
     ));
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(resp)
+    Ok(super::sse_response(body))
 }
 
 /// The follow stream: `event: log` frames with `id: <offset>`, an `event: gap` frame (no id) when
