@@ -384,7 +384,7 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
 
 /// Returns free heap memory to the system (glibc `malloc_trim`), for after a load of large
 /// buffers has ended; a no-op on other C libraries. Slow-ish (walks every arena): call it on the
-/// blocking pool, debounced (`acp::caps::trim_soon`).
+/// blocking pool, debounced (`trim_soon`).
 pub fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
@@ -526,4 +526,24 @@ pub fn random_hex<const N: usize>() -> String {
         let _ = write!(out, "{x:02x}");
     }
     out
+}
+
+static TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Gives freed heap memory back to the system shortly (debounced, on the blocking pool): glibc
+/// keeps freed memory of large buffers in its arenas otherwise, and the daemon's RSS would stay
+/// at its peak after a load ends (measured in docs/performance.md).
+pub fn trim_soon() {
+    if TRIM_PENDING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
+        return;
+    };
+    rt.spawn(async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
+        let _ = tokio::task::spawn_blocking(trim_heap).await;
+    });
 }

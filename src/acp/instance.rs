@@ -1202,7 +1202,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.buf = fresh;
                 self.shrink = false;
                 // The big line itself is freed once its POST or the event log is done with it.
-                super::caps::trim_soon();
+                crate::sys::trim_soon();
             }
             if self.buf.capacity() - self.buf.len() < 4096 {
                 self.buf.reserve(64 * 1024);

@@ -5,6 +5,7 @@
 pub mod init;
 pub mod serve;
 pub mod signals;
+mod state;
 pub mod systemd;
 
 use std::net::SocketAddr;

@@ -79,7 +79,7 @@ impl Drop for TransferSlot {
         let slots = permit.semaphore().clone();
         drop(permit);
         if slots.available_permits() == self.max {
-            crate::acp::caps::trim_soon();
+            crate::sys::trim_soon();
         }
     }
 }
