@@ -10,6 +10,7 @@ pub mod frames;
 pub mod instance;
 pub mod jsonrpc;
 mod registry;
+mod stdout;
 #[cfg(test)]
 pub(crate) mod tests;
 
