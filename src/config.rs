@@ -652,7 +652,7 @@ fn default_max_connections() -> usize {
     (soft / 2).clamp(16, 4096) as usize
 }
 
-/// One runtime thread up to 4 CPUs, then one per 4 CPUs, at most 4 (measured in
+/// One runtime thread up to 7 CPUs, then one per 4 CPUs, at most 4 (measured in
 /// docs/performance.md: a second worker costs more in cross-thread wake-ups than it gains until
 /// the proxy's own work saturates one core).
 fn default_worker_threads() -> usize {

@@ -15,7 +15,7 @@ pub enum Forked {
 /// process may find another thread's lock held forever (the allocator's, the logger's). The
 /// precondition is checked here, not left to the caller.
 pub fn fork_single_threaded() -> io::Result<Forked> {
-    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    let threads = thread_count()?;
     if threads != 1 {
         return Err(io::Error::other(format!(
             "refusing to fork a process with {threads} threads"
@@ -40,10 +40,14 @@ pub fn take_activated_listener() -> io::Result<std::net::TcpListener> {
     use std::sync::atomic::{AtomicBool, Ordering};
     const FD: RawFd = 3;
     static TAKEN: AtomicBool = AtomicBool::new(false);
+    if !is_open(FD) {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
     if TAKEN.swap(true, Ordering::SeqCst) {
         return Err(io::Error::other("the activated socket was already taken"));
     }
-    // SAFETY: only borrowed for the checks below; the borrow ends before ownership is taken.
+    // SAFETY: open (checked above); only borrowed for the checks below, and the borrow ends
+    // before ownership is taken.
     let borrowed = unsafe { BorrowedFd::borrow_raw(FD) };
     let listening = getsockopt(&borrowed, sockopt::AcceptConn).map_err(io::Error::from)?;
     let stream = getsockopt(&borrowed, sockopt::SockType).map_err(io::Error::from)?
@@ -201,15 +205,45 @@ pub fn keep_fd_on_exec(cmd: &mut tokio::process::Command, fd: RawFd) {
 }
 
 /// Takes ownership of a Unix socket the parent left open for us across exec, by number (a warm
-/// stub's control socket, `sandbox-agent spawn-stub <fd>`). Refuses the standard streams; any
-/// other number that is not an open socket fails at the first read or write.
+/// stub's control socket, `sandbox-agent spawn-stub <fd>`). The preconditions of adopting a raw
+/// descriptor are checked here: it is taken at most once in the process's life, it is not a
+/// standard stream, and it is an open Unix stream socket (nothing else of ours makes those
+/// before this is called, first thing in the stub's `main`).
 pub fn inherited_socket(fd: RawFd) -> io::Result<std::os::unix::net::UnixStream> {
-    if fd < 3 {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    if fd < 3 || !is_open(fd) {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
-    // SAFETY: the parent handed this descriptor to this freshly exec'd process by number, and
-    // nothing else here owns it (the process has opened nothing at this point).
+    if TAKEN.swap(true, Ordering::SeqCst) {
+        return Err(io::Error::other("the inherited socket was already taken"));
+    }
+    // SAFETY: open (checked above); only borrowed for the checks below.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let unix_stream = nix::sys::socket::getsockname::<nix::sys::socket::UnixAddr>(fd).is_ok()
+        && nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::SockType)
+            .is_ok_and(|t| t == nix::sys::socket::SockType::Stream);
+    if !unix_stream {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the inherited descriptor is not a Unix stream socket",
+        ));
+    }
+    // SAFETY: an open Unix stream socket the parent handed to this freshly exec'd process by
+    // number; `TAKEN` makes this the one adoption, and the process opened no socket before.
     Ok(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
+/// True when `fd` is an open descriptor of this process (asked without borrowing it).
+fn is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD reads the descriptor's flags; on a descriptor that is not open it fails
+    // with EBADF and touches nothing.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+}
+
+/// The number of threads of this process.
+fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
 /// Sets close-on-exec on a descriptor this process owns.
@@ -273,13 +307,19 @@ pub fn start_writeback(fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: u64) -
 /// line). Returns how many copies were overwritten.
 ///
 /// The areas are found from `/proc/self/stat` (`arg_start`..`env_end`) and rewritten through
-/// `/proc/self/mem`, so no Rust reference to memory Rust did not allocate is ever made. Call it
-/// while the process is single-threaded (from `main`, before the runtime): nothing may be
+/// `/proc/self/mem`, so no Rust reference to memory Rust did not allocate is ever made. Refused
+/// unless the process is single-threaded (from `main`, before the runtime): nothing may be
 /// reading `std::env::args` or the environment at the same time.
 pub fn scrub_from_proc(secret: &[u8], env_name: &str) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
     if secret.is_empty() {
         return Ok(0);
+    }
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "refusing to rewrite the argument and environment areas with {threads} threads running"
+        )));
     }
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let rest = stat
@@ -344,7 +384,7 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
 
 /// Returns free heap memory to the system (glibc `malloc_trim`), for after a load of large
 /// buffers has ended; a no-op on other C libraries. Slow-ish (walks every arena): call it on the
-/// blocking pool, debounced (`acp::caps::trim_soon`).
+/// blocking pool, debounced (`trim_soon`).
 pub fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
@@ -450,4 +490,60 @@ pub fn pidfd(pid: u32) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::Owned
     // owns it from here on.
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(io::Error::from)
+}
+
+/// Locks `m`. A lock poisoned by a panic elsewhere is taken anyway: every lock of the daemon
+/// guards state that each critical section leaves consistent at its every step (no invariant is
+/// broken halfway), and a panic in a request is a 500 for that request, not a reason to fail
+/// every later request that touches the same data. The one way the crate treats poisoning.
+pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `N` random bytes from the kernel (`getrandom(2)`, which never blocks once the kernel's pool is
+/// initialised, long before a daemon serves requests) as `2N` hex digits: the one source of
+/// random names and ids. Should the call fail (a seccomp filter, say), the time and a
+/// process-wide counter stand in: every caller uses these only where a collision is detected or
+/// harmless (an `O_EXCL` create, an id that is not a credential).
+pub fn random_hex<const N: usize>() -> String {
+    use std::fmt::Write;
+    let mut b = [0u8; N];
+    if getrandom::getrandom(&mut b).is_err() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        for (i, x) in b.iter_mut().enumerate() {
+            let w = if i < 8 { t } else { seq };
+            *x = (w >> (8 * (i % 8))) as u8;
+        }
+    }
+    let mut out = String::with_capacity(2 * N);
+    for x in b {
+        let _ = write!(out, "{x:02x}");
+    }
+    out
+}
+
+static TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Gives freed heap memory back to the system shortly (debounced, on the blocking pool): glibc
+/// keeps freed memory of large buffers in its arenas otherwise, and the daemon's RSS would stay
+/// at its peak after a load ends (measured in docs/performance.md).
+pub fn trim_soon() {
+    if TRIM_PENDING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
+        return;
+    };
+    rt.spawn(async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
+        let _ = tokio::task::spawn_blocking(trim_heap).await;
+    });
 }

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 /// Releases at least this much at once count as "large" (worth giving memory back for).
 const LARGE: u64 = 1 << 20;
@@ -55,7 +54,7 @@ impl Budget {
             self.large_released.store(true, Ordering::Relaxed);
         }
         if before == n && self.large_released.swap(false, Ordering::Relaxed) {
-            trim_soon();
+            crate::sys::trim_soon();
         }
     }
 }
@@ -85,26 +84,6 @@ impl Drop for Reservation {
             b.release(n);
         }
     }
-}
-
-static TRIM_PENDING: AtomicBool = AtomicBool::new(false);
-
-/// Gives freed heap memory back to the system shortly (debounced, on the blocking pool): glibc
-/// keeps freed memory of large buffers in its arenas otherwise, and the daemon's RSS would stay
-/// at its peak after a load ends (measured in docs/performance.md).
-pub fn trim_soon() {
-    if TRIM_PENDING.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        TRIM_PENDING.store(false, Ordering::Release);
-        return;
-    };
-    rt.spawn(async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        TRIM_PENDING.store(false, Ordering::Release);
-        let _ = tokio::task::spawn_blocking(crate::sys::trim_heap).await;
-    });
 }
 
 #[cfg(test)]

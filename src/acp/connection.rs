@@ -4,23 +4,27 @@
 //! one outbox per RFD stream (the connection stream and one per `Acp-Session-Id`) fed by a router
 //! task that reads the instance's event log. **Invariant:** every event of the instance is routed
 //! to exactly one outbox, in log order; an outbox never holds more than twice the log's bounds
-//! (a stream that falls further behind is cut off); a connection with no open stream or socket and
+//! (a stream that falls further behind is cut off, and what an unread outbox had to drop is told
+//! to its next reader as a `gap`); each session outbox holds a share of the daemon-wide
+//! subscriber budget (`--max-subscribers-total`, as an SSE subscriber of the same bounds does),
+//! and keeps its frames in their own memory (never a slice of a larger chunk); a connection with no open stream or socket and
 //! no POST in progress for `--acp-connection-idle` is deleted like `DELETE /v1/acp/{serverId}`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::events::LogLimits;
+use super::caps::{Budget, Reservation};
+use super::events::{LogLimits, gap_frame};
 use super::frames::{LogItem, split};
 use super::jsonrpc::IdKey;
-use super::{AcpError, AcpService, Next, Subscription};
+use super::{AcpError, AcpService, Next, Retirement, Subscription};
 use crate::agents::Agents;
 use crate::config::Config;
 
@@ -78,6 +82,8 @@ pub struct Connection {
     pub server_id: String,
     pub agent: String,
     limits: LogLimits,
+    /// The daemon-wide subscriber budget: each session outbox holds one share.
+    subscribers: Arc<Budget>,
     routes: Mutex<Routes>,
     /// Wakes the router when a reader attaches or leaves (the idle clock).
     readers_changed: Notify,
@@ -99,31 +105,52 @@ struct Routes {
 /// The queue of one RFD stream.
 #[derive(Default)]
 struct Outbox {
-    frames: VecDeque<Bytes>,
+    /// Event id and SSE frame of each queued message.
+    frames: VecDeque<(u64, Bytes)>,
     bytes: usize,
     attached: bool,
     /// The attached reader fell behind: its stream ends; the next reader starts afresh.
     cut: bool,
+    /// Events dropped from this outbox (`from..=to`) that no reader was told of yet: the next
+    /// chunk starts with a `gap` frame for them.
+    lost: Option<(u64, u64)>,
     notify: Arc<Notify>,
+    /// A session outbox's share of the subscriber budget (the connection stream's is the
+    /// router's subscription).
+    _share: Option<Reservation>,
 }
 
 impl Outbox {
-    fn offer(&mut self, frame: Bytes, limits: LogLimits, what: &dyn Fn() -> String) {
+    fn new(share: Reservation) -> Outbox {
+        Outbox {
+            _share: Some(share),
+            ..Outbox::default()
+        }
+    }
+
+    fn offer(&mut self, id: u64, frame: &Bytes, limits: LogLimits, what: &dyn Fn() -> String) {
         if self.frames.len() >= limits.max_events.saturating_mul(2)
             || self.bytes + frame.len() > limits.max_bytes.saturating_mul(2)
         {
             tracing::warn!(stream = %what(), dropped = self.frames.len(),
                 "an ACP stream fell behind; its queued messages were dropped and its reader cut off");
+            let first = self.frames.front().map_or(id, |(i, _)| *i);
             self.frames.clear();
             self.bytes = 0;
             self.cut = self.attached;
-            self.notify.notify_one();
             if self.cut {
+                self.lost = Some((self.lost.map_or(first, |(f, _)| f), id));
+                self.notify.notify_one();
                 return;
+            }
+            if first < id {
+                self.lost = Some((self.lost.map_or(first, |(f, _)| f), id - 1));
             }
         }
         self.bytes += frame.len();
-        self.frames.push_back(frame);
+        // Its own copy: the frame is a slice of the chunk the router read, which it would keep
+        // alive whole for as long as the frame waits here.
+        self.frames.push_back((id, Bytes::copy_from_slice(frame)));
         self.notify.notify_one();
     }
 }
@@ -177,7 +204,7 @@ impl Connections {
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Connection>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.map)
     }
 
     pub fn acp(&self) -> &Arc<AcpService> {
@@ -200,12 +227,20 @@ impl Connections {
         let id = new_connection_id();
         let server_id = format!("{SERVER_ID_PREFIX}{id}");
         self.acp.open(&server_id, Some(agent))?;
-        let sub = self.acp.subscribe(&server_id, None)?;
+        let sub = match self.acp.subscribe(&server_id, None) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing else knows this instance yet: it must not stay in the map.
+                self.acp.retire_id(&server_id, Retirement::ConnectFailed);
+                return Err(e.into());
+            }
+        };
         let conn = Arc::new(Connection {
             id: id.clone(),
             server_id,
             agent: agent.to_string(),
             limits: self.limits,
+            subscribers: self.acp.subscribers_budget().clone(),
             routes: Mutex::new(Routes {
                 idle_since: Some(Instant::now()),
                 ..Routes::default()
@@ -244,9 +279,14 @@ impl Connections {
         Ok(conn)
     }
 
-    /// Ends a connection: its instance is deleted (stopped in the background) and its streams end.
+    /// Ends a connection: its instance is retired (stopped in the background) and its streams
+    /// end.
     pub fn delete(&self, conn: &Connection) {
-        self.acp.delete(&conn.server_id);
+        self.end(conn, Retirement::Deleted);
+    }
+
+    fn end(&self, conn: &Connection, why: Retirement) {
+        self.acp.retire_id(&conn.server_id, why);
         self.forget(conn);
     }
 
@@ -265,7 +305,7 @@ impl Connections {
 
 impl Connection {
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
-        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.routes)
     }
 
     /// Remembers that the request `key` belongs to `session`, so that its response goes to that
@@ -302,16 +342,27 @@ impl Connection {
             if !valid_session_id(s) {
                 return Err(ConnectionError::InvalidSessionId);
             }
-            if !r.sessions.contains_key(s) && r.sessions.len() >= MAX_SESSIONS {
-                return Err(ConnectionError::TooManySessions {
-                    connection_id: self.id.clone(),
-                    limit: MAX_SESSIONS,
-                });
+            if !r.sessions.contains_key(s) {
+                if r.sessions.len() >= MAX_SESSIONS {
+                    return Err(ConnectionError::TooManySessions {
+                        connection_id: self.id.clone(),
+                        limit: MAX_SESSIONS,
+                    });
+                }
+                let share = self
+                    .subscribers
+                    .try_reserve(1)
+                    .ok_or_else(|| AcpError::Capacity {
+                        what: "SSE subscribers of all serverIds",
+                        limit: self.subscribers.limit(),
+                        server_id: Some(self.server_id.clone()),
+                    })?;
+                r.sessions.insert(s.to_string(), Outbox::new(share));
             }
         }
         let outbox = match session {
             None => &mut r.connection,
-            Some(s) => r.sessions.entry(s.to_string()).or_default(),
+            Some(s) => r.sessions.get_mut(s).expect("inserted above"),
         };
         if outbox.attached {
             return Err(busy(match session {
@@ -357,7 +408,7 @@ impl Connection {
     /// Routes one event of the log: a response to a session-scoped request goes to that
     /// session; a message whose `params.sessionId` names a session goes to it (held until its
     /// reader attaches); everything else goes to the connection stream.
-    fn route(&self, json: &[u8], frame: Bytes) {
+    fn route(&self, id: u64, json: &[u8], frame: &Bytes) {
         let probe: Option<Probe<'_>> = serde_json::from_slice(json).ok();
         let mut r = self.routes();
         let session = match &probe {
@@ -369,18 +420,29 @@ impl Connection {
             None => None,
         };
         let limits = self.limits;
-        let id = &self.id;
-        match session {
-            Some(s) if r.sessions.contains_key(&s) || r.sessions.len() < MAX_SESSIONS => {
-                let what = || format!("{id}/session {s}");
-                r.sessions
-                    .entry(s.clone())
-                    .or_default()
-                    .offer(frame, limits, &what);
+        // A session without an outbox gets one while the per-connection count and the global
+        // subscriber budget allow; its messages go to the connection stream otherwise.
+        let outbox = match session {
+            Some(s) if r.sessions.contains_key(&s) => Some(s),
+            Some(s) if r.sessions.len() < MAX_SESSIONS => match self.subscribers.try_reserve(1) {
+                Some(share) => {
+                    r.sessions.insert(s.clone(), Outbox::new(share));
+                    Some(s)
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        let conn = &self.id;
+        match outbox {
+            Some(s) => {
+                let what = || format!("{conn}/session {s}");
+                let o = r.sessions.get_mut(&s).expect("present or inserted above");
+                o.offer(id, frame, limits, &what);
             }
-            _ => {
-                let what = || format!("{id}/connection");
-                r.connection.offer(frame, limits, &what);
+            None => {
+                let what = || format!("{conn}/connection");
+                r.connection.offer(id, frame, limits, &what);
             }
         }
     }
@@ -421,9 +483,20 @@ impl StreamReader {
                 if outbox.cut {
                     return Next::CutOff;
                 }
-                if !outbox.frames.is_empty() {
-                    let chunk = super::events::take_chunk(&mut outbox.frames, &mut outbox.bytes);
-                    return Next::Frames(chunk);
+                if !outbox.frames.is_empty() || outbox.lost.is_some() {
+                    let mut chunk = BytesMut::new();
+                    if let Some((from, to)) = outbox.lost.take() {
+                        chunk.extend_from_slice(&gap_frame(from, to));
+                    }
+                    while let Some((_, f)) = outbox.frames.front() {
+                        if !chunk.is_empty() && chunk.len() + f.len() > 64 * 1024 {
+                            break;
+                        }
+                        let (_, f) = outbox.frames.pop_front().expect("front exists");
+                        outbox.bytes -= f.len();
+                        chunk.extend_from_slice(&f);
+                    }
+                    return Next::Frames(chunk.freeze());
                 }
                 if ended {
                     return Next::End;
@@ -474,7 +547,7 @@ async fn wait_idle(conns: &Weak<Connections>, conn: &Connection) -> bool {
                 tracing::info!(connection_id = %conn.id, server_id = %conn.server_id,
                     "an ACP connection had no reader for {}; stopping it",
                     humantime::format_duration(idle));
-                c.delete(conn);
+                c.end(conn, Retirement::Idle);
             }
             true
         }
@@ -506,7 +579,7 @@ async fn route_loop(conns: Weak<Connections>, conn: Arc<Connection>, sub: Subscr
                 Next::Frames(chunk) => {
                     for item in split(&chunk) {
                         match item {
-                            LogItem::Message { json, frame, .. } => conn.route(&json, frame),
+                            LogItem::Message { id, json, frame } => conn.route(id, &json, &frame),
                             LogItem::Gap { from, to } => tracing::warn!(connection_id = %conn.id,
                                 from, to, "ACP connection lost events before its router read them"),
                         }
@@ -538,27 +611,7 @@ async fn route_loop(conns: Weak<Connections>, conn: Arc<Connection>, sub: Subscr
 /// 128 random bits as 32 hex digits. The id is not a credential (the bearer token is), but an
 /// unguessable id keeps one client from stumbling into another's connection.
 fn new_connection_id() -> String {
-    // 16 bytes of /dev/urandom: never blocks once the kernel's pool is initialised, which is long
-    // before a daemon serves requests, so it may run on the runtime thread.
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if random.is_err() {
-        // No /dev/urandom (an odd sandbox): fall back to the std hasher's random keys.
-        use std::hash::{BuildHasher, Hasher};
-        for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(i);
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0),
-            );
-            chunk.copy_from_slice(&h.finish().to_le_bytes());
-        }
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::sys::random_hex::<16>()
 }
 
 #[cfg(test)]
@@ -574,6 +627,7 @@ mod tests {
                 max_events: 100,
                 max_bytes: 1 << 20,
             },
+            subscribers: Budget::new(1000),
             routes: Mutex::new(Routes::default()),
             readers_changed: Notify::new(),
         }
@@ -587,17 +641,17 @@ mod tests {
             let raw = RawValue::from_string(id.to_string()).unwrap();
             conn.route_request(IdKey::from_raw(&raw), session.to_string());
         }
-        for m in messages {
-            conn.route(m.as_bytes(), Bytes::from(m.to_string()));
+        for (i, m) in messages.iter().enumerate() {
+            conn.route(i as u64 + 1, m.as_bytes(), &Bytes::from(m.to_string()));
         }
         let r = conn.routes();
         let mut got: Vec<(usize, &str)> = Vec::new();
         let position = |frame: &Bytes| messages.iter().position(|m| m.as_bytes() == &frame[..]);
-        for f in &r.connection.frames {
+        for (_, f) in &r.connection.frames {
             got.push((position(f).unwrap(), ""));
         }
         for (s, o) in &r.sessions {
-            for f in &o.frames {
+            for (_, f) in &o.frames {
                 got.push((position(f).unwrap(), s.as_str()));
             }
         }
@@ -632,5 +686,89 @@ mod tests {
         assert!(!valid_session_id(""));
         assert!(!valid_session_id("a b"));
         assert!(!valid_session_id(&"x".repeat(257)));
+    }
+
+    fn message(id: u64, session: &str) -> (u64, String, Bytes) {
+        let json = format!(r#"{{"method":"session/update","params":{{"sessionId":"{session}"}}}}"#);
+        let frame = Bytes::from(format!("event: message\nid: {id}\ndata: {json}\n\n"));
+        (id, json, frame)
+    }
+
+    fn next_now(reader: &StreamReader) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        match rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(1), reader.next()).await })
+        {
+            Ok(Next::Frames(f)) => String::from_utf8(f.to_vec()).unwrap(),
+            _ => "<nothing>".to_string(),
+        }
+    }
+
+    /// What an outbox with no reader had to drop is told to its next reader as a gap.
+    #[test]
+    fn an_unread_outbox_that_overflowed_tells_its_next_reader_the_gap() {
+        let mut conn = connection();
+        conn.limits = LogLimits {
+            max_events: 2,
+            max_bytes: 1 << 20,
+        };
+        let conn = Arc::new(conn);
+        for id in 1..=6 {
+            let (id, json, frame) = message(id, "s1");
+            conn.route(id, json.as_bytes(), &frame);
+        }
+        let reader = conn.attach(Some("s1")).unwrap();
+        let got = next_now(&reader);
+        assert!(
+            got.starts_with("event: gap\ndata: {\"from\":1,\"to\":4}\n\nevent: message\nid: 5\n"),
+            "{got}"
+        );
+        assert!(got.contains("id: 6\n"), "{got}");
+    }
+
+    /// A frame waiting in an outbox does not keep the (large) chunk it was read in alive.
+    #[test]
+    fn an_outbox_keeps_its_own_copy_of_a_frame() {
+        let conn = connection();
+        let (id, json, frame) = message(1, "s1");
+        let mut chunk = BytesMut::from(&frame[..]);
+        chunk.extend_from_slice(&vec![b' '; 64 * 1024]);
+        let chunk = chunk.freeze();
+        let slice = chunk.slice(..frame.len());
+        conn.route(id, json.as_bytes(), &slice);
+        let r = conn.routes();
+        let kept = &r.sessions["s1"].frames[0].1;
+        assert_eq!(kept, &frame);
+        let range = chunk.as_ptr_range();
+        assert!(
+            !range.contains(&kept.as_ptr()),
+            "the outbox holds a slice of the whole chunk"
+        );
+    }
+
+    /// Session outboxes take shares of the daemon-wide subscriber budget: when it is spent, a
+    /// new session stream is refused and unread messages of a new session go to the
+    /// connection stream.
+    #[test]
+    fn session_outboxes_count_against_the_subscriber_budget() {
+        let mut conn = connection();
+        conn.subscribers = Budget::new(1);
+        let conn = Arc::new(conn);
+        let reader = conn.attach(Some("s1")).unwrap();
+        assert_eq!(conn.subscribers.used(), 1);
+        let refused = conn.attach(Some("s2")).err().expect("no share left");
+        assert!(matches!(
+            refused,
+            ConnectionError::Acp(AcpError::Capacity { .. })
+        ));
+        let (id, json, frame) = message(1, "s3");
+        conn.route(id, json.as_bytes(), &frame);
+        assert_eq!(conn.routes().connection.frames.len(), 1);
+        drop(reader);
+        // The outbox (and its share) stays for the session's next reader.
+        assert_eq!(conn.subscribers.used(), 1);
     }
 }

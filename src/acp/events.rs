@@ -71,7 +71,7 @@ impl EventLog {
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
         // A panic while holding this lock would be a bug in this file; recover the data anyway
         // rather than poisoning every later request of the instance.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.state)
     }
 
     /// Appends one message (a single-line JSON object) and queues it to every subscriber
@@ -197,7 +197,7 @@ fn message_frame(id: u64, json_line: &[u8]) -> Bytes {
     b.freeze()
 }
 
-fn gap_frame(from: u64, to: u64) -> Bytes {
+pub(super) fn gap_frame(from: u64, to: u64) -> Bytes {
     Bytes::from(format!(
         "event: gap\ndata: {{\"from\":{from},\"to\":{to}}}\n\n"
     ))
@@ -221,7 +221,7 @@ struct Queue {
 
 impl Queue {
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.state)
     }
 
     /// Queues a frame; false (and the queue is cut off) when the subscriber is too far behind.

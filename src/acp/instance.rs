@@ -1,27 +1,43 @@
-//! One serverId: its agent process, the way to its stdin (a POST writes directly when nothing is
-//! queued, a WebSocket batch its lines packed into atomic writes of at most `PIPE_BUF`, else a
-//! writer task keeps order), the stdout reader task, the pending requests and the event log. **Invariant:** every line the agent writes is either handed to the
-//! one POST waiting for it or appended to the event log (nothing is lost), in the order written;
-//! once the agent is gone every waiting POST learns it at once.
+//! One serverId: its lifecycle, its agent process, the way to its stdin (a POST writes directly
+//! when nothing is queued, a WebSocket batch its lines packed into atomic writes of at most
+//! `PIPE_BUF`, else a writer task keeps order), the stdout reader task, the pending requests and
+//! the event log. The stdout side (the reader task and its bounded line reader) is `stdout.rs`.
+//!
+//! The whole life of an instance is one state machine, [`Life`], behind one lock, with one watch
+//! ([`Seen`]) that tasks wait on:
+//!
+//! ```text
+//! Starting ──start──▶ Running ──stdout ends / exit──▶ Ended
+//!    │                                                  (process exit recorded when known)
+//!    └──start fails──▶ Failed
+//! retired: set at any point by `AcpService::retire`, never cleared
+//! ```
+//!
+//! **Invariant:** every line the agent writes is either handed to the one POST waiting for it or
+//! appended to the event log (nothing is lost), in the order written; once the agent is gone every
+//! waiting POST learns it at once; a request's pending entry exists only while its line is on its
+//! way to (or reached) the agent's stdin; `Status::Exited` is reported only once the process tree
+//! is gone, and then always (never "running" with an exit).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::{ChildStdin, ChildStdout};
-use tokio::sync::{mpsc, oneshot};
+use tokio::process::ChildStdin;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::caps::{Budget, Reservation};
 use super::events::{EventLog, LogLimits};
-use super::jsonrpc::{AgentLine, BadLine, Envelope, IdKey, Kind, classify_agent_line};
+use super::jsonrpc::{AgentLine, BadLine, Envelope, IdKey, Kind};
 use super::{AcpError, Ended};
 use crate::logging::RateLimit;
 use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
 
-/// `starting` until the process runs, `exited` once it is gone.
+/// What `GET /v1/acp` says of the process: `starting` until it runs, `exited` once its whole
+/// tree is gone (or it never started), `running` in between — also while an agent that closed
+/// its stdout is being stopped (it can no longer answer, but it still exists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 #[schema(as = ServerStatus)]
@@ -64,7 +80,7 @@ enum Done {
     },
 }
 
-/// The live process: set once, read lock-free on every POST.
+/// The live process and the way to its stdin.
 struct Running {
     handle: AgentHandle,
     writer: mpsc::Sender<WriteJob>,
@@ -88,16 +104,84 @@ const STDERR_EXCERPT: usize = 4096;
 const PIPE_BUF: usize = 4096;
 
 fn lock_stdin(m: &Mutex<Stdin>) -> std::sync::MutexGuard<'_, Stdin> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sys::lock(m)
 }
 
-#[derive(Default)]
-struct Pending {
-    /// Requests written and not yet answered. `None`: nobody waits (respond-async, WebSocket),
-    /// the answer goes to the event log; the entry still counts (duplicate ids, `pendingRequests`).
+/// Where the instance is in its life.
+enum Phase {
+    /// No process yet (the agent may be installing).
+    Starting,
+    /// The start failed; concurrent first POSTs share this error. Terminal.
+    Failed(AcpError),
+    /// The process runs and can be written to.
+    Running(Arc<Running>),
+    /// The agent can no longer answer (its stdout ended, or it exited): every waiter was failed,
+    /// the log is closed. The process may still be being stopped; `Life::exit` says when it is
+    /// gone. Terminal.
+    Ended {
+        running: Arc<Running>,
+        ended: Arc<Ended>,
+    },
+}
+
+/// The one state of an instance (see the module doc).
+struct Life {
+    phase: Phase,
+    /// Taken out of the registry (`AcpService::retire`): unreachable by serverId, its log
+    /// closed; a start in progress does not publish its process (it kills it), and nothing more
+    /// is written to its stdin.
+    retired: bool,
+    /// How the process ended, once its whole tree is gone.
+    exit: Option<ExitInfo>,
+    /// Requests written (or being written) and not yet answered. `None`: nobody waits
+    /// (respond-async, WebSocket), the answer goes to the event log; the entry still counts
+    /// (duplicate ids, `pendingRequests`). Emptied when the phase becomes `Ended`.
     waiters: HashMap<IdKey, Option<oneshot::Sender<(Bytes, u64)>>>,
-    /// Set (under this lock) when the agent is gone, so no POST registers after the drain.
-    ended: Option<Arc<Ended>>,
+}
+
+/// What the watch tells the instance's tasks (and `AcpService`'s stops) about `Life`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The phase is `Ended` or `Failed`: nothing more will be read from or written to the agent.
+    pub ended: bool,
+    pub retired: bool,
+    /// The process tree is gone (or never existed).
+    pub exited: bool,
+}
+
+impl Life {
+    fn seen(&self) -> Seen {
+        Seen {
+            ended: matches!(self.phase, Phase::Ended { .. } | Phase::Failed(_)),
+            retired: self.retired,
+            exited: self.exit.is_some() || matches!(self.phase, Phase::Failed(_)),
+        }
+    }
+
+    fn status(&self) -> Status {
+        match &self.phase {
+            _ if self.exit.is_some() => Status::Exited,
+            Phase::Starting => Status::Starting,
+            Phase::Failed(_) => Status::Exited,
+            Phase::Running(_) | Phase::Ended { .. } => Status::Running,
+        }
+    }
+
+    fn running(&self) -> Option<&Arc<Running>> {
+        match &self.phase {
+            Phase::Running(r) | Phase::Ended { running: r, .. } => Some(r),
+            Phase::Starting | Phase::Failed(_) => None,
+        }
+    }
+}
+
+/// What `GET /v1/acp` shows of an instance, read under its lock at once so that the fields agree.
+pub struct Snapshot {
+    pub status: Status,
+    pub handle: Option<AgentHandle>,
+    /// How the process ended (only with `Status::Exited`).
+    pub exit: Option<ExitInfo>,
+    pub pending_requests: usize,
 }
 
 pub struct AcpInstance {
@@ -106,23 +190,17 @@ pub struct AcpInstance {
     pub created_at_ms: u64,
     pub events: Arc<EventLog>,
     /// How long an agent that closed its stdout gets to exit after SIGTERM.
-    grace: Duration,
-    pending: Mutex<Pending>,
-    running: OnceLock<Running>,
+    pub(super) grace: Duration,
+    life: Mutex<Life>,
+    /// Follows `life` (sent under its lock).
+    seen: watch::Sender<Seen>,
     stdin_caps: StdinCaps,
     /// Serializes the start so that concurrent first POSTs start one process.
-    start_lock: tokio::sync::Mutex<Option<AcpError>>,
-    /// Set by DELETE (under this lock): a start in progress does not spawn afterwards, and one
-    /// whose process appears afterwards kills it instead of publishing it.
-    detached: Mutex<bool>,
+    start_lock: tokio::sync::Mutex<()>,
     invalid_lines: AtomicU64,
     /// Budget of the "dropped an agent stdout line" warnings: an agent writing garbage in a loop
     /// must not flood the log (the count above still sees every line).
     invalid_log: Mutex<RateLimit>,
-    finished: AtomicBool,
-    /// Resolves when the reader has recorded how the agent ended.
-    ended_rx: tokio::sync::watch::Receiver<bool>,
-    ended_tx: tokio::sync::watch::Sender<bool>,
 }
 
 /// What a POST of one envelope produced.
@@ -132,6 +210,39 @@ pub enum Delivered {
     Response { line: Bytes, last_event_id: u64 },
     /// Written; nothing to wait for (or the caller asked not to wait).
     Accepted,
+}
+
+/// The pending entries of requests on their way to the agent's stdin: dropped before `reached`
+/// (the send failed, or its future was dropped while it waited for room in the stdin queue, say
+/// because the client went away), it removes them, so an id is never left "in flight" for a line
+/// the agent never got.
+struct PendingGuard<'a> {
+    inst: &'a AcpInstance,
+    keys: Vec<IdKey>,
+}
+
+impl PendingGuard<'_> {
+    /// The lines reached the agent's stdin (or the writer task, which answers for them now).
+    fn reached(mut self) {
+        self.keys.clear();
+    }
+
+    /// Lines `from..` of the keys did not reach the agent (the first ones did).
+    fn keep_first(&mut self, n: usize) {
+        self.keys.drain(..n.min(self.keys.len()));
+    }
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let mut life = self.inst.life();
+        for k in &self.keys {
+            life.waiters.remove(k);
+        }
+    }
 }
 
 impl AcpInstance {
@@ -147,63 +258,86 @@ impl AcpInstance {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
+        let life = Life {
+            phase: Phase::Starting,
+            retired: false,
+            exit: None,
+            waiters: HashMap::new(),
+        };
+        let (seen, _) = watch::channel(life.seen());
         AcpInstance {
             server_id,
             agent,
             created_at_ms,
             events: Arc::new(EventLog::new(limits)),
             grace,
-            pending: Mutex::new(Pending::default()),
-            running: OnceLock::new(),
+            life: Mutex::new(life),
+            seen,
             stdin_caps,
-            start_lock: tokio::sync::Mutex::new(None),
-            detached: Mutex::new(false),
+            start_lock: tokio::sync::Mutex::new(()),
             invalid_lines: AtomicU64::new(0),
             invalid_log: Mutex::new(log_budget),
-            finished: AtomicBool::new(false),
-            ended_rx,
-            ended_tx,
         }
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    fn life(&self) -> std::sync::MutexGuard<'_, Life> {
+        crate::sys::lock(&self.life)
+    }
+
+    /// Changes `life` under its lock and tells the watchers when what they see changed.
+    fn change<T>(&self, f: impl FnOnce(&mut Life) -> T) -> T {
+        let mut life = self.life();
+        let out = f(&mut life);
+        let now = life.seen();
+        self.seen.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
+        out
     }
 
     pub fn status(&self) -> Status {
-        if self.finished.load(Ordering::Acquire) {
-            Status::Exited
-        } else if self.running.get().is_some() {
-            Status::Running
-        } else {
-            Status::Starting
+        self.life().status()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let life = self.life();
+        let status = life.status();
+        Snapshot {
+            status,
+            handle: life.running().map(|r| r.handle.clone()),
+            exit: life.exit.clone().filter(|_| status == Status::Exited),
+            pending_requests: life.waiters.len(),
         }
     }
 
-    pub fn handle(&self) -> Option<&AgentHandle> {
-        self.running.get().map(|r| &r.handle)
-    }
-
-    pub fn ended(&self) -> Option<Arc<Ended>> {
-        self.pending().ended.clone()
-    }
-
-    pub fn pending_count(&self) -> usize {
-        self.pending().waiters.len()
+    fn handle(&self) -> Option<AgentHandle> {
+        self.life().running().map(|r| r.handle.clone())
     }
 
     pub fn invalid_lines(&self) -> u64 {
         self.invalid_lines.load(Ordering::Relaxed)
     }
 
+    /// True once a process was started (whatever became of it since).
     pub fn is_started(&self) -> bool {
-        self.running.get().is_some()
+        self.life().running().is_some()
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.life().retired
+    }
+
+    /// Waits until `done` holds for what the watch shows.
+    pub async fn wait_for(&self, done: impl Fn(&Seen) -> bool) {
+        let mut rx = self.seen.subscribe();
+        let _ = rx.wait_for(done).await;
     }
 
     /// Starts the process once; concurrent callers wait for the first and share its outcome.
     /// `prepare` runs at most once per instance (it may install the agent, which takes long).
-    /// The process is published under the detach lock, so a DELETE either sees it (and stops
+    /// The process is published under the life lock, so a retirement either sees it (and stops
     /// it) or came first, and then the process just started is killed here.
     pub async fn ensure_started<P, S>(
         self: &Arc<Self>,
@@ -215,49 +349,27 @@ impl AcpInstance {
         P: std::future::Future<Output = Result<SpawnSpec, AcpError>>,
         S: std::future::Future<Output = Result<AgentProcess, AcpError>>,
     {
-        if self.running.get().is_some() {
-            return Ok(());
-        }
-        let mut failed = self.start_lock.lock().await;
-        if self.running.get().is_some() {
-            return Ok(());
-        }
-        if let Some(e) = &*failed {
-            return Err(e.clone());
+        let _start = self.start_lock.lock().await;
+        match &self.life().phase {
+            Phase::Starting => {}
+            Phase::Failed(e) => return Err(e.clone()),
+            Phase::Running(_) | Phase::Ended { .. } => return Ok(()),
         }
         // `prepare` may be cancelled at any await (client gone); nothing has been spawned yet
         // then, and the next POST prepares again.
         let spec = match prepare.await {
             Ok(s) => s,
-            Err(e) => {
-                *failed = Some(e.clone());
-                return Err(e);
-            }
+            Err(e) => return Err(self.start_failed(e)),
         };
-        if self.is_detached() {
-            return Err(AcpError::NotFound {
-                server_id: self.server_id.clone(),
-            });
+        if self.is_retired() {
+            return Err(self.not_found());
         }
         // Cancel-safe too: a process whose start completes after this future was dropped is
         // killed by the supervisor.
         let process = match spawn(spec).await {
             Ok(p) => p,
-            Err(e) => {
-                *failed = Some(e.clone());
-                return Err(e);
-            }
+            Err(e) => return Err(self.start_failed(e)),
         };
-        let detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
-        if *detached {
-            // Deleted while it started: nobody else will stop it.
-            process.handle.kill_detached();
-            return Err(AcpError::NotFound {
-                server_id: self.server_id.clone(),
-            });
-        }
-        // The tasks are registered right after the spawn, with no await in between, so a
-        // process never exists without its reader and writer.
         let (tx, rx) = mpsc::channel(1024);
         let handle = process.handle.clone();
         let stdin = Arc::new(Mutex::new(Stdin {
@@ -266,34 +378,90 @@ impl AcpInstance {
             broken: false,
             scratch: Vec::with_capacity(PIPE_BUF),
         }));
-        let _ = self.running.set(Running {
+        let running = Arc::new(Running {
             handle: handle.clone(),
             writer: tx,
             stdin: stdin.clone(),
         });
-        drop(detached);
-        // The writer holds only a weak reference and watches for the end, so that neither an exited
-        // nor a deleted instance is kept alive by its own writer (which owns the channel's
-        // receiver while the instance owns the sender).
+        let published = self.change(|life| {
+            if life.retired {
+                return false;
+            }
+            life.phase = Phase::Running(running);
+            true
+        });
+        if !published {
+            // Retired while it started: nobody else will stop it.
+            process.handle.kill_detached();
+            return Err(self.not_found());
+        }
+        // The tasks are registered right after the publication, with no await in between, so a
+        // published process never exists without its reader and writer. The writer holds only a
+        // weak reference and watches for the end, so that neither an ended nor a retired instance
+        // is kept alive by its own writer (which owns the channel's receiver while the instance
+        // owns the sender).
         tokio::spawn(write_loop(
             Arc::downgrade(self),
-            self.ended_rx.clone(),
+            self.seen.subscribe(),
             stdin,
             rx,
         ));
-        tokio::spawn(read_loop(self.clone(), process.stdout, handle, max_line));
+        tokio::spawn(super::stdout::read_loop(
+            self.clone(),
+            process.stdout,
+            handle,
+            max_line,
+        ));
         Ok(())
     }
 
-    fn is_detached(&self) -> bool {
-        *self.detached.lock().unwrap_or_else(|e| e.into_inner())
+    fn start_failed(&self, e: AcpError) -> AcpError {
+        self.change(|life| {
+            if matches!(life.phase, Phase::Starting) {
+                life.phase = Phase::Failed(e.clone());
+            }
+        });
+        e
     }
 
-    /// Marks the instance deleted; returns the handle to stop if a process was started.
-    pub fn detach(&self) -> Option<AgentHandle> {
-        let mut d = self.detached.lock().unwrap_or_else(|e| e.into_inner());
-        *d = true;
-        self.running.get().map(|r| r.handle.clone())
+    fn not_found(&self) -> AcpError {
+        AcpError::NotFound {
+            server_id: self.server_id.clone(),
+        }
+    }
+
+    /// Marks the instance retired (see `AcpService::retire`, its only caller) and closes its log:
+    /// every subscriber gets its end. Returns the process to dispose of, if one was published and
+    /// is not known to be gone. Idempotent: only the first call returns the process.
+    pub(super) fn retire(&self) -> Option<AgentHandle> {
+        let handle = self.change(|life| {
+            if life.retired {
+                return None;
+            }
+            life.retired = true;
+            if life.exit.is_some() {
+                return None;
+            }
+            life.running().map(|r| r.handle.clone())
+        });
+        self.events.close();
+        handle
+    }
+
+    /// The process to write to, or why there is none. A retired instance takes no more lines.
+    fn writable(&self) -> Result<Arc<Running>, AcpError> {
+        let life = self.life();
+        if life.retired {
+            return Err(self.not_found());
+        }
+        match &life.phase {
+            Phase::Running(r) => Ok(r.clone()),
+            Phase::Ended { ended, .. } => Err(self.gone(ended.clone())),
+            Phase::Starting | Phase::Failed(_) => {
+                drop(life);
+                Err(self.gone_error())
+            }
+        }
     }
 
     /// Writes one envelope and, for a request, waits for its response up to `timeout`.
@@ -306,15 +474,16 @@ impl AcpInstance {
         wait: bool,
         timeout: Duration,
     ) -> Result<Delivered, AcpError> {
-        let running = self.running.get().ok_or_else(|| self.gone_error())?;
+        let running = self.writable()?;
+        let lines = std::slice::from_ref(&line);
         match request {
             Some(key) => {
                 let rx = {
-                    let mut p = self.pending();
-                    if let Some(ended) = &p.ended {
+                    let mut life = self.life();
+                    if let Phase::Ended { ended, .. } = &life.phase {
                         return Err(self.gone(ended.clone()));
                     }
-                    if p.waiters.contains_key(&key) {
+                    if life.waiters.contains_key(&key) {
                         return Err(AcpError::DuplicateId {
                             server_id: self.server_id.clone(),
                             id: key.0.to_string(),
@@ -322,24 +491,25 @@ impl AcpInstance {
                     }
                     if wait {
                         let (tx, rx) = oneshot::channel();
-                        p.waiters.insert(key.clone(), Some(tx));
+                        life.waiters.insert(key.clone(), Some(tx));
                         Some(rx)
                     } else {
                         // Nobody waits: the response goes to the event log.
-                        p.waiters.insert(key.clone(), None);
+                        life.waiters.insert(key.clone(), None);
                         None
                     }
                 };
-                if let Err(f) = send_line(
-                    running,
-                    &self.stdin_caps,
-                    std::slice::from_ref(&line),
-                    |_| Done::Request(key.clone()),
-                )
-                .await
-                {
-                    self.pending().waiters.remove(&key);
-                    return Err(self.send_error(f.fail));
+                let guard = PendingGuard {
+                    inst: self,
+                    keys: vec![key.clone()],
+                };
+                let sent = send_line(&running, &self.stdin_caps, lines, |_| {
+                    Done::Request(key.clone())
+                })
+                .await;
+                match sent {
+                    Ok(_) => guard.reached(),
+                    Err(f) => return Err(self.send_error(f.fail)),
                 }
                 let Some(rx) = rx else {
                     return Ok(Delivered::Accepted);
@@ -357,12 +527,8 @@ impl AcpInstance {
                 }
             }
             None => {
-                if let Some(ended) = self.ended() {
-                    return Err(self.gone(ended));
-                }
                 let (tx, rx) = oneshot::channel();
-                let lines = std::slice::from_ref(&line);
-                match send_line(running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await {
+                match send_line(&running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await {
                     Err(f) => Err(self.send_error(f.fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
@@ -386,22 +552,25 @@ impl AcpInstance {
         envelopes: &mut Vec<Envelope>,
     ) -> Vec<(Option<IdKey>, AcpError)> {
         let mut refused = Vec::new();
-        let Some(running) = self.running.get() else {
-            let e = self.gone_error();
-            refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
-            return refused;
+        let running = match self.writable() {
+            Ok(r) => r,
+            Err(e) => {
+                refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
+                return refused;
+            }
         };
         let mut acked = false;
+        let mut keys = Vec::new();
         {
-            let mut p = self.pending();
-            if let Some(ended) = p.ended.clone() {
-                drop(p);
-                let e = self.gone(ended);
+            let mut life = self.life();
+            if let Phase::Ended { ended, .. } = &life.phase {
+                let e = self.gone(ended.clone());
+                drop(life);
                 refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
                 return refused;
             }
             envelopes.retain(|env| match &env.kind {
-                Kind::Request { key, .. } if p.waiters.contains_key(key) => {
+                Kind::Request { key, .. } if life.waiters.contains_key(key) => {
                     refused.push((
                         Some(key.clone()),
                         AcpError::DuplicateId {
@@ -412,7 +581,8 @@ impl AcpInstance {
                     false
                 }
                 Kind::Request { key, .. } => {
-                    p.waiters.insert(key.clone(), None);
+                    life.waiters.insert(key.clone(), None);
+                    keys.push(key.clone());
                     true
                 }
                 Kind::Notification | Kind::Response => {
@@ -424,6 +594,7 @@ impl AcpInstance {
         if envelopes.is_empty() {
             return refused;
         }
+        let mut guard = PendingGuard { inst: self, keys };
         let (ack, acked) = if acked {
             let (tx, rx) = oneshot::channel();
             (Some(tx), Some(rx))
@@ -441,10 +612,11 @@ impl AcpInstance {
                 .collect(),
             ack,
         };
-        let sent = send_line(running, &self.stdin_caps, envelopes.as_slice(), done).await;
+        let sent = send_line(&running, &self.stdin_caps, envelopes.as_slice(), done).await;
         match sent {
-            Ok(Sent::Written) => {}
+            Ok(Sent::Written) => guard.reached(),
             Ok(Sent::Queued) => {
+                guard.reached();
                 if let Some(rx) = acked
                     && rx.await.is_err()
                 {
@@ -453,16 +625,20 @@ impl AcpInstance {
                 }
             }
             Err(f) => {
-                // The first `written` lines reached the agent; the rest did not.
+                // The first `written` lines reached the agent; the rest did not (the guard
+                // forgets their pending entries).
                 let e = self.send_error(f.fail);
-                let mut p = self.pending();
-                for env in envelopes.drain(f.written..) {
-                    let key = request_key(env);
-                    if let Some(key) = &key {
-                        p.waiters.remove(key);
-                    }
-                    refused.push((key, e.clone()));
-                }
+                let reached = envelopes[..f.written]
+                    .iter()
+                    .filter(|e| matches!(e.kind, Kind::Request { .. }))
+                    .count();
+                guard.keep_first(reached);
+                drop(guard);
+                refused.extend(
+                    envelopes
+                        .drain(f.written..)
+                        .map(|env| (request_key(env), e.clone())),
+                );
             }
         }
         envelopes.clear();
@@ -491,12 +667,19 @@ impl AcpInstance {
     /// The error for a POST whose agent can no longer answer: how it ended when that is known,
     /// else that its stdin is closed.
     fn gone_error(&self) -> AcpError {
-        match self.ended() {
+        let (ended, handle) = {
+            let life = self.life();
+            let ended = match &life.phase {
+                Phase::Ended { ended, .. } => Some(ended.clone()),
+                _ => None,
+            };
+            (ended, life.running().map(|r| r.handle.clone()))
+        };
+        match ended {
             Some(e) => self.gone(e),
             None => self.gone(Arc::new(Ended {
                 exit: None,
-                stderr_tail: self
-                    .handle()
+                stderr_tail: handle
                     .map(|h| h.stderr_excerpt(STDERR_EXCERPT))
                     .unwrap_or_default(),
                 detail: "the agent's stdin is closed".to_string(),
@@ -504,17 +687,11 @@ impl AcpInstance {
         }
     }
 
-    /// Resolves once the agent is gone and every waiter has been failed.
-    pub async fn wait_ended(&self) {
-        let mut rx = self.ended_rx.clone();
-        let _ = rx.wait_for(|e| *e).await;
-    }
-
     /// One stdout line, already classified (see `classify`).
-    fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
+    pub(super) fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
         match class {
             Ok(AgentLine::Response(key)) => {
-                let waiter = self.pending().waiters.remove(&key).flatten();
+                let waiter = self.life().waiters.remove(&key).flatten();
                 match waiter {
                     Some(tx) => {
                         // Whatever the agent said before this answer reaches the streams first.
@@ -537,10 +714,10 @@ impl AcpInstance {
         }
     }
 
-    fn invalid_line(&self, line: &[u8], why: &str) {
+    pub(super) fn invalid_line(&self, line: &[u8], why: &str) {
         self.invalid_lines.fetch_add(1, Ordering::Relaxed);
         let (admit, report) = {
-            let mut budget = self.invalid_log.lock().unwrap_or_else(|e| e.into_inner());
+            let mut budget = crate::sys::lock(&self.invalid_log);
             let admit = budget.admit(line.len().min(200));
             (admit, budget.take_report(false))
         };
@@ -562,8 +739,16 @@ impl AcpInstance {
         );
     }
 
-    /// Records how the agent ended, fails every waiting POST, ends the streams.
-    fn finish(&self, exit: Option<ExitInfo>, detail: String) {
+    /// The process tree is gone: from now on the instance is `exited`, with this exit.
+    pub(super) fn exited(&self, exit: ExitInfo) {
+        self.change(|life| {
+            life.exit.get_or_insert(exit);
+        });
+    }
+
+    /// Records how the agent ended for the proxy (`Ended`), fails every waiting POST, ends the
+    /// streams.
+    pub(super) fn finish(&self, exit: Option<ExitInfo>, detail: String) {
         let ended = Arc::new(Ended {
             exit,
             stderr_tail: self
@@ -572,16 +757,18 @@ impl AcpInstance {
                 .unwrap_or_default(),
             detail,
         });
-        let waiters = {
-            let mut p = self.pending();
-            p.ended = Some(ended);
-            std::mem::take(&mut p.waiters)
-        };
+        let waiters = self.change(|life| {
+            if let Phase::Running(running) = &life.phase {
+                life.phase = Phase::Ended {
+                    running: running.clone(),
+                    ended,
+                };
+            }
+            std::mem::take(&mut life.waiters)
+        });
         // Dropping the senders wakes every waiting POST, which then reads `ended`.
         drop(waiters);
-        self.finished.store(true, Ordering::Release);
         self.events.close();
-        let _ = self.ended_tx.send(true);
     }
 }
 
@@ -663,14 +850,11 @@ async fn send_line<L: ToStdin>(
                     // Not expected below PIPE_BUF; queue the rest (a cut line's newline is added
                     // back by the writer).
                     Ok(n) => {
-                        let mut off = 0;
-                        while off + lines[next].line().len() < n {
-                            off += lines[next].line().len() + 1;
-                            next += 1;
-                        }
-                        if n > off {
-                            let line = lines[next].line();
-                            cut = Some(line.slice((n - off).min(line.len())..));
+                        let lens = lines[next..end].iter().map(|l| l.line().len());
+                        let (whole, part) = split_written(lens, n);
+                        next += whole;
+                        if let Some(k) = part {
+                            cut = Some(lines[next].line().slice(k..));
                             next += 1;
                         }
                         break;
@@ -742,6 +926,23 @@ async fn send_line<L: ToStdin>(
     Ok(Sent::Queued)
 }
 
+/// After a short write of `n` bytes of lines (each followed by its newline) of these lengths:
+/// how many lines went whole, and how many bytes of the next one (its newline not included)
+/// went too, if any did — that line is cut, and its rest must follow before anything else.
+fn split_written(lens: impl IntoIterator<Item = usize>, n: usize) -> (usize, Option<usize>) {
+    let mut off = 0;
+    let mut whole = 0;
+    for len in lens {
+        if off + len < n {
+            off += len + 1;
+            whole += 1;
+            continue;
+        }
+        return (whole, (n > off).then(|| (n - off).min(len)));
+    }
+    (whole, None)
+}
+
 /// Writes all of `buf`, taking the stdin lock only for each attempt (never across an await).
 async fn write_all_shared(stdin: &Mutex<Stdin>, buf: &[u8]) -> std::io::Result<()> {
     use tokio::io::AsyncWrite;
@@ -762,7 +963,7 @@ async fn write_all_shared(stdin: &Mutex<Stdin>, buf: &[u8]) -> std::io::Result<(
 
 async fn write_loop(
     inst: std::sync::Weak<AcpInstance>,
-    mut ended: tokio::sync::watch::Receiver<bool>,
+    mut seen: watch::Receiver<Seen>,
     stdin: Arc<Mutex<Stdin>>,
     mut rx: mpsc::Receiver<WriteJob>,
 ) {
@@ -771,7 +972,9 @@ async fn write_loop(
     loop {
         let n = tokio::select! {
             n = rx.recv_many(&mut jobs, 64) => n,
-            _ = ended.wait_for(|e| *e) => 0,
+            // Ended or retired: nothing more is written; the queued jobs (and their budget
+            // shares) are dropped with the receiver.
+            _ = seen.wait_for(|s| s.ended || s.retired) => 0,
         };
         if n == 0 {
             break;
@@ -801,15 +1004,15 @@ async fn write_loop(
                 let Some(inst) = inst.upgrade() else { break };
                 tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
                     "cannot write to the agent's stdin");
-                let mut p = inst.pending();
+                let mut life = inst.life();
                 for j in jobs.drain(..) {
                     match j.done {
                         Done::Request(key) => {
-                            p.waiters.remove(&key);
+                            life.waiters.remove(&key);
                         }
                         Done::Batch { keys, .. } => {
                             for key in keys {
-                                p.waiters.remove(&key);
+                                life.waiters.remove(&key);
                             }
                         }
                         Done::Ack(_) => {}
@@ -826,225 +1029,9 @@ async fn write_loop(
     // Dropping the receiver makes every later send fail, which its POST answers with 502.
 }
 
-/// Lines larger than this are classified (parsed) off the runtime thread, which the daemon has
-/// only one of; the reader awaits the result, so the order of lines is kept.
-const LARGE_LINE: usize = 256 * 1024;
-
-async fn classify(line: &Bytes) -> Result<AgentLine, BadLine> {
-    if line.len() <= LARGE_LINE {
-        return classify_agent_line(line);
-    }
-    let line = line.clone();
-    crate::sys::blocking(move || classify_agent_line(&line)).await
-}
-
-async fn read_loop(
-    inst: Arc<AcpInstance>,
-    stdout: ChildStdout,
-    handle: AgentHandle,
-    max_line: usize,
-) {
-    let mut reader = LineReader::new(stdout, max_line);
-    let mut exit: Option<ExitInfo> = None;
-    let mut drain_until = tokio::time::Instant::now();
-    let mut detail = String::new();
-    loop {
-        if !reader.has_line() {
-            // About to wait for the agent: let the subscribers have what this burst produced.
-            inst.events.wake();
-        }
-        tokio::select! {
-            biased;
-            line = reader.next_line() => match line {
-                Ok(Some(Line::Data(l))) => {
-                    let class = classify(&l).await;
-                    inst.on_line(l, class);
-                }
-                Ok(Some(Line::TooLong(prefix))) => inst.invalid_line(&prefix, "longer than the maximum line length"),
-                Ok(None) => break,
-                Err(e) => {
-                    detail = format!("cannot read the agent's stdout: {e}");
-                    break;
-                }
-            },
-            info = handle.wait(), if exit.is_none() => {
-                exit = Some(info);
-                // The agent is gone; what it wrote before is still in the pipe. Read on until
-                // EOF, but not forever: a grandchild that escaped may hold the pipe open.
-                drain_until = tokio::time::Instant::now() + Duration::from_millis(500);
-            }
-            _ = tokio::time::sleep_until(drain_until), if exit.is_some() => break,
-        }
-    }
-    let exit = match exit {
-        Some(e) => Some(e),
-        None => match tokio::time::timeout(Duration::from_secs(1), handle.wait()).await {
-            Ok(e) => Some(e),
-            Err(_) => {
-                // Stdout closed but the process lives on: it can never answer again.
-                if detail.is_empty() {
-                    detail = "the agent closed its stdout".to_string();
-                }
-                inst.finish(None, detail.clone());
-                handle.stop(inst.grace).await;
-                return;
-            }
-        },
-    };
-    if detail.is_empty() {
-        detail = describe_exit(exit.as_ref());
-    }
-    inst.finish(exit, detail);
-}
-
-fn describe_exit(exit: Option<&ExitInfo>) -> String {
-    match exit {
-        Some(ExitInfo {
-            code: Some(code), ..
-        }) => format!("the agent exited with code {code}"),
-        Some(ExitInfo {
-            signal: Some(sig), ..
-        }) => format!("the agent was killed by signal {sig}"),
-        _ => "the agent exited".to_string(),
-    }
-}
-
-enum Line {
-    Data(Bytes),
-    /// The first bytes of a line over the maximum (the rest was discarded unread).
-    TooLong(Bytes),
-}
-
-/// Splits a byte stream into lines without ever holding more than `max` bytes of one line.
-struct LineReader<R> {
-    inner: R,
-    buf: BytesMut,
-    max: usize,
-    /// Bytes of `buf` already searched for a newline.
-    scanned: usize,
-    /// Discarding the rest of an oversize line; holds its first bytes for the log.
-    skipping: Option<Bytes>,
-    /// A large line went through: `buf` may still share its big allocation, which would stay
-    /// with this reader for good; start a fresh buffer before the next read.
-    shrink: bool,
-}
-
-/// Lines at least this long make the reader start a fresh buffer afterwards.
-const SHRINK_AFTER: usize = 1 << 20;
-
-impl<R: AsyncRead + Unpin> LineReader<R> {
-    fn new(inner: R, max: usize) -> Self {
-        LineReader {
-            inner,
-            buf: BytesMut::with_capacity(64 * 1024),
-            max: max.max(1),
-            scanned: 0,
-            skipping: None,
-            shrink: false,
-        }
-    }
-
-    /// True when a complete line is already buffered (the next call will not wait).
-    fn has_line(&self) -> bool {
-        memchr::memchr(b'\n', &self.buf[self.scanned..]).is_some()
-    }
-
-    /// The next line (without its newline), or `None` at end of stream. Cancel-safe: all state
-    /// lives in `self`.
-    async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
-        loop {
-            if let Some(pos) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
-                let end = self.scanned + pos;
-                let mut line = self.buf.split_to(end + 1);
-                self.scanned = 0;
-                if let Some(prefix) = self.skipping.take() {
-                    return Ok(Some(Line::TooLong(prefix)));
-                }
-                line.truncate(end);
-                self.shrink |= end >= SHRINK_AFTER;
-                if line.len() > self.max {
-                    line.truncate(200);
-                    return Ok(Some(Line::TooLong(line.freeze())));
-                }
-                if line.last() == Some(&b'\r') {
-                    line.truncate(end - 1);
-                }
-                if line.is_empty() {
-                    continue;
-                }
-                return Ok(Some(Line::Data(sanitize(line))));
-            }
-            self.scanned = self.buf.len();
-            if self.buf.len() > self.max {
-                if self.skipping.is_none() {
-                    self.skipping =
-                        Some(Bytes::copy_from_slice(&self.buf[..self.buf.len().min(200)]));
-                }
-                self.buf.clear();
-                self.scanned = 0;
-                self.shrink = true;
-            }
-            if self.shrink && self.buf.len() <= 64 * 1024 {
-                let mut fresh = BytesMut::with_capacity(64 * 1024);
-                fresh.extend_from_slice(&self.buf);
-                self.buf = fresh;
-                self.shrink = false;
-                // The big line itself is freed once its POST or the event log is done with it.
-                super::caps::trim_soon();
-            }
-            if self.buf.capacity() - self.buf.len() < 4096 {
-                self.buf.reserve(64 * 1024);
-            }
-            let n = self.inner.read_buf(&mut self.buf).await?;
-            if n == 0 {
-                if let Some(prefix) = self.skipping.take() {
-                    self.buf.clear();
-                    return Ok(Some(Line::TooLong(prefix)));
-                }
-                if self.buf.is_empty() {
-                    return Ok(None);
-                }
-                // A last line without its newline still counts.
-                let line = self.buf.split();
-                self.scanned = 0;
-                return Ok(Some(Line::Data(sanitize(line))));
-            }
-        }
-    }
-}
-
-/// A CR inside a line can only be JSON whitespace, but SSE treats it as a line break: fold it.
-fn sanitize(mut line: BytesMut) -> Bytes {
-    if memchr::memchr(b'\r', &line).is_some() {
-        for b in line.iter_mut() {
-            if *b == b'\r' {
-                *b = b' ';
-            }
-        }
-    }
-    line.freeze()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn check(input: &[u8], max: usize, expected: &[&str]) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let mut r = LineReader::new(input, max);
-        let mut got = Vec::new();
-        rt.block_on(async {
-            while let Some(l) = r.next_line().await.unwrap() {
-                got.push(match l {
-                    Line::Data(b) => String::from_utf8_lossy(&b).into_owned(),
-                    Line::TooLong(_) => "<too long>".to_string(),
-                });
-            }
-        });
-        assert_eq!(got, expected);
-    }
 
     /// A DELETE that lands while the process is being started (it finds nothing to stop yet)
     /// must not leave that process running: the start sees the mark and kills it.
@@ -1088,7 +1075,7 @@ mod tests {
                         source: Arc::new(e),
                     })?;
                     // DELETE now: the process exists but is not published yet.
-                    assert!(deleting.detach().is_none());
+                    assert!(deleting.retire().is_none());
                     Ok(p)
                 },
                 1 << 20,
@@ -1106,14 +1093,26 @@ mod tests {
         );
     }
 
+    /// Where a short write leaves a batch of lines (lengths, bytes written): whole lines, and
+    /// the bytes of the cut line that went.
     #[test]
-    fn lines() {
-        check(b"{}\n{\"a\":1}\n", 100, &["{}", "{\"a\":1}"]);
-        check(b"{}\r\n\n{}", 100, &["{}", "{}"]);
-        check(b"{\"a\":\r1}\n", 100, &["{\"a\": 1}"]);
-        let long = format!("{{\"x\":\"{}\"}}\n{{}}\n", "y".repeat(300_000));
-        check(long.as_bytes(), 1000, &["<too long>", "{}"]);
-        check(b"0123456789\n{}\n", 5, &["<too long>", "{}"]);
-        check(b"0123456789", 5, &["<too long>"]);
+    fn short_write_split() {
+        let check = |lens: &[usize], n, expected| {
+            assert_eq!(
+                split_written(lens.iter().copied(), n),
+                expected,
+                "{lens:?} {n}"
+            )
+        };
+        check(&[3, 3], 0, (0, None));
+        check(&[3, 3], 2, (0, Some(2)));
+        // The line went but not its newline: an empty rest (its newline) must still follow.
+        check(&[3, 3], 3, (0, Some(3)));
+        check(&[3, 3], 4, (1, None));
+        check(&[3, 3], 5, (1, Some(1)));
+        check(&[3, 3], 7, (1, Some(3)));
+        check(&[3, 3], 8, (2, None));
+        check(&[0, 2], 1, (1, None));
+        check(&[0, 2], 2, (1, Some(1)));
     }
 }

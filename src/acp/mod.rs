@@ -10,6 +10,9 @@ pub mod frames;
 pub mod instance;
 pub mod jsonrpc;
 mod registry;
+mod stdout;
+#[cfg(test)]
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +27,7 @@ pub use connection::{Connection, ConnectionError, Connections, StreamReader};
 pub use events::{Batch, Next, Subscribe, Subscription};
 pub use instance::{AcpInstance, Delivered, Status};
 pub use jsonrpc::{Envelope, EnvelopeError, IdKey, Kind};
-pub use registry::{AcpService, ServerInfo};
+pub use registry::{AcpService, Retirement, ServerInfo};
 
 /// How an agent process ended, as POSTs that were waiting (and later ones) are told.
 #[derive(Debug, Clone)]

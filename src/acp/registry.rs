@@ -1,7 +1,10 @@
 //! serverId → instance, with lazy creation (the first POST names the agent; concurrent first
-//! POSTs share one instance and one process) and detaching (DELETE, shutdown). **Invariant:** a
-//! detached instance is never reachable again, and its stop runs on the service's `TaskTracker`,
-//! which `stop_all` closes (no instance is created after that) and waits for.
+//! POSTs share one instance and one process) and retirement. **Invariant:** every removal from
+//! the map goes through `AcpService::retire` (DELETE, a failed start, an idle or failed RFD
+//! connection, shutdown): a retired instance is never reachable again, its event log is closed
+//! (every subscriber gets its end), its stdin queue is dropped with its budget shares, and its
+//! process is stopped on the service's `TaskTracker`, which `stop_all` closes (no instance is
+//! created after that) and waits for.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +22,35 @@ use crate::agents::{AgentError, Agents};
 use crate::config::Config;
 use crate::supervisor::{AgentHandle, ExitReason, GroupScan, SpawnSpec, Supervisor};
 
+/// Why an instance leaves the registry: every removal names one (see `AcpService::retire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retirement {
+    /// `DELETE /v1/acp/{serverId}`, or the RFD transport's DELETE of its connection.
+    Deleted,
+    /// Its agent could not be prepared or started (the next first POST starts afresh).
+    StartFailed,
+    /// An RFD connection had no reader for `--acp-connection-idle`.
+    Idle,
+    /// An RFD connection whose setup failed after its instance was opened.
+    ConnectFailed,
+    /// The daemon stops (`stop_all`).
+    Shutdown,
+}
+
+impl Retirement {
+    fn as_str(self) -> &'static str {
+        match self {
+            Retirement::Deleted => "deleted",
+            Retirement::StartFailed => "start failed",
+            Retirement::Idle => "idle",
+            Retirement::ConnectFailed => "connection failed",
+            Retirement::Shutdown => "shutdown",
+        }
+    }
+}
+
+type Instances = BTreeMap<String, Arc<AcpInstance>>;
+
 /// The proxy: every live serverId and the stops still running.
 pub struct AcpService {
     deps: Deps,
@@ -29,8 +61,8 @@ pub struct AcpService {
     subscribers_total: Arc<Budget>,
     /// Request body bytes of ACP POSTs being received (`--acp-inflight-bytes`).
     inflight: Arc<Budget>,
-    instances: Mutex<BTreeMap<String, Arc<AcpInstance>>>,
-    /// Every agent stop (DELETE or shutdown). Closed by `stop_all` under the instances lock:
+    instances: Mutex<Instances>,
+    /// Every agent stop (every retirement of a started instance). Closed by `stop_all` under the instances lock:
     /// from then on no instance is created, and `wait` covers every stop spawned before.
     stops: TaskTracker,
 }
@@ -87,8 +119,8 @@ impl AcpService {
         }
     }
 
-    fn instances(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<AcpInstance>>> {
-        self.instances.lock().unwrap_or_else(|e| e.into_inner())
+    fn instances(&self) -> std::sync::MutexGuard<'_, Instances> {
+        crate::sys::lock(&self.instances)
     }
 
     fn get(&self, server_id: &str) -> Option<Arc<AcpInstance>> {
@@ -225,16 +257,14 @@ impl AcpService {
         let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
         let result = inst.ensure_started(prepare, spawn, max_line).await;
         if let Err(e) = &result {
-            tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
-                "cannot start the agent");
-            // A failed start leaves nothing behind: the next first POST tries again.
-            let mut map = self.instances();
-            if map
-                .get(&inst.server_id)
-                .is_some_and(|cur| Arc::ptr_eq(cur, inst))
-            {
-                map.remove(&inst.server_id);
+            if !inst.is_retired() {
+                tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
+                    "cannot start the agent");
             }
+            // A failed start leaves nothing behind (its subscribers get their end): the next
+            // first POST starts afresh.
+            let mut map = self.instances();
+            self.retire(&mut map, inst, Retirement::StartFailed, Duration::ZERO);
         }
         // "agent started" is logged once by the supervisor (with program, pid and cgroup).
         result
@@ -277,26 +307,50 @@ impl AcpService {
         }
     }
 
-    /// Detaches `server_id` (idempotent) and stops its agent in the background.
+    /// Retires `server_id` (idempotent: nothing when it does not exist) and stops its agent in
+    /// the background.
     pub fn delete(&self, server_id: &str) {
-        // The stop joins the tracker while the lock is held, so a `stop_all` that takes the lock
-        // next sees it (with several runtime workers the two can race).
+        self.retire_id(server_id, Retirement::Deleted);
+    }
+
+    /// Retires `server_id`, for `why`, if it exists.
+    pub fn retire_id(&self, server_id: &str, why: Retirement) {
         let mut map = self.instances();
-        if let Some(inst) = map.remove(server_id) {
-            tracing::info!(server_id, agent = %inst.agent, "ACP server deleted");
+        if let Some(inst) = map.get(server_id).cloned() {
             let grace = self.deps.config.agent_grace;
-            self.stop_detached(inst, grace);
+            self.retire(&mut map, &inst, why, grace);
         }
     }
 
-    /// Detaches `inst` and stops its agent on the tracker. Neither step waits, so it may run
-    /// under the instances lock.
-    fn stop_detached(&self, inst: Arc<AcpInstance>, grace: Duration) {
-        let handle = inst.detach();
-        // Its streams end now: nobody can reach this serverId any more.
-        inst.events.close();
-        let Some(handle) = handle else { return };
-        self.stops.spawn(stop_instance(inst, handle, grace));
+    /// The one way out of the map. Removes `inst` (if it is still the one under its serverId),
+    /// marks it retired — a start in progress then kills its process instead of publishing it,
+    /// and its writer drops what is queued for stdin —, closes its event log (every subscriber
+    /// gets its end, which gives its share of the subscriber budget back) and stops its process,
+    /// if one runs, on the tracker (TERM, `grace`, KILL). Nothing here waits, so it runs under
+    /// the instances lock: the stop joins the tracker while the lock is held, and a `stop_all`
+    /// that takes the lock next sees it.
+    ///
+    /// This is also the seam for what would keep an instance across the daemon's own life: an
+    /// in-place reload (re-exec) would take the instance out here under a new `Retirement`
+    /// without `AcpInstance::retire`'s stop, and hand its process, pipes and log over instead;
+    /// durable state would record each removal here, since nothing else removes one.
+    fn retire(
+        &self,
+        map: &mut Instances,
+        inst: &Arc<AcpInstance>,
+        why: Retirement,
+        grace: Duration,
+    ) {
+        if map
+            .get(&inst.server_id)
+            .is_some_and(|cur| Arc::ptr_eq(cur, inst))
+        {
+            map.remove(&inst.server_id);
+        }
+        let Some(handle) = inst.retire() else { return };
+        tracing::info!(server_id = %inst.server_id, agent = %inst.agent, reason = why.as_str(),
+            "ACP server retired");
+        self.stops.spawn(stop_instance(inst.clone(), handle, grace));
     }
 
     /// Every instance, sorted by serverId. The process figures come from procfs (a few files per
@@ -309,6 +363,12 @@ impl AcpService {
             all.iter().map(|i| info(i, &mut scan)).collect()
         })
         .await
+    }
+
+    /// The budget of SSE subscribers of every instance (`--max-subscribers-total`), which the
+    /// RFD transport's session outboxes share.
+    pub fn subscribers_budget(&self) -> &Arc<Budget> {
+        &self.subscribers_total
     }
 
     /// The budget of ACP request bodies being received; a POST reserves its bytes as they arrive.
@@ -335,8 +395,9 @@ impl AcpService {
             // Under the lock: a first POST either inserted before this or sees the tracker
             // closed and is refused.
             self.stops.close();
-            for (_, inst) in std::mem::take(&mut *map) {
-                self.stop_detached(inst, grace);
+            let all: Vec<Arc<AcpInstance>> = map.values().cloned().collect();
+            for inst in all {
+                self.retire(&mut map, &inst, Retirement::Shutdown, grace);
             }
         }
         if tokio::time::timeout_at(deadline, self.stops.wait())
@@ -366,19 +427,15 @@ async fn stop_instance(inst: Arc<AcpInstance>, handle: AgentHandle, grace: Durat
     // The supervisor logs the end once ("agent ended", with its reason and status).
     let _exit = handle.stop(grace).await;
     // The reader records the exit and fails whatever still waited.
-    inst.wait_ended().await;
+    inst.wait_for(|s| s.ended && s.exited).await;
 }
 
 fn info(i: &AcpInstance, scan: &mut GroupScan) -> ServerInfo {
-    let ended = i.ended();
-    // An agent that closed its stdout ended for the proxy before its process did; its exit is
-    // known once the stop that followed has finished.
-    let exit = ended
-        .as_ref()
-        .and_then(|e| e.exit.clone())
-        .or_else(|| i.handle().and_then(|h| h.exit()));
-    let status = i.status();
-    let stats = match (status, i.handle()) {
+    // Status and exit come from one reading of the instance's state, so they always agree.
+    let snap = i.snapshot();
+    let status = snap.status;
+    let exit = snap.exit;
+    let stats = match (status, &snap.handle) {
         (Status::Running, Some(h)) => Some(h.stats_in(scan)),
         _ => None,
     };
@@ -387,13 +444,13 @@ fn info(i: &AcpInstance, scan: &mut GroupScan) -> ServerInfo {
         agent: i.agent.clone(),
         created_at_ms: i.created_at_ms,
         status,
-        pid: i.handle().map(|h| h.pid()),
+        pid: snap.handle.as_ref().map(|h| h.pid()),
         exit_code: exit.as_ref().and_then(|e| e.code),
         signal: exit.as_ref().and_then(|e| e.signal),
         exit_reason: exit.as_ref().map(|e| e.reason),
         last_event_id: i.events.last_id(),
         subscribers: i.events.subscriber_count(),
-        pending_requests: i.pending_count(),
+        pending_requests: snap.pending_requests,
         invalid_stdout_lines: i.invalid_lines(),
         rss_bytes: stats.as_ref().map(|s| s.rss_bytes),
         cpu_ms: stats.as_ref().map(|s| s.cpu_ms),

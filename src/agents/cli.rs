@@ -271,7 +271,7 @@ impl Progress for TermProgress {
         if let Ok(mut s) = self.spinning.lock() {
             *s = None;
         }
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = crate::sys::lock(&self.last);
         let mib = done as f64 / (1024.0 * 1024.0);
         match total.filter(|t| *t > 0) {
             Some(total) => {

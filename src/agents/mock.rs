@@ -48,7 +48,7 @@ impl Mock {
     }
 
     fn send_raw(&self, line: &[u8]) {
-        let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = crate::sys::lock(&self.out);
         let mut out = std::io::stdout().lock();
         // A closed stdout means the client is gone; the read loop ends on stdin EOF soon after.
         let _ = out.write_all(line).and_then(|()| out.flush());
@@ -109,7 +109,7 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
         // A response from the client to one of our requests.
         _ => {
             if let Some(n) = id.as_ref().and_then(Value::as_u64)
-                && let Some(tx) = mock.waiting.lock().expect("waiting lock").remove(&n)
+                && let Some(tx) = crate::sys::lock(&mock.waiting).remove(&n)
             {
                 let _ = tx.send(Event::Response(Value::Object(msg)));
             }
@@ -119,7 +119,7 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
     let Some(id) = id else {
         if method == "session/cancel" {
             let session = params.get("sessionId").and_then(Value::as_str);
-            for run in mock.prompts.lock().expect("prompts lock").values() {
+            for run in crate::sys::lock(&mock.prompts).values() {
                 if session.is_none_or(|s| s == run.session) {
                     let _ = run.tx.send(Event::Cancel);
                 }
@@ -161,7 +161,7 @@ fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
     let text = prompt_text(params.get("prompt"));
     let token = mock.next_prompt.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::channel();
-    mock.prompts.lock().expect("prompts lock").insert(
+    crate::sys::lock(&mock.prompts).insert(
         token,
         Running {
             session: session.clone(),
@@ -173,11 +173,11 @@ fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
         .name("prompt".into())
         .spawn(move || {
             let stop = run_prompt(&m, &session, &text, &rx);
-            m.prompts.lock().expect("prompts lock").remove(&token);
+            crate::sys::lock(&m.prompts).remove(&token);
             m.result(&id, json!({"stopReason": stop}));
         });
     if let Err(e) = spawned {
-        mock.prompts.lock().expect("prompts lock").remove(&token);
+        crate::sys::lock(&mock.prompts).remove(&token);
         eprintln!("mock: cannot start a prompt thread: {e}");
     }
 }
@@ -227,7 +227,7 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
         "/crash" => {
             let code = arg.parse().unwrap_or(1);
             // Hold the output lock so no half-written line is left behind.
-            let _guard = mock.out.lock().unwrap_or_else(|e| e.into_inner());
+            let _guard = crate::sys::lock(&mock.out);
             std::process::exit(code);
         }
         "/stderr" => {
@@ -254,7 +254,7 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             for _ in 0..n {
                 match sleeper().spawn() {
                     Ok(child) => {
-                        mock.children.lock().expect("children lock").push(child);
+                        crate::sys::lock(&mock.children).push(child);
                         started += 1;
                     }
                     Err(e) => {
@@ -277,7 +277,7 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             for i in (0..block.len()).step_by(4096) {
                 block[i] = 1;
             }
-            mock.hoard.lock().expect("hoard lock").push(block);
+            crate::sys::lock(&mock.hoard).push(block);
             mock.chunk(session, &format!("allocated {mb} MiB"));
         }
         _ => mock.chunk(session, text),
@@ -289,7 +289,7 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
 fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str {
     let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     let (tx, answer) = mpsc::channel();
-    mock.waiting.lock().expect("waiting lock").insert(n, tx);
+    crate::sys::lock(&mock.waiting).insert(n, tx);
     mock.send(&json!({
         "jsonrpc": "2.0",
         "id": n,
@@ -312,7 +312,7 @@ fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str 
             Err(RecvTimeoutError::Timeout) => {}
         }
         if matches!(rx.try_recv(), Ok(Event::Cancel)) {
-            mock.waiting.lock().expect("waiting lock").remove(&n);
+            crate::sys::lock(&mock.waiting).remove(&n);
             return "cancelled";
         }
     };

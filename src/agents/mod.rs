@@ -435,7 +435,7 @@ impl Agents {
             });
         }
         let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut locks = crate::sys::lock(&self.locks);
             locks.entry(agent.to_string()).or_default().clone()
         };
         let _guard = lock.lock().await;

@@ -5,6 +5,7 @@
 pub mod init;
 pub mod serve;
 pub mod signals;
+mod state;
 pub mod systemd;
 
 use std::net::SocketAddr;
@@ -65,17 +66,18 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
     let listener = listen(&config, parent_init).await?;
     let addr = listener.local_addr().context("read the bound address")?;
 
+    let tasks = TaskTracker::new();
     let state = AppState::build(
         config.clone(),
         supervisor,
         root.child_token(),
         data_dir_problem,
+        tasks.clone(),
     )
     .await
     .map_err(|e| StartError::Config(format!("{e:#}")))?;
     let app = http::router(state.clone());
 
-    let tasks = TaskTracker::new();
     let limits = serve::Limits {
         header_read_timeout: config.header_read_timeout,
         idle_timeout: config.idle_timeout,

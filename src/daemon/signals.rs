@@ -2,40 +2,46 @@
 //! process at once (after killing every agent process group, so nothing is orphaned). SIGHUP is
 //! logged and ignored.
 
-use futures_util::StreamExt;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
-use signal_hook_tokio::Signals;
+use signal_hook::iterator::Signals;
 use tokio_util::sync::CancellationToken;
 
 /// Installs the handlers; the first stop signal cancels `root` (the root of the daemon's
 /// shutdown tree). `on_second` runs on a second stop signal, just before the process exits with
 /// 128 + signal.
+///
+/// The signals are read on a thread of their own, not as a task: the emergency stop must work
+/// when the runtime is wedged (a task that never yields, a blocked worker), which is exactly when
+/// an operator sends the second signal. Cancelling a token and logging never block.
 pub fn install(
     root: CancellationToken,
     on_second: impl Fn() + Send + 'static,
 ) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGQUIT, SIGHUP])?;
-    let token = root;
-    tokio::spawn(async move {
-        while let Some(sig) = signals.next().await {
-            if sig == SIGHUP {
-                tracing::info!("SIGHUP received; configuration is read only at start, ignoring");
-                continue;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if sig == SIGHUP {
+                    tracing::info!(
+                        "SIGHUP received; configuration is read only at start, ignoring"
+                    );
+                    continue;
+                }
+                let name = signal_name(sig);
+                if !root.is_cancelled() {
+                    tracing::info!(
+                        signal = name,
+                        "stop signal received; shutting down gracefully"
+                    );
+                    root.cancel();
+                } else {
+                    tracing::warn!(signal = name, "second stop signal; exiting now");
+                    on_second();
+                    std::process::exit(128 + sig);
+                }
             }
-            let name = signal_name(sig);
-            if !token.is_cancelled() {
-                tracing::info!(
-                    signal = name,
-                    "stop signal received; shutting down gracefully"
-                );
-                token.cancel();
-            } else {
-                tracing::warn!(signal = name, "second stop signal; exiting now");
-                on_second();
-                std::process::exit(128 + sig);
-            }
-        }
-    });
+        })?;
     Ok(())
 }
 

@@ -115,7 +115,7 @@ pub struct TransferGuard {
 impl Drop for TransferGuard {
     fn drop(&mut self) {
         if self.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            crate::acp::caps::trim_soon();
+            crate::sys::trim_soon();
         }
     }
 }

@@ -6,6 +6,8 @@ mod body;
 mod entries;
 mod path;
 mod read;
+#[cfg(test)]
+mod tests;
 mod upload;
 pub mod watch;
 mod write;

@@ -28,20 +28,8 @@ const TEMP_ATTEMPTS: usize = 16;
 
 /// A random hidden name: nobody can plant a file under the name we are about to use.
 pub(super) fn random_name(stem: &str) -> OsString {
-    let mut b = [0u8; 12];
-    if getrandom::getrandom(&mut b).is_err() {
-        // No entropy source: fall back to time and a counter; O_EXCL still protects us.
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        b[..8].copy_from_slice(&t.to_le_bytes());
-        b[8..].copy_from_slice(&(SEQ.fetch_add(1, Ordering::Relaxed) as u32).to_le_bytes());
-    }
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(".sandbox-agent-{stem}-{hex}").into()
+    // Should the entropy source fail, O_EXCL still protects us (see `sys::random_hex`).
+    format!(".sandbox-agent-{stem}-{}", crate::sys::random_hex::<12>()).into()
 }
 
 /// A temporary file this process created in `dir`, removed on drop unless `keep` was called.

@@ -415,16 +415,7 @@ async fn stream(
         st.config.keepalive,
         st.shutdown.clone(),
     ));
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // Proxies in front of the sandbox must not buffer the stream.
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
+    super::sse_response(body)
 }
 
 /// The frames of one subscription, a keepalive comment whenever `keepalive` passes without one,

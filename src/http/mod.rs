@@ -35,7 +35,7 @@ pub use error::Problem;
 /// increment. Cloning the services one by one cost a mutex round trip per request for the
 /// `CancellationToken` alone (measured in docs/performance.md).
 #[derive(Clone)]
-pub struct AppState(Arc<Services>);
+pub struct AppState(pub(crate) Arc<Services>);
 
 impl std::ops::Deref for AppState {
     type Target = Services;
@@ -58,58 +58,30 @@ pub struct Services {
     pub processes: Arc<crate::processes::ProcessService>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
     pub data_dir_problem: Option<String>,
+    /// The daemon's tracker of connection tasks: a WebSocket's task (spawned by the upgrade,
+    /// outside the connection's own task) holds a token of it, so the shutdown drain waits for
+    /// its close frame like for any request in flight.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
-impl AppState {
-    /// Builds every service from the config around the daemon's `supervisor` (made first, so
-    /// the signal handler can reach it). `shutdown` is this state's node of the daemon's
-    /// cancellation tree; each service gets a child of it. Fails on bad operator input (e.g.
-    /// the agents file).
-    pub async fn build(
-        config: Arc<Config>,
-        supervisor: Arc<crate::supervisor::Supervisor>,
-        shutdown: CancellationToken,
-        data_dir_problem: Option<String>,
-    ) -> anyhow::Result<Self> {
-        let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
-        let acp = Arc::new(crate::acp::AcpService::new(
-            config.clone(),
-            supervisor.clone(),
-            agents.clone(),
-            shutdown.child_token(),
-        ));
-        let connections = Arc::new(crate::acp::Connections::new(
-            acp.clone(),
-            agents.clone(),
-            &config,
-        ));
-        let files = Arc::new(crate::files::FileService::new(&config)?);
-        let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
-        let processes = Arc::new(crate::processes::ProcessService::new(
-            &config,
-            supervisor.clone(),
-            shutdown.child_token(),
-        ));
-        Ok(AppState(Arc::new(Services {
-            data_dir_problem,
-            config,
-            shutdown,
-            supervisor,
-            agents,
-            acp,
-            connections,
-            files,
-            config_store,
-            processes,
-        })))
-    }
-
-    /// Stops every agent (TERM, grace, KILL) before `deadline`.
-    pub async fn stop_all(&self, deadline: tokio::time::Instant) {
-        self.acp.stop_all(deadline).await;
-        // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
-        self.supervisor.stop_all(deadline).await;
-    }
+/// The response of every SSE route: `body` as `text/event-stream`, never cached, and marked so
+/// that proxies in front of the sandbox do not buffer the stream.
+pub(crate) fn sse_response(body: axum::body::Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-cache"),
+    );
+    h.insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    resp
 }
 
 /// Every route, each registered with its OpenAPI description (`routes!` of a handler carrying

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -574,15 +574,7 @@ async fn logs(
         st.config.keepalive,
         st.shutdown.clone(),
     ));
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(resp)
+    Ok(super::sse_response(body))
 }
 
 /// The follow stream: `event: log` frames with `id: <offset>`, an `event: gap` frame (no id) when
@@ -674,10 +666,15 @@ async fn terminal_ws(
     let max = (st.processes.max_input_bytes() as usize).saturating_mul(2) + 4096;
     let shutdown = st.shutdown.clone();
     let limit = st.processes.max_input_bytes();
+    // The socket's task is held in the daemon's drain (see `AppState::tasks`).
+    let drain = st.tasks.token();
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| terminal_session(socket, slot, limit, shutdown)))
+        .on_upgrade(move |socket| async move {
+            let _drain = drain;
+            terminal_session(socket, slot, limit, shutdown).await
+        }))
 }
 
 #[derive(serde::Deserialize)]

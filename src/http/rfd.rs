@@ -272,15 +272,7 @@ async fn open_stream(
         Err(e) => return Problem::from(e).into_response(),
     };
     let body = Body::from_stream(sse_frames(reader, st.config.keepalive, st.shutdown.clone()));
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
+    super::sse_response(body)
 }
 
 /// The WebSocket profile: a new connection per socket, announced in the 101's header.

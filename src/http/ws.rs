@@ -235,7 +235,9 @@ impl Upgrade {
         let budget = st.acp.inflight_budget().clone();
         let deadline = st.config.idle_timeout;
         let on_upgrade = self.on_upgrade;
-        tokio::spawn(async move {
+        // On the daemon's tracker (`AppState::tasks`): the shutdown drain waits for the socket's
+        // close frame like for any request in flight.
+        st.tasks.spawn(async move {
             let upgraded = match on_upgrade.await {
                 Ok(u) => u,
                 Err(e) => {

@@ -123,7 +123,7 @@ impl OutputLog {
             return;
         }
         {
-            let mut g = self.inner.lock().expect("log lock");
+            let mut g = crate::sys::lock(&self.inner);
             if g.closed {
                 return;
             }
@@ -156,22 +156,22 @@ impl OutputLog {
 
     /// No more output: followers finish once they have read everything.
     pub fn close(&self) {
-        self.inner.lock().expect("log lock").closed = true;
+        crate::sys::lock(&self.inner).closed = true;
         self.version.send_modify(|v| *v += 1);
     }
 
     pub fn is_closed(&self) -> bool {
-        self.inner.lock().expect("log lock").closed
+        crate::sys::lock(&self.inner).closed
     }
 
     /// Bytes held now (output plus per-chunk overhead).
     pub fn held(&self) -> u64 {
-        self.inner.lock().expect("log lock").held
+        crate::sys::lock(&self.inner).held
     }
 
     /// Offset after the last byte written so far.
     pub fn end(&self) -> u64 {
-        self.inner.lock().expect("log lock").end
+        crate::sys::lock(&self.inner).end
     }
 
     /// Wakes on every append and on close.
@@ -182,7 +182,7 @@ impl OutputLog {
     /// The chunks of `filter` after offset `since`, at most `max_bytes` of data (but at least one
     /// chunk when there is one), with the gap if part of `(since, …)` was dropped.
     pub fn read_after(&self, since: u64, filter: StreamFilter, max_bytes: usize) -> Read {
-        let g = self.inner.lock().expect("log lock");
+        let g = crate::sys::lock(&self.inner);
         let mut out = Read {
             cursor: since,
             ..Read::default()
@@ -218,7 +218,7 @@ impl OutputLog {
     /// The last `n` chunks of `filter` (after `since`), for `?tail=`; no gap is reported: the
     /// reader asked for the end, not for continuity.
     pub fn tail(&self, since: u64, filter: StreamFilter, n: usize) -> Vec<Chunk> {
-        let g = self.inner.lock().expect("log lock");
+        let g = crate::sys::lock(&self.inner);
         let mut out: Vec<Chunk> = g
             .chunks
             .iter()

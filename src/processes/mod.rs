@@ -12,6 +12,8 @@
 
 pub mod log;
 mod pty;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -411,7 +413,7 @@ impl ProcessService {
     }
 
     pub fn config(&self) -> ProcessConfig {
-        *self.settings.lock().expect("settings lock")
+        *crate::sys::lock(&self.settings)
     }
 
     /// Replaces the runtime settings: every value must be positive and within the hard
@@ -458,7 +460,7 @@ impl ProcessService {
             }
         }
         let new = clamp(new);
-        *self.settings.lock().expect("settings lock") = new;
+        *crate::sys::lock(&self.settings) = new;
         Ok(new)
     }
 
@@ -607,7 +609,7 @@ impl ProcessService {
         });
         reservation.keep();
         tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
-        let mut records = self.records.lock().expect("records lock");
+        let mut records = crate::sys::lock(&self.records);
         records.insert(n, process.clone());
         self.forget_oldest_exited(&mut records);
         Ok(process)
@@ -646,7 +648,7 @@ impl ProcessService {
 
     pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {
         let n = id.strip_prefix("proc_").and_then(|n| n.parse::<u64>().ok());
-        n.and_then(|n| self.records.lock().expect("records lock").get(&n).cloned())
+        n.and_then(|n| crate::sys::lock(&self.records).get(&n).cloned())
             .ok_or_else(|| ProcessError::NotFound { id: id.to_string() })
     }
 
@@ -659,7 +661,7 @@ impl ProcessService {
                 reason: "the process is still running; stop or kill it first",
             });
         }
-        let mut records = self.records.lock().expect("records lock");
+        let mut records = crate::sys::lock(&self.records);
         if let Some(n) = id.strip_prefix("proc_").and_then(|n| n.parse::<u64>().ok())
             && records.remove(&n).is_some()
         {

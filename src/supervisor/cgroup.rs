@@ -13,6 +13,7 @@ use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+pub use super::limits::Applied;
 use super::limits::Limits;
 use crate::config::AgentCgroups as Mode;
 
@@ -170,14 +171,6 @@ pub struct Cgroups {
 #[derive(Debug)]
 pub struct AgentCgroup {
     dirs: Vec<(PathBuf, Version, Vec<&'static str>)>,
-}
-
-/// Which limits took effect in an agent's cgroup.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Applied {
-    pub memory: bool,
-    pub pids: bool,
-    pub cpu: bool,
 }
 
 impl Cgroups {

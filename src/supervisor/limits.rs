@@ -9,7 +9,15 @@ use nix::unistd::{Gid, Uid, User};
 
 use crate::config::Config;
 
-use super::cgroup::Applied;
+/// Which limits took effect in an agent's cgroup (what `cgroup.rs` read back); the rest fall
+/// back to rlimits. Declared here, beside the limits, so that `cgroup.rs` depends on this module
+/// and not the other way round.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Applied {
+    pub memory: bool,
+    pub pids: bool,
+    pub cpu: bool,
+}
 
 /// The per-agent limits from the config (`None`: unlimited).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -249,7 +249,7 @@ impl AgentHandle {
     /// (reaping, what is left in the cgroup, the exit) follows in a task as for `kill`.
     pub fn kill_detached(&self) {
         let first = {
-            let mut phase = self.inner.phase.lock().unwrap_or_else(|e| e.into_inner());
+            let mut phase = crate::sys::lock(&self.inner.phase);
             let first = *phase == Phase::Running;
             if first {
                 *phase = Phase::Stopping;
@@ -266,7 +266,7 @@ impl AgentHandle {
 
     async fn end(&self, grace: Duration, term: bool) -> ExitInfo {
         let first = {
-            let mut phase = self.inner.phase.lock().expect("phase lock");
+            let mut phase = crate::sys::lock(&self.inner.phase);
             if *phase == Phase::Running {
                 *phase = Phase::Stopping;
                 true
@@ -328,7 +328,7 @@ impl HandleInner {
     }
 
     fn leader(&self) -> std::sync::MutexGuard<'_, Leader> {
-        self.leader.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.leader)
     }
 
     /// `killpg(sig)` if the top process is not reaped yet (see `Leader`); false when it is, and
@@ -491,7 +491,7 @@ impl HandleInner {
     /// Called by the reaper when the top process has ended.
     async fn on_top_exit(self: Arc<Self>, status: RawStatus) {
         let self_exit = {
-            let mut phase = self.phase.lock().expect("phase lock");
+            let mut phase = crate::sys::lock(&self.phase);
             if *phase == Phase::Running {
                 *phase = Phase::SelfExit;
                 true

@@ -80,7 +80,7 @@ pub async fn forward(
             Ok(n) => n,
         };
         let data = &chunk[..n];
-        tail.lock().unwrap_or_else(|e| e.into_inner()).push(data);
+        crate::sys::lock(&tail).push(data);
         let mut start = 0;
         for pos in memchr::memchr_iter(b'\n', data) {
             let piece = &data[start..pos];

@@ -800,7 +800,12 @@ async fn crash_is_answered_502_at_once_with_exit_details() {
         prompt(json!(3), &session, "/sleep 30000"),
     );
     let crash = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The crash must find the other request waiting.
+        eventually_async(SECS5, "the first request pending", || async {
+            let s = server_info(&d, "crash").await?;
+            (s["pendingRequests"] == 1).then_some(())
+        })
+        .await;
         let started = Instant::now();
         let a = post(&d, "/v1/acp/crash", prompt(json!(4), &session, "/crash 3")).await;
         (a, started.elapsed())

@@ -386,6 +386,41 @@ async fn ws_reader_that_stops_reading_is_cut_off_with_memory_bounded() {
     );
 }
 
+/// The shutdown drain waits for an open WebSocket: its client gets the close frame (1001)
+/// before the daemon exits, never a cut connection.
+#[tokio::test]
+async fn shutdown_sends_an_open_websocket_its_close_frame() {
+    let d = Daemon::start();
+    let mut ws = connect(&d, "/v1/acp/drain?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(1), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    until_response(&mut ws, &json!(1)).await;
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("the socket ends")
+        {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("the socket was cut without a close frame: {other:?}"),
+        }
+    };
+    let code = close.map(|f| u16::from(f.code));
+    assert_eq!(code, Some(1001));
+    // Reading on sends the close reply; then the daemon exits by itself (dropping `d` checks
+    // that it exited 0).
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_secs(20), ws.next()).await {}
+    let pid = d.pid();
+    eventually_async(Duration::from_secs(20), "the daemon to exit", || async {
+        (!support::pid_alive(pid)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn ws_upgrade_refusals_are_problems() {
     let d = daemon(&[]);
