@@ -986,7 +986,9 @@ export interface components {
             servers: components["schemas"]["ServerInfo"][];
         };
         /**
-         * @description `starting` until the process runs, `exited` once it is gone.
+         * @description What `GET /v1/acp` says of the process: `starting` until it runs, `exited` once its whole
+         *     tree is gone (or it never started), `running` in between — also while an agent that closed
+         *     its stdout is being stopped (it can no longer answer, but it still exists).
          * @enum {string}
          */
         ServerStatus: "starting" | "running" | "exited";
@@ -2166,7 +2168,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The body stalled (no bytes for longer than the transfer idle timeout); the connection is closed */
+            /** @description The body stalled (no bytes for longer than the transfer idle timeout) or arrived slower than the minimum rate (`minRate`, after the grace of the transfer timeout); the connection is closed */
             408: {
                 headers: {
                     [name: string]: unknown;
@@ -2576,7 +2578,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The body stalled (no bytes for longer than the transfer idle timeout); the connection is closed */
+            /** @description The body stalled (no bytes for longer than the transfer idle timeout) or arrived slower than the minimum rate (`minRate`, after the grace of the transfer timeout); the connection is closed */
             408: {
                 headers: {
                     [name: string]: unknown;
