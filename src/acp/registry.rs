@@ -348,7 +348,8 @@ impl AcpService {
             map.remove(&inst.server_id);
         }
         let Some(handle) = inst.retire() else { return };
-        tracing::info!(server_id = %inst.server_id, agent = %inst.agent, reason = why.as_str(),
+        // DEBUG: the stop it starts is logged once, as "agent ended" with the exit's reason.
+        tracing::debug!(server_id = %inst.server_id, agent = %inst.agent, cause = why.as_str(),
             "ACP server retired");
         self.stops.spawn(stop_instance(inst.clone(), handle, grace));
     }
