@@ -1,6 +1,6 @@
 //! Command-line surface (clap). Every daemon setting is a flag, an environment variable
 //! `SANDBOX_AGENT_<NAME>` and a key of the optional TOML file; this module only declares them,
-//! `config.rs` merges the three sources (flag > env > file > default) into one `Config`.
+//! `config/` merges the three sources (flag > env > file > default) into one `Config`.
 
 use std::path::PathBuf;
 

@@ -1,0 +1,148 @@
+//! Where the client commands find the daemon (`ClientTarget`).
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use super::ConfigErrors;
+use super::parse::*;
+use super::sources::*;
+
+/// Where the client commands (`sandbox-agent status`, `acp`, `fs`, …) find the daemon: read
+/// from the same flags, variables and config-file keys as the daemon's own address and token.
+#[derive(Clone)]
+pub struct ClientTarget {
+    /// `http://host:port` (or `--url`), without a trailing slash.
+    pub base_url: String,
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for ClientTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTarget")
+            .field("base_url", &self.base_url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl ClientTarget {
+    /// Precedence as for the daemon: flag > environment (both through clap) > config file >
+    /// default; `--url` wins over host and port, a token over a token file. Only the four keys
+    /// the client needs are read from the file: the rest belong to the daemon, which checks them.
+    pub fn load(args: &crate::cli::ClientArgs) -> Result<ClientTarget, ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut file = match &args.config {
+            Some(path) => FileValues::load(path, &mut errors),
+            None => FileValues::empty(),
+        };
+        let file_path = file.path.clone();
+        let file_host = file.take_string("host", &mut errors);
+        let file_port = file.take_string("port", &mut errors);
+        let file_token = file.take_string("token", &mut errors);
+        let file_token_file = file.take_string("token_file", &mut errors);
+
+        let base_url = match &args.url {
+            Some(url) => {
+                let url = url.trim().trim_end_matches('/');
+                if url.starts_with("http://") || url.starts_with("https://") {
+                    url.to_string()
+                } else {
+                    errors.push(format!(
+                        "--url (or SANDBOX_AGENT_URL): `{url}` is not an http:// or https:// URL"
+                    ));
+                    String::new()
+                }
+            }
+            None => {
+                let host = match (&args.host, file_host) {
+                    (Some(h), _) => h.clone(),
+                    (None, Some(h)) => h,
+                    (None, None) => "127.0.0.1".to_string(),
+                };
+                let port = match (args.port, file_port) {
+                    (Some(p), _) => p,
+                    (None, Some(raw)) => raw.parse::<u16>().unwrap_or_else(|_| {
+                        errors.push(format!(
+                            "{}: `{raw}` is not a port (0-65535)",
+                            origin("port", true, false, &file_path)
+                        ));
+                        0
+                    }),
+                    (None, None) => 2468,
+                };
+                if port == 0 && errors.is_empty() {
+                    errors.push(
+                        "port 0 means \"any free port\" to the daemon: pass the port it reported \
+                         (--port or SANDBOX_AGENT_PORT)"
+                            .to_string(),
+                    );
+                }
+                format!("http://{}:{port}", client_host(&host))
+            }
+        };
+
+        let token = match (&args.token, file_token) {
+            (Some(t), _) if t.is_empty() => {
+                errors.push("--token (or SANDBOX_AGENT_TOKEN): the token is empty".to_string());
+                None
+            }
+            (Some(t), _) => Some(t.clone()),
+            (None, Some(t)) if args.token_file.is_none() => Some(t),
+            _ => {
+                let path = args
+                    .token_file
+                    .clone()
+                    .or_else(|| file_token_file.map(PathBuf::from));
+                path.and_then(|path| match read_token_file(&path) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        errors.push(format!("--token-file {}: {e}", path.display()));
+                        None
+                    }
+                })
+            }
+        };
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        Ok(ClientTarget { base_url, token })
+    }
+}
+
+/// The host part of the daemon's URL: an unspecified address (what a daemon listening on every
+/// interface was given) is reached on loopback; IPv6 goes in brackets; a name stays a name.
+pub(super) fn client_host(host: &str) -> String {
+    let host = host.trim();
+    match host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
+        Ok(IpAddr::V4(v4)) if v4.is_unspecified() => "127.0.0.1".to_string(),
+        Ok(IpAddr::V6(v6)) if v6.is_unspecified() => "[::1]".to_string(),
+        Ok(IpAddr::V4(v4)) => v4.to_string(),
+        Ok(IpAddr::V6(v6)) => format!("[{v6}]"),
+        Err(_) => host.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_client_host(input: &str, expected: &str) {
+        assert_eq!(client_host(input), expected, "{input}");
+    }
+
+    #[test]
+    fn client_hosts() {
+        check_client_host("127.0.0.1", "127.0.0.1");
+        check_client_host("0.0.0.0", "127.0.0.1");
+        check_client_host("::", "[::1]");
+        check_client_host("[::]", "[::1]");
+        check_client_host("::1", "[::1]");
+        check_client_host("10.1.2.3", "10.1.2.3");
+        check_client_host("localhost", "localhost");
+    }
+}

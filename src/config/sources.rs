@@ -1,0 +1,250 @@
+//! Where a setting's value comes from: the TOML file (read key by key, so every bad key is
+//! reported), the environment variable of a flag, and the words used to name each in errors.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::cli::ServerArgs;
+
+/// Values from the TOML file, taken key by key so that every bad key is reported.
+pub(super) struct FileValues {
+    pub(super) map: BTreeMap<String, toml::Value>,
+    pub(super) path: PathBuf,
+}
+
+impl FileValues {
+    pub(super) fn empty() -> Self {
+        FileValues {
+            map: BTreeMap::new(),
+            path: PathBuf::new(),
+        }
+    }
+
+    pub(super) fn load(path: &Path, errors: &mut Vec<String>) -> Self {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!("cannot read config file {}: {e}", path.display()));
+                return Self::empty();
+            }
+        };
+        let table: toml::Table = match toml::from_str(&text) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!(
+                    "config file {} is not valid TOML: {e}",
+                    path.display()
+                ));
+                return Self::empty();
+            }
+        };
+        let map = table
+            .into_iter()
+            .map(|(k, v)| (k.replace('-', "_"), v))
+            .collect();
+        FileValues {
+            map,
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// A scalar rendered as the string the command line would have carried.
+    pub(super) fn take_string(&mut self, key: &str, errors: &mut Vec<String>) -> Option<String> {
+        let v = self.map.remove(key)?;
+        match v {
+            toml::Value::String(s) => Some(s),
+            toml::Value::Integer(i) => Some(i.to_string()),
+            toml::Value::Float(f) => Some(f.to_string()),
+            toml::Value::Boolean(b) => Some(b.to_string()),
+            other => {
+                errors.push(self.bad(
+                    key,
+                    &format!("expected a string or number, got {}", other.type_str()),
+                ));
+                None
+            }
+        }
+    }
+
+    pub(super) fn take_bool(&mut self, key: &str, errors: &mut Vec<String>) -> Option<bool> {
+        match self.map.remove(key)? {
+            toml::Value::Boolean(b) => Some(b),
+            other => {
+                errors.push(self.bad(
+                    key,
+                    &format!("expected true or false, got {}", other.type_str()),
+                ));
+                None
+            }
+        }
+    }
+
+    pub(super) fn take_list(&mut self, key: &str, errors: &mut Vec<String>) -> Option<Vec<String>> {
+        match self.map.remove(key)? {
+            toml::Value::String(s) => Some(s.split(',').map(str::to_owned).collect()),
+            toml::Value::Array(items) => {
+                let mut out = Vec::new();
+                for item in items {
+                    match item {
+                        toml::Value::String(s) => out.push(s),
+                        other => {
+                            errors.push(
+                                self.bad(
+                                    key,
+                                    &format!("expected strings, got {}", other.type_str()),
+                                ),
+                            );
+                            return None;
+                        }
+                    }
+                }
+                Some(out)
+            }
+            other => {
+                errors.push(self.bad(
+                    key,
+                    &format!("expected a list of strings, got {}", other.type_str()),
+                ));
+                None
+            }
+        }
+    }
+
+    pub(super) fn bad(&self, key: &str, why: &str) -> String {
+        format!("config file {}: key `{key}`: {why}", self.path.display())
+    }
+}
+
+/// The environment variable of a flag: `request-timeout` → `SANDBOX_AGENT_REQUEST_TIMEOUT`.
+pub fn env_name(flag: &str) -> String {
+    format!(
+        "SANDBOX_AGENT_{}",
+        flag.trim_start_matches('-')
+            .replace('-', "_")
+            .to_uppercase()
+    )
+}
+
+/// Where a value came from, for error messages: the file's key, the variable, or the flag.
+pub(super) fn origin(flag: &str, from_file: bool, from_env: bool, file: &Path) -> String {
+    if from_file {
+        format!(
+            "config file {}: key `{}`",
+            file.display(),
+            flag.replace('-', "_")
+        )
+    } else if from_env {
+        format!("environment variable {}", env_name(flag))
+    } else {
+        format!("--{flag}")
+    }
+}
+
+/// A clap error about a value that came from the environment, reworded to name the variable
+/// the user set (clap names the flag, which the user never typed). `None` when the value was
+/// on the command line or the error is of another kind.
+pub fn env_value_error(e: &clap::Error, argv: &[OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let arg = match e.get(ContextKind::InvalidArg)? {
+        ContextValue::String(s) => s.clone(),
+        _ => return None,
+    };
+    let value = match e.get(ContextKind::InvalidValue)? {
+        ContextValue::String(s) => s.clone(),
+        _ => return None,
+    };
+    // `--port <PORT>` → `port`
+    let flag = arg
+        .split_whitespace()
+        .next()?
+        .trim_start_matches('-')
+        .to_string();
+    let long = format!("--{flag}");
+    let on_command_line = argv.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == long || a.starts_with(&format!("{long}="))
+    });
+    if on_command_line {
+        return None;
+    }
+    let var = env_name(&flag);
+    let set = std::env::var_os(&var)?;
+    if set.to_string_lossy() != value {
+        return None;
+    }
+    let why = e
+        .to_string()
+        .lines()
+        .next()
+        .and_then(|l| l.rsplit_once(": ").map(|(_, why)| why.to_string()))
+        .unwrap_or_else(|| "invalid value".to_string());
+    Some(format!(
+        "environment variable {var}: `{value}` is not valid for --{flag}: {why}"
+    ))
+}
+
+/// The known key nearest to an unknown one (edit distance at most a third of its length).
+pub(super) fn nearest_key<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut cur = vec![i + 1; b.len() + 1];
+            for (j, cb) in b.iter().enumerate() {
+                let cost = usize::from(ca != *cb);
+                cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    }
+    let max = (unknown.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (distance(unknown, k), *k))
+        .filter(|(d, _)| *d <= max)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Every key the config file accepts: the server's long flags with `_` for `-`.
+pub(super) fn known_file_keys() -> Vec<String> {
+    use clap::Args;
+    let cmd = ServerArgs::augment_args(clap::Command::new("sandbox-agent"));
+    cmd.get_arguments()
+        .filter_map(|a| a.get_long())
+        .map(|l| l.replace('-', "_"))
+        .collect()
+}
+
+/// What to say about a key the file does not know.
+pub(super) fn unknown_key_message(key: &str, value: &toml::Value, file: &Path) -> String {
+    let base = format!("config file {}: unknown key `{key}`", file.display());
+    if value.is_table()
+        || (value.is_array()
+            && value
+                .as_array()
+                .is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty()))
+    {
+        if matches!(key, "agent" | "agents") {
+            return format!(
+                "{base}: agents are declared in their own file with `[[agent]]` tables, \
+                 passed with --agents-file (see docs/agents.md)"
+            );
+        }
+        return format!("{base}: the config file has no tables, only top-level keys");
+    }
+    let known = known_file_keys();
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    match nearest_key(key, &known) {
+        Some(k) => format!("{base}; did you mean `{k}`?"),
+        None => base,
+    }
+}
