@@ -281,17 +281,7 @@ async fn read_body(
         let due = rate_due.map_or(idle_due, |r| r.min(idle_due));
         let next = match tokio::time::timeout_at(due, chunks.next()).await {
             Ok(n) => n,
-            Err(_) if due < idle_due => {
-                return Err(Problem::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!(
-                        "the body arrived slower than the minimum of {min_rate} bytes per second \
-                         (--body-min-rate, after a grace of --idle-timeout)"
-                    ),
-                )
-                .with("minRate", min_rate)
-                .header(header::CONNECTION, "close"));
-            }
+            Err(_) if due < idle_due => return Err(super::body_rate::too_slow(min_rate)),
             Err(_) => {
                 return Err(Problem::new(
                     StatusCode::REQUEST_TIMEOUT,

@@ -4,6 +4,7 @@
 pub mod acp;
 pub mod agents;
 pub mod auth;
+mod body_rate;
 pub mod config;
 pub mod error;
 pub mod files;
@@ -238,6 +239,16 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
         guard::Decision::Go(pass) => {
             let mut resp = match auth::check_token(&state, &mut req) {
                 Some(refused) => refused,
+                None if body_rate::applies(&req, state.config.body_min_rate) => {
+                    let min_rate = state.config.body_min_rate;
+                    let (req, tripped) = body_rate::wrap(req, state.config.idle_timeout, min_rate);
+                    let resp = next.run(req).await;
+                    if tripped.is_set() {
+                        body_rate::too_slow(min_rate).into_response()
+                    } else {
+                        problem_safety_net(&state, resp).await
+                    }
+                }
                 None => problem_safety_net(&state, next.run(req).await).await,
             };
             guard::finish(pass, &mut resp);

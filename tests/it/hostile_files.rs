@@ -414,6 +414,83 @@ async fn a_trickled_acp_post_is_408_after_the_grace() {
     }
 }
 
+/// Issue 25, "bodies trickled forever", for every other body: the JSON bodies the routes read
+/// whole (a config entry, the RFD transport's POST, a process start, a file move) got no minimum
+/// rate, only the idle timeout. Past the grace of `--idle-timeout` each must average
+/// `--body-min-rate`: 408 with `minRate`; a slow body above the rate that lasts longer than the
+/// grace is still accepted (the negative control), and health stays fast meanwhile.
+#[tokio::test]
+async fn trickled_json_bodies_of_every_route_are_408_after_the_grace() {
+    let d = Daemon::builder()
+        .args(["--idle-timeout", "2s", "--body-min-rate", "1K"])
+        .start();
+    std::fs::create_dir_all(d.path("proj")).unwrap();
+    let heads = [
+        "PUT /v1/config/mcp?directory=proj&mcpName=x HTTP/1.1\r\nContent-Length: 515\r\nContent-Type: application/json",
+        "POST /v1/agents/mock/acp HTTP/1.1\r\nContent-Length: 515\r\nContent-Type: application/json\r\nAccept: application/json",
+        "POST /v1/processes HTTP/1.1\r\nContent-Length: 515\r\nContent-Type: application/json",
+        "POST /v1/fs/move HTTP/1.1\r\nContent-Length: 515\r\nContent-Type: application/json",
+    ];
+    let tricklers: Vec<_> = heads
+        .iter()
+        .map(|h| (h.to_string(), trickle(&d, h.to_string())))
+        .collect();
+    // The control: a config entry of about 6 KiB sent 600 bytes every 300 ms (2 KB/s, above the
+    // minimum) for about 3 s, longer than the grace.
+    let slow = {
+        let c = d.client();
+        let url = d.url("/v1/config/mcp?directory=proj&mcpName=slow");
+        let body = serde_json::to_vec(&json!({
+            "type": "local", "command": ["srv"], "env": {"PAD": "p".repeat(6000)}
+        }))
+        .unwrap();
+        tokio::spawn(async move {
+            let len = body.len();
+            let chunks: Vec<Vec<u8>> = body.chunks(600).map(<[u8]>::to_vec).collect();
+            let stream = futures_util::stream::unfold(chunks.into_iter(), |mut it| async move {
+                let next = it.next()?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Some((Ok::<_, std::io::Error>(next), it))
+            });
+            let r = c
+                .put(url)
+                .header("content-type", "application/json")
+                .header("content-length", len)
+                .body(reqwest::Body::wrap_stream(stream))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+    };
+    let latencies = health_latencies(&d, Duration::from_secs(2)).await;
+    check_p99("while 4 JSON bodies trickle", &latencies);
+    for (head, t) in tricklers {
+        let (line, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
+            .await
+            .unwrap();
+        assert!(line.contains(" 408 "), "{head}: {line:?} after {took:?}");
+        assert!(
+            took < Duration::from_secs(20),
+            "{head}: 408 only after {took:?}"
+        );
+    }
+    let (status, text) = slow.await.unwrap();
+    assert_eq!(status, 204, "the slow honest body: {text}");
+    // The problem names the rate.
+    let mut s = TcpStream::connect(&d.addr).unwrap();
+    s.write_all(
+        b"PUT /v1/config/mcp?directory=proj&mcpName=y HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\nContent-Type: application/json\r\n\r\n{",
+    )
+    .unwrap();
+    let mut got = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _ = s.read_to_string(&mut got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("\"minRate\":1024"), "{got}");
+    assert!(got.contains("application/problem+json"), "{got}");
+}
+
 /// Issue 25, "bodies trickled forever": a body sent a byte at a time, never silent for the
 /// transfer timeout, used to stay open as long as its client liked. Past the grace of
 /// `--transfer-timeout` a body must average `--body-min-rate`; a trickled PUT and upload-batch
