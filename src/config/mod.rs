@@ -84,6 +84,9 @@ pub struct Config {
     /// The daemon's environment at start-up, minus everything an agent must never see.
     pub agent_base_env: Vec<(OsString, OsString)>,
     pub systemd: SystemdEnv,
+    /// Debug builds only, for the emergency stop's test: after the first stop signal, every
+    /// runtime worker is blocked (`SANDBOX_AGENT_TEST_WEDGE_ON_STOP=1`). Always false in release.
+    pub test_wedge_on_stop: bool,
     pub agent_cgroups: AgentCgroups,
     // --- harden-edge ---
     /// Host names (lower case, maybe with `:port`) accepted besides loopback and `host`.
@@ -710,6 +713,8 @@ impl Config {
             watchdog_pid: string_var("WATCHDOG_PID"),
             journal_stream: string_var("JOURNAL_STREAM"),
         };
+        let test_wedge_on_stop = cfg!(debug_assertions)
+            && env_get("SANDBOX_AGENT_TEST_WEDGE_ON_STOP").is_some_and(|v| v == "1");
         let agent_base_env = env
             .into_iter()
             .filter(|(k, _)| {
@@ -752,6 +757,7 @@ impl Config {
             init,
             agent_base_env,
             systemd,
+            test_wedge_on_stop,
             agent_cgroups,
             allowed_hosts,
             allowed_origins,

@@ -99,6 +99,15 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
 
     root.cancelled().await;
     systemd::notify_stopping();
+    if config.test_wedge_on_stop {
+        // The emergency stop's test: no task runs from here on, so only the signal thread can
+        // end the daemon (a second stop signal).
+        tracing::warn!("test hook: wedging every runtime worker");
+        for _ in 0..config.worker_threads.max(1) {
+            tokio::spawn(async { std::thread::sleep(Duration::from_secs(3600)) });
+        }
+        std::thread::sleep(Duration::from_secs(3600));
+    }
     let deadline = Instant::now() + config.shutdown_grace;
     tracing::info!(grace = ?config.shutdown_grace, "stopping: no new connections, draining requests and agents");
 

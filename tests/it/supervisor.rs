@@ -538,6 +538,43 @@ async fn a_second_stop_signal_kills_every_agent_at_once() {
     });
 }
 
+/// The second stop signal is read on a thread of its own, so it ends the daemon and its agents
+/// even when no task can run any more: the test hook blocks every runtime worker after the first
+/// signal (the daemon then answers nothing, the control), and the second one still exits at once.
+#[tokio::test]
+async fn a_second_stop_signal_works_while_the_runtime_is_wedged() {
+    let mut d = Daemon::builder()
+        .args([
+            "--shutdown-grace",
+            "60s",
+            "--agent-grace",
+            "60s",
+            "--worker-threads",
+            "1",
+        ])
+        .env("SANDBOX_AGENT_TEST_WEDGE_ON_STOP", "1")
+        .start();
+    let pid = start_agent(&d, "wedged").await;
+    let (status, _) = prompt(&d, "wedged", 2, "/ignore-term").await;
+    assert_eq!(status, 200);
+    d.signal(Signal::SIGTERM);
+    d.wait_notify("STOPPING=1", Duration::from_secs(5));
+    // Wedged: a fresh connection is accepted by the kernel but never answered.
+    let probe = reqwest::Client::new()
+        .get(d.url("/v1/health"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(probe.is_err(), "the runtime still answers: {probe:?}");
+    assert!(pid_alive(pid));
+    d.signal(Signal::SIGTERM);
+    let code = d.stop(Duration::from_secs(10));
+    assert_eq!(code, 128 + 15, "stderr:\n{}", d.stderr());
+    eventually(Duration::from_secs(5), "agent killed", || {
+        (!pid_alive(pid)).then_some(())
+    });
+}
+
 /// A DELETE answers at once and stops its agent in the background. A stop signal that comes
 /// while that stop is still in its grace period waits for it: the daemon exits 0 only once the
 /// deleted agent's whole tree is gone and the stop has run its course (grace, then KILL, logged
