@@ -24,6 +24,7 @@ import {
   type ProblemDetails,
 } from "./errors.js";
 import { parseSse } from "./sse.js";
+import { AcpStreamBase, idKey } from "./stream-base.js";
 
 /** `data` of a `gap` event: the ids `from..=to` were evicted before this client read them. */
 export interface GapEvent {
@@ -92,14 +93,8 @@ export interface AcpStreamTransport {
 
 const FAILED_IDS_MAX = 1024;
 
-export class AcpHttpTransport implements AcpStreamTransport {
-  readonly readable: ReadableStream<AnyMessage>;
-  readonly writable: WritableStream<AnyMessage>;
-
-  private readonly url: string;
+export class AcpHttpTransport extends AcpStreamBase {
   private readonly opts: AcpHttpTransportOptions;
-  private readonly fetcher: typeof fetch;
-  private controller!: ReadableStreamDefaultController<AnyMessage>;
   private readonly inflight = new Set<Promise<void>>();
   /** Ids whose call already failed locally; a late answer for them on the stream is dropped. */
   private readonly failedIds = new Set<string>();
@@ -107,39 +102,12 @@ export class AcpHttpTransport implements AcpStreamTransport {
   private sseAbort: AbortController | null = null;
   private sseStarted = false;
   private bootstrapped = false;
-  private ended = false;
-  private closing: Promise<void> | null = null;
-  private lastId: number | null;
   private answeredId: number | null = null;
-  private readonly idWaiters = new Set<() => void>();
-  private endError: AcpHttpError | null = null;
-  private reconnectCount = 0;
 
   constructor(options: AcpHttpTransportOptions) {
+    if (!(options.fetch ?? globalThis.fetch)) throw new Error("no fetch implementation available; pass `fetch`");
+    super(options);
     this.opts = options;
-    const f = options.fetch ?? globalThis.fetch;
-    if (!f) throw new Error("no fetch implementation available; pass `fetch`");
-    this.fetcher = options.fetch ? options.fetch : (input, init) => globalThis.fetch(input, init);
-    const base = options.baseUrl.replace(/\/+$/, "");
-    const path = (options.path ?? "/v1/acp").replace(/\/+$/, "");
-    this.url = `${base}${path}/${encodeURIComponent(options.serverId)}`;
-    this.lastId = options.lastEventId ?? null;
-    this.readable = new ReadableStream<AnyMessage>({
-      start: (c) => {
-        this.controller = c;
-      },
-      cancel: () => this.close(),
-    });
-    this.writable = new WritableStream<AnyMessage>({
-      write: (message) => this.send(message),
-      close: () => this.close(),
-      abort: () => this.close(),
-    });
-  }
-
-  /** The id of the last event read from the stream (`null` before any). */
-  get lastEventId(): number | null {
-    return this.lastId;
   }
 
   /** See `AcpStreamTransport.answeredEventId`. */
@@ -147,69 +115,12 @@ export class AcpHttpTransport implements AcpStreamTransport {
     return this.answeredId;
   }
 
-  /** How many times the event stream was re-opened after it dropped. */
-  get reconnects(): number {
-    return this.reconnectCount;
-  }
-
-  /** True once the transport was closed or the server ended it. */
-  get isClosed(): boolean {
-    return this.ended || this.closing !== null;
-  }
-
-  /** Why the server ended the stream (the 410/404 problem), if it did. */
-  get endReason(): AcpHttpError | null {
-    return this.endError;
-  }
-
-  /**
-   * Resolves once the event with id `id` (or a later one) was read, the stream ended, or `timeoutMs`
-   * passed — whichever is first. Returns whether the id was reached.
-   */
-  waitForEventId(id: number, timeoutMs = 5000): Promise<boolean> {
-    if (this.reached(id)) return Promise.resolve(true);
-    if (this.ended) return Promise.resolve(false);
-    return new Promise((resolve) => {
-      const check = () => {
-        if (this.reached(id) || this.ended) {
-          clearTimeout(timer);
-          this.idWaiters.delete(check);
-          resolve(this.reached(id));
-        }
-      };
-      const timer = setTimeout(() => {
-        this.idWaiters.delete(check);
-        resolve(this.reached(id));
-      }, timeoutMs);
-      this.idWaiters.add(check);
-    });
-  }
-
-  /** Closes: stops the stream, fails calls in flight, and DELETEs the serverId (bounded wait). */
-  close(): Promise<void> {
-    if (!this.closing) this.closing = this.closeImpl(true);
-    return this.closing;
-  }
-
-  /**
-   * Closes this client only: the stream stops and calls in flight fail, but the serverId is not
-   * DELETEd, so its agent keeps running and another client may attach to it (with `lastEventId`).
-   */
-  detach(): Promise<void> {
-    if (!this.closing) this.closing = this.closeImpl(false);
-    return this.closing;
-  }
-
-  private reached(id: number): boolean {
-    return this.lastId !== null && this.lastId >= id;
-  }
-
-  private async closeImpl(deleteServer: boolean): Promise<void> {
+  protected async closeImpl(deleteServer: boolean): Promise<void> {
     this.sseAbort?.abort();
     this.postAbort.abort();
     if (this.bootstrapped && deleteServer) {
       try {
-        const res = await this.fetcher(this.url, {
+        const res = await this.fetcher(this.httpUrl, {
           method: "DELETE",
           headers: this.headers({}),
           signal: AbortSignal.timeout(this.opts.closeTimeoutMs ?? 2000),
@@ -229,7 +140,7 @@ export class AcpHttpTransport implements AcpStreamTransport {
     return h;
   }
 
-  private async send(message: AnyMessage): Promise<void> {
+  protected async send(message: AnyMessage): Promise<void> {
     if (this.isClosed) throw new AcpTransportClosedError();
     this.opts.onEnvelope?.(message, "outbound");
     const m = message as Record<string, unknown>;
@@ -246,7 +157,7 @@ export class AcpHttpTransport implements AcpStreamTransport {
   }
 
   private async post(message: AnyMessage, requestId: JsonRpcId | null): Promise<void> {
-    let url = this.url;
+    let url = this.httpUrl;
     if (!this.bootstrapped && this.opts.agent) url += `?agent=${encodeURIComponent(this.opts.agent)}`;
     let problem: ProblemDetails | null = null;
     try {
@@ -351,7 +262,7 @@ export class AcpHttpTransport implements AcpStreamTransport {
       };
       try {
         touch();
-        const res = await this.fetcher(this.url, { method: "GET", headers, signal: abort.signal });
+        const res = await this.fetcher(this.httpUrl, { method: "GET", headers, signal: abort.signal });
         if (!res.ok) {
           const problem = await problemFromResponse(res);
           if (res.status === 410 || res.status === 404) {
@@ -413,10 +324,6 @@ export class AcpHttpTransport implements AcpStreamTransport {
     else console.warn(`acp-http-client: events ${gap.from}..${gap.to} were lost (gap)`);
   }
 
-  private wakeIdWaiters() {
-    for (const w of [...this.idWaiters]) w();
-  }
-
   private async endAfterInflight() {
     // POSTs still waiting will each get their own answer (502 with the exit details) very soon;
     // closing the readable first would replace those with a generic "connection closed".
@@ -428,33 +335,10 @@ export class AcpHttpTransport implements AcpStreamTransport {
     this.finish();
   }
 
-  private fail(error: Error) {
-    if (this.ended) return;
-    this.ended = true;
-    this.opts.onError?.(error);
-    this.postAbort.abort();
-    try {
-      this.controller.error(error);
-    } catch {
-      // already closed
-    }
-    this.wakeIdWaiters();
+  protected override fail(error: Error) {
+    if (!this.ended) this.postAbort.abort();
+    super.fail(error);
   }
-
-  private finish() {
-    if (this.ended) return;
-    this.ended = true;
-    try {
-      this.controller.close();
-    } catch {
-      // already closed or errored
-    }
-    this.wakeIdWaiters();
-  }
-}
-
-function idKey(id: JsonRpcId): string {
-  return typeof id === "number" ? `n:${id}` : `s:${id}`;
 }
 
 /** Resolves after `ms`, or at once when `signal` aborts (internal; not in the package's index). */

@@ -21,7 +21,8 @@ import {
   problemFromResponse,
   type ProblemDetails,
 } from "./errors.js";
-import { sleep, type AcpHttpTransportOptions, type AcpStreamTransport, type GapEvent } from "./transport.js";
+import { AcpStreamBase, idKey } from "./stream-base.js";
+import { sleep, type AcpHttpTransportOptions, type GapEvent } from "./transport.js";
 
 /** What the transport needs of a WebSocket (the WHATWG interface; `ws` and undici fit). */
 export interface WebSocketLike {
@@ -47,95 +48,27 @@ export interface AcpWebSocketTransportOptions extends AcpHttpTransportOptions {
 const GAP_METHOD = "_sandboxagent/gap";
 const OPEN = 1;
 
-export class AcpWebSocketTransport implements AcpStreamTransport {
-  readonly readable: ReadableStream<AnyMessage>;
-  readonly writable: WritableStream<AnyMessage>;
-
+export class AcpWebSocketTransport extends AcpStreamBase {
   private readonly opts: AcpWebSocketTransportOptions;
   private readonly wsUrl: string;
-  private readonly httpUrl: string;
-  private readonly fetcher: typeof fetch;
-  private controller!: ReadableStreamDefaultController<AnyMessage>;
   private socket: WebSocketLike | null = null;
   private opened: Promise<void> | null = null;
   private everOpened = false;
-  private ended = false;
-  private closing: Promise<void> | null = null;
   private counter: number;
-  private lastId: number | null;
-  private reconnectCount = 0;
   private delay: number;
-  private endError: AcpHttpError | null = null;
-  private readonly idWaiters = new Set<() => void>();
   private readonly stopWaiting = new AbortController();
   /** Requests sent and not yet answered (by JSON-RPC id), to fail them if the agent ends. */
   private readonly pending = new Map<string, string | number>();
 
   constructor(options: AcpWebSocketTransportOptions) {
+    super(options);
     this.opts = options;
-    this.fetcher = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
-    const base = options.baseUrl.replace(/\/+$/, "");
-    const path = (options.path ?? "/v1/acp").replace(/\/+$/, "");
-    this.httpUrl = `${base}${path}/${encodeURIComponent(options.serverId)}`;
     this.wsUrl = this.httpUrl.replace(/^http/, "ws");
-    this.lastId = options.lastEventId ?? null;
     this.counter = this.lastId ?? 0;
     this.delay = options.reconnectInitialMs ?? 100;
-    this.readable = new ReadableStream<AnyMessage>({
-      start: (c) => {
-        this.controller = c;
-      },
-      cancel: () => this.close(),
-    });
-    this.writable = new WritableStream<AnyMessage>({
-      write: (m) => this.send(m),
-      close: () => this.close(),
-      abort: () => this.close(),
-    });
   }
 
-  get lastEventId(): number | null {
-    return this.lastId;
-  }
-  get reconnects(): number {
-    return this.reconnectCount;
-  }
-  get isClosed(): boolean {
-    return this.ended || this.closing !== null;
-  }
-  get endReason(): AcpHttpError | null {
-    return this.endError;
-  }
-
-  waitForEventId(id: number, timeoutMs = 5000): Promise<boolean> {
-    const reached = () => this.lastId !== null && this.lastId >= id;
-    if (reached()) return Promise.resolve(true);
-    if (this.ended) return Promise.resolve(false);
-    return new Promise((resolve) => {
-      const check = () => {
-        if (reached() || this.ended) done();
-      };
-      const timer = setTimeout(() => done(), timeoutMs);
-      const done = () => {
-        clearTimeout(timer);
-        this.idWaiters.delete(check);
-        resolve(reached());
-      };
-      this.idWaiters.add(check);
-    });
-  }
-
-  close(): Promise<void> {
-    if (!this.closing) this.closing = this.closeImpl(true);
-    return this.closing;
-  }
-
-  detach(): Promise<void> {
-    if (!this.closing) this.closing = this.closeImpl(false);
-    return this.closing;
-  }
-
-  private async closeImpl(deleteServer: boolean) {
+  protected async closeImpl(deleteServer: boolean) {
     this.stopWaiting.abort();
     const s = this.socket;
     this.socket = null;
@@ -165,7 +98,7 @@ export class AcpWebSocketTransport implements AcpStreamTransport {
     return h;
   }
 
-  private async send(message: AnyMessage): Promise<void> {
+  protected async send(message: AnyMessage): Promise<void> {
     if (this.isClosed) throw new AcpTransportClosedError();
     await this.ensureOpen();
     const s = this.socket;
@@ -316,7 +249,7 @@ export class AcpWebSocketTransport implements AcpStreamTransport {
         // reader gone
       }
     }
-    for (const w of [...this.idWaiters]) w();
+    this.wakeIdWaiters();
   }
 
   private onClose(code: number, reason: string) {
@@ -383,33 +316,6 @@ export class AcpWebSocketTransport implements AcpStreamTransport {
     }
     return problem;
   }
-
-  private fail(error: Error) {
-    if (this.ended) return;
-    this.ended = true;
-    this.opts.onError?.(error);
-    try {
-      this.controller.error(error);
-    } catch {
-      // already closed
-    }
-    for (const w of [...this.idWaiters]) w();
-  }
-
-  private finish() {
-    if (this.ended) return;
-    this.ended = true;
-    try {
-      this.controller.close();
-    } catch {
-      // already closed
-    }
-    for (const w of [...this.idWaiters]) w();
-  }
-}
-
-function idKey(id: string | number): string {
-  return typeof id === "number" ? `n:${id}` : `s:${id}`;
 }
 
 function defaultWebSocket(url: string, headers: Record<string, string>, token?: string): WebSocketLike {
