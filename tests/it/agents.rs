@@ -86,6 +86,7 @@ fn serve_one(
 }
 
 /// One entry of a test archive; paths are written raw so hostile names can be built.
+#[derive(Clone)]
 enum Item<'a> {
     File(&'a str, &'a [u8], u32),
     Symlink(&'a str, &'a str),
@@ -580,104 +581,59 @@ async fn hostile_archives_are_refused_and_leave_nothing() {
     let abs_name = abs_target.to_str().unwrap().to_string();
     let out_dir = outside.path().to_str().unwrap().to_string();
     let script = agent_script();
-    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+    let agent = || Item::File("pkg/bin/test-agent", &script, 0o755);
+    // Each hostile entry, beside a good agent binary, in every archive format that can hold it.
+    let hostile: Vec<(&str, &[&str], Item)> = vec![
         (
             "dotdot",
-            "tar.gz",
-            tar_gz(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::File("../../../../escaped", b"x", 0o644),
-            ]),
+            &["tar.gz", "zip", "tar.bz2"],
+            Item::File("../../../../escaped", b"x", 0o644),
         ),
         (
             "absolute",
-            "tar.gz",
-            tar_gz(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::File(&abs_name, b"x", 0o644),
-            ]),
-        ),
-        (
-            "symlinkout",
-            "tar.gz",
-            tar_gz(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::Symlink("pkg/out", &out_dir),
-                Item::File("pkg/out/through-link", b"x", 0o644),
-            ]),
+            &["tar.gz", "zip"],
+            Item::File(&abs_name, b"x", 0o644),
         ),
         (
             "symlinkup",
-            "tar.gz",
-            tar_gz(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::Symlink("pkg/up", "../../../../../etc"),
-            ]),
+            &["tar.gz", "zip"],
+            Item::Symlink("pkg/up", "../../../../../etc"),
         ),
         (
             "hardlink",
-            "tar.gz",
-            tar_gz(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::Hardlink("pkg/passwd", "/etc/passwd"),
-            ]),
+            &["tar.gz"],
+            Item::Hardlink("pkg/passwd", "/etc/passwd"),
         ),
-        (
-            "device",
-            "tar.gz",
-            tar_gz(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::CharDevice("pkg/null"),
-            ]),
-        ),
-        (
-            "zipdotdot",
-            "zip",
-            zip(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::File("../../../../escaped", b"x", 0o644),
-            ]),
-        ),
-        (
-            "zipabsolute",
-            "zip",
-            zip(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::File(&abs_name, b"x", 0o644),
-            ]),
-        ),
-        (
-            "zipsymlinkout",
-            "zip",
-            zip(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::Symlink("pkg/out", &out_dir),
-                Item::File("pkg/out/through-link", b"x", 0o644),
-            ]),
-        ),
-        (
-            "zipsymlinkup",
-            "zip",
-            zip(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::Symlink("pkg/up", "../../../../../etc"),
-            ]),
-        ),
-        (
-            // Declares 4 KiB, inflates to 64 MiB: cut at its declared size and refused.
-            "ziplies",
-            "zip",
-            lying_zip(&script, 4096, 64 << 20),
-        ),
-        (
-            "bz2dotdot",
-            "tar.bz2",
-            tar_bz2(&[
-                Item::File("pkg/bin/test-agent", &script, 0o755),
-                Item::File("../../../../escaped", b"x", 0o644),
-            ]),
-        ),
+        ("device", &["tar.gz"], Item::CharDevice("pkg/null")),
     ];
+    let prefix = |ext: &str| match ext {
+        "zip" => "zip",
+        "tar.bz2" => "bz2",
+        _ => "",
+    };
+    let pack = |ext: &str, items: &[Item]| match ext {
+        "zip" => zip(items),
+        "tar.bz2" => tar_bz2(items),
+        _ => tar_gz(items),
+    };
+    let mut cases: Vec<(String, &str, Vec<u8>)> = Vec::new();
+    for (name, exts, item) in hostile {
+        for ext in exts {
+            let items = [agent(), item.clone()];
+            cases.push((format!("{}{name}", prefix(ext)), ext, pack(ext, &items)));
+        }
+    }
+    // A symlink out of the tree, then a file written through it.
+    for ext in ["tar.gz", "zip"] {
+        let items = [
+            agent(),
+            Item::Symlink("pkg/out", &out_dir),
+            Item::File("pkg/out/through-link", b"x", 0o644),
+        ];
+        cases.push((format!("{}symlinkout", prefix(ext)), ext, pack(ext, &items)));
+    }
+    // Declares 4 KiB, inflates to 64 MiB: cut at its declared size and refused.
+    cases.push(("ziplies".into(), "zip", lying_zip(&script, 4096, 64 << 20)));
     let mut routes = Vec::new();
     let mut entries = Vec::new();
     let mut file_text = String::new();
