@@ -244,6 +244,39 @@ fn agents_file(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, p)
 }
 
+/// A registry that lists `test-acp` at `version`, its archive at `path` on `srv` (with `sha`, or
+/// no checksum), and an agents file declaring `testagent` from it. Keeps the registry's server and
+/// the file for as long as it lives.
+struct TestRegistry {
+    regsrv: FileServer,
+    _dir: tempfile::TempDir,
+    file: PathBuf,
+}
+
+impl TestRegistry {
+    fn new(srv: &FileServer, path: &str, version: &str, sha: Option<&str>) -> Self {
+        let reg = registry_json(vec![registry_entry(
+            "test-acp",
+            version,
+            &srv.url(path),
+            sha,
+        )]);
+        let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
+        let (_dir, file) =
+            agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
+        TestRegistry { regsrv, _dir, file }
+    }
+
+    /// A daemon started with this agents file and registry.
+    fn daemon(&self) -> crate::support::DaemonBuilder {
+        Daemon::builder()
+            .arg("--agents-file")
+            .arg(&self.file)
+            .arg("--acp-registry-url")
+            .arg(self.regsrv.url("/registry.json"))
+    }
+}
+
 /// Every regular file or link below `dir` (none if it does not exist).
 fn files_below(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -324,20 +357,8 @@ async fn registry_install_is_verified_recorded_and_runs() {
         archive.clone(),
         Duration::ZERO,
     )]);
-    let reg = registry_json(vec![registry_entry(
-        "test-acp",
-        "1.2.3",
-        &srv.url("/a/test-agent.tar.gz"),
-        Some(&sha),
-    )]);
-    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
-    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .start();
+    let reg = TestRegistry::new(&srv, "/a/test-agent.tar.gz", "1.2.3", Some(&sha));
+    let d = reg.daemon().start();
 
     let (s, before) = get_json(&d, "/v1/agents/testagent").await;
     assert_eq!(s, 200, "{before}");
@@ -412,20 +433,8 @@ async fn first_acp_post_installs_lazily() {
     let archive = good_archive();
     let sha = sha256_hex(&archive);
     let srv = FileServer::start(vec![("/a.tar.gz".into(), archive, Duration::ZERO)]);
-    let reg = registry_json(vec![registry_entry(
-        "test-acp",
-        "3.0.0",
-        &srv.url("/a.tar.gz"),
-        Some(&sha),
-    )]);
-    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
-    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .start();
+    let reg = TestRegistry::new(&srv, "/a.tar.gz", "3.0.0", Some(&sha));
+    let d = reg.daemon().start();
     let (s, init) = acp_post(&d, "lazy", Some("testagent"), initialize(7)).await;
     assert_eq!(s, 200, "{init}");
     assert_eq!(init["id"], 7);
@@ -548,20 +557,8 @@ async fn wrong_sha256_is_refused_and_leaves_nothing() {
     let archive = good_archive();
     let srv = FileServer::start(vec![("/a.tar.gz".into(), archive, Duration::ZERO)]);
     let wrong = "0".repeat(64);
-    let reg = registry_json(vec![registry_entry(
-        "test-acp",
-        "1.0.0",
-        &srv.url("/a.tar.gz"),
-        Some(&wrong),
-    )]);
-    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
-    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .start();
+    let reg = TestRegistry::new(&srv, "/a.tar.gz", "1.0.0", Some(&wrong));
+    let d = reg.daemon().start();
     let (s, body) = post_install(&d, "testagent", json!({})).await;
     assert_eq!(s, 502, "{body}");
     assert_eq!(body["title"], "Agent Install Failed");
@@ -746,20 +743,8 @@ async fn concurrent_installs_download_once() {
         archive,
         Duration::from_millis(800),
     )]);
-    let reg = registry_json(vec![registry_entry(
-        "test-acp",
-        "2.0.0",
-        &srv.url("/slow.tar.gz"),
-        Some(&sha),
-    )]);
-    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
-    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .start();
+    let reg = TestRegistry::new(&srv, "/slow.tar.gz", "2.0.0", Some(&sha));
+    let d = reg.daemon().start();
     let (a, b) = tokio::join!(
         post_install(&d, "testagent", json!({})),
         post_install(&d, "testagent", json!({}))
@@ -780,9 +765,9 @@ async fn concurrent_installs_download_once() {
             .args(["agents", "install", "testagent", "--data-dir"])
             .arg(data.path())
             .arg("--agents-file")
-            .arg(&file)
+            .arg(&reg.file)
             .arg("--acp-registry-url")
-            .arg(regsrv.url("/registry.json"))
+            .arg(reg.regsrv.url("/registry.json"))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -807,21 +792,8 @@ async fn require_preinstall_refuses_run_time_installs_and_the_cli_installs() {
     let archive = good_archive();
     let sha = sha256_hex(&archive);
     let srv = FileServer::start(vec![("/a.tar.gz".into(), archive, Duration::ZERO)]);
-    let reg = registry_json(vec![registry_entry(
-        "test-acp",
-        "1.0.0",
-        &srv.url("/a.tar.gz"),
-        Some(&sha),
-    )]);
-    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
-    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .arg("--require-preinstall")
-        .start();
+    let reg = TestRegistry::new(&srv, "/a.tar.gz", "1.0.0", Some(&sha));
+    let d = reg.daemon().arg("--require-preinstall").start();
     let (s, body) = post_install(&d, "testagent", json!({})).await;
     assert_eq!(s, 409, "{body}");
     assert_eq!(
@@ -850,9 +822,9 @@ async fn require_preinstall_refuses_run_time_installs_and_the_cli_installs() {
         .args(["agents", "install", "testagent", "--data-dir"])
         .arg(d.data_dir())
         .arg("--agents-file")
-        .arg(&file)
+        .arg(&reg.file)
         .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
+        .arg(reg.regsrv.url("/registry.json"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -880,7 +852,7 @@ async fn require_preinstall_refuses_run_time_installs_and_the_cli_installs() {
         .args(["agents", "list", "--json", "--data-dir"])
         .arg(d.data_dir())
         .arg("--agents-file")
-        .arg(&file)
+        .arg(&reg.file)
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -1223,22 +1195,9 @@ async fn binaries_without_a_sha256_install_unverified_or_are_refused_with_requir
         archive.clone(),
         Duration::ZERO,
     )]);
-    let reg = registry_json(vec![registry_entry(
-        "test-acp",
-        "1.0.0",
-        &srv.url("/a/test-agent.tar.gz"),
-        None,
-    )]);
-    let regsrv = FileServer::start(vec![("/registry.json".into(), reg, Duration::ZERO)]);
-    let (_g, file) = agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
+    let reg = TestRegistry::new(&srv, "/a/test-agent.tar.gz", "1.0.0", None);
     // With --require-checksums: refused before anything is downloaded.
-    let strict = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .arg("--require-checksums")
-        .start();
+    let strict = reg.daemon().arg("--require-checksums").start();
     let (s, body) = post_install(&strict, "testagent", json!({})).await;
     assert_eq!(s, 502, "{body}");
     let detail = body["detail"].as_str().unwrap();
@@ -1246,12 +1205,7 @@ async fn binaries_without_a_sha256_install_unverified_or_are_refused_with_requir
     assert_eq!(srv.hits("/a/test-agent.tar.gz"), 0);
     assert!(files_below(&strict.data_dir().join("agents/testagent")).is_empty());
     // Without it: installed, logged and shown as unverified.
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(regsrv.url("/registry.json"))
-        .start();
+    let d = reg.daemon().start();
     let (s, body) = post_install(&d, "testagent", json!({})).await;
     assert_eq!(s, 200, "{body}");
     assert_eq!(body["artifacts"][0]["verified"], false, "{body}");
