@@ -95,6 +95,8 @@ pub struct AgentStatus {
 }
 
 pub struct Agents {
+    /// The HOME agents get (see `with_agent_home`).
+    home: Option<PathBuf>,
     config: Arc<Config>,
     catalog: Catalog,
     /// One lock per agent id: concurrent installs of one agent wait for the first.
@@ -109,8 +111,14 @@ const MOCK: &str = "mock";
 impl Agents {
     pub fn new(config: Arc<Config>) -> anyhow::Result<Self> {
         let catalog = Catalog::load(config.agents_file.as_deref())?;
+        let home = config
+            .agent_base_env
+            .iter()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| PathBuf::from(v));
         Ok(Agents {
             config,
+            home,
             catalog,
             locks: Mutex::new(HashMap::new()),
             client: std::sync::OnceLock::new(),
@@ -160,11 +168,14 @@ impl Agents {
     }
 
     fn home(&self) -> Option<PathBuf> {
-        self.config
-            .agent_base_env
-            .iter()
-            .find(|(k, _)| k == "HOME")
-            .map(|(_, v)| PathBuf::from(v))
+        self.home.clone()
+    }
+
+    /// The HOME agents are started with, as the supervisor decided it (an `--agent-user` gets
+    /// its own, not the daemon's): where their credentials files are looked for.
+    pub fn with_agent_home(mut self, home: Option<PathBuf>) -> Self {
+        self.home = home;
+        self
     }
 
     /// The status of one agent; `None` if unknown.

@@ -21,7 +21,9 @@ impl AppState {
         data_dir_problem: Option<String>,
         tasks: tokio_util::task::TaskTracker,
     ) -> anyhow::Result<Self> {
-        let agents = Arc::new(crate::agents::Agents::new(config.clone())?);
+        let agents = Arc::new(
+            crate::agents::Agents::new(config.clone())?.with_agent_home(supervisor.agent_home()),
+        );
         let acp = Arc::new(crate::acp::AcpService::new(
             config.clone(),
             supervisor.clone(),

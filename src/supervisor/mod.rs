@@ -753,6 +753,16 @@ impl Supervisor {
         let _ = tokio::task::spawn_blocking(move || cgroups.remove_own()).await;
     }
 
+    /// The HOME agents are started with (the last one of their base environment wins, as in
+    /// the spawn): the agent user's own under `--agent-user`, `--agent-env HOME=…` over all.
+    pub fn agent_home(&self) -> Option<std::path::PathBuf> {
+        self.base_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| std::path::PathBuf::from(v))
+    }
+
     /// Kills every live agent process group and everything in the daemon's agent cgroups at
     /// once, without waiting for anything (a second stop signal: the process exits next).
     pub fn emergency_kill_all(&self) {

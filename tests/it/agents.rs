@@ -1264,3 +1264,55 @@ async fn hostile_registry_documents_fail_cleanly() {
     let detail = body["detail"].as_str().unwrap();
     assert!(detail.contains("registry limit"), "{detail}");
 }
+
+/// Under `--agent-user` an agent gets its own HOME, so that is where its credentials files are
+/// looked for: a file under the daemon's HOME (root's) is not one the agent will find, and one
+/// under the agent user's HOME is.
+#[tokio::test]
+async fn credentials_files_are_looked_for_under_the_agent_users_home() {
+    if !crate::support::is_root() {
+        crate::support::skip("needs root to switch the agent user");
+        return;
+    }
+    let daemon_home = tempfile::tempdir().unwrap();
+    let creds = ".gemini/oauth_creds.json";
+    let put = |home: &Path| {
+        let f = home.join(creds);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(&f, b"{}").unwrap();
+    };
+    put(daemon_home.path());
+    let d = Daemon::builder()
+        .any_user_bin()
+        .args(["--agent-user", "nobody"])
+        .env("HOME", daemon_home.path())
+        .env("GEMINI_API_KEY", "")
+        .env("GOOGLE_API_KEY", "")
+        .env("GOOGLE_APPLICATION_CREDENTIALS", "")
+        .start();
+    let available = || async {
+        let (s, st) = get_json(&d, "/v1/agents/gemini").await;
+        assert_eq!(s, 200, "{st}");
+        st["credentialsAvailable"].as_bool().unwrap()
+    };
+    assert!(
+        !available().await,
+        "a file under the daemon's HOME counted for an agent that runs as nobody"
+    );
+    // nobody's home from the user database is not a directory it owns here, so it gets one
+    // under the data dir; either way, the one the daemon made for it.
+    let entry = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let home = if std::fs::metadata(&entry.dir).is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.is_dir() && m.uid() == entry.uid.as_raw()
+    }) {
+        entry.dir
+    } else {
+        d.data_dir()
+            .join("home")
+            .join(entry.uid.as_raw().to_string())
+    };
+    assert!(home.is_dir(), "{}", home.display());
+    put(&home);
+    assert!(available().await);
+}
