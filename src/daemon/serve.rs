@@ -361,7 +361,7 @@ async fn handle(
     let (guard, hold) = if req.method() == axum::http::Method::CONNECT
         && req.version() == axum::http::Version::HTTP_2
     {
-        let hold = crate::http::ws::StreamHold::new(guard);
+        let hold = StreamHold::new(guard);
         req.extensions_mut().insert(hold.clone());
         (None, Some(hold))
     } else {
@@ -373,7 +373,7 @@ async fn handle(
         Ok(Err(never)) => match never {},
         Err(_panic) => internal_error(),
     };
-    crate::http::drop_connect_from_allow(&mut resp);
+    drop_connect_from_allow(&mut resp);
     // Until the response is done, the request holds the guard in either case.
     Ok(resp.map(|body| {
         Body::new(GuardedBody {
@@ -523,7 +523,7 @@ impl Drop for InFlight {
 struct GuardedBody {
     inner: Body,
     _guard: Option<InFlight>,
-    _hold: Option<crate::http::ws::StreamHold>,
+    _hold: Option<StreamHold>,
 }
 
 impl http_body::Body for GuardedBody {
@@ -675,6 +675,44 @@ impl Burst {
             last(self.count);
             self.count = 0;
         }
+    }
+}
+
+/// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket : the request carries it, the socket task holds a clone until it ends.
+#[derive(Clone)]
+pub struct StreamHold {
+    _guard: Arc<dyn Send + Sync>,
+}
+
+impl StreamHold {
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        StreamHold {
+            _guard: Arc::new(guard),
+        }
+    }
+}
+
+/// The WebSocket routes accept CONNECT for the HTTP/2 extended CONNECT of RFC 8441 (its
+/// `:protocol` pseudo-header makes it a request to the path); as a plain method, which is what
+/// `Allow` lists, CONNECT is no method of any resource here (in HTTP/1.1 it names a proxy
+/// target), and OpenAPI cannot describe it, so `Allow` leaves it out. Called by the connection's
+/// service (`handle`): axum adds `Allow` outside every layer, to whatever the method
+/// fallback answered (a 405, or the edge's 401/403 on an unmatched method).
+fn drop_connect_from_allow(resp: &mut Response) {
+    let Some(allow) = resp.headers().get(axum::http::header::ALLOW) else {
+        return;
+    };
+    let Ok(text) = allow.to_str() else { return };
+    if !text.split(',').any(|m| m.trim() == "CONNECT") {
+        return;
+    }
+    let kept: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|m| *m != "CONNECT")
+        .collect();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&kept.join(",")) {
+        resp.headers_mut().insert(axum::http::header::ALLOW, v);
     }
 }
 

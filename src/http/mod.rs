@@ -197,30 +197,6 @@ async fn method_not_allowed(req: Request) -> Problem {
     )
 }
 
-/// The WebSocket routes accept CONNECT for the HTTP/2 extended CONNECT of RFC 8441 (its
-/// `:protocol` pseudo-header makes it a request to the path); as a plain method, which is what
-/// `Allow` lists, CONNECT is no method of any resource here (in HTTP/1.1 it names a proxy
-/// target), and OpenAPI cannot describe it, so `Allow` leaves it out. Called by the connection's
-/// service (`daemon/serve.rs`): axum adds `Allow` outside every layer, to whatever the method
-/// fallback answered (a 405, or the edge's 401/403 on an unmatched method).
-pub fn drop_connect_from_allow(resp: &mut Response) {
-    let Some(allow) = resp.headers().get(header::ALLOW) else {
-        return;
-    };
-    let Ok(text) = allow.to_str() else { return };
-    if !text.split(',').any(|m| m.trim() == "CONNECT") {
-        return;
-    }
-    let kept: Vec<&str> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|m| *m != "CONNECT")
-        .collect();
-    if let Ok(v) = header::HeaderValue::from_str(&kept.join(",")) {
-        resp.headers_mut().insert(header::ALLOW, v);
-    }
-}
-
 /// What every request goes through, outermost first: the request log, the browser guard (Host,
 /// Origin, Content-Type: `guard.rs`), the bearer token, the problem+json safety net. One middleware rather than three layers, because each
 /// `from_fn_with_state` layer clones `AppState` and its inner service on every request.

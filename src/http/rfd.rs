@@ -240,7 +240,7 @@ async fn open_stream(
     Path(agent): Path<String>,
     method: axum::http::Method,
     headers: HeaderMap,
-    hold: Option<axum::Extension<super::ws::StreamHold>>,
+    hold: Option<axum::Extension<crate::daemon::serve::StreamHold>>,
     upgrade: Result<Upgrade, UpgradeRejection>,
 ) -> Response {
     if wants_upgrade(&method, &headers) {
@@ -280,7 +280,7 @@ fn open_socket(
     st: AppState,
     agent: String,
     upgrade: Result<Upgrade, UpgradeRejection>,
-    hold: Option<super::ws::StreamHold>,
+    hold: Option<crate::daemon::serve::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,

@@ -99,7 +99,7 @@ pub async fn acp_socket(
     server_id: String,
     uri: Uri,
     upgrade: Result<Upgrade, UpgradeRejection>,
-    hold: Option<StreamHold>,
+    hold: Option<crate::daemon::serve::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,
@@ -503,21 +503,6 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
     }
 }
 
-/// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket (see
-/// `daemon::serve`): the request carries it, the socket task holds a clone until it ends.
-#[derive(Clone)]
-pub struct StreamHold {
-    _guard: Arc<dyn Send + Sync>,
-}
-
-impl StreamHold {
-    pub fn new(guard: impl Send + Sync + 'static) -> Self {
-        StreamHold {
-            _guard: Arc::new(guard),
-        }
-    }
-}
-
 /// What one socket serves.
 pub struct SocketPlan {
     pub server_id: String,
@@ -530,7 +515,7 @@ pub struct SocketPlan {
     /// The RFD connection this socket is the reader of (its idle clock stops while it is open).
     pub connection: Option<(Arc<Connection>, ReaderGuard)>,
     /// Over HTTP/2: its connection's in-flight mark, held until the socket ends.
-    pub hold: Option<StreamHold>,
+    pub hold: Option<crate::daemon::serve::StreamHold>,
 }
 
 /// Why the daemon closes a socket.
