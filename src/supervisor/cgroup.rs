@@ -21,7 +21,7 @@ use crate::config::AgentCgroups as Mode;
 pub const SUBTREE: &str = "sandbox-agent";
 
 /// The controllers we set limits with.
-const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
+pub(super) const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
@@ -403,6 +403,59 @@ impl Cgroups {
         }
     }
 
+    /// The hand-off state of the daemon's own directories; `keep` receives a duplicate of each
+    /// flock's descriptor, which holds the lock across the exec.
+    pub fn handoff_state(
+        &self,
+        keep: &mut Vec<std::os::fd::OwnedFd>,
+    ) -> io::Result<super::adopt::CgroupsState> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut dirs = Vec::new();
+        for h in &self.hierarchies {
+            let dup = h._lock.as_fd().try_clone_to_owned()?;
+            let n = dup.as_raw_fd();
+            keep.push(dup);
+            dirs.push(super::adopt::dir_state(
+                &h.dir,
+                h.version,
+                &h.controllers,
+                Some(n),
+            ));
+        }
+        Ok(super::adopt::CgroupsState {
+            dirs,
+            next: self.next.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The previous image's directories, taken over with their flocks (`locks`, in the order of
+    /// `state.dirs`); no leftovers are cleared (ours are locked, by us).
+    pub fn adopt(
+        state: &super::adopt::CgroupsState,
+        locks: Vec<std::os::fd::OwnedFd>,
+    ) -> io::Result<Self> {
+        let mut hierarchies = Vec::new();
+        for (d, fd) in state.dirs.iter().zip(locks) {
+            let lock = Flock::lock(File::from(fd), FlockArg::LockExclusiveNonblock)
+                .map_err(|(_, e)| io::Error::from(e))?;
+            hierarchies.push(Hierarchy {
+                version: if d.v2 { Version::V2 } else { Version::V1 },
+                controllers: super::adopt::controllers_from(&d.controllers),
+                dir: d.dir.clone(),
+                _lock: lock,
+            });
+        }
+        tracing::info!(
+            dirs = ?hierarchies.iter().map(|h| h.dir.display().to_string()).collect::<Vec<_>>(),
+            "agent cgroups taken over from the previous image"
+        );
+        Ok(Cgroups {
+            hierarchies,
+            next: AtomicU64::new(state.next.max(1)),
+            removed: AtomicBool::new(false),
+        })
+    }
+
     /// The daemon's `d…` directories (for the emergency kill).
     pub fn own_dirs(&self) -> Vec<PathBuf> {
         self.hierarchies.iter().map(|h| h.dir.clone()).collect()
@@ -730,6 +783,28 @@ fn set_cpu(dir: &Path, version: Version, cores: Option<f64>) -> bool {
 }
 
 impl AgentCgroup {
+    pub fn handoff_state(&self) -> Vec<super::adopt::CgroupDirState> {
+        self.dirs
+            .iter()
+            .map(|(d, v, c)| super::adopt::dir_state(d, *v, c, None))
+            .collect()
+    }
+
+    pub fn adopt(dirs: &[super::adopt::CgroupDirState]) -> Self {
+        AgentCgroup {
+            dirs: dirs
+                .iter()
+                .map(|d| {
+                    (
+                        d.dir.clone(),
+                        if d.v2 { Version::V2 } else { Version::V1 },
+                        super::adopt::controllers_from(&d.controllers),
+                    )
+                })
+                .collect(),
+        }
+    }
+
     /// Opens every group's `cgroup.procs` for writing (close-on-exec), for the child to join.
     pub fn open_procs(&self) -> io::Result<Vec<File>> {
         self.dirs

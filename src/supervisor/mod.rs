@@ -6,6 +6,7 @@
 //! by its own exit (the rest of its tree is killed), or by the daemon's shutdown, and nothing of
 //! it outlives the daemon's stop; the exit is published only once the tree is gone.
 
+mod adopt;
 mod cgroup;
 mod limits;
 mod spawn;
@@ -32,6 +33,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 
+pub use adopt::{CgroupDirState, CgroupsState, ChildState};
 pub use limits::Limits;
 pub use stats::GroupScan;
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
@@ -158,6 +160,9 @@ struct HandleInner {
     stderr_tail: Arc<Mutex<stderr::Tail>>,
     /// Awaited (bounded) before the exit is published, so the tail holds the last words.
     stderr_reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// A duplicate of the stderr pipe's read end while the reader above owns the pipe, for a
+    /// reload's hand-off.
+    stderr_dup: Mutex<Option<OwnedFd>>,
     /// The owning supervisor's live set (this entry is removed on publish).
     registry: Registry,
     /// Where the removal of the (empty) cgroup runs after the exit is published; the
@@ -178,6 +183,8 @@ struct Leader {
     /// Kept only to reap it with `try_wait`; `None` once reaped or when tokio's `wait` owns it.
     child: Option<tokio::process::Child>,
     reaped: bool,
+    /// Started by the previous image (a reload): no tokio `Child`; reaped with `waitpid`.
+    adopted: bool,
 }
 
 /// Cheap to clone; every clone controls the same process tree.
@@ -354,6 +361,13 @@ impl HandleInner {
                 "the agent's top process was not reapable yet"
             );
         }
+        if leader.adopted && !leader.reaped {
+            let _ = nix::sys::wait::waitpid(
+                Pid::from_raw(self.pid as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+        }
+        *crate::sys::lock(&self.stderr_dup) = None;
         leader.reaped = true;
     }
 
@@ -609,6 +623,10 @@ impl Supervisor {
     /// Sets up the cgroup subtree (clearing what a previous daemon killed with SIGKILL left
     /// behind) and resolves the agent user.
     pub fn new(config: &Config) -> Self {
+        Self::with_cgroups(config, cgroup::Cgroups::setup(config.agent_cgroups))
+    }
+
+    fn with_cgroups(config: &Config, cgroups: cgroup::Cgroups) -> Self {
         let mut base_env = config.agent_base_env.clone();
         let user = limits::resolve_user(config.agent_user.as_deref());
         if let Err(e) = &user {
@@ -630,7 +648,6 @@ impl Supervisor {
                 .iter()
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
-        let cgroups = cgroup::Cgroups::setup(config.agent_cgroups);
         cgroups.apply_budget(config.agents_memory_max, config.agents_pids_max);
         let cgroups = Arc::new(cgroups);
         let limits = Limits::from_config(config);

@@ -211,9 +211,13 @@ fn started(
 
     let tail = Arc::new(Mutex::new(Tail::default()));
     // Agents' stderr is logged here; with `AllPipes` it belongs to the caller.
+    let mut stderr_dup = None;
     let stderr_task = match (stdio_logs_stderr, stderr_pipe.take()) {
-        (true, Some(pipe)) => Some(tokio::spawn(stderr::forward(
-            pipe,
+        (true, Some(pipe)) => Some(tokio::spawn(stderr::forward({
+            // Kept for a reload's hand-off (the reader owns the pipe itself).
+            stderr_dup = std::os::fd::AsFd::as_fd(&pipe).try_clone_to_owned().ok();
+            pipe
+        },
             tail.clone(),
             Fields {
                 server_id: spec.server_id.clone(),
@@ -252,11 +256,13 @@ fn started(
         phase: Mutex::new(Phase::Running),
         stderr_tail: tail,
         stderr_reader: Mutex::new(stderr_task),
+        stderr_dup: Mutex::new(stderr_dup),
         registry: sup.live.clone(),
         removals: sup.removals.clone(),
         leader: Mutex::new(Leader {
             child: kept,
             reaped: false,
+            adopted: false,
         }),
     });
     let handle = AgentHandle {

@@ -1,0 +1,196 @@
+//! The supervisor's part of an in-place reload (`daemon/reload.rs`): what of its children and
+//! cgroups is written into the hand-off, and how the new image takes them over. A child keeps
+//! its pid across the exec (the daemon's pid does not change, so it is still our child), its
+//! process group, session, cgroup and pipes; only the bookkeeping is rebuilt here.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tokio::process::ChildStderr;
+use tokio::sync::watch;
+
+use super::cgroup::{AgentCgroup, Version};
+use super::stderr::{self, Fields, Tail};
+use super::{AgentHandle, HandleInner, Leader, Phase, Supervisor, register};
+
+/// One of the daemon's own `d<pid>-<nonce>` cgroup directories, with the descriptor that holds
+/// its flock (kept open across the exec, so no other daemon ever sees it unlocked).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct CgroupDirState {
+    pub dir: PathBuf,
+    pub v2: bool,
+    pub controllers: Vec<String>,
+    /// The flock's descriptor number (not close-on-exec), for the own directories only.
+    pub lock_fd: Option<i32>,
+}
+
+/// The supervisor's cgroups in a hand-off.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct CgroupsState {
+    pub dirs: Vec<CgroupDirState>,
+    /// The next agent group's number (names stay unique across reloads).
+    pub next: u64,
+}
+
+/// One child in a hand-off: what the new image needs to control it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ChildState {
+    pub pid: u32,
+    pub server_id: String,
+    pub agent: String,
+    pub cgroup: Vec<CgroupDirState>,
+    /// The stderr pipe when the supervisor logs it (agents); its descriptor number.
+    pub stderr_fd: Option<i32>,
+    /// The last bytes of stderr (what `stderrTail` shows).
+    pub stderr_tail: String,
+}
+
+pub(super) fn controllers_from(names: &[String]) -> Vec<&'static str> {
+    super::cgroup::WANTED
+        .iter()
+        .copied()
+        .filter(|c| names.iter().any(|n| n == c))
+        .collect()
+}
+
+pub(super) fn dir_state(
+    dir: &std::path::Path,
+    version: Version,
+    controllers: &[&'static str],
+    lock_fd: Option<i32>,
+) -> CgroupDirState {
+    CgroupDirState {
+        dir: dir.to_path_buf(),
+        v2: version == Version::V2,
+        controllers: controllers.iter().map(|c| c.to_string()).collect(),
+        lock_fd,
+    }
+}
+
+impl AgentHandle {
+    /// This child's entry for a hand-off. `keep` receives the descriptors that must survive
+    /// the exec (a duplicate of the stderr pipe's read end, when the supervisor logs it).
+    pub fn handoff_state(&self, keep: &mut Vec<OwnedFd>) -> std::io::Result<ChildState> {
+        let stderr_fd = match &*crate::sys::lock(&self.inner.stderr_dup) {
+            Some(fd) => {
+                let dup = fd.as_fd().try_clone_to_owned()?;
+                let n = std::os::fd::AsRawFd::as_raw_fd(&dup);
+                keep.push(dup);
+                Some(n)
+            }
+            None => None,
+        };
+        Ok(ChildState {
+            pid: self.inner.pid,
+            server_id: self.inner.server_id.clone(),
+            agent: self.inner.agent.clone(),
+            cgroup: self
+                .inner
+                .cgroup
+                .as_ref()
+                .map(AgentCgroup::handoff_state)
+                .unwrap_or_default(),
+            stderr_fd,
+            stderr_tail: crate::sys::lock(&self.inner.stderr_tail).text(super::STDERR_TAIL_BYTES),
+        })
+    }
+}
+
+impl Supervisor {
+    /// The supervisor of a new image after a reload: the previous image's cgroups (with their
+    /// flocks, `locks` in the order of `state.dirs`), the configuration's limits and environment.
+    pub fn adopting(
+        config: &crate::config::Config,
+        state: &CgroupsState,
+        locks: Vec<OwnedFd>,
+    ) -> std::io::Result<Self> {
+        let cgroups = if state.dirs.is_empty() {
+            super::cgroup::Cgroups::setup(config.agent_cgroups)
+        } else {
+            super::cgroup::Cgroups::adopt(state, locks)?
+        };
+        Ok(Self::with_cgroups(config, cgroups))
+    }
+
+    /// The cgroups part of a hand-off; `keep` receives duplicates of the flock descriptors.
+    pub fn handoff_cgroups(&self, keep: &mut Vec<OwnedFd>) -> std::io::Result<CgroupsState> {
+        self.cgroups.handoff_state(keep)
+    }
+
+    /// Kills, reaps and removes the warm stubs (a reload drops them; the new image makes new
+    /// ones): a stub left running would become a child nobody reaps after the exec.
+    pub async fn close_warm(&self) {
+        if let Some(pool) = &self.warm {
+            pool.close().await;
+        }
+    }
+
+    /// Takes over a child the previous image started (same pid: it is still our child). Its
+    /// exit is watched through a pidfd, as for a child started here; `stderr` is its stderr
+    /// pipe's read end when the supervisor logged it.
+    pub fn adopt(
+        &self,
+        state: &ChildState,
+        stderr: Option<OwnedFd>,
+    ) -> std::io::Result<AgentHandle> {
+        let pid = state.pid;
+        let pidfd = crate::sys::pidfd(pid)?;
+        let cgroup = if state.cgroup.is_empty() {
+            None
+        } else {
+            Some(AgentCgroup::adopt(&state.cgroup))
+        };
+        let mut tail = Tail::default();
+        tail.push(state.stderr_tail.as_bytes());
+        let tail = Arc::new(Mutex::new(tail));
+        let (stderr_dup, stderr_task) = match stderr {
+            Some(fd) => {
+                let dup = fd.as_fd().try_clone_to_owned()?;
+                let pipe = ChildStderr::from_std(std::process::ChildStderr::from(fd))?;
+                let task = tokio::spawn(stderr::forward(
+                    pipe,
+                    tail.clone(),
+                    Fields {
+                        server_id: state.server_id.clone(),
+                        agent: state.agent.clone(),
+                        pid,
+                    },
+                    crate::logging::RateLimit::new(self.stderr_budget.0, self.stderr_budget.1),
+                ));
+                (Some(dup), Some(task))
+            }
+            None => (None, None),
+        };
+        let (status_tx, status_rx) = watch::channel(None);
+        let inner = Arc::new(HandleInner {
+            pid,
+            server_id: state.server_id.clone(),
+            agent: state.agent.clone(),
+            cgroup,
+            status: status_rx,
+            exit: watch::channel(None).0,
+            phase: Mutex::new(Phase::Running),
+            stderr_tail: tail,
+            stderr_reader: Mutex::new(stderr_task),
+            stderr_dup: Mutex::new(stderr_dup),
+            registry: self.live.clone(),
+            removals: self.removals.clone(),
+            leader: Mutex::new(Leader {
+                child: None,
+                reaped: false,
+                adopted: true,
+            }),
+        });
+        let handle = AgentHandle {
+            inner: inner.clone(),
+        };
+        register(&handle);
+        tokio::spawn(async move {
+            let status = super::spawn::exited_unreaped(&pidfd, pid).await;
+            let _ = status_tx.send(Some(status));
+            inner.on_top_exit(status).await;
+        });
+        Ok(handle)
+    }
+}
