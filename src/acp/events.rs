@@ -21,6 +21,14 @@ pub struct LogLimits {
     pub max_bytes: usize,
 }
 
+/// An event log in a reload's hand-off.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct EventsState {
+    pub next_id: u64,
+    /// (id, complete SSE frame), oldest first.
+    pub frames: Vec<(u64, String)>,
+}
+
 struct Retained {
     id: u64,
     /// The complete SSE frame (`event: message\nid: N\ndata: …\n\n`).
@@ -109,6 +117,40 @@ impl EventLog {
         let st = self.lock();
         for q in &st.subscribers {
             q.wake();
+        }
+    }
+
+    /// What a reload carries of this log: the next id and the retained frames.
+    pub fn export(&self) -> EventsState {
+        let st = self.lock();
+        EventsState {
+            next_id: st.next_id,
+            frames: st
+                .ring
+                .iter()
+                .map(|r| (r.id, String::from_utf8_lossy(&r.frame).into_owned()))
+                .collect(),
+        }
+    }
+
+    /// Takes over a previous image's log (a fresh log, before anyone subscribed): ids go on
+    /// from `next_id`, the retained frames are replayed to readers as before; the bounds are
+    /// this image's.
+    pub fn restore(&self, state: &EventsState) {
+        let mut st = self.lock();
+        st.next_id = state.next_id.max(1);
+        st.ring.clear();
+        st.ring_bytes = 0;
+        for (id, frame) in &state.frames {
+            let frame = Bytes::from(frame.clone().into_bytes());
+            st.ring_bytes += frame.len();
+            st.ring.push_back(Retained { id: *id, frame });
+        }
+        while st.ring.len() > 1
+            && (st.ring.len() > self.limits.max_events || st.ring_bytes > self.limits.max_bytes)
+        {
+            let old = st.ring.pop_front().expect("ring is not empty");
+            st.ring_bytes -= old.frame.len();
         }
     }
 

@@ -19,6 +19,11 @@
 //! way to (or reached) the agent's stdin; `Status::Exited` is reported only once the process tree
 //! is gone, and then always (never "running" with an exit).
 
+mod handoff;
+
+pub use handoff::InstanceState;
+pub(super) use handoff::FrozenStdout;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -201,6 +206,12 @@ pub struct AcpInstance {
     /// Budget of the "dropped an agent stdout line" warnings: an agent writing garbage in a loop
     /// must not flood the log (the count above still sees every line).
     invalid_log: Mutex<RateLimit>,
+    /// Cancelled by a reload (the service's token): a POST waiting for its answer is answered
+    /// `Accepted` (the answer goes to the event log).
+    handoff: tokio_util::sync::CancellationToken,
+    /// Cancelled by `export`: the stdout reader stops and hands its pipe to `frozen`.
+    pub(super) freeze: tokio_util::sync::CancellationToken,
+    frozen: Mutex<Option<oneshot::Sender<FrozenStdout>>>,
 }
 
 /// What a POST of one envelope produced.
@@ -277,7 +288,16 @@ impl AcpInstance {
             start_lock: tokio::sync::Mutex::new(()),
             invalid_lines: AtomicU64::new(0),
             invalid_log: Mutex::new(log_budget),
+            handoff: tokio_util::sync::CancellationToken::new(),
+            freeze: tokio_util::sync::CancellationToken::new(),
+            frozen: Mutex::new(None),
         }
+    }
+
+    /// The token a reload cancels (see the `handoff` field).
+    pub fn with_handoff(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        self.handoff = token;
+        self
     }
 
     fn life(&self) -> std::sync::MutexGuard<'_, Life> {
@@ -514,7 +534,27 @@ impl AcpInstance {
                 let Some(rx) = rx else {
                     return Ok(Delivered::Accepted);
                 };
-                match tokio::time::timeout(timeout, rx).await {
+                let mut rx = rx;
+                let answer = tokio::select! {
+                    a = tokio::time::timeout(timeout, &mut rx) => a,
+                    _ = self.handoff.cancelled() => {
+                        // A reload: nobody waits any more, the answer goes to the event log
+                        // (as with respond-async). Unless the answer is already on its way
+                        // here (its entry taken): then it is waited for.
+                        let waiting = match self.life().waiters.get_mut(&key) {
+                            Some(w) => {
+                                *w = None;
+                                true
+                            }
+                            None => false,
+                        };
+                        if waiting {
+                            return Ok(Delivered::Accepted);
+                        }
+                        Ok(rx.await)
+                    }
+                };
+                match answer {
                     Ok(Ok((line, last_event_id))) => Ok(Delivered::Response {
                         line,
                         last_event_id,

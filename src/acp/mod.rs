@@ -27,7 +27,7 @@ pub use connection::{Connection, ConnectionError, Connections, StreamReader};
 pub use events::{Batch, Next, Subscribe, Subscription};
 pub use instance::{AcpInstance, Delivered, Status};
 pub use jsonrpc::{Envelope, EnvelopeError, IdKey, Kind};
-pub use registry::{AcpService, Retirement, ServerInfo};
+pub use registry::{AcpService, AcpState, Retirement, ServerInfo};
 
 /// How an agent process ended, as POSTs that were waiting (and later ones) are told.
 #[derive(Debug, Clone)]

@@ -65,6 +65,9 @@ pub struct AcpService {
     /// Every agent stop (every retirement of a started instance). Closed by `stop_all` under the instances lock:
     /// from then on no instance is created, and `wait` covers every stop spawned before.
     stops: TaskTracker,
+    /// Cancelled when a reload begins: every instance's POSTs stop waiting (see
+    /// `AcpInstance::with_handoff`).
+    handoff: CancellationToken,
 }
 
 /// One row of `GET /v1/acp`.
@@ -116,6 +119,7 @@ impl AcpService {
             limits,
             instances: Mutex::new(BTreeMap::new()),
             stops: TaskTracker::new(),
+            handoff: CancellationToken::new(),
         }
     }
 
@@ -176,7 +180,8 @@ impl AcpService {
                 per_instance: Budget::new(self.deps.config.stdin_queue),
                 total: self.stdin_total.clone(),
             },
-        ));
+        )
+        .with_handoff(self.handoff.clone()));
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)
     }
@@ -409,6 +414,104 @@ impl AcpService {
                 stopping = self.stops.len(),
                 "some agents were still stopping at the end of the shutdown grace"
             );
+        }
+    }
+}
+
+/// The proxy in a reload's hand-off: every running instance.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct AcpState {
+    pub instances: Vec<super::instance::InstanceState>,
+}
+
+impl AcpService {
+    /// A reload begins: a POST waiting for its agent's answer is answered 202 from now on, its
+    /// answer going to the event log (as with `Prefer: respond-async`).
+    pub fn begin_handoff(&self) {
+        self.handoff.cancel();
+    }
+
+    /// Writes down every running instance for the new image (their readers stop, nothing more
+    /// is written to their stdin) and refuses new instances from now on. What cannot be carried
+    /// is retired as at shutdown (its agent stopped within the agent grace): RFD connections
+    /// (their streams are bound to this image), instances not running (starting, failed,
+    /// ended). `keep` receives the descriptors that must survive the exec.
+    pub async fn export(&self, keep: &mut Vec<std::os::fd::OwnedFd>) -> AcpState {
+        let all: Vec<Arc<AcpInstance>> = {
+            let map = self.instances();
+            self.stops.close();
+            map.values().cloned().collect()
+        };
+        let mut state = AcpState::default();
+        for inst in all {
+            let carried = if inst.server_id.starts_with(super::connection::SERVER_ID_PREFIX) {
+                None
+            } else {
+                match inst.export(keep).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(server_id = %inst.server_id, error = %e,
+                            "cannot carry this instance across the reload; stopping it");
+                        None
+                    }
+                }
+            };
+            match carried {
+                Some(s) => state.instances.push(s),
+                None => {
+                    let mut map = self.instances();
+                    self.retire(&mut map, &inst, Retirement::Shutdown, self.deps.config.agent_grace);
+                }
+            }
+        }
+        let bound = self.deps.config.agent_grace + Duration::from_secs(1);
+        let _ = tokio::time::timeout(bound, self.stops.wait()).await;
+        state
+    }
+
+    /// Rebuilds the instances of a hand-off in the new image, each on its adopted process.
+    /// `take` turns a descriptor number of the hand-off into its descriptor.
+    pub fn adopt(
+        &self,
+        state: &AcpState,
+        take: &mut dyn FnMut(i32) -> std::io::Result<std::os::fd::OwnedFd>,
+    ) {
+        for s in &state.instances {
+            let adopted = (|| -> std::io::Result<Arc<AcpInstance>> {
+                let stderr = s.child.stderr_fd.map(&mut *take).transpose()?;
+                let stdin = take(s.stdin_fd)?;
+                let stdout = take(s.stdout_fd)?;
+                let handle = self.deps.supervisor.adopt(&s.child, stderr)?;
+                let mut inst = AcpInstance::new(
+                    s.server_id.clone(),
+                    s.agent.clone(),
+                    self.limits,
+                    self.deps.config.agent_grace,
+                    crate::logging::RateLimit::new(
+                        self.deps.config.agent_stderr_lines,
+                        self.deps.config.agent_stderr_bytes,
+                    ),
+                    super::instance::StdinCaps {
+                        per_instance: Budget::new(self.deps.config.stdin_queue),
+                        total: self.stdin_total.clone(),
+                    },
+                )
+                .with_handoff(self.handoff.clone());
+                inst.created_at_ms = s.created_at_ms;
+                let inst = Arc::new(inst);
+                let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
+                inst.adopt(s, handle, stdin, stdout, max_line)?;
+                Ok(inst)
+            })();
+            match adopted {
+                Ok(inst) => {
+                    tracing::info!(server_id = %s.server_id, agent = %s.agent, pid = s.child.pid,
+                        last_event_id = inst.events.last_id(), "agent carried across the reload");
+                    self.instances().insert(s.server_id.clone(), inst);
+                }
+                Err(e) => tracing::error!(server_id = %s.server_id, pid = s.child.pid, error = %e,
+                    "cannot take over an agent after the reload"),
+            }
         }
     }
 }

@@ -34,7 +34,22 @@ pub(super) async fn read_loop(
     handle: AgentHandle,
     max_line: usize,
 ) {
+    read_loop_from(inst, stdout, handle, max_line, Vec::new(), false).await
+}
+
+/// `read_loop` whose first bytes are `carry` (what the previous image's reader had read from
+/// the pipe and not yet split into lines, after a reload), `skipping` as it was.
+pub(super) async fn read_loop_from(
+    inst: Arc<AcpInstance>,
+    stdout: ChildStdout,
+    handle: AgentHandle,
+    max_line: usize,
+    carry: Vec<u8>,
+    skipping: bool,
+) {
     let mut reader = LineReader::new(stdout, max_line);
+    reader.buf.extend_from_slice(&carry);
+    reader.skipping = skipping;
     let mut exit: Option<ExitInfo> = None;
     let mut drain_until = tokio::time::Instant::now();
     let mut detail = String::new();
@@ -45,6 +60,16 @@ pub(super) async fn read_loop(
         }
         tokio::select! {
             biased;
+            // A reload: stop between two lines and hand the pipe over; the agent, its
+            // waiters and its log carry on in the new image.
+            _ = inst.freeze.cancelled() => {
+                inst.hand_over_stdout(super::instance::FrozenStdout {
+                    stdout: reader.inner,
+                    carry: reader.buf.to_vec(),
+                    skipping: reader.skipping,
+                });
+                return;
+            }
             line = reader.next_line() => match line {
                 Ok(Some(Line::Data(l))) => {
                     let class = classify(&l).await;

@@ -1,0 +1,185 @@
+//! An instance's part of an in-place reload (`daemon/reload.rs`): `export` freezes the stdout
+//! reader at a line boundary and writes down everything the new image needs; `adopt` rebuilds a
+//! running instance from that, on the same pipes, so nothing the agent writes meanwhile is lost
+//! (it waits in the pipe).
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{AcpInstance, PIPE_BUF, Phase, Running, Stdin, lock_stdin, write_loop};
+use crate::acp::events::EventsState;
+use crate::acp::jsonrpc::IdKey;
+use crate::supervisor::{AgentHandle, ChildState};
+
+/// What the stdout reader hands over when it is frozen.
+pub(in crate::acp) struct FrozenStdout {
+    pub stdout: ChildStdout,
+    /// Bytes read from the pipe and not yet turned into lines (handed to the new reader first).
+    pub carry: Vec<u8>,
+    /// Discarding the rest of an over-long line.
+    pub skipping: bool,
+}
+
+/// One running instance in a hand-off.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct InstanceState {
+    pub server_id: String,
+    pub agent: String,
+    pub created_at_ms: u64,
+    pub child: ChildState,
+    pub stdin_fd: i32,
+    pub stdout_fd: i32,
+    /// `carry` of `FrozenStdout`, hex.
+    pub stdout_carry: String,
+    pub stdout_skipping: bool,
+    pub events: EventsState,
+    /// Ids of requests written and not yet answered (their answers go to the event log).
+    pub pending: Vec<String>,
+    pub invalid_lines: u64,
+}
+
+/// How long the freeze waits for the stdin queue to drain and the reader to stop.
+const FREEZE_WAIT: Duration = Duration::from_secs(2);
+
+impl AcpInstance {
+    /// Freezes a running instance (its stdout reader stops at a line boundary; nothing more is
+    /// written to stdin) and writes down its state; `keep` receives the descriptors that must
+    /// survive the exec. `None` when it is not running (not started, ended): such an instance
+    /// is not carried.
+    pub(in crate::acp) async fn export(
+        self: &Arc<Self>,
+        keep: &mut Vec<OwnedFd>,
+    ) -> std::io::Result<Option<InstanceState>> {
+        let running = {
+            let life = self.life();
+            match &life.phase {
+                Phase::Running(r) if !life.retired => r.clone(),
+                _ => return Ok(None),
+            }
+        };
+        if running.handle.exit().is_some() {
+            return Ok(None);
+        }
+        // Lines already queued for stdin are written first (bounded: an agent that does not
+        // read its stdin keeps what is queued in the old image, and the line is lost).
+        let deadline = tokio::time::Instant::now() + FREEZE_WAIT;
+        while lock_stdin(&running.stdin).backlog && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        *crate::sys::lock(&self.frozen) = Some(tx);
+        self.freeze.cancel();
+        let Ok(Ok(frozen)) = tokio::time::timeout(FREEZE_WAIT, rx).await else {
+            return Ok(None); // the reader had already ended: the agent is gone
+        };
+        let stdin_dup = lock_stdin(&running.stdin).pipe.as_fd().try_clone_to_owned()?;
+        let stdout = frozen.stdout.into_owned_fd()?;
+        let child = running.handle.handoff_state(keep)?;
+        let state = InstanceState {
+            server_id: self.server_id.clone(),
+            agent: self.agent.clone(),
+            created_at_ms: self.created_at_ms,
+            child,
+            stdin_fd: stdin_dup.as_raw_fd(),
+            stdout_fd: stdout.as_raw_fd(),
+            stdout_carry: hex(&frozen.carry),
+            stdout_skipping: frozen.skipping,
+            events: self.events.export(),
+            pending: self.life().waiters.keys().map(|k| k.0.to_string()).collect(),
+            invalid_lines: self.invalid_lines(),
+        };
+        keep.push(stdin_dup);
+        keep.push(stdout);
+        Ok(Some(state))
+    }
+
+    /// Rebuilds a running instance in the new image (a fresh `AcpInstance::new` with this
+    /// instance's identity), on the adopted process and its pipes.
+    pub(in crate::acp) fn adopt(
+        self: &Arc<Self>,
+        state: &InstanceState,
+        handle: AgentHandle,
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        max_line: usize,
+    ) -> std::io::Result<()> {
+        let stdin = ChildStdin::from_std(std::process::ChildStdin::from(stdin))?;
+        let stdout = ChildStdout::from_std(std::process::ChildStdout::from(stdout))?;
+        self.events.restore(&state.events);
+        self.invalid_lines
+            .store(state.invalid_lines, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(1024);
+        let stdin = Arc::new(Mutex::new(Stdin {
+            pipe: stdin,
+            backlog: false,
+            broken: false,
+            scratch: Vec::with_capacity(PIPE_BUF),
+        }));
+        let running = Arc::new(Running {
+            handle: handle.clone(),
+            writer: tx,
+            stdin: stdin.clone(),
+        });
+        self.change(|life| {
+            life.phase = Phase::Running(running);
+            for k in &state.pending {
+                life.waiters.insert(IdKey(k.as_str().into()), None);
+            }
+        });
+        tokio::spawn(write_loop(
+            Arc::downgrade(self),
+            self.seen.subscribe(),
+            stdin,
+            rx,
+        ));
+        tokio::spawn(crate::acp::stdout::read_loop_from(
+            self.clone(),
+            stdout,
+            handle,
+            max_line,
+            unhex(&state.stdout_carry),
+            state.stdout_skipping,
+        ));
+        Ok(())
+    }
+
+    /// Called by the stdout reader when it sees the freeze: hands over the pipe.
+    pub(in crate::acp) fn hand_over_stdout(&self, frozen: FrozenStdout) {
+        if let Some(tx) = crate::sys::lock(&self.frozen).take() {
+            let _ = tx.send(frozen);
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    s.as_bytes()
+        .chunks(2)
+        .filter_map(|p| {
+            std::str::from_utf8(p)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_round_trip() {
+        let data: Vec<u8> = (0..=255).collect();
+        assert_eq!(super::unhex(&super::hex(&data)), data);
+    }
+}
