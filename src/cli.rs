@@ -71,6 +71,20 @@ pub enum Command {
     /// Internal: a warm spawn waiting on the control socket `fd` for the program to exec
     #[command(name = "spawn-stub", hide = true)]
     SpawnStub { fd: i32 },
+    /// Internal: run by a daemon before an in-place reload, with the daemon's own arguments
+    /// after `--`: loads the configuration as the reloaded daemon would and says whether this
+    /// binary accepts the hand-off state version (exit 0), or why not (65: state version,
+    /// 78: configuration)
+    #[command(name = "reload-check", hide = true)]
+    ReloadCheck {
+        #[arg(long)]
+        state_version: u32,
+        /// The daemon carries a token given by flag or environment (its value is not passed)
+        #[arg(long)]
+        with_token: bool,
+        #[arg(last = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// The mock agent's prompt commands (also in docs/acp.md, "The mock agent").

@@ -19,6 +19,19 @@ const EX_CANTCREAT: u8 = 73;
 const EX_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
+    // First, while the process has one thread: a reload's hand-off (its variable removed from
+    // the environment), then how the daemon was started (before the token is overwritten).
+    let received = match sandbox_agent::config::take_handoff_fd() {
+        Some(v) => match daemon::reload::receive(&v) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("sandbox-agent: cannot take over after a reload: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
+    let launch = daemon::reload::Launch::capture();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -38,7 +51,12 @@ fn main() -> ExitCode {
         Some(Command::Agents { command }) => sandbox_agent::agents::cli::run(command),
         Some(Command::Openapi) => print_openapi(),
         Some(Command::SpawnStub { fd }) => sandbox_agent::supervisor::stub_main(fd),
-        Some(Command::Server(args)) => serve(&args),
+        Some(Command::ReloadCheck {
+            state_version,
+            with_token,
+            args,
+        }) => daemon::reload::check_main(state_version, with_token, args),
+        Some(Command::Server(args)) => serve(&args, launch, received),
         Some(
             command @ (Command::Status { .. }
             | Command::Instances { .. }
@@ -46,7 +64,7 @@ fn main() -> ExitCode {
             | Command::Processes { .. }
             | Command::Fs { .. }),
         ) => sandbox_agent::client::run(command),
-        None => serve(&cli.server),
+        None => serve(&cli.server, launch, received),
     }
 }
 
@@ -66,9 +84,23 @@ fn print_openapi() -> ExitCode {
     }
 }
 
-fn serve(args: &ServerArgs) -> ExitCode {
+fn serve(
+    args: &ServerArgs,
+    launch: daemon::reload::Launch,
+    received: Option<daemon::reload::Received>,
+) -> ExitCode {
     // Before the config: the default --max-connections is derived from the open-file limit.
     let nofile = sandbox_agent::sys::raise_nofile_limit();
+    // After a reload the token given by flag or environment comes from the hand-off (the new
+    // image was started without it); it stays a flag-level setting.
+    let mut args = args.clone();
+    if let Some(r) = &received
+        && args.token.is_none()
+    {
+        args.token = r.handoff.token.clone();
+    }
+    let flag_token = args.token.clone();
+    let args = &args;
     let config = match Config::load(args) {
         Ok(c) => c,
         Err(e) => {
@@ -81,7 +113,8 @@ fn serve(args: &ServerArgs) -> ExitCode {
     // stays a tiny init that reaps and forwards signals, the child goes on to be the daemon.
     let pid1 = std::process::id() == 1;
     let mut parent_init = None;
-    if pid1 || config.init {
+    // A reload's new image is already the daemon (under its init, when there is one).
+    if received.is_none() && (pid1 || config.init) {
         let init_pid = std::process::id();
         if let Some(code) = daemon::init::split_off_daemon(pid1) {
             return code;
@@ -114,7 +147,12 @@ fn serve(args: &ServerArgs) -> ExitCode {
             return ExitCode::from(71);
         }
     };
-    let result = runtime.block_on(daemon::run(Arc::new(config), parent_init));
+    let reloads = daemon::Reloads {
+        launch,
+        token: flag_token,
+        received,
+    };
+    let result = runtime.block_on(daemon::run(Arc::new(config), parent_init, reloads));
     // Background tasks (SSE streams, stderr readers) must not hold up the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {

@@ -547,3 +547,39 @@ pub fn trim_soon() {
         let _ = tokio::task::spawn_blocking(trim_heap).await;
     });
 }
+
+/// A new anonymous memory file (`memfd_create`, close-on-exec), for a reload's hand-off.
+pub fn memfd(name: &str) -> io::Result<std::fs::File> {
+    let name = std::ffi::CString::new(name).map_err(|_| io::Error::other("NUL in name"))?;
+    // SAFETY: memfd_create takes a NUL-terminated name and flags and returns a new descriptor
+    // or -1; the name outlives the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nobody else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Takes ownership of descriptor `n`, which a previous image of this process kept open across
+/// its exec for us (a reload's hand-off). The caller makes sure each number is taken once.
+pub fn inherited_fd(n: RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    if n < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // Open at all? (F_GETFD fails with EBADF otherwise.)
+    // SAFETY: fcntl(F_GETFD) on any number only reads the descriptor table.
+    if unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open (checked above), inherited for us, and taken once by the caller.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(n) })
+}
+
+/// Removes a variable from the process's environment. Only while the process has one thread
+/// (the top of `main`).
+pub fn remove_env_single_threaded(name: &str) {
+    // SAFETY: the caller runs before any other thread exists, so nothing reads the environment
+    // concurrently.
+    unsafe { std::env::remove_var(name) };
+}

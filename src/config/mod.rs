@@ -870,3 +870,25 @@ mod tests {
         assert!(err.to_string().contains("agent-cgroups"), "{err}");
     }
 }
+
+/// The variable through which a daemon that re-executes itself for a reload tells its new image
+/// which descriptor holds the hand-off (docs/operations.md, "Reload"). Never set by operators.
+pub const HANDOFF_FD_VAR: &str = "SANDBOX_AGENT_HANDOFF_FD";
+
+/// Reads and removes `HANDOFF_FD_VAR`, so that nothing started later (agents, tools) sees it.
+/// Call first thing in `main`, while the process has one thread.
+pub fn take_handoff_fd() -> Option<String> {
+    let value = std::env::var(HANDOFF_FD_VAR).ok();
+    if value.is_some() {
+        crate::sys::remove_env_single_threaded(HANDOFF_FD_VAR);
+    }
+    value
+}
+
+/// The environment the daemon was started with, as a reload re-executes it: every variable but
+/// the token (which the reload carries itself) and the hand-off's own.
+pub fn launch_env() -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| k != "SANDBOX_AGENT_TOKEN" && k != HANDOFF_FD_VAR)
+        .collect()
+}

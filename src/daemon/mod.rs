@@ -3,6 +3,7 @@
 //! period (stop accepting, finish in-flight requests, stop every agent) and return.
 
 pub mod init;
+pub mod reload;
 pub mod serve;
 pub mod signals;
 mod state;
@@ -43,39 +44,102 @@ pub enum StartError {
     Other(#[from] anyhow::Error),
 }
 
+/// What `main` hands the daemon for reloads: how it was started, the token given by flag or
+/// environment (a reload carries it), and the hand-off when this image is a reload's.
+pub struct Reloads {
+    pub launch: reload::Launch,
+    pub token: Option<String>,
+    pub received: Option<reload::Received>,
+}
+
 /// Runs the daemon until a stop signal; `parent_init` is our own init's pid when it forked us.
 ///
 /// Shutdown is one `CancellationToken` tree: the root is cancelled by the first stop signal;
 /// the accept loop, every connection and every service hold child tokens of it. Every
-/// connection task and the watchdog run on one `TaskTracker`, so the drain is "close the
+/// connection task runs on one `TaskTracker`, so the drain is "close the
 /// tracker, wait for it" within the grace period; the proxy's agent stops run on its own
 /// tracker, waited for the same way (`AcpService::stop_all`). No flag or static takes part.
-pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), StartError> {
+/// SIGHUP re-executes the daemon in place (`reload.rs`); only a reload that did not happen
+/// returns here.
+pub async fn run(
+    config: Arc<Config>,
+    parent_init: Option<u32>,
+    mut reloads: Reloads,
+) -> Result<(), StartError> {
     let root = CancellationToken::new();
+    let reload_asked = Arc::new(tokio::sync::Notify::new());
+    let mut received = reloads.received.take();
     // The supervisor comes first so that a second stop signal can kill its agents; the handler
     // holds it weakly, so the state's drop still removes the cgroups.
-    let supervisor = Arc::new(Supervisor::new(&config));
-    let weak = Arc::downgrade(&supervisor);
-    signals::install(root.clone(), move || {
-        if let Some(s) = weak.upgrade() {
-            s.emergency_kill_all();
+    let supervisor = match &mut received {
+        Some(r) => {
+            let h = r.handoff.cgroups.clone();
+            let mut locks = Vec::new();
+            for d in &h.dirs {
+                if let Some(n) = d.lock_fd {
+                    locks.push(r.take(n).context("take a cgroup lock of the hand-off")?);
+                }
+            }
+            Arc::new(
+                Supervisor::adopting(&config, &h, locks)
+                    .context("take over the cgroups of the previous image")?,
+            )
         }
-    })
+        None => Arc::new(Supervisor::new(&config)),
+    };
+    let weak = Arc::downgrade(&supervisor);
+    let asked = reload_asked.clone();
+    signals::install(
+        root.clone(),
+        move || {
+            if let Some(s) = weak.upgrade() {
+                s.emergency_kill_all();
+            }
+        },
+        move || asked.notify_one(),
+    )
     .context("install signal handlers")?;
     let data_dir_problem = check_data_dir(&config.data_dir)?;
-    let listener = listen(&config, parent_init).await?;
+    let listener = match &mut received {
+        Some(r) => {
+            let fd = r
+                .take(r.handoff.listener_fd)
+                .context("take the listener of the hand-off")?;
+            let std_listener = std::net::TcpListener::from(fd);
+            std_listener
+                .set_nonblocking(true)
+                .context("the listener of the hand-off")?;
+            TcpListener::from_std(std_listener).context("register the listener of the hand-off")?
+        }
+        None => listen(&config, parent_init).await?,
+    };
+    let listener = Arc::new(listener);
     let addr = listener.local_addr().context("read the bound address")?;
 
     let tasks = TaskTracker::new();
+    // Cancelled by the root (shutdown) or by a reload's quiesce: the accept loop, connections
+    // and streams end; the services (`root`'s other child) keep running through a reload.
+    let drain = root.child_token();
     let state = AppState::build(
         config.clone(),
         supervisor,
+        drain.child_token(),
         root.child_token(),
         data_dir_problem,
         tasks.clone(),
     )
     .await
     .map_err(|e| StartError::Config(format!("{e:#}")))?;
+    if let Some(r) = &mut received {
+        let acp = std::mem::take(&mut r.handoff.acp);
+        let processes = std::mem::take(&mut r.handoff.processes);
+        state.acp.adopt(&acp, &mut |n| r.take(n));
+        state.processes.adopt(&processes, &mut |n| r.take(n));
+        r.close_rest();
+        if r.handoff.stop_requested {
+            root.cancel();
+        }
+    }
     let app = http::router(state.clone());
 
     let limits = serve::Limits {
@@ -83,21 +147,52 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
         idle_timeout: config.idle_timeout,
         max_connections: config.max_connections,
     };
-    let server = tokio::spawn(serve::serve(
-        listener,
+    let mut server = Some(tokio::spawn(serve::serve(
+        listener.clone(),
         app,
         limits,
-        root.child_token(),
+        drain.child_token(),
         tasks.clone(),
-    ));
+    )));
 
     systemd::notify_ready(addr);
-    tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");
-    if let Some(every) = systemd::watchdog_interval(&config.systemd) {
-        tasks.spawn(pet_watchdog(addr, every, root.child_token()));
+    if received.is_some() {
+        tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "reloaded; listening on http://{addr}");
+    } else {
+        tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");
     }
+    drop(received);
+    let watchdog = systemd::watchdog_interval(&config.systemd)
+        .map(|every| tokio::spawn(pet_watchdog(addr, every, root.child_token())));
 
-    root.cancelled().await;
+    loop {
+        tokio::select! {
+            _ = root.cancelled() => break,
+            _ = reload_asked.notified() => {
+                let failed = reload::reload(reload::Reloading {
+                    launch: &reloads.launch,
+                    token: reloads.token.as_deref(),
+                    state: &state,
+                    listener: &listener,
+                    drain: &drain,
+                    server: &mut server,
+                    tasks: &tasks,
+                    root: &root,
+                })
+                .await;
+                match failed {
+                    reload::Failed::Refused(why) => {
+                        tracing::error!(reason = %why, "reload refused; still serving the previous image");
+                        systemd::notify_reload_failed(&why);
+                    }
+                    reload::Failed::Fatal(why) => {
+                        tracing::error!(reason = %why, "reload failed after the quiesce; stopping");
+                        root.cancel();
+                    }
+                }
+            }
+        }
+    }
     systemd::notify_stopping();
     if config.test_wedge_on_stop {
         // The emergency stop's test: no task runs from here on, so only the signal thread can
@@ -110,10 +205,13 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
     }
     let deadline = Instant::now() + config.shutdown_grace;
     tracing::info!(grace = ?config.shutdown_grace, "stopping: no new connections, draining requests and agents");
+    drop(listener);
 
     let drain_http = async {
         // The accept loop ends at once on cancellation; then no new task can join the tracker.
-        if let Err(e) = server.await {
+        if let Some(server) = server.take()
+            && let Err(e) = server.await
+        {
             tracing::warn!(error = %e, "accept loop failed");
         }
         tasks.close();
@@ -125,6 +223,9 @@ pub async fn run(config: Arc<Config>, parent_init: Option<u32>) -> Result<(), St
                 open = tasks.len(),
                 "connections still open at the end of the grace period; dropping them"
             );
+        }
+        if let Some(w) = watchdog {
+            let _ = w.await;
         }
     };
     tokio::join!(drain_http, state.stop_all(deadline));

@@ -81,7 +81,7 @@ content-length: 150\r\n\r\n\
 /// gracefully (in-flight requests complete, idle keep-alives close). Connection tasks are
 /// spawned on `tracker`, so the caller can wait for the drain with `tracker.wait()`.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     app: Router,
     limits: Limits,
     stop: CancellationToken,
@@ -165,7 +165,9 @@ pub async fn serve(
             stop.clone(),
         ));
     }
-    // Dropping the listener here stops the kernel from completing new handshakes for us.
+    // The caller holds the listener: at shutdown it drops it (the kernel stops completing
+    // handshakes for us); a reload keeps it open across the exec, so connections wait in the
+    // backlog.
 }
 
 /// Answers a socket over the cap with the canned 503. Its request may already be in the socket's
@@ -736,7 +738,7 @@ mod tests {
             idle_timeout: Duration::from_secs(5),
             max_connections: 16,
         };
-        tokio::spawn(serve(listener, app, limits, stop.clone(), tracker.clone()));
+        tokio::spawn(serve(Arc::new(listener), app, limits, stop.clone(), tracker.clone()));
         (addr, stop, tracker)
     }
 

@@ -1,6 +1,6 @@
 //! Stop signals. The first SIGTERM/SIGINT/SIGQUIT starts a graceful stop; a second one ends the
-//! process at once (after killing every agent process group, so nothing is orphaned). SIGHUP is
-//! logged and ignored.
+//! process at once (after killing every agent process group, so nothing is orphaned). SIGHUP
+//! asks for an in-place reload (`daemon/reload.rs`).
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -16,16 +16,29 @@ use tokio_util::sync::CancellationToken;
 pub fn install(
     root: CancellationToken,
     on_second: impl Fn() + Send + 'static,
+    on_hup: impl Fn() + Send + 'static,
 ) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGQUIT, SIGHUP])?;
+    // After a reload's exec these signals arrive blocked (so that none was lost, or acted on
+    // by default, before the handlers above existed): take them from here on. Threads made
+    // later by this one inherit the unblocked mask.
+    let set = super::reload::handled_signals();
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_UNBLOCK,
+        Some(&set),
+        None,
+    );
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
                 if sig == SIGHUP {
-                    tracing::info!(
-                        "SIGHUP received; configuration is read only at start, ignoring"
-                    );
+                    if root.is_cancelled() {
+                        tracing::info!("SIGHUP received while stopping; ignored");
+                    } else {
+                        tracing::info!("SIGHUP received: reloading in place");
+                        on_hup();
+                    }
                     continue;
                 }
                 let name = signal_name(sig);

@@ -11,13 +11,16 @@ use crate::http::AppState;
 
 impl AppState {
     /// Builds every service from the config around the daemon's `supervisor` (made first, so
-    /// the signal handler can reach it). `shutdown` is this state's node of the daemon's
-    /// cancellation tree; each service gets a child of it. Fails on bad operator input (e.g.
-    /// the agents file).
+    /// the signal handler can reach it). `shutdown` ends the streams (SSE, WebSockets,
+    /// terminals: cancelled at shutdown and when a reload quiesces); `services` is the services'
+    /// node of the daemon's cancellation tree (cancelled at shutdown only: a reload keeps them
+    /// running), each service gets a child of it. Fails on bad operator input (e.g. the agents
+    /// file).
     pub async fn build(
         config: Arc<Config>,
         supervisor: Arc<crate::supervisor::Supervisor>,
         shutdown: CancellationToken,
+        services: CancellationToken,
         data_dir_problem: Option<String>,
         tasks: tokio_util::task::TaskTracker,
     ) -> anyhow::Result<Self> {
@@ -28,7 +31,7 @@ impl AppState {
             config.clone(),
             supervisor.clone(),
             agents.clone(),
-            shutdown.child_token(),
+            services.child_token(),
         ));
         let connections = Arc::new(crate::acp::Connections::new(
             acp.clone(),
@@ -40,7 +43,7 @@ impl AppState {
         let processes = Arc::new(crate::processes::ProcessService::new(
             &config,
             supervisor.clone(),
-            shutdown.child_token(),
+            services.child_token(),
         ));
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,

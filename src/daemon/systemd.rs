@@ -16,6 +16,21 @@ pub fn notify_ready(addr: SocketAddr) {
     }
 }
 
+/// A reload begins (systemd's reload protocol: `RELOADING=1` with the monotonic time).
+pub fn notify_reloading() {
+    let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
+    if let Ok(now) = NotifyState::monotonic_usec_now() {
+        states.push(now);
+    }
+    let _ = sd_notify::notify(&states);
+}
+
+/// A reload did not happen: the old image serves on (READY=1 ends the reload for systemd).
+pub fn notify_reload_failed(why: &str) {
+    let status = format!("reload failed, still serving the previous image: {why}");
+    let _ = sd_notify::notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+}
+
 pub fn notify_status(status: &str) {
     let _ = sd_notify::notify(&[NotifyState::Status(status)]);
 }

@@ -232,6 +232,69 @@ impl OutputLog {
     }
 }
 
+/// An output log: its cap, the offset after its last byte, its chunks (data in hex).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct LogState {
+    pub cap: u64,
+    pub end: u64,
+    pub chunks: Vec<(u64, LogStream, u64, String)>,
+}
+
+impl OutputLog {
+    pub(crate) fn export(&self) -> LogState {
+        let g = crate::sys::lock(&self.inner);
+        LogState {
+            cap: self.cap,
+            end: g.end,
+            chunks: g
+                .chunks
+                .iter()
+                .map(|c| (c.start, c.stream, c.at_ms, hex(&c.data)))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn restore(state: &LogState) -> Self {
+        let log = OutputLog::new(state.cap);
+        {
+            let mut g = crate::sys::lock(&log.inner);
+            for (start, stream, at_ms, data) in &state.chunks {
+                let data = Bytes::from(unhex(data));
+                g.held += data.len() as u64 + CHUNK_OVERHEAD;
+                g.chunks.push_back(Chunk {
+                    start: *start,
+                    stream: *stream,
+                    at_ms: *at_ms,
+                    data,
+                });
+            }
+            g.end = state.end;
+            g.first = g.chunks.front().map_or(g.end, |c| c.start);
+        }
+        log
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    s.as_bytes()
+        .chunks(2)
+        .filter_map(|p| {
+            std::str::from_utf8(p)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

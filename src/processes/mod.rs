@@ -10,6 +10,7 @@
 //! total log budget while it runs and keeps only the bytes it holds once it has exited, until it
 //! is deleted; a `run` whose caller goes away is killed.
 
+mod handoff;
 pub mod log;
 mod pty;
 #[cfg(test)]
@@ -34,6 +35,7 @@ use crate::supervisor::{
     Supervisor,
 };
 
+pub use handoff::ProcessesState;
 pub use log::{Chunk, LogStream, OutputLog, StreamFilter};
 
 /// Exited records kept (the oldest beyond this are forgotten when a new process starts).
@@ -245,6 +247,13 @@ pub struct ManagedProcess {
     /// Set once the tree is gone and the output drained: how it ended and when.
     ended: watch::Sender<Option<(ExitInfo, u64)>>,
     readers: AtomicUsize,
+    /// Cancelled by a reload's export: the output pumps and the monitor stop (the output waits
+    /// in the pipes for the new image).
+    freeze: CancellationToken,
+    /// Duplicates of the output pipes' read ends (the pumps own the pipes), for the hand-off.
+    pipes: Vec<(LogStream, std::os::fd::OwnedFd)>,
+    /// Its number (the `n` of `proc_n`).
+    n: u64,
 }
 
 impl ManagedProcess {
@@ -580,15 +589,23 @@ impl ProcessService {
                 source,
             })?;
         let log = Arc::new(OutputLog::new(cap));
+        let freeze = CancellationToken::new();
         let mut readers = Vec::new();
+        let mut pipes = Vec::new();
         if let Some(out) = spawned.stdout {
-            readers.push(tokio::spawn(pump(out, LogStream::Stdout, log.clone())));
+            if let Ok(dup) = std::os::fd::AsFd::as_fd(&out).try_clone_to_owned() {
+                pipes.push((LogStream::Stdout, dup));
+            }
+            readers.push(tokio::spawn(pump(out, LogStream::Stdout, log.clone(), freeze.clone())));
         }
         if let Some(err) = spawned.stderr {
-            readers.push(tokio::spawn(pump(err, LogStream::Stderr, log.clone())));
+            if let Ok(dup) = std::os::fd::AsFd::as_fd(&err).try_clone_to_owned() {
+                pipes.push((LogStream::Stderr, dup));
+            }
+            readers.push(tokio::spawn(pump(err, LogStream::Stderr, log.clone(), freeze.clone())));
         }
         if let Some(p) = &pty {
-            readers.push(tokio::spawn(pump_pty(p.clone(), log.clone())));
+            readers.push(tokio::spawn(pump_pty(p.clone(), log.clone(), freeze.clone())));
         }
         // Without `interactive` the child sees end of input at once.
         let stdin = if req.interactive { spawned.stdin } else { None };
@@ -606,6 +623,9 @@ impl ProcessService {
             pty,
             ended: watch::channel(None).0,
             readers: AtomicUsize::new(0),
+            freeze,
+            pipes,
+            n,
         });
         reservation.keep();
         tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
@@ -939,20 +959,36 @@ fn basename(command: &str) -> &str {
 
 /// Copies a pipe into the log until end of file. Each chunk is copied out of the read buffer so
 /// the log's byte count is the memory it holds.
-async fn pump(mut pipe: impl AsyncRead + Unpin, stream: LogStream, log: Arc<OutputLog>) {
+async fn pump(
+    mut pipe: impl AsyncRead + Unpin,
+    stream: LogStream,
+    log: Arc<OutputLog>,
+    freeze: CancellationToken,
+) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        match pipe.read(&mut buf).await {
+        // A read cancelled by the freeze took nothing from the pipe.
+        let read = tokio::select! {
+            biased;
+            _ = freeze.cancelled() => return,
+            r = pipe.read(&mut buf) => r,
+        };
+        match read {
             Ok(0) | Err(_) => return,
             Ok(n) => log.append(stream, Bytes::copy_from_slice(&buf[..n]), now_ms()),
         }
     }
 }
 
-async fn pump_pty(pty: Arc<pty::Pty>, log: Arc<OutputLog>) {
+async fn pump_pty(pty: Arc<pty::Pty>, log: Arc<OutputLog>, freeze: CancellationToken) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        match pty.read(&mut buf).await {
+        let read = tokio::select! {
+            biased;
+            _ = freeze.cancelled() => return,
+            r = pty.read(&mut buf) => r,
+        };
+        match read {
             Ok(0) | Err(_) => return,
             Ok(n) => log.append(LogStream::Pty, Bytes::copy_from_slice(&buf[..n]), now_ms()),
         }
@@ -988,7 +1024,11 @@ async fn monitor(
     slot: RunningSlot,
     budget: Arc<Budget>,
 ) {
-    let exit = p.handle.wait().await;
+    let exit = tokio::select! {
+        e = p.handle.wait() => e,
+        // A reload carries the process: the new image's monitor publishes its end.
+        _ = p.freeze.cancelled() => return,
+    };
     let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures_util::future::join_all(readers)).await;
     for a in aborts {

@@ -40,6 +40,19 @@ pub fn open(cols: u16, rows: u16) -> io::Result<(Pty, OwnedFd)> {
 }
 
 impl Pty {
+    /// The master side (for a reload's hand-off).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.master.get_ref().as_fd()
+    }
+
+    /// A terminal whose master was handed over by the previous image (already non-blocking and
+    /// close-on-exec is set again by the hand-off).
+    pub fn from_master(master: OwnedFd) -> io::Result<Pty> {
+        Ok(Pty {
+            master: crate::sys::async_fd(master)?,
+        })
+    }
+
     /// Reads what the terminal wrote; `Ok(0)` once every holder of the slave side is gone.
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {

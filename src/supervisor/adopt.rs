@@ -175,6 +175,7 @@ impl Supervisor {
             stderr_reader: Mutex::new(stderr_task),
             stderr_dup: Mutex::new(stderr_dup),
             registry: self.live.clone(),
+            reap_hold: self.reap_hold.clone(),
             removals: self.removals.clone(),
             leader: Mutex::new(Leader {
                 child: None,

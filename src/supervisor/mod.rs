@@ -170,6 +170,8 @@ struct HandleInner {
     removals: TaskTracker,
     /// The top process until it is reaped; see `Leader`.
     leader: Mutex<Leader>,
+    /// The supervisor's: while set (a reload is executing), nothing is reaped.
+    reap_hold: Arc<AtomicBool>,
 }
 
 /// The top process (the group leader) and whether it has been reaped. Until it is, its pid —
@@ -352,6 +354,15 @@ impl HandleInner {
     /// Reaps the top process (it has exited: its status is known). Called once, on publish.
     fn reap(&self) {
         let mut leader = self.leader();
+        if self.reap_hold.load(Ordering::Acquire) {
+            // A reload is executing: the zombie stays for the new image, which adopted this
+            // pid and sees the exit through its own pidfd. Nothing is signalled from here on.
+            if let Some(child) = leader.child.take() {
+                std::mem::forget(child);
+            }
+            leader.reaped = true;
+            return;
+        }
         if let Some(mut child) = leader.child.take()
             && !matches!(child.try_wait(), Ok(Some(_)))
         {
@@ -617,6 +628,8 @@ pub struct Supervisor {
     warm: Option<Arc<warm::Pool>>,
     /// Deferred cgroup removals of ended children.
     removals: TaskTracker,
+    /// Set by a reload's export: ended children are no longer reaped (the new image does it).
+    reap_hold: Arc<AtomicBool>,
 }
 
 impl Supervisor {
@@ -677,6 +690,7 @@ impl Supervisor {
             stderr_budget: (config.agent_stderr_lines, config.agent_stderr_bytes),
             warm,
             removals: TaskTracker::new(),
+            reap_hold: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -731,6 +745,11 @@ impl Supervisor {
         })??;
         unclaimed.0 = None;
         Ok(spawned)
+    }
+
+    /// From now on no child is reaped (a reload's exec follows; see `HandleInner::reap`).
+    pub fn hold_reaps(&self) {
+        self.reap_hold.store(true, Ordering::Release);
     }
 
     /// Every agent of this supervisor that has not ended yet.

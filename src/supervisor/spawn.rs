@@ -258,6 +258,7 @@ fn started(
         stderr_reader: Mutex::new(stderr_task),
         stderr_dup: Mutex::new(stderr_dup),
         registry: sup.live.clone(),
+        reap_hold: sup.reap_hold.clone(),
         removals: sup.removals.clone(),
         leader: Mutex::new(Leader {
             child: kept,

@@ -1,0 +1,478 @@
+//! In-place reload: on SIGHUP (`systemctl reload`) the daemon checks the binary at the path it
+//! was started from, quiesces HTTP, writes every running agent and process, its event or output
+//! log, the listening socket and the cgroups into a versioned hand-off in a memfd, and `execve`s
+//! that binary with its original arguments. The pid does not change, so every child is still
+//! ours; the new image reads the hand-off (`receive`), adopts the children on the same pipes and
+//! serves on the same socket. Until the quiesce begins nothing has changed, so every failure
+//! there (a broken config, a missing binary, an unknown state version) leaves the old image
+//! serving.
+//!
+//! The hand-off is JSON in a memfd whose descriptor number reaches the new image in one
+//! variable (`config::HANDOFF_FD_VAR`, removed from the environment at once); the token given by
+//! flag or environment travels inside it, never in argv or the environment.
+
+use std::collections::BTreeSet;
+use std::ffi::{CString, OsString};
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::acp::AcpState;
+use crate::config::HANDOFF_FD_VAR;
+use crate::http::AppState;
+use crate::processes::ProcessesState;
+use crate::supervisor::CgroupsState;
+
+/// The version of the hand-off this binary writes.
+pub const STATE_VERSION: u32 = 1;
+/// The oldest version this binary reads (a newer binary must read the previous one's state).
+pub const OLDEST_ACCEPTED: u32 = 1;
+
+/// How long a reload waits for requests in flight (and connections to close) before the exec.
+pub const DRAIN: Duration = Duration::from_secs(5);
+/// How long the new binary's check may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn accepts(version: u32) -> bool {
+    (OLDEST_ACCEPTED..=STATE_VERSION).contains(&version)
+}
+
+/// Everything the new image takes over.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Handoff {
+    pub version: u32,
+    /// The token given by `--token` or `SANDBOX_AGENT_TOKEN` (the file's is read again).
+    pub token: Option<String>,
+    pub listener_fd: i32,
+    /// A stop signal arrived after the point of no return: the new image stops at once.
+    pub stop_requested: bool,
+    pub cgroups: CgroupsState,
+    pub acp: AcpState,
+    pub processes: ProcessesState,
+    /// Every descriptor kept across the exec (the new image closes what it does not take).
+    pub fds: Vec<i32>,
+}
+
+impl Handoff {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parses a hand-off, refusing a version this binary does not read.
+    pub fn from_json(bytes: &[u8]) -> Result<Handoff, String> {
+        #[derive(serde::Deserialize)]
+        struct Head {
+            version: u32,
+        }
+        let head: Head = serde_json::from_slice(bytes)
+            .map_err(|e| format!("the hand-off is not readable: {e}"))?;
+        if !accepts(head.version) {
+            return Err(format!(
+                "hand-off state version {} is not one this binary reads ({OLDEST_ACCEPTED}..={STATE_VERSION})",
+                head.version
+            ));
+        }
+        serde_json::from_slice(bytes).map_err(|e| format!("the hand-off is not readable: {e}"))
+    }
+}
+
+/// How the daemon was started: what a reload executes again.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The path the binary was started from (resolved at start; a package upgrade replaces
+    /// the file there).
+    pub exe: PathBuf,
+    /// The arguments without the token (`--token X`, `--token=X`).
+    pub argv: Vec<OsString>,
+    /// The environment without the token.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl Launch {
+    /// Captures argv and the environment; call at the top of `main`, before the token is
+    /// overwritten in the process's memory.
+    pub fn capture() -> Launch {
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+        Launch {
+            exe,
+            argv: strip_token(std::env::args_os().collect()),
+            env: crate::config::launch_env(),
+        }
+    }
+}
+
+fn strip_token(argv: Vec<OsString>) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut skip = false;
+    for a in argv {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if a == "--" {
+            out.push(a);
+            continue;
+        }
+        if a == "--token" {
+            skip = true;
+            continue;
+        }
+        if a.as_bytes().starts_with(b"--token=") {
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
+/// What a reload needs from the running daemon.
+pub struct Reloading<'a> {
+    pub launch: &'a Launch,
+    pub token: Option<&'a str>,
+    pub state: &'a AppState,
+    pub listener: &'a Arc<TcpListener>,
+    /// Cancelled to quiesce: the accept loop stops, connections finish, streams end.
+    pub drain: &'a CancellationToken,
+    pub server: &'a mut Option<tokio::task::JoinHandle<()>>,
+    pub tasks: &'a TaskTracker,
+    pub root: &'a CancellationToken,
+}
+
+/// Why a reload did not happen.
+pub enum Failed {
+    /// Nothing changed: the old image serves on.
+    Refused(String),
+    /// Past the quiesce: the daemon cannot go on serving and stops gracefully.
+    Fatal(String),
+}
+
+/// Runs the reload; returns only when it did not happen (an exec that succeeds never returns).
+pub async fn reload(r: Reloading<'_>) -> Failed {
+    let started = std::time::Instant::now();
+    crate::daemon::systemd::notify_reloading();
+    tracing::info!(exe = %r.launch.exe.display(), "reload requested: checking the new binary");
+    if let Err(why) = check(r.launch, r.token.is_some()).await {
+        return Failed::Refused(why);
+    }
+    if r.root.is_cancelled() {
+        return Failed::Refused("the daemon is stopping".into());
+    }
+    let memfd = match memfd() {
+        Ok(f) => f,
+        Err(e) => return Failed::Refused(format!("cannot create the hand-off memfd: {e}")),
+    };
+    // Point of no return: from here on the old image stops serving.
+    crate::daemon::systemd::notify_watchdog();
+    r.state.acp.begin_handoff();
+    r.drain.cancel();
+    if let Some(server) = r.server.take() {
+        let _ = server.await;
+    }
+    r.tasks.close();
+    if tokio::time::timeout(DRAIN, r.tasks.wait()).await.is_err() {
+        tracing::warn!(
+            open = r.tasks.len(),
+            "reload: requests still in flight after the drain; their connections are cut"
+        );
+    }
+    r.state.supervisor.close_warm().await;
+    let mut keep: Vec<OwnedFd> = Vec::new();
+    let handoff = match export(&r, &mut keep).await {
+        Ok(h) => h,
+        Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
+    };
+    let carried = (handoff.acp.instances.len(), handoff.processes.processes.len());
+    if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
+        return Failed::Fatal(format!("cannot write the hand-off: {e}"));
+    }
+    for fd in keep.iter().map(|f| f.as_fd()).chain([memfd.as_fd()]) {
+        if let Err(e) = fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())) {
+            return Failed::Fatal(format!("cannot keep a descriptor across the exec: {e}"));
+        }
+    }
+    tracing::info!(
+        agents = carried.0,
+        processes = carried.1,
+        quiesce_ms = started.elapsed().as_millis() as u64,
+        "reload: executing the new image"
+    );
+    crate::daemon::systemd::notify_watchdog();
+    let e = exec(r.launch, memfd.as_raw_fd());
+    Failed::Fatal(format!(
+        "cannot execute {}: {e}",
+        r.launch.exe.display()
+    ))
+}
+
+async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<Handoff> {
+    let listener = r.listener.as_fd().try_clone_to_owned()?;
+    let listener_fd = listener.as_raw_fd();
+    keep.push(listener);
+    let cgroups = r.state.supervisor.handoff_cgroups(keep)?;
+    let acp = r.state.acp.export(keep).await;
+    let processes = r.state.processes.export(keep).await?;
+    // A child that ends from here on stays a zombie for the new image to see and reap.
+    r.state.supervisor.hold_reaps();
+    Ok(Handoff {
+        version: STATE_VERSION,
+        token: r.token.map(str::to_string),
+        listener_fd,
+        stop_requested: r.root.is_cancelled(),
+        cgroups,
+        acp,
+        processes,
+        fds: keep.iter().map(|f| f.as_raw_fd()).collect(),
+    })
+}
+
+/// Runs `<exe> reload-check` with the daemon's own arguments and environment: it loads the
+/// configuration as the new image would and says whether it reads this state version.
+async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new(&launch.exe);
+    cmd.arg("reload-check")
+        .arg("--state-version")
+        .arg(STATE_VERSION.to_string());
+    if with_token {
+        cmd.arg("--with-token");
+    }
+    cmd.arg("--")
+        .args(launch.argv.iter().skip(1))
+        .env_clear()
+        .envs(launch.env.iter().cloned());
+    let out = crate::supervisor::run_to_completion(cmd, CHECK_TIMEOUT)
+        .await
+        .map_err(|e| format!("the new binary {} cannot run: {e}", launch.exe.display()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr.trim();
+    let why = match out.status.code() {
+        Some(65) => format!("the new binary does not read this state: {stderr}"),
+        Some(78) => format!("the configuration is not valid: {stderr}"),
+        _ => format!(
+            "the new binary's check failed ({}): {}",
+            out.status,
+            stderr.chars().take(2000).collect::<String>()
+        ),
+    };
+    Err(why)
+}
+
+/// `sandbox-agent reload-check`: loads the configuration from `args` as the daemon would and
+/// checks the state version. Exit 0: fine; 65: version not read; 78: configuration; 64: usage.
+pub fn check_main(state_version: u32, with_token: bool, args: Vec<OsString>) -> std::process::ExitCode {
+    use clap::Parser;
+    if !accepts(state_version) {
+        eprintln!(
+            "state version {state_version} is not read by this binary ({OLDEST_ACCEPTED}..={STATE_VERSION})"
+        );
+        return std::process::ExitCode::from(65);
+    }
+    let argv = std::iter::once(OsString::from("sandbox-agent")).chain(args);
+    let cli = match crate::cli::Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return std::process::ExitCode::from(64);
+        }
+    };
+    let mut server = match cli.command {
+        Some(crate::cli::Command::Server(a)) => *a,
+        None => cli.server,
+        Some(_) => {
+            eprintln!("the daemon's arguments do not start a server");
+            return std::process::ExitCode::from(64);
+        }
+    };
+    if with_token && server.token.is_none() {
+        // Stands for the carried token, whose value is never passed to this check.
+        server.token = Some("carried".into());
+    }
+    match crate::config::Config::load(&server) {
+        Ok(_) => {
+            println!(
+                "{{\"version\":\"{}\",\"stateVersions\":[{OLDEST_ACCEPTED},{STATE_VERSION}]}}",
+                env!("CARGO_PKG_VERSION")
+            );
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprint!("{e}");
+            std::process::ExitCode::from(78)
+        }
+    }
+}
+
+fn memfd() -> std::io::Result<std::fs::File> {
+    crate::sys::memfd("sandbox-agent-handoff")
+}
+
+fn write_memfd(mut f: &std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
+    f.set_len(0)?;
+    f.rewind()?;
+    f.write_all(bytes)?;
+    f.rewind()?;
+    Ok(())
+}
+
+/// The stop and reload signals, blocked across the exec: one that arrives meanwhile stays
+/// pending until the new image's signal thread has its handlers.
+pub fn handled_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP] {
+        set.add(s);
+    }
+    set
+}
+
+/// Executes the new image; returns only on failure (with the signals unblocked again).
+fn exec(launch: &Launch, handoff_fd: RawFd) -> std::io::Error {
+    let cstr = |b: &[u8]| CString::new(b).map_err(|_| std::io::Error::other("NUL in argument"));
+    let prepared = (|| -> std::io::Result<(CString, Vec<CString>, Vec<CString>)> {
+        let path = cstr(launch.exe.as_os_str().as_bytes())?;
+        let argv = launch
+            .argv
+            .iter()
+            .map(|a| cstr(a.as_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut env = Vec::with_capacity(launch.env.len() + 1);
+        for (k, v) in &launch.env {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            env.push(cstr(&kv)?);
+        }
+        env.push(cstr(format!("{HANDOFF_FD_VAR}={handoff_fd}").as_bytes())?);
+        Ok((path, argv, env))
+    })();
+    let (path, argv, env) = match prepared {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    let set = handled_signals();
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
+    let err = match nix::unistd::execve(&path, &argv, &env) {
+        Err(e) => std::io::Error::from(e),
+        Ok(never) => match never {},
+    };
+    let _ = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
+    err
+}
+
+/// A hand-off received by the new image, with the descriptors it kept.
+pub struct Received {
+    pub handoff: Handoff,
+    open: BTreeSet<i32>,
+}
+
+impl Received {
+    /// Takes descriptor `n` of the hand-off (once), close-on-exec again.
+    pub fn take(&mut self, n: i32) -> std::io::Result<OwnedFd> {
+        if !self.open.remove(&n) {
+            return Err(std::io::Error::other(format!(
+                "descriptor {n} is not in the hand-off (or taken twice)"
+            )));
+        }
+        let fd = crate::sys::inherited_fd(n)?;
+        fcntl(fd.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(std::io::Error::from)?;
+        Ok(fd)
+    }
+
+    /// Closes every kept descriptor nobody took (e.g. of a child that could not be adopted).
+    pub fn close_rest(&mut self) {
+        for n in std::mem::take(&mut self.open) {
+            drop(crate::sys::inherited_fd(n));
+        }
+    }
+}
+
+/// Reads the hand-off from descriptor `value` (the variable's value). Call at the top of
+/// `main`, before any other descriptor is opened.
+pub fn receive(value: &str) -> Result<Received, String> {
+    let n: i32 = value
+        .parse()
+        .map_err(|_| format!("{HANDOFF_FD_VAR}={value} is not a descriptor"))?;
+    if n < 3 {
+        return Err(format!("{HANDOFF_FD_VAR}={value} is not a descriptor"));
+    }
+    let mut f = std::fs::File::from(
+        crate::sys::inherited_fd(n).map_err(|e| format!("the hand-off descriptor {n}: {e}"))?,
+    );
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the hand-off: {e}"))?;
+    drop(f);
+    let handoff = Handoff::from_json(&bytes)?;
+    let open = handoff.fds.iter().copied().collect();
+    Ok(Received { handoff, open })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::acp::AcpState;
+    use crate::processes::ProcessesState;
+
+    fn sample() -> Handoff {
+        Handoff {
+            version: STATE_VERSION,
+            token: Some("t0ken".into()),
+            listener_fd: 7,
+            stop_requested: false,
+            cgroups: CgroupsState::default(),
+            acp: AcpState::default(),
+            processes: ProcessesState::default(),
+            fds: vec![7, 8, 9],
+        }
+    }
+
+    #[test]
+    fn the_hand_off_round_trips() {
+        let h = sample();
+        assert_eq!(Handoff::from_json(&h.to_json()).unwrap(), h);
+    }
+
+    #[test]
+    fn versions_outside_the_accepted_range_are_refused() {
+        for v in [0, STATE_VERSION + 1] {
+            let mut h = sample();
+            h.version = v;
+            let err = Handoff::from_json(&h.to_json()).unwrap_err();
+            assert!(err.contains("is not one this binary reads"), "{err}");
+        }
+        assert!(accepts(STATE_VERSION) && accepts(OLDEST_ACCEPTED));
+    }
+
+    #[test]
+    fn the_token_is_stripped_from_the_arguments() {
+        let argv: Vec<OsString> = ["sa", "--port", "1", "--token", "s3", "--token=s4", "--x"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let got = strip_token(argv);
+        assert_eq!(got, ["sa", "--port", "1", "--x"].map(OsString::from).to_vec());
+    }
+
+    #[test]
+    fn a_memfd_hand_off_is_read_back_with_its_descriptors() {
+        let f = memfd().unwrap();
+        let h = sample();
+        write_memfd(&f, &h.to_json()).unwrap();
+        let n = f.as_raw_fd();
+        // `receive` owns (and closes) the descriptor it reads.
+        std::mem::forget(f);
+        let mut r = receive(&n.to_string()).unwrap();
+        assert_eq!(r.handoff, h);
+        assert!(r.take(5).is_err(), "a descriptor not in the hand-off is refused");
+        r.open.clear(); // 7, 8, 9 are not really ours in this test
+    }
+}
