@@ -186,7 +186,7 @@ impl Agents {
                 name: "Mock agent (built in)".into(),
                 installed: true,
                 version: Some(env!("CARGO_PKG_VERSION").into()),
-                path: std::env::current_exe().ok(),
+                path: Some(self.config.exe.clone()),
                 source: "builtin".into(),
                 credentials_available: true,
                 credentials_env: Vec::new(),
@@ -291,10 +291,7 @@ impl Agents {
     pub async fn prepare_launch(&self, agent: &str) -> Result<LaunchSpec, AgentError> {
         if agent == MOCK {
             return Ok(LaunchSpec {
-                program: std::env::current_exe().map_err(|e| AgentError::InstallFailed {
-                    agent: agent.to_string(),
-                    reason: format!("cannot find the daemon's own executable: {e}"),
-                })?,
+                program: self.config.exe.clone(),
                 args: vec!["mock-agent".into()],
                 env: Vec::new(),
             });
@@ -397,7 +394,7 @@ impl Agents {
             reason,
         };
         if agent == MOCK {
-            let exe = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
+            let exe = self.config.exe.clone();
             return Ok(InstallOutcome {
                 already_installed_camel: true,
                 already_installed: true,

@@ -50,6 +50,10 @@ pub struct Config {
     pub port: u16,
     /// `None` means no authentication.
     pub token: Option<String>,
+    /// The daemon's own binary, by the path it was started from (resolved once, at start): the
+    /// built-in mock agent and a reload execute it. Not `/proc/self/exe`, which names a deleted
+    /// file once a package upgrade has replaced the binary.
+    pub exe: PathBuf,
     pub data_dir: PathBuf,
     pub work_dir: PathBuf,
     pub fs_root: Option<PathBuf>,
@@ -727,6 +731,9 @@ impl Config {
             host,
             port,
             token: if no_token { None } else { token },
+            exe: std::env::current_exe()
+                .map(|p| strip_deleted(p))
+                .unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             data_dir,
             work_dir,
             fs_root,
@@ -891,4 +898,15 @@ pub fn launch_env() -> Vec<(OsString, OsString)> {
     std::env::vars_os()
         .filter(|(k, _)| k != "SANDBOX_AGENT_TOKEN" && k != HANDOFF_FD_VAR)
         .collect()
+}
+
+/// `current_exe` after the binary was replaced on disk reads "<path> (deleted)": the path the
+/// daemon was started from is the part before the suffix (where the new binary now is).
+fn strip_deleted(p: PathBuf) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let b = p.as_os_str().as_bytes();
+    match b.strip_suffix(b" (deleted)") {
+        Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
+        None => p,
+    }
 }

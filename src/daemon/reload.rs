@@ -101,7 +101,15 @@ impl Launch {
     /// Captures argv and the environment; call at the top of `main`, before the token is
     /// overwritten in the process's memory.
     pub fn capture() -> Launch {
-        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+        let exe = std::env::current_exe()
+            .map(|p| {
+                use std::os::unix::ffi::OsStrExt;
+                match p.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
+                    Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
+                    None => p,
+                }
+            })
+            .unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
         Launch {
             exe,
             argv: strip_token(std::env::args_os().collect()),
