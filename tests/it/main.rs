@@ -16,6 +16,7 @@ mod mock_agent;
 mod openapi;
 mod packaging;
 mod processes;
+mod reload;
 mod providers;
 mod real_agents;
 mod sdk;

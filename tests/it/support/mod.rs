@@ -56,6 +56,7 @@ pub struct DaemonBuilder {
     data_dir: Option<PathBuf>,
     stderr_unread: bool,
     any_user_bin: bool,
+    binary: Option<PathBuf>,
 }
 
 impl Default for DaemonBuilder {
@@ -71,6 +72,7 @@ impl Default for DaemonBuilder {
             data_dir: None,
             stderr_unread: false,
             any_user_bin: false,
+            binary: None,
         }
     }
 }
@@ -144,6 +146,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// Starts the daemon from this file instead of the built binary (e.g. a copy a test
+    /// replaces, as a package upgrade would).
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
     pub fn start(self) -> Daemon {
         Daemon::start_with(self)
     }
@@ -196,7 +205,9 @@ impl Daemon {
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
 
-        let bin = if b.any_user_bin {
+        let bin = if let Some(p) = &b.binary {
+            p.as_path()
+        } else if b.any_user_bin {
             bin_for_any_user()
         } else {
             Path::new(BIN)

@@ -1,0 +1,588 @@
+//! In-place reload (SIGHUP): the daemon re-executes itself with the same pid and carries its
+//! agents, processes, event and output logs, pending requests and the listening socket.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::support::{BIN, Daemon, children_of, eventually, eventually_async, is_root, skip};
+
+/// Sends SIGHUP and waits for the reload's `RELOADING=1` then the new image's `READY=1`.
+/// Returns the RELOADING message.
+fn reload(d: &mut Daemon) -> String {
+    let before = d.messages.len();
+    d.signal(Signal::SIGHUP);
+    wait_reloaded(d, before)
+}
+
+fn wait_reloaded(d: &mut Daemon, before: usize) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let new = &d.messages[before..];
+        if let Some(i) = new.iter().position(|m| m.lines().any(|l| l == "RELOADING=1")) {
+            if let Some(ready) = new[i..].iter().find(|m| m.lines().any(|l| l == "READY=1")) {
+                assert!(
+                    ready.contains("STATUS=listening on"),
+                    "the reload failed: {ready:?}\nstderr:\n{}",
+                    d.stderr()
+                );
+                return new[i].clone();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no RELOADING=1 then READY=1 within 30 s: {:?}\nstderr:\n{}",
+            &d.messages[before..],
+            d.stderr()
+        );
+        d.read_notify();
+    }
+}
+
+/// Sends SIGHUP and waits for the refusal (READY=1 with a "reload failed" status).
+fn reload_refused(d: &mut Daemon) -> String {
+    let before = d.messages.len();
+    d.signal(Signal::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(m) = d.messages[before..]
+            .iter()
+            .find(|m| m.contains("STATUS=reload failed"))
+        {
+            assert!(m.lines().any(|l| l == "READY=1"), "{m:?}");
+            return m.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refusal within 30 s: {:?}",
+            &d.messages[before..]
+        );
+        d.read_notify();
+    }
+}
+
+async fn post(d: &Daemon, server_id: &str, body: Value) -> (u16, Value) {
+    post_with(d, server_id, body, &[]).await
+}
+
+async fn post_with(
+    d: &Daemon,
+    server_id: &str,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let mut req = d
+        .client()
+        .post(d.url(&format!("/v1/acp/{server_id}?agent=mock")))
+        .json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Starts a mock agent under `server_id` with one session; returns the session id.
+async fn mock_session(d: &Daemon, server_id: &str) -> String {
+    let (s, _) = post(
+        d,
+        server_id,
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, body) = post(
+        d,
+        server_id,
+        json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    body["result"]["sessionId"].as_str().unwrap().to_string()
+}
+
+async fn server(d: &Daemon, server_id: &str) -> Value {
+    d.servers()
+        .await
+        .into_iter()
+        .find(|s| s["serverId"] == server_id)
+        .unwrap_or_else(|| panic!("no {server_id} in the listing"))
+}
+
+async fn create_process(d: &Daemon, script: &str) -> Value {
+    let resp = d
+        .client()
+        .post(d.url("/v1/processes"))
+        .json(&json!({"command": "sh", "args": ["-c", script]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// The whole output log of a process: (entries' sequence/data pairs, the bytes).
+async fn process_log(d: &Daemon, id: &str) -> (Vec<(u64, Vec<u8>)>, Value) {
+    use base64::Engine;
+    let body = d.get_json(&format!("/v1/processes/{id}/logs")).await;
+    let entries = body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(e["data"].as_str().unwrap())
+                .unwrap();
+            (e["sequence"].as_u64().unwrap(), data)
+        })
+        .collect();
+    (entries, body)
+}
+
+/// The counter lines a process printed, checked to be 1, 2, 3, … with no byte lost or doubled
+/// (and the log's offsets contiguous from 0).
+fn counted(entries: &[(u64, Vec<u8>)]) -> u64 {
+    let mut at = 0;
+    let mut all = Vec::new();
+    for (seq, data) in entries {
+        assert_eq!(seq - data.len() as u64, at, "a gap or overlap in the offsets");
+        at = *seq;
+        all.extend_from_slice(data);
+    }
+    let text = String::from_utf8(all).unwrap();
+    let mut n = 0;
+    for line in text.lines() {
+        n += 1;
+        assert_eq!(line, n.to_string(), "output lost or doubled around line {n}");
+    }
+    n
+}
+
+const COUNTER: &str = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo $i; sleep 0.005; done";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_and_processes_keep_their_pids_and_logs_across_reloads() {
+    let mut d = Daemon::start();
+    let daemon_pid = d.pid();
+    let session = mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].as_u64().unwrap();
+    let proc = create_process(&d, COUNTER).await;
+    let id = proc["id"].as_str().unwrap().to_string();
+    let proc_pid = proc["pid"].as_u64().unwrap();
+    eventually_async(Duration::from_secs(10), "output before the reload", || async {
+        (d.get_json(&format!("/v1/processes/{id}")).await["logEnd"].as_u64()? > 20).then_some(())
+    })
+    .await;
+
+    let reloading = reload(&mut d);
+    assert!(
+        reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")),
+        "RELOADING=1 comes with MONOTONIC_USEC: {reloading:?}"
+    );
+    // A second reload right away: the new image reloads as well as the first.
+    reload(&mut d);
+
+    assert_eq!(d.pid(), daemon_pid);
+    assert!(d.child.as_mut().unwrap().try_wait().unwrap().is_none());
+    let s1 = server(&d, "s1").await;
+    assert_eq!(s1["pid"].as_u64().unwrap(), agent_pid, "{s1}");
+    assert_eq!(s1["status"], "running");
+    let p = d.get_json(&format!("/v1/processes/{id}")).await;
+    assert_eq!(p["pid"].as_u64().unwrap(), proc_pid, "{p}");
+    assert_eq!(p["status"], "running");
+    // Both are still the daemon's children (nothing was re-spawned).
+    let kids = children_of(daemon_pid);
+    assert!(kids.contains(&(agent_pid as u32)) && kids.contains(&(proc_pid as u32)));
+
+    // The agent answers on the same session, through the carried pipes.
+    let (s, body) = post(
+        &d,
+        "s1",
+        json!({"jsonrpc":"2.0","id":3,"method":"session/prompt",
+               "params":{"sessionId":session,"prompt":[{"type":"text","text":"/stream 3"}]}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["result"]["stopReason"], "end_turn");
+
+    // The process's output went on through the reloads with no byte lost or doubled.
+    let before = counted(&process_log(&d, &id).await.0);
+    eventually_async(Duration::from_secs(20), "more output after the reload", || async {
+        let n = counted(&process_log(&d, &id).await.0);
+        (n > before + 50).then_some(())
+    })
+    .await;
+
+    // A new agent and a new process start as before.
+    mock_session(&d, "s2").await;
+    let p2 = create_process(&d, "echo hi").await;
+    assert_ne!(p2["id"], proc["id"], "ids are not reused after a reload");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_reader_resumes_after_a_reload_with_no_gap_and_no_repeat() {
+    let mut d = Daemon::start();
+    let session = mock_session(&d, "s1").await;
+    let (s, _) = post_with(
+        &d,
+        "s1",
+        json!({"jsonrpc":"2.0","id":"long","method":"session/prompt",
+               "params":{"sessionId":session,"prompt":[{"type":"text","text":"/stream 3000"}]}}),
+        &[("prefer", "respond-async")],
+    )
+    .await;
+    assert_eq!(s, 202);
+    let mut frames: Vec<(u64, String)> = Vec::new();
+    let mut first = read_sse(&d, "s1", None).await;
+    // Read some, then reload while the rest is still to come.
+    while frames.len() < 10 {
+        frames.extend(first.next_frames().await.expect("the stream ended early"));
+    }
+    let before = d.messages.len();
+    d.signal(Signal::SIGHUP);
+    // The old stream ends cleanly when the reload quiesces.
+    while let Some(more) = first.next_frames().await {
+        frames.extend(more);
+    }
+    wait_reloaded(&mut d, before);
+    let mut last = frames.last().map(|f| f.0);
+    // Resume with Last-Event-ID until the prompt's answer arrives.
+    let mut answered = frames.iter().any(|(_, data)| data.contains("\"long\""));
+    for _ in 0..3 {
+        if answered {
+            break;
+        }
+        let mut sse = read_sse(&d, "s1", last).await;
+        while let Some(more) = sse.next_frames().await {
+            answered |= more.iter().any(|(_, data)| data.contains("\"long\""));
+            frames.extend(more);
+            if answered {
+                break;
+            }
+        }
+        last = frames.last().map(|f| f.0);
+        if answered {
+            break;
+        }
+    }
+    assert!(
+        answered,
+        "the prompt's answer never arrived: {} frames, last {:?}; {}\nstderr:\n{}",
+        frames.len(),
+        frames.last(),
+        server(&d, "s1").await,
+        d.stderr()
+    );
+    for (i, (id, data)) in frames.iter().enumerate() {
+        assert_eq!(*id, i as u64 + 1, "ids are contiguous from 1 (no gap, no repeat)");
+    }
+    let chunks: Vec<u64> = frames
+        .iter()
+        .filter_map(|(_, data)| {
+            let v: Value = serde_json::from_str(data).ok()?;
+            let t = v["params"]["update"]["content"]["text"].as_str()?;
+            t.strip_prefix("chunk ")?.split(' ').next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(chunks, (1..=3000).collect::<Vec<u64>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_in_flight_is_answered_202_and_its_answer_reaches_the_stream() {
+    let mut d = Daemon::start();
+    let session = mock_session(&d, "s1").await;
+    let client = d.client();
+    let url = d.url("/v1/acp/s1");
+    let prompt = json!({"jsonrpc":"2.0","id":77,"method":"session/prompt",
+        "params":{"sessionId":session,"prompt":[{"type":"text","text":"/hang"}]}});
+    let waiting = tokio::spawn(async move {
+        let r = client.post(url).json(&prompt).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    eventually_async(Duration::from_secs(10), "the prompt pending", || async {
+        (server(&d, "s1").await["pendingRequests"] == 1).then_some(())
+    })
+    .await;
+    let before = d.messages.len();
+    d.signal(Signal::SIGHUP);
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, 202, "the waiting POST is answered as respond-async: {body}");
+    wait_reloaded(&mut d, before);
+    assert_eq!(server(&d, "s1").await["pendingRequests"], 1);
+    // Cancelled after the reload: the agent answers, and the answer goes to the stream.
+    let (s, _) = post(
+        &d,
+        "s1",
+        json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":session}}),
+    )
+    .await;
+    assert_eq!(s, 202);
+    let mut sse = read_sse(&d, "s1", None).await;
+    let mut seen = Vec::new();
+    while let Some(more) = sse.next_frames().await {
+        seen.extend(more);
+        if let Some((_, data)) = seen.iter().find(|(_, d)| d.contains("\"id\":77")) {
+            assert!(data.contains("cancelled"), "{data}");
+            return;
+        }
+    }
+    panic!("the answer never reached the stream: {seen:?}");
+}
+
+#[test]
+fn health_probes_on_fresh_connections_lose_none_across_reloads() {
+    let mut d = Daemon::start();
+    let addr = d.addr.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let probe = {
+        let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match health(&addr) {
+                    Ok(()) => {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures.lock().unwrap().push(e),
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        })
+    };
+    for _ in 0..3 {
+        reload(&mut d);
+        let at = ok.load(Ordering::Relaxed);
+        eventually(Duration::from_secs(10), "probes after the reload", || {
+            (ok.load(Ordering::Relaxed) > at + 10).then_some(())
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    probe.join().unwrap();
+    let failures = failures.lock().unwrap();
+    assert!(failures.is_empty(), "failed probes: {failures:?}");
+}
+
+/// One `GET /v1/health` on a new connection; the whole answer must arrive.
+fn health(addr: &str) -> Result<(), String> {
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .map_err(|e| format!("read: {e}"))?;
+    if answer.starts_with("HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(format!("answer: {:?}", answer.lines().next()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_config_or_binary_is_refused_and_the_daemon_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("sandbox-agent");
+    std::fs::copy(BIN, &bin).unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "event_buffer = 100\n").unwrap();
+    let mut d = Daemon::builder()
+        .binary(&bin)
+        .arg("--config")
+        .arg(&config)
+        .start();
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+
+    // A configuration the new image would refuse.
+    std::fs::write(&config, "no_such_setting = 1\n").unwrap();
+    let m = reload_refused(&mut d);
+    assert!(m.contains("configuration"), "{m}");
+    std::fs::write(&config, "event_buffer = 100\n").unwrap();
+
+    // A binary that does not run, then none at all.
+    let real = dir.path().join("real");
+    std::fs::rename(&bin, &real).unwrap();
+    std::fs::write(&bin, "#!/bin/sh\nexit 3\n").unwrap();
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    reload_refused(&mut d);
+    std::fs::remove_file(&bin).unwrap();
+    reload_refused(&mut d);
+
+    // Through all of it: the same agent, serving.
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    let (s, _) = post(
+        &d,
+        "s1",
+        json!({"jsonrpc":"2.0","id":9,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}),
+    )
+    .await;
+    assert_eq!(s, 200);
+
+    // With the binary and the config right again, the reload happens.
+    std::fs::rename(&real, &bin).unwrap();
+    reload(&mut d);
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+}
+
+fn inode(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().ino()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_replaced_on_disk_is_the_one_running_after_the_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("sandbox-agent");
+    std::fs::copy(BIN, &bin).unwrap();
+    let mut d = Daemon::builder().binary(&bin).start();
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+    let exe = format!("/proc/{}/exe", d.pid());
+    let old = inode(&bin);
+    assert_eq!(inode(Path::new(&exe)), old);
+
+    // An upgrade: a new file renamed over the old one, as dpkg does.
+    let staged = dir.path().join("sandbox-agent.new");
+    std::fs::copy(BIN, &staged).unwrap();
+    std::fs::rename(&staged, &bin).unwrap();
+    let new = inode(&bin);
+    assert_ne!(new, old);
+    assert_eq!(inode(Path::new(&exe)), old, "the old image still runs");
+    // The old image can still start the built-in agent (it runs the file at the path, not
+    // the deleted /proc/self/exe).
+    mock_session(&d, "s2").await;
+
+    reload(&mut d);
+    assert_eq!(inode(Path::new(&exe)), new, "the new binary runs after the reload");
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    mock_session(&d, "s3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_carried_inside_the_hand_off_never_in_argv_or_the_environment() {
+    let token = "reload-secret-token-4242";
+    let mut d = Daemon::builder()
+        .env("SANDBOX_AGENT_TOKEN", token)
+        .start();
+    d.token = Some(token.to_string());
+    reload(&mut d);
+    let anon = crate::support::http()
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anon.status(), 401, "the token is still required");
+    assert_eq!(
+        d.client().get(d.url("/v1/acp")).send().await.unwrap().status(),
+        200
+    );
+    if is_root() {
+        for f in ["cmdline", "environ"] {
+            let raw = std::fs::read(format!("/proc/{}/{f}", d.pid())).unwrap();
+            let text = String::from_utf8_lossy(&raw);
+            assert!(!text.contains(token), "the token is in /proc/<pid>/{f}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_pid1_a_reload_keeps_the_agents_and_the_init_forwards_it() {
+    let available = is_root()
+        && std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "true"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !available {
+        return skip("needs root and unshare --pid to run the daemon as PID 1");
+    }
+    let mut d = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .expect_exit(None)
+        .start();
+    let init = eventually(Duration::from_secs(5), "the namespace's PID 1", || {
+        children_of(d.pid()).first().copied()
+    });
+    let daemon = eventually(Duration::from_secs(5), "the daemon under our init", || {
+        children_of(init).first().copied()
+    });
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+    // SIGHUP to PID 1 is forwarded to the daemon, which reloads in place.
+    let before = d.messages.len();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init as i32), Signal::SIGHUP).unwrap();
+    wait_reloaded(&mut d, before);
+    assert_eq!(children_of(init), vec![daemon], "the same daemon process under the init");
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    mock_session(&d, "s2").await;
+    // And it still stops cleanly through the init.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init as i32), Signal::SIGTERM).unwrap();
+    let mut child = d.child.take().unwrap();
+    let status = eventually(Duration::from_secs(15), "the namespace to end", || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", d.stderr());
+}
+
+/// A minimal SSE reader: frames with an id, returned as they arrive.
+struct SseReader {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+async fn read_sse(d: &Daemon, server_id: &str, last: Option<u64>) -> SseReader {
+    let mut req = d
+        .client()
+        .get(d.url(&format!("/v1/acp/{server_id}")))
+        .header("accept", "text/event-stream");
+    if let Some(n) = last {
+        req = req.header("last-event-id", n.to_string());
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    SseReader {
+        resp,
+        buf: String::new(),
+    }
+}
+
+impl SseReader {
+    /// The next complete frames (id, data); `None` when the stream ended or stayed silent 10 s.
+    async fn next_frames(&mut self) -> Option<Vec<(u64, String)>> {
+        loop {
+            if let Some(end) = self.buf.rfind("\n\n") {
+                let complete: String = self.buf.drain(..end + 2).collect();
+                let frames: Vec<(u64, String)> = complete
+                    .split("\n\n")
+                    .filter_map(|block| {
+                        let mut id = None;
+                        let mut data = None;
+                        for line in block.lines() {
+                            assert_ne!(line, "event: gap", "a gap in the stream: {block}");
+                            if let Some(v) = line.strip_prefix("id: ") {
+                                id = v.parse().ok();
+                            } else if let Some(v) = line.strip_prefix("data: ") {
+                                data = Some(v.to_string());
+                            }
+                        }
+                        Some((id?, data.unwrap_or_default()))
+                    })
+                    .collect();
+                if !frames.is_empty() {
+                    return Some(frames);
+                }
+            }
+            match tokio::time::timeout(Duration::from_secs(10), self.resp.chunk()).await {
+                Ok(Ok(Some(bytes))) => self.buf.push_str(&String::from_utf8_lossy(&bytes)),
+                _ => return None,
+            }
+        }
+    }
+}
