@@ -434,6 +434,8 @@ fn debian_package_runs_under_real_systemd_in_nspawn() {
             "a crashed agent answers 502",
             "agent process runs as the service user",
             "survives past WatchdogSec",
+            "systemctl reload keeps the daemon and its agents",
+            "control: a broken config is refused on reload",
             "control: silent watchdog is killed",
             "journal fields and priorities",
             "control: text logs lack fields",
@@ -444,7 +446,8 @@ fn debian_package_runs_under_real_systemd_in_nspawn() {
             "socket activation answers",
             "control: socket ignored",
             "stop after socket activation",
-            "upgrade restarts the running service",
+            "upgrade reloads the running service onto the new binary",
+            "upgrade with restart-on-upgrade restarts",
             "purge stops and removes",
         ],
     );

@@ -126,6 +126,37 @@ else fail "survives past WatchdogSec" "$(prop sandbox-agent.service ActiveState)
 r=$(prop ctl-watchdog.service Result)
 [ "$r" = watchdog ] && ok "control: silent watchdog is killed" || fail "control: silent watchdog is killed" "Result=$r"
 
+# --- systemctl reload: the same daemon and the same agent, a new image ---
+# agent_pid SERVER_ID: the pid GET /v1/acp lists for it.
+agent_pid() {
+  curl -s -H "Authorization: Bearer $TOKEN" "$API/v1/acp" |
+    sed -n "s/.*\"serverId\":\"$1\"[^}]*\"pid\":\([0-9]*\).*/\1/p"
+}
+# reloads: how many times the journal says the daemon came back from a reload.
+reloads() { journalctl -u sandbox-agent --no-pager -o cat | grep -c '^reloaded; listening on' || true; }
+# wait_for CMD...: polls (10 s) until CMD succeeds.
+wait_for() { i=0; while [ "$i" -lt 50 ]; do "$@" && return 0; sleep 0.2; i=$((i + 1)); done; return 1; }
+pid=$(prop sandbox-agent.service MainPID)
+apid=$(agent_pid pkg-test-1)
+n=$(reloads)
+systemctl reload sandbox-agent.service
+more_reloads() { [ "$(reloads)" -gt "$n" ] && [ "$(prop sandbox-agent.service ActiveState)" = active ]; }
+if wait_for more_reloads && [ -n "$apid" ] && [ "$(prop sandbox-agent.service MainPID)" = "$pid" ] &&
+  [ "$(agent_pid pkg-test-1)" = "$apid" ] &&
+  [ "$(prop sandbox-agent.service StatusText)" = "listening on http://127.0.0.1:2468" ]; then
+  ok "systemctl reload keeps the daemon and its agents"
+else fail "systemctl reload keeps the daemon and its agents" "reloads $n -> $(reloads); MainPID $pid -> $(prop sandbox-agent.service MainPID); agent $apid -> $(agent_pid pkg-test-1); $(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi
+# Control: a broken config is refused; the daemon serves on and says why in its status.
+cp /etc/sandbox-agent/config.toml /tmp/config.toml.good
+echo 'no_such_setting = 1' >>/etc/sandbox-agent/config.toml
+systemctl reload sandbox-agent.service
+refused() { case "$(prop sandbox-agent.service StatusText)" in "reload failed"*) return 0;; esac; return 1; }
+if wait_for refused && [ "$(prop sandbox-agent.service ActiveState)" = active ] &&
+  [ "$(prop sandbox-agent.service MainPID)" = "$pid" ] && [ "$(agent_pid pkg-test-1)" = "$apid" ]; then
+  ok "control: a broken config is refused on reload"
+else fail "control: a broken config is refused on reload" "$(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi
+cp /tmp/config.toml.good /etc/sandbox-agent/config.toml
+
 # --- journald: our structured fields at the right priorities ---
 # journal_ok UNIT: the 'listening' entry at info (tracing's INFO is journald's 5, notice) with the
 # ADDR field, and a request answered 502 at warning (4) with the STATUS field, tagged sandbox-agent.
@@ -177,14 +208,26 @@ systemctl stop sandbox-agent.socket sandbox-agent.service
 r=$(prop sandbox-agent.service Result)
 [ "$r" = success ] && ok "stop after socket activation" || fail "stop after socket activation" "Result=$r"
 
-# --- upgrade restarts a running service; purge stops it and removes its state ---
+# --- upgrade reloads a running service in place (agents kept); purge stops it and removes its state ---
 systemctl start sandbox-agent.service
+post "$API" "$TOKEN" 'pkg-up?agent=mock' "$INIT" >/dev/null
 before=$(prop sandbox-agent.service MainPID)
+apid=$(agent_pid pkg-up)
 dpkg -i /ci-out/sandbox-agent.deb >/tmp/dpkg2.log 2>&1
 after=$(prop sandbox-agent.service MainPID)
-if [ "$(prop sandbox-agent.service ActiveState)" = active ] && [ "$after" != "$before" ] && [ "$after" != 0 ]
-then ok "upgrade restarts the running service"
-else fail "upgrade restarts the running service" "MainPID $before -> $after; $(tail -3 /tmp/dpkg2.log)"; fi
+exe=$(readlink "/proc/$after/exe")
+if [ "$(prop sandbox-agent.service ActiveState)" = active ] && [ "$after" = "$before" ] &&
+  [ "$exe" = /usr/bin/sandbox-agent ] && [ -n "$apid" ] && [ "$(agent_pid pkg-up)" = "$apid" ]
+then ok "upgrade reloads the running service onto the new binary"
+else fail "upgrade reloads the running service onto the new binary" "MainPID $before -> $after, exe '$exe', agent $apid -> $(agent_pid pkg-up); $(tail -3 /tmp/dpkg2.log)"; fi
+# The operator's choice: with restart-on-upgrade present, an upgrade restarts instead.
+touch /etc/sandbox-agent/restart-on-upgrade
+dpkg -i /ci-out/sandbox-agent.deb >/tmp/dpkg2b.log 2>&1
+after2=$(prop sandbox-agent.service MainPID)
+if [ "$(prop sandbox-agent.service ActiveState)" = active ] && [ "$after2" != "$after" ] && [ "$after2" != 0 ]
+then ok "upgrade with restart-on-upgrade restarts"
+else fail "upgrade with restart-on-upgrade restarts" "MainPID $after -> $after2; $(tail -3 /tmp/dpkg2b.log)"; fi
+rm -f /etc/sandbox-agent/restart-on-upgrade
 dpkg --purge sandbox-agent >/tmp/dpkg3.log 2>&1
 left=$(pgrep -u sandbox-agent | tr '\n' ' ')
 if [ ! -e /var/lib/sandbox-agent ] && [ ! -e /usr/bin/sandbox-agent ] && [ -z "$left" ] &&
