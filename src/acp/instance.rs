@@ -21,8 +21,8 @@
 
 mod handoff;
 
-pub use handoff::InstanceState;
 pub(super) use handoff::FrozenStdout;
+pub use handoff::InstanceState;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -167,21 +167,23 @@ impl AcpService {
                 server_id: Some(server_id.to_string()),
             });
         }
-        let inst = Arc::new(AcpInstance::new(
-            server_id.to_string(),
-            agent.to_string(),
-            self.limits,
-            self.deps.config.agent_grace,
-            crate::logging::RateLimit::new(
-                self.deps.config.agent_stderr_lines,
-                self.deps.config.agent_stderr_bytes,
-            ),
-            super::instance::StdinCaps {
-                per_instance: Budget::new(self.deps.config.stdin_queue),
-                total: self.stdin_total.clone(),
-            },
-        )
-        .with_handoff(self.handoff.clone()));
+        let inst = Arc::new(
+            AcpInstance::new(
+                server_id.to_string(),
+                agent.to_string(),
+                self.limits,
+                self.deps.config.agent_grace,
+                crate::logging::RateLimit::new(
+                    self.deps.config.agent_stderr_lines,
+                    self.deps.config.agent_stderr_bytes,
+                ),
+                super::instance::StdinCaps {
+                    per_instance: Budget::new(self.deps.config.stdin_queue),
+                    total: self.stdin_total.clone(),
+                },
+            )
+            .with_handoff(self.handoff.clone()),
+        );
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)
     }
@@ -444,7 +446,10 @@ impl AcpService {
         };
         let mut state = AcpState::default();
         for inst in all {
-            let carried = if inst.server_id.starts_with(super::connection::SERVER_ID_PREFIX) {
+            let carried = if inst
+                .server_id
+                .starts_with(super::connection::SERVER_ID_PREFIX)
+            {
                 None
             } else {
                 match inst.export(keep).await {
@@ -460,7 +465,12 @@ impl AcpService {
                 Some(s) => state.instances.push(s),
                 None => {
                     let mut map = self.instances();
-                    self.retire(&mut map, &inst, Retirement::Shutdown, self.deps.config.agent_grace);
+                    self.retire(
+                        &mut map,
+                        &inst,
+                        Retirement::Shutdown,
+                        self.deps.config.agent_grace,
+                    );
                 }
             }
         }

@@ -732,7 +732,7 @@ impl Config {
             port,
             token: if no_token { None } else { token },
             exe: std::env::current_exe()
-                .map(|p| strip_deleted(p))
+                .map(strip_deleted)
                 .unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             data_dir,
             work_dir,
@@ -810,6 +810,39 @@ impl Config {
     }
 }
 
+/// The variable through which a daemon that re-executes itself for a reload tells its new image
+/// which descriptor holds the hand-off (docs/operations.md, "Reload"). Never set by operators.
+pub const HANDOFF_FD_VAR: &str = "SANDBOX_AGENT_HANDOFF_FD";
+
+/// Reads and removes `HANDOFF_FD_VAR`, so that nothing started later (agents, tools) sees it.
+/// Call first thing in `main`, while the process has one thread.
+pub fn take_handoff_fd() -> Option<String> {
+    let value = std::env::var(HANDOFF_FD_VAR).ok();
+    if value.is_some() {
+        crate::sys::remove_env_single_threaded(HANDOFF_FD_VAR);
+    }
+    value
+}
+
+/// The environment the daemon was started with, as a reload re-executes it: every variable but
+/// the token (which the reload carries itself) and the hand-off's own.
+pub fn launch_env() -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| k != "SANDBOX_AGENT_TOKEN" && k != HANDOFF_FD_VAR)
+        .collect()
+}
+
+/// `current_exe` after the binary was replaced on disk reads "<path> (deleted)": the path the
+/// daemon was started from is the part before the suffix (where the new binary now is).
+fn strip_deleted(p: PathBuf) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let b = p.as_os_str().as_bytes();
+    match b.strip_suffix(b" (deleted)") {
+        Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
+        None => p,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -875,38 +908,5 @@ mod tests {
         };
         let err = Config::load_with_env(&bad, Vec::new()).expect_err("rejected");
         assert!(err.to_string().contains("agent-cgroups"), "{err}");
-    }
-}
-
-/// The variable through which a daemon that re-executes itself for a reload tells its new image
-/// which descriptor holds the hand-off (docs/operations.md, "Reload"). Never set by operators.
-pub const HANDOFF_FD_VAR: &str = "SANDBOX_AGENT_HANDOFF_FD";
-
-/// Reads and removes `HANDOFF_FD_VAR`, so that nothing started later (agents, tools) sees it.
-/// Call first thing in `main`, while the process has one thread.
-pub fn take_handoff_fd() -> Option<String> {
-    let value = std::env::var(HANDOFF_FD_VAR).ok();
-    if value.is_some() {
-        crate::sys::remove_env_single_threaded(HANDOFF_FD_VAR);
-    }
-    value
-}
-
-/// The environment the daemon was started with, as a reload re-executes it: every variable but
-/// the token (which the reload carries itself) and the hand-off's own.
-pub fn launch_env() -> Vec<(OsString, OsString)> {
-    std::env::vars_os()
-        .filter(|(k, _)| k != "SANDBOX_AGENT_TOKEN" && k != HANDOFF_FD_VAR)
-        .collect()
-}
-
-/// `current_exe` after the binary was replaced on disk reads "<path> (deleted)": the path the
-/// daemon was started from is the part before the suffix (where the new binary now is).
-fn strip_deleted(p: PathBuf) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    let b = p.as_os_str().as_bytes();
-    match b.strip_suffix(b" (deleted)") {
-        Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
-        None => p,
     }
 }

@@ -197,7 +197,10 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         Ok(h) => h,
         Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
     };
-    let carried = (handoff.acp.instances.len(), handoff.processes.processes.len());
+    let carried = (
+        handoff.acp.instances.len(),
+        handoff.processes.processes.len(),
+    );
     if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
         return Failed::Fatal(format!("cannot write the hand-off: {e}"));
     }
@@ -214,10 +217,7 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     );
     crate::daemon::systemd::notify_watchdog();
     let e = exec(r.launch, memfd.as_raw_fd());
-    Failed::Fatal(format!(
-        "cannot execute {}: {e}",
-        r.launch.exe.display()
-    ))
+    Failed::Fatal(format!("cannot execute {}: {e}", r.launch.exe.display()))
 }
 
 async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<Handoff> {
@@ -277,7 +277,11 @@ async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
 
 /// `sandbox-agent reload-check`: loads the configuration from `args` as the daemon would and
 /// checks the state version. Exit 0: fine; 65: version not read; 78: configuration; 64: usage.
-pub fn check_main(state_version: u32, with_token: bool, args: Vec<OsString>) -> std::process::ExitCode {
+pub fn check_main(
+    state_version: u32,
+    with_token: bool,
+    args: Vec<OsString>,
+) -> std::process::ExitCode {
     use clap::Parser;
     if !accepts(state_version) {
         eprintln!(
@@ -336,7 +340,12 @@ fn write_memfd(mut f: &std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
 /// pending until the new image's signal thread has its handlers.
 pub fn handled_signals() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP] {
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGHUP,
+    ] {
         set.add(s);
     }
     set
@@ -467,7 +476,10 @@ mod tests {
             .map(OsString::from)
             .collect();
         let got = strip_token(argv);
-        assert_eq!(got, ["sa", "--port", "1", "--x"].map(OsString::from).to_vec());
+        assert_eq!(
+            got,
+            ["sa", "--port", "1", "--x"].map(OsString::from).to_vec()
+        );
     }
 
     #[test]
@@ -480,7 +492,10 @@ mod tests {
         std::mem::forget(f);
         let mut r = receive(&n.to_string()).unwrap();
         assert_eq!(r.handoff, h);
-        assert!(r.take(5).is_err(), "a descriptor not in the hand-off is refused");
+        assert!(
+            r.take(5).is_err(),
+            "a descriptor not in the hand-off is refused"
+        );
         r.open.clear(); // 7, 8, 9 are not really ours in this test
     }
 }

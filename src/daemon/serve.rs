@@ -738,7 +738,13 @@ mod tests {
             idle_timeout: Duration::from_secs(5),
             max_connections: 16,
         };
-        tokio::spawn(serve(Arc::new(listener), app, limits, stop.clone(), tracker.clone()));
+        tokio::spawn(serve(
+            Arc::new(listener),
+            app,
+            limits,
+            stop.clone(),
+            tracker.clone(),
+        ));
         (addr, stop, tracker)
     }
 

@@ -139,12 +139,21 @@ impl ProcessService {
         for (stream, fd) in pipes {
             dups.push((stream, fd.as_fd().try_clone_to_owned()?));
             let pipe = tokio::process::ChildStdout::from_std(std::process::ChildStdout::from(fd))?;
-            readers.push(tokio::spawn(pump(pipe, stream, log.clone(), freeze.clone())));
+            readers.push(tokio::spawn(pump(
+                pipe,
+                stream,
+                log.clone(),
+                freeze.clone(),
+            )));
         }
         let pty = match pty {
             Some(fd) => {
                 let t = Arc::new(pty::Pty::from_master(fd)?);
-                readers.push(tokio::spawn(pump_pty(t.clone(), log.clone(), freeze.clone())));
+                readers.push(tokio::spawn(pump_pty(
+                    t.clone(),
+                    log.clone(),
+                    freeze.clone(),
+                )));
                 Some(t)
             }
             None => None,
@@ -173,12 +182,7 @@ impl ProcessService {
             pipes: dups,
             n: s.n,
         });
-        tokio::spawn(monitor(
-            process.clone(),
-            readers,
-            slot,
-            self.budget.clone(),
-        ));
+        tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
         crate::sys::lock(&self.records).insert(s.n, process);
         Ok(())
     }

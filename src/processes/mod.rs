@@ -596,16 +596,30 @@ impl ProcessService {
             if let Ok(dup) = std::os::fd::AsFd::as_fd(&out).try_clone_to_owned() {
                 pipes.push((LogStream::Stdout, dup));
             }
-            readers.push(tokio::spawn(pump(out, LogStream::Stdout, log.clone(), freeze.clone())));
+            readers.push(tokio::spawn(pump(
+                out,
+                LogStream::Stdout,
+                log.clone(),
+                freeze.clone(),
+            )));
         }
         if let Some(err) = spawned.stderr {
             if let Ok(dup) = std::os::fd::AsFd::as_fd(&err).try_clone_to_owned() {
                 pipes.push((LogStream::Stderr, dup));
             }
-            readers.push(tokio::spawn(pump(err, LogStream::Stderr, log.clone(), freeze.clone())));
+            readers.push(tokio::spawn(pump(
+                err,
+                LogStream::Stderr,
+                log.clone(),
+                freeze.clone(),
+            )));
         }
         if let Some(p) = &pty {
-            readers.push(tokio::spawn(pump_pty(p.clone(), log.clone(), freeze.clone())));
+            readers.push(tokio::spawn(pump_pty(
+                p.clone(),
+                log.clone(),
+                freeze.clone(),
+            )));
         }
         // Without `interactive` the child sees end of input at once.
         let stdin = if req.interactive { spawned.stdin } else { None };

@@ -213,11 +213,12 @@ fn started(
     // Agents' stderr is logged here; with `AllPipes` it belongs to the caller.
     let mut stderr_dup = None;
     let stderr_task = match (stdio_logs_stderr, stderr_pipe.take()) {
-        (true, Some(pipe)) => Some(tokio::spawn(stderr::forward({
-            // Kept for a reload's hand-off (the reader owns the pipe itself).
-            stderr_dup = std::os::fd::AsFd::as_fd(&pipe).try_clone_to_owned().ok();
-            pipe
-        },
+        (true, Some(pipe)) => Some(tokio::spawn(stderr::forward(
+            {
+                // Kept for a reload's hand-off (the reader owns the pipe itself).
+                stderr_dup = std::os::fd::AsFd::as_fd(&pipe).try_clone_to_owned().ok();
+                pipe
+            },
             tail.clone(),
             Fields {
                 server_id: spec.server_id.clone(),

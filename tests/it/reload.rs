@@ -25,15 +25,18 @@ fn wait_reloaded(d: &mut Daemon, before: usize) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let new = &d.messages[before..];
-        if let Some(i) = new.iter().position(|m| m.lines().any(|l| l == "RELOADING=1")) {
-            if let Some(ready) = new[i..].iter().find(|m| m.lines().any(|l| l == "READY=1")) {
-                assert!(
-                    ready.contains("STATUS=listening on"),
-                    "the reload failed: {ready:?}\nstderr:\n{}",
-                    d.stderr()
-                );
-                return new[i].clone();
-            }
+        let reloading = new
+            .iter()
+            .position(|m| m.lines().any(|l| l == "RELOADING=1"));
+        if let Some(i) = reloading
+            && let Some(ready) = new[i..].iter().find(|m| m.lines().any(|l| l == "READY=1"))
+        {
+            assert!(
+                ready.contains("STATUS=listening on"),
+                "the reload failed: {ready:?}\nstderr:\n{}",
+                d.stderr()
+            );
+            return new[i].clone();
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -153,7 +156,11 @@ fn counted(entries: &[(u64, Vec<u8>)]) -> u64 {
     let mut at = 0;
     let mut all = Vec::new();
     for (seq, data) in entries {
-        assert_eq!(seq - data.len() as u64, at, "a gap or overlap in the offsets");
+        assert_eq!(
+            seq - data.len() as u64,
+            at,
+            "a gap or overlap in the offsets"
+        );
         at = *seq;
         all.extend_from_slice(data);
     }
@@ -161,7 +168,11 @@ fn counted(entries: &[(u64, Vec<u8>)]) -> u64 {
     let mut n = 0;
     for line in text.lines() {
         n += 1;
-        assert_eq!(line, n.to_string(), "output lost or doubled around line {n}");
+        assert_eq!(
+            line,
+            n.to_string(),
+            "output lost or doubled around line {n}"
+        );
     }
     n
 }
@@ -177,9 +188,14 @@ async fn agents_and_processes_keep_their_pids_and_logs_across_reloads() {
     let proc = create_process(&d, COUNTER).await;
     let id = proc["id"].as_str().unwrap().to_string();
     let proc_pid = proc["pid"].as_u64().unwrap();
-    eventually_async(Duration::from_secs(10), "output before the reload", || async {
-        (d.get_json(&format!("/v1/processes/{id}")).await["logEnd"].as_u64()? > 20).then_some(())
-    })
+    eventually_async(
+        Duration::from_secs(10),
+        "output before the reload",
+        || async {
+            (d.get_json(&format!("/v1/processes/{id}")).await["logEnd"].as_u64()? > 20)
+                .then_some(())
+        },
+    )
     .await;
 
     let reloading = reload(&mut d);
@@ -215,10 +231,14 @@ async fn agents_and_processes_keep_their_pids_and_logs_across_reloads() {
 
     // The process's output went on through the reloads with no byte lost or doubled.
     let before = counted(&process_log(&d, &id).await.0);
-    eventually_async(Duration::from_secs(20), "more output after the reload", || async {
-        let n = counted(&process_log(&d, &id).await.0);
-        (n > before + 50).then_some(())
-    })
+    eventually_async(
+        Duration::from_secs(20),
+        "more output after the reload",
+        || async {
+            let n = counted(&process_log(&d, &id).await.0);
+            (n > before + 50).then_some(())
+        },
+    )
     .await;
 
     // A new agent and a new process start as before.
@@ -281,8 +301,12 @@ async fn an_sse_reader_resumes_after_a_reload_with_no_gap_and_no_repeat() {
         server(&d, "s1").await,
         d.stderr()
     );
-    for (i, (id, data)) in frames.iter().enumerate() {
-        assert_eq!(*id, i as u64 + 1, "ids are contiguous from 1 (no gap, no repeat)");
+    for (i, (id, _)) in frames.iter().enumerate() {
+        assert_eq!(
+            *id,
+            i as u64 + 1,
+            "ids are contiguous from 1 (no gap, no repeat)"
+        );
     }
     let chunks: Vec<u64> = frames
         .iter()
@@ -314,7 +338,10 @@ async fn a_prompt_in_flight_is_answered_202_and_its_answer_reaches_the_stream() 
     let before = d.messages.len();
     d.signal(Signal::SIGHUP);
     let (status, body) = waiting.await.unwrap();
-    assert_eq!(status, 202, "the waiting POST is answered as respond-async: {body}");
+    assert_eq!(
+        status, 202,
+        "the waiting POST is answered as respond-async: {body}"
+    );
     wait_reloaded(&mut d, before);
     assert_eq!(server(&d, "s1").await["pendingRequests"], 1);
     // Cancelled after the reload: the agent answers, and the answer goes to the stream.
@@ -461,7 +488,11 @@ async fn the_binary_replaced_on_disk_is_the_one_running_after_the_reload() {
     mock_session(&d, "s2").await;
 
     reload(&mut d);
-    assert_eq!(inode(Path::new(&exe)), new, "the new binary runs after the reload");
+    assert_eq!(
+        inode(Path::new(&exe)),
+        new,
+        "the new binary runs after the reload"
+    );
     assert_eq!(server(&d, "s1").await["pid"], agent_pid);
     mock_session(&d, "s3").await;
 }
@@ -469,9 +500,7 @@ async fn the_binary_replaced_on_disk_is_the_one_running_after_the_reload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_carried_inside_the_hand_off_never_in_argv_or_the_environment() {
     let token = "reload-secret-token-4242";
-    let mut d = Daemon::builder()
-        .env("SANDBOX_AGENT_TOKEN", token)
-        .start();
+    let mut d = Daemon::builder().env("SANDBOX_AGENT_TOKEN", token).start();
     d.token = Some(token.to_string());
     reload(&mut d);
     let anon = crate::support::http()
@@ -481,7 +510,12 @@ async fn the_token_is_carried_inside_the_hand_off_never_in_argv_or_the_environme
         .unwrap();
     assert_eq!(anon.status(), 401, "the token is still required");
     assert_eq!(
-        d.client().get(d.url("/v1/acp")).send().await.unwrap().status(),
+        d.client()
+            .get(d.url("/v1/acp"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
         200
     );
     if is_root() {
@@ -519,7 +553,11 @@ async fn as_pid1_a_reload_keeps_the_agents_and_the_init_forwards_it() {
     let before = d.messages.len();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(init as i32), Signal::SIGHUP).unwrap();
     wait_reloaded(&mut d, before);
-    assert_eq!(children_of(init), vec![daemon], "the same daemon process under the init");
+    assert_eq!(
+        children_of(init),
+        vec![daemon],
+        "the same daemon process under the init"
+    );
     assert_eq!(server(&d, "s1").await["pid"], agent_pid);
     mock_session(&d, "s2").await;
     // And it still stops cleanly through the init.

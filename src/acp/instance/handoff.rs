@@ -76,7 +76,10 @@ impl AcpInstance {
         let Ok(Ok(frozen)) = tokio::time::timeout(FREEZE_WAIT, rx).await else {
             return Ok(None); // the reader had already ended: the agent is gone
         };
-        let stdin_dup = lock_stdin(&running.stdin).pipe.as_fd().try_clone_to_owned()?;
+        let stdin_dup = lock_stdin(&running.stdin)
+            .pipe
+            .as_fd()
+            .try_clone_to_owned()?;
         let stdout = frozen.stdout.into_owned_fd()?;
         let child = running.handle.handoff_state(keep)?;
         let state = InstanceState {
@@ -89,7 +92,12 @@ impl AcpInstance {
             stdout_carry: hex(&frozen.carry),
             stdout_skipping: frozen.skipping,
             events: self.events.export(),
-            pending: self.life().waiters.keys().map(|k| k.0.to_string()).collect(),
+            pending: self
+                .life()
+                .waiters
+                .keys()
+                .map(|k| k.0.to_string())
+                .collect(),
             invalid_lines: self.invalid_lines(),
         };
         keep.push(stdin_dup);
