@@ -221,14 +221,26 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
 }
 
 async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<Handoff> {
+    // From here on a child that ends stays a zombie: a carried one for the new image to see and
+    // reap (its pid must not be reused meanwhile), the others reaped just below.
+    r.state.supervisor.hold_reaps();
     let listener = r.listener.as_fd().try_clone_to_owned()?;
     let listener_fd = listener.as_raw_fd();
     keep.push(listener);
     let cgroups = r.state.supervisor.handoff_cgroups(keep)?;
     let acp = r.state.acp.export(keep).await;
     let processes = r.state.processes.export(keep).await?;
-    // A child that ends from here on stays a zombie for the new image to see and reap.
-    r.state.supervisor.hold_reaps();
+    let carried: Vec<u32> = acp
+        .instances
+        .iter()
+        .map(|i| i.child.pid)
+        .chain(processes.processes.iter().map(|p| p.child.pid))
+        .collect();
+    r.state
+        .supervisor
+        .kill_uncarried(&carried, Duration::from_secs(2))
+        .await;
+    r.state.supervisor.reap_held_except(&carried);
     Ok(Handoff {
         version: STATE_VERSION,
         token: r.token.map(str::to_string),

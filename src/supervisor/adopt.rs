@@ -118,6 +118,23 @@ impl Supervisor {
         self.cgroups.handoff_state(keep)
     }
 
+    /// Kills every live child whose pid is not in `carried` and waits (at most `within`) until
+    /// each has ended and been reaped: after the exec nobody would own it (e.g. a `run` of the
+    /// process API still going at the end of a reload's drain).
+    pub async fn kill_uncarried(&self, carried: &[u32], within: std::time::Duration) {
+        let doomed: Vec<AgentHandle> = self
+            .live()
+            .into_iter()
+            .filter(|h| !carried.contains(&h.pid()))
+            .collect();
+        for h in &doomed {
+            tracing::warn!(server_id = h.server_id(), agent = h.agent(), pid = h.pid(),
+                "not carried across the reload: killing it");
+        }
+        let kills = futures_util::future::join_all(doomed.iter().map(|h| h.kill()));
+        let _ = tokio::time::timeout(within, kills).await;
+    }
+
     /// Kills, reaps and removes the warm stubs (a reload drops them; the new image makes new
     /// ones): a stub left running would become a child nobody reaps after the exec.
     pub async fn close_warm(&self) {

@@ -170,8 +170,8 @@ struct HandleInner {
     removals: TaskTracker,
     /// The top process until it is reaped; see `Leader`.
     leader: Mutex<Leader>,
-    /// The supervisor's: while set (a reload is executing), nothing is reaped.
-    reap_hold: Arc<AtomicBool>,
+    /// The supervisor's: while on (a reload is executing), nothing is reaped.
+    reap_hold: Arc<ReapHold>,
 }
 
 /// The top process (the group leader) and whether it has been reaped. Until it is, its pid —
@@ -193,6 +193,13 @@ struct Leader {
 #[derive(Clone)]
 pub struct AgentHandle {
     inner: Arc<HandleInner>,
+}
+
+/// A reload's hold on reaping: while `on`, an ended child is left a zombie (its pid in `held`).
+#[derive(Default)]
+struct ReapHold {
+    on: AtomicBool,
+    held: Mutex<Vec<u32>>,
 }
 
 /// Agents whose exit is not yet published, by pid.
@@ -354,7 +361,8 @@ impl HandleInner {
     /// Reaps the top process (it has exited: its status is known). Called once, on publish.
     fn reap(&self) {
         let mut leader = self.leader();
-        if self.reap_hold.load(Ordering::Acquire) {
+        if self.reap_hold.on.load(Ordering::Acquire) {
+            crate::sys::lock(&self.reap_hold.held).push(self.pid);
             // A reload is executing: the zombie stays for the new image, which adopted this
             // pid and sees the exit through its own pidfd. Nothing is signalled from here on.
             if let Some(child) = leader.child.take() {
@@ -629,7 +637,7 @@ pub struct Supervisor {
     /// Deferred cgroup removals of ended children.
     removals: TaskTracker,
     /// Set by a reload's export: ended children are no longer reaped (the new image does it).
-    reap_hold: Arc<AtomicBool>,
+    reap_hold: Arc<ReapHold>,
 }
 
 impl Supervisor {
@@ -690,7 +698,7 @@ impl Supervisor {
             stderr_budget: (config.agent_stderr_lines, config.agent_stderr_bytes),
             warm,
             removals: TaskTracker::new(),
-            reap_hold: Arc::new(AtomicBool::new(false)),
+            reap_hold: Arc::default(),
         }
     }
 
@@ -749,7 +757,19 @@ impl Supervisor {
 
     /// From now on no child is reaped (a reload's exec follows; see `HandleInner::reap`).
     pub fn hold_reaps(&self) {
-        self.reap_hold.store(true, Ordering::Release);
+        self.reap_hold.on.store(true, Ordering::Release);
+    }
+
+    /// Reaps the children whose exit came while reaps were held and that are not `carried`
+    /// (the new image adopts only those).
+    pub fn reap_held_except(&self, carried: &[u32]) {
+        let held = std::mem::take(&mut *crate::sys::lock(&self.reap_hold.held));
+        for pid in held.into_iter().filter(|p| !carried.contains(p)) {
+            let _ = nix::sys::wait::waitpid(
+                Pid::from_raw(pid as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+        }
     }
 
     /// Every agent of this supervisor that has not ended yet.

@@ -624,3 +624,32 @@ impl SseReader {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_still_going_when_the_drain_ends_is_killed_and_reaped_not_orphaned() {
+    let mut d = Daemon::start();
+    let daemon_pid = d.pid();
+    let client = d.client();
+    let url = d.url("/v1/processes/run");
+    let run = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&json!({"command": "sleep", "args": ["47"], "timeoutMs": 60000}))
+            .send()
+            .await
+    });
+    let sleeper = eventually(Duration::from_secs(10), "the run's process", || {
+        children_of(daemon_pid).into_iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with("sleep\u{0}47"))
+        })
+    });
+    reload(&mut d);
+    // Its request could not finish within the drain: cut, and its process is gone for good
+    // (killed and reaped before the exec, not left as a child nobody waits for).
+    let _ = run.await;
+    assert!(
+        !std::path::Path::new(&format!("/proc/{sleeper}")).exists(),
+        "the run's process outlived the reload (or is a zombie)"
+    );
+}
