@@ -128,8 +128,12 @@ impl Supervisor {
             .filter(|h| !carried.contains(&h.pid()))
             .collect();
         for h in &doomed {
-            tracing::warn!(server_id = h.server_id(), agent = h.agent(), pid = h.pid(),
-                "not carried across the reload: killing it");
+            tracing::warn!(
+                server_id = h.server_id(),
+                agent = h.agent(),
+                pid = h.pid(),
+                "not carried across the reload: killing it"
+            );
         }
         let kills = futures_util::future::join_all(doomed.iter().map(|h| h.kill()));
         let _ = tokio::time::timeout(within, kills).await;
