@@ -49,7 +49,7 @@ Version: $version
 Architecture: $arch
 Maintainer: Sandbox Agent maintainers <maintainers@sandbox-agent.invalid>
 Installed-Size: $size
-Depends: libc6 (>= 2.34), libgcc-s1, passwd
+Depends: libc6 (>= 2.34), libgcc-s1, passwd, procps
 Recommends: nodejs, npm, systemd
 Section: devel
 Priority: optional
