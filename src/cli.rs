@@ -411,6 +411,23 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_EVENT_BUFFER_BYTES", value_name = "SIZE")]
     pub event_buffer_bytes: Option<String>,
 
+    /// Keep every serverId's events (and sessions, processes) on disk here, so that they
+    /// survive a daemon restart [default: off]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// When the state dir's writes reach the disk: every, batch:<ms> or os [default: batch:100]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_SYNC", value_name = "POLICY")]
+    pub state_sync: Option<String>,
+
+    /// Most bytes of one serverId's event log on disk [default: 64M]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_MAX_BYTES", value_name = "SIZE")]
+    pub state_max_bytes: Option<String>,
+
+    /// Most bytes of the whole state dir [default: 1G]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_TOTAL_BYTES", value_name = "SIZE")]
+    pub state_total_bytes: Option<String>,
+
     /// Interval of SSE keepalive comments [default: 15s]
     #[arg(long, env = "SANDBOX_AGENT_KEEPALIVE", value_name = "DURATION")]
     pub keepalive: Option<String>,

@@ -65,6 +65,8 @@ pub struct AcpService {
     /// Every agent stop (every retirement of a started instance). Closed by `stop_all` under the instances lock:
     /// from then on no instance is created, and `wait` covers every stop spawned before.
     stops: TaskTracker,
+    /// `--state-dir`: where instances are kept across restarts (see `crate::state`).
+    state: Option<Arc<crate::state::StateStore>>,
 }
 
 /// One row of `GET /v1/acp`.
@@ -116,6 +118,7 @@ impl AcpService {
             limits,
             instances: Mutex::new(BTreeMap::new()),
             stops: TaskTracker::new(),
+            state: None,
         }
     }
 
@@ -163,7 +166,14 @@ impl AcpService {
                 server_id: Some(server_id.to_string()),
             });
         }
-        let inst = Arc::new(AcpInstance::new(
+        let inst = Arc::new(self.make_instance(server_id, agent));
+        self.track_new(&inst);
+        map.insert(server_id.to_string(), inst.clone());
+        Ok(inst)
+    }
+
+    fn make_instance(&self, server_id: &str, agent: &str) -> AcpInstance {
+        AcpInstance::new(
             server_id.to_string(),
             agent.to_string(),
             self.limits,
@@ -176,9 +186,44 @@ impl AcpService {
                 per_instance: Budget::new(self.deps.config.stdin_queue),
                 total: self.stdin_total.clone(),
             },
-        ));
-        map.insert(server_id.to_string(), inst.clone());
-        Ok(inst)
+        )
+    }
+
+    /// Durable state (`--state-dir`): keeps the instances recovered from the state dir, each
+    /// `exited` (`daemon_restart`) with its event log, until it is used or deleted.
+    pub fn with_state(
+        mut self,
+        store: Arc<crate::state::StateStore>,
+        recovered: Vec<crate::state::acp::RecoveredInstance>,
+    ) -> Self {
+        {
+            let mut map = self.instances();
+            for r in recovered {
+                let base = self.make_instance(&r.server_id, &r.meta.agent);
+                let log = super::events::EventLog::recovered(self.limits, r.events, r.next_id);
+                let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
+                let mut meta = r.meta;
+                meta.id_floor = r.next_id - 1;
+                let t = crate::state::acp::Tracked::new(store.clone(), &r.server_id, meta, true);
+                inst.events.set_durable(t);
+                map.insert(r.server_id, Arc::new(inst));
+            }
+        }
+        self.state = Some(store);
+        self
+    }
+
+    /// Gives a new instance its durable state, when there is a state dir.
+    fn track_new(&self, inst: &AcpInstance) {
+        if let Some(store) = &self.state {
+            let meta = crate::state::acp::AcpMeta {
+                agent: inst.agent.clone(),
+                created_at_ms: inst.created_at_ms,
+                ..Default::default()
+            };
+            let t = crate::state::acp::Tracked::new(store.clone(), &inst.server_id, meta, false);
+            inst.events.set_durable(t);
+        }
     }
 
     /// Makes sure `server_id` exists (creating it for `agent`, as a first POST would) without
@@ -200,12 +245,23 @@ impl AcpService {
         if !inst.is_started() {
             self.start(&inst).await?;
         }
+        let timeout = self.deps.config.request_timeout;
+        let durable = inst.events.durable();
+        if let Some(t) = durable {
+            t.before_post(&inst, Some(&envelope), timeout).await?;
+            t.observe_request(&envelope);
+        }
         let (key, wait) = match envelope.kind {
             Kind::Request { key, .. } => (Some(key), !respond_async),
             Kind::Notification | Kind::Response => (None, false),
         };
-        inst.deliver(envelope.line, key, wait, self.deps.config.request_timeout)
-            .await
+        let delivered = inst.deliver(envelope.line, key.clone(), wait, timeout).await;
+        if let (Some(t), Some(key), Ok(Delivered::Response { line, .. })) =
+            (durable, &key, &delivered)
+        {
+            t.observe_response(key, line);
+        }
+        delivered
     }
 
     /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
@@ -220,6 +276,13 @@ impl AcpService {
         let inst = self.find_or_create(server_id, None)?;
         if !inst.is_started() {
             self.start(&inst).await?;
+        }
+        if let Some(t) = inst.events.durable() {
+            t.before_post(&inst, None, self.deps.config.request_timeout)
+                .await?;
+            for env in envelopes.iter() {
+                t.observe_request(env);
+            }
         }
         Ok(inst.deliver_batch(envelopes).await)
     }
@@ -346,6 +409,12 @@ impl AcpService {
             .is_some_and(|cur| Arc::ptr_eq(cur, inst))
         {
             map.remove(&inst.server_id);
+        }
+        if why != Retirement::Shutdown
+            && let Some(t) = inst.events.durable()
+        {
+            // Gone for good; a shutdown keeps it for the next start.
+            t.forget();
         }
         let Some(handle) = inst.retire() else { return };
         // DEBUG: the stop it starts is logged once, as "agent ended" with the exit's reason.

@@ -58,6 +58,11 @@ pub struct Config {
     pub agent_grace: Duration,
     pub event_buffer: usize,
     pub event_buffer_bytes: u64,
+    /// `--state-dir`: durable state (event logs, sessions, processes); `None` = memory only.
+    pub state_dir: Option<PathBuf>,
+    pub state_sync: StateSync,
+    pub state_max_bytes: u64,
+    pub state_total_bytes: u64,
     pub keepalive: Duration,
     pub body_limit: u64,
     /// `None`: no limit.
@@ -332,6 +337,10 @@ impl Config {
             size_required,
             16 << 20
         );
+        let state_dir = path!(state_dir);
+        let state_sync = setting!(state_sync, "state-sync", StateSync::parse, StateSync::Batch(Duration::from_millis(100)));
+        let state_max_bytes = setting!(state_max_bytes, "state-max-bytes", size_required, 64 << 20);
+        let state_total_bytes = setting!(state_total_bytes, "state-total-bytes", size_required, 1 << 30);
         let body_limit = setting!(body_limit, "body-limit", size_required, 32 << 20);
         let upload_limit = setting!(upload_limit, "upload-limit", parse_size, Some(64 << 30));
         let upload_max_entries = setting!(
@@ -735,6 +744,10 @@ impl Config {
             agent_grace,
             event_buffer,
             event_buffer_bytes,
+            state_dir: state_dir.map(|p| cwd.join(p)),
+            state_sync,
+            state_max_bytes,
+            state_total_bytes,
             keepalive,
             body_limit,
             upload_limit,
@@ -868,5 +881,34 @@ mod tests {
         };
         let err = Config::load_with_env(&bad, Vec::new()).expect_err("rejected");
         assert!(err.to_string().contains("agent-cgroups"), "{err}");
+    }
+}
+
+/// `--state-sync`: when the state dir's appends are made durable (`fdatasync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateSync {
+    /// After every batch the writer takes (each event, when they come one by one).
+    Every,
+    /// At most this long after an append.
+    Batch(Duration),
+    /// Never by us: the kernel writes back when it wants (about 30 s on Linux).
+    Os,
+}
+
+impl StateSync {
+    pub fn parse(s: &str) -> Result<StateSync, String> {
+        match s.trim() {
+            "every" => Ok(StateSync::Every),
+            "os" => Ok(StateSync::Os),
+            other => match other.strip_prefix("batch:") {
+                Some(ms) => match ms.trim().parse::<u64>() {
+                    Ok(n) if (1..=60_000).contains(&n) => {
+                        Ok(StateSync::Batch(Duration::from_millis(n)))
+                    }
+                    _ => Err(format!("`{s}`: batch:<ms> takes 1 to 60000 milliseconds")),
+                },
+                None => Err(format!("`{s}` is not a sync policy (every, batch:<ms>, os)")),
+            },
+        }
     }
 }

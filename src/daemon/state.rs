@@ -24,12 +24,23 @@ impl AppState {
         let agents = Arc::new(
             crate::agents::Agents::new(config.clone())?.with_agent_home(supervisor.agent_home()),
         );
-        let acp = Arc::new(crate::acp::AcpService::new(
+        let mut state = match &config.state_dir {
+            Some(dir) => {
+                let (c, d) = (config.clone(), dir.clone());
+                Some(crate::sys::blocking(move || crate::state::StateStore::open(&c, &d)).await?)
+            }
+            None => None,
+        };
+        let mut acp = crate::acp::AcpService::new(
             config.clone(),
             supervisor.clone(),
             agents.clone(),
             shutdown.child_token(),
-        ));
+        );
+        if let Some((store, recovered)) = &mut state {
+            acp = acp.with_state(store.clone(), std::mem::take(&mut recovered.acp));
+        }
+        let acp = Arc::new(acp);
         let connections = Arc::new(crate::acp::Connections::new(
             acp.clone(),
             agents.clone(),
@@ -53,6 +64,7 @@ impl AppState {
             files,
             config_store,
             processes,
+            state: state.map(|(s, _)| s),
             tasks,
         })))
     }
@@ -62,5 +74,12 @@ impl AppState {
         self.acp.stop_all(deadline).await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;
+        // Whatever the state writer still holds reaches the disk before the process ends.
+        if let Some(store) = self.state.clone() {
+            let left = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(std::time::Duration::from_millis(500));
+            crate::sys::blocking(move || store.flush_blocking(left)).await;
+        }
     }
 }

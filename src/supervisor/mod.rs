@@ -75,6 +75,10 @@ pub enum ExitReason {
     Graceful,
     /// Stopped by us; SIGKILL was needed.
     Forced,
+    /// Known only from the state dir: the daemon itself was restarted (or crashed) while it
+    /// ran, and the process went with it (`--state-dir`).
+    #[serde(rename = "daemon_restart")]
+    DaemonRestart,
 }
 
 impl ExitReason {
@@ -85,6 +89,7 @@ impl ExitReason {
             ExitReason::Oom => "oom",
             ExitReason::Graceful => "graceful",
             ExitReason::Forced => "forced",
+            ExitReason::DaemonRestart => "daemon_restart",
         }
     }
 }
@@ -569,7 +574,7 @@ fn unexpected_exit(info: &ExitInfo, agent: &str) -> bool {
     match info.reason {
         ExitReason::Crashed | ExitReason::Oom => true,
         ExitReason::Exited => info.code != Some(0) && !agent.starts_with("process:"),
-        ExitReason::Graceful | ExitReason::Forced => false,
+        ExitReason::Graceful | ExitReason::Forced | ExitReason::DaemonRestart => false,
     }
 }
 
@@ -881,6 +886,7 @@ mod tests {
             ExitReason::Oom,
             ExitReason::Graceful,
             ExitReason::Forced,
+            ExitReason::DaemonRestart,
         ] {
             assert_eq!(
                 serde_json::to_value(r).expect("serializes"),
