@@ -40,7 +40,12 @@ pub enum Command {
     },
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
     #[command(name = "mock-agent", after_help = MOCK_AGENT_COMMANDS)]
-    MockAgent,
+    MockAgent {
+        /// Advertise `loadSession: false` and refuse session/load (an agent that cannot
+        /// restore sessions)
+        #[arg(long)]
+        no_load_session: bool,
+    },
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
     /// Ask a running daemon how it is: health, version, instance and process counts
@@ -75,8 +80,9 @@ pub enum Command {
 
 /// The mock agent's prompt commands (also in docs/acp.md, "The mock agent").
 const MOCK_AGENT_COMMANDS: &str = "\
-It answers initialize, session/new, session/prompt, session/cancel and _mock/echo (which
-returns its params as its result). A prompt's text is echoed
+It answers initialize, session/new, session/load, session/prompt, session/cancel and _mock/echo
+(which returns its params as its result). Its sessions are kept in .mock-agent-sessions/ under
+its working directory, so that session/load works in a later process. A prompt's text is echoed
 back as one agent_message_chunk, unless it starts with one of these commands:
 
   /stream N        send N chunks (\"chunk i of N\"), then end the turn
@@ -90,6 +96,7 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /ignore-term     ignore SIGTERM from now on (the stop has to SIGKILL)
   /fork N          start N sleeping children in the same group
   /alloc MB        allocate and touch MB MiB of memory, kept until exit
+  /history         one chunk \"history: P1 | P2 ...\" of the session's earlier prompts
 
 Example: sandbox-agent mock-agent, then type
   {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"s\",\"prompt\":[{\"type\":\"text\",\"text\":\"/stream 3\"}]}}";

@@ -40,6 +40,7 @@ struct Mock {
     /// Each known session's prompts, oldest first; also kept on disk (`SESSIONS_DIR`) so that a
     /// `session/load` in a later process (after a restart) has something to load.
     sessions: Mutex<HashMap<String, Vec<String>>>,
+    load_session: bool,
 }
 
 /// Where the mock keeps its sessions, under its working directory: one JSON file per session.
@@ -168,8 +169,12 @@ impl Mock {
     }
 }
 
-pub fn run() -> ExitCode {
-    let mock = Arc::new(Mock::default());
+/// `load_session`: advertise and answer `session/load` (`--no-load-session` turns it off).
+pub fn run(load_session: bool) -> ExitCode {
+    let mock = Arc::new(Mock {
+        load_session,
+        ..Mock::default()
+    });
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut line = String::new();
@@ -223,7 +228,7 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
             json!({
                 "protocolVersion": 1,
                 "agentCapabilities": {
-                    "loadSession": true,
+                    "loadSession": mock.load_session,
                     "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
                 },
                 "agentInfo": {"name": "mock", "title": "Mock agent", "version": env!("CARGO_PKG_VERSION")},
@@ -237,7 +242,7 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
             mock.save(&sid, &[]);
             mock.result(&id, json!({"sessionId": sid}));
         }
-        "session/load" => mock.load(&id, &params),
+        "session/load" if mock.load_session => mock.load(&id, &params),
         "session/prompt" => start_prompt(mock, id, &params),
         _ => mock.error(&id, -32601, &format!("Method not found: {method}")),
     }

@@ -4,6 +4,7 @@
 mod acp;
 mod agents;
 mod client;
+mod durable;
 mod config;
 mod edge;
 mod files;
