@@ -48,11 +48,12 @@ impl AppState {
         ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
-        let processes = Arc::new(crate::processes::ProcessService::new(
-            &config,
-            supervisor.clone(),
-            shutdown.child_token(),
-        ));
+        let mut processes =
+            crate::processes::ProcessService::new(&config, supervisor.clone(), shutdown.child_token());
+        if let Some((store, recovered)) = &mut state {
+            processes = processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
+        }
+        let processes = Arc::new(processes);
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,
             config,
@@ -71,6 +72,9 @@ impl AppState {
 
     /// Stops every agent (TERM, grace, KILL) before `deadline`.
     pub async fn stop_all(&self, deadline: tokio::time::Instant) {
+        if let Some(store) = &self.state {
+            store.set_stopping();
+        }
         self.acp.stop_all(deadline).await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;

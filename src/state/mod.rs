@@ -18,6 +18,7 @@
 
 pub mod acp;
 pub mod log;
+pub mod processes;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -68,6 +69,8 @@ struct Shared {
     /// Keys whose queue overflowed: the writer removes their files and ignores them.
     abandoned: Mutex<HashSet<Arc<str>>>,
     abandon_pending: AtomicBool,
+    /// The daemon is stopping: what ends now ends because of it.
+    stopping: AtomicBool,
 }
 
 impl Shared {
@@ -91,6 +94,7 @@ pub struct StateStore {
 #[derive(Default)]
 pub struct Recovered {
     pub acp: Vec<acp::RecoveredInstance>,
+    pub processes: Vec<processes::RecoveredProcess>,
 }
 
 /// How a key's log is retained on disk.
@@ -132,8 +136,11 @@ impl StateStore {
                                 "cut a corrupt or truncated tail off a state log");
                         }
                         sizes.insert(key.clone(), (log.good_len, log.records.len() as u64));
-                        let ok = is_acp
-                            && acp::recover(&name, &meta, log.records, &mut recovered.acp);
+                        let ok = if is_acp {
+                            acp::recover(&name, &meta, log.records, &mut recovered.acp)
+                        } else {
+                            processes::recover(&name, &meta, log.records, &mut recovered.processes)
+                        };
                         if !ok {
                             tracing::warn!(key = %key, "dropped unreadable state");
                             let _ = std::fs::remove_dir_all(&path);
@@ -153,6 +160,7 @@ impl StateStore {
             problem: Mutex::new(None),
             abandoned: Mutex::new(HashSet::new()),
             abandon_pending: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         });
         let retention = Retention {
             events: config.event_buffer.max(1),
@@ -196,6 +204,15 @@ impl StateStore {
     /// False once the store went memory-only (a full disk, the total cap, a write error).
     pub fn is_durable(&self) -> bool {
         self.shared.durable.load(Ordering::Acquire)
+    }
+
+    /// The daemon stops: processes that end from now on are recorded as ended by the restart.
+    pub fn set_stopping(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
     }
 
     /// Why the store is not durable, if it is not.

@@ -62,7 +62,9 @@ pub enum SpawnError {
 }
 
 /// How an agent ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ExitReason {
     /// Ended by itself; `code` is set.

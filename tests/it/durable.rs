@@ -497,3 +497,94 @@ async fn a_full_disk_degrades_to_memory_only_with_a_warning() {
     let (s, _) = post(&d, "/v1/acp/full", &prompt(json!(3), &session, "still here")).await;
     assert_eq!(s, 200);
 }
+
+async fn get(d: &Daemon, path: &str) -> Value {
+    d.get_json(path).await
+}
+
+fn log_text(logs: &Value) -> String {
+    use base64::Engine;
+    let mut out = Vec::new();
+    for e in logs["entries"].as_array().expect("entries") {
+        out.extend(
+            base64::engine::general_purpose::STANDARD
+                .decode(e["data"].as_str().unwrap())
+                .unwrap(),
+        );
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Processes survive a crash as records: the one that had ended keeps its exit, the one that
+/// still ran is `daemon_restart`; both keep their output; none is restarted; ids are not reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_are_listed_after_a_crash_with_their_output() {
+    if !unshare_available() {
+        return skip("needs root and unshare --pid to crash the daemon with its processes");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut a = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .args(state_args(&state))
+        .expect_exit(None)
+        .start();
+    let (s, done) = post(
+        &a,
+        "/v1/processes",
+        &json!({"command": "sh", "args": ["-c", "echo done-a; exit 3"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{done}");
+    let (s, running) = post(
+        &a,
+        "/v1/processes",
+        &json!({"command": "sh", "args": ["-c", "echo started-b; exec sleep 1000"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{running}");
+    let (done, running) = (
+        done["id"].as_str().unwrap().to_string(),
+        running["id"].as_str().unwrap().to_string(),
+    );
+    crate::support::eventually_async(SECS10, "the first to exit, the second to print", || {
+        let (a, done, running) = (&a, &done, &running);
+        async move {
+            let d = get(a, &format!("/v1/processes/{done}")).await;
+            let r = get(a, &format!("/v1/processes/{running}/logs")).await;
+            (d["status"] == "exited" && log_text(&r).contains("started-b")).then_some(())
+        }
+    })
+    .await;
+    // The writer syncs every batch (`every`): the output is on disk once it was logged.
+    crash(&mut a);
+
+    let b = Daemon::builder().args(state_args(&state)).start();
+    let d = get(&b, &format!("/v1/processes/{done}")).await;
+    assert_eq!(d["status"], "exited", "{d}");
+    assert_eq!(d["exitReason"], "exited", "{d}");
+    assert_eq!(d["exitCode"], 3, "{d}");
+    let logs = get(&b, &format!("/v1/processes/{done}/logs")).await;
+    assert_eq!(log_text(&logs), "done-a\n");
+    let r = get(&b, &format!("/v1/processes/{running}")).await;
+    assert_eq!(r["status"], "exited", "{r}");
+    assert_eq!(r["exitReason"], "daemon_restart", "{r}");
+    assert!(r.get("pid").is_none(), "{r}");
+    let logs = get(&b, &format!("/v1/processes/{running}/logs")).await;
+    assert_eq!(log_text(&logs), "started-b\n");
+    // Not restarted, and a stop of it is an answer, not a hang.
+    let (s, _) = post(&b, &format!("/v1/processes/{running}/stop"), &json!({})).await;
+    assert!(s == 200 || s == 409, "{s}");
+    let (s, fresh) = post(&b, "/v1/processes", &json!({"command": "true"})).await;
+    assert_eq!(s, 200);
+    assert_ne!(fresh["id"], done.as_str());
+    assert_ne!(fresh["id"], running.as_str());
+    // Deleting a recovered record removes it for good.
+    let resp = b
+        .client()
+        .delete(b.url(&format!("/v1/processes/{done}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+}
