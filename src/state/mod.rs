@@ -542,3 +542,99 @@ impl Writer {
 fn io_problem(path: &Path, e: &std::io::Error) -> String {
     format!("{}: {e}", path.display())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, events: usize, max_bytes: u64, total: u64) -> Config {
+        let mut c = Config::defaults();
+        c.state_dir = Some(dir.to_path_buf());
+        c.state_sync = StateSync::Every;
+        c.event_buffer = events;
+        c.state_max_bytes = max_bytes;
+        c.state_total_bytes = total;
+        c
+    }
+
+    fn meta(store: &StateStore, key: &Arc<str>) {
+        let m = acp::AcpMeta {
+            agent: "mock".into(),
+            ..Default::default()
+        };
+        store.meta(key, serde_json::to_vec(&m).unwrap());
+    }
+
+    /// A log is compacted to the retained window (the newest events) once it outgrows twice
+    /// that, so the disk holds what memory would, and the restart numbers on past every id.
+    #[test]
+    fn compaction_keeps_the_newest_window_and_recovery_skips_ahead() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 10, 1 << 20, 1 << 30);
+        let (store, rec) = StateStore::open(&c, &dir).unwrap();
+        assert!(rec.acp.is_empty());
+        let key: Arc<str> = "acp/s1".into();
+        meta(&store, &key);
+        for id in 1..=105u64 {
+            assert!(store.append(&key, id, Bytes::from(format!("{{\"n\":{id}}}"))));
+        }
+        assert!(store.flush_blocking(Duration::from_secs(10)));
+        let on_disk = log::read_and_repair(&dir.join("acp/s1/events.log")).unwrap();
+        assert!(on_disk.records.len() <= 20, "{}", on_disk.records.len());
+        assert_eq!(on_disk.records.last().unwrap().0, 105);
+        drop(store);
+        let (_store, rec) = StateStore::open(&c, &dir).unwrap();
+        let r = &rec.acp[0];
+        assert_eq!(r.server_id, "s1");
+        assert_eq!(r.meta.agent, "mock");
+        assert_eq!(r.events.last().unwrap().0, 105);
+        assert_eq!(r.next_id, 105 + RESTART_ID_SKIP + 1);
+    }
+
+    /// Over `--state-total-bytes` the store turns memory-only and says why; nothing more is
+    /// written.
+    #[test]
+    fn the_total_cap_turns_the_store_memory_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 4096, 1 << 20, 4096);
+        let (store, _) = StateStore::open(&c, &dir).unwrap();
+        let key: Arc<str> = "acp/big".into();
+        meta(&store, &key);
+        let line = Bytes::from(vec![b'x'; 1000]);
+        for id in 1..=10u64 {
+            store.append(&key, id, line.clone());
+        }
+        store.flush_blocking(Duration::from_secs(10));
+        assert!(!store.is_durable());
+        assert!(store.problem().unwrap().contains("--state-total-bytes"));
+        let size = std::fs::metadata(dir.join("acp/big/events.log")).unwrap().len();
+        assert!(size <= 4096, "{size}");
+        assert!(!store.append(&key, 11, line));
+    }
+
+    /// A removed key's files are gone, and unreadable entries are dropped at open.
+    #[test]
+    fn remove_and_unreadable_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 100, 1 << 20, 1 << 30);
+        let (store, _) = StateStore::open(&c, &dir).unwrap();
+        let key: Arc<str> = "acp/gone".into();
+        meta(&store, &key);
+        store.append(&key, 1, Bytes::from_static(b"{}"));
+        store.flush_blocking(Duration::from_secs(10));
+        assert!(dir.join("acp/gone/events.log").exists());
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async { store.remove(&key) });
+        store.flush_blocking(Duration::from_secs(10));
+        assert!(!dir.join("acp/gone").exists());
+        std::fs::create_dir_all(dir.join("acp/bad")).unwrap();
+        std::fs::write(dir.join("acp/bad/meta.json"), b"not json").unwrap();
+        drop(store);
+        let (_s, rec) = StateStore::open(&c, &dir).unwrap();
+        assert!(rec.acp.is_empty());
+        assert!(!dir.join("acp/bad").exists());
+    }
+}
