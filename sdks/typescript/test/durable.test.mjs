@@ -8,7 +8,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { AcpHttpClient } from "acp-http-client";
-import { startDaemon, eventually, binaryExists, BIN } from "./support.mjs";
+import { SandboxAgentClient } from "sandbox-agent";
+import { startDaemon, eventually, binaryExists, BIN, chunkTexts } from "./support.mjs";
 
 before(() => {
   if (!binaryExists()) throw new Error(`daemon binary not found at ${BIN}; run cargo build or set SANDBOX_AGENT_BIN`);
@@ -60,6 +61,29 @@ test("after a daemon crash and restart the same session continues through the sa
     // Nothing answered was sent again: the client sent exactly its own four requests.
     assert.deepEqual(posts, ["initialize", "session/new", "session/prompt", "session/prompt"]);
     await c.close();
+  } finally {
+    await d.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("SandboxAgentClient: a prompt after a daemon restart (graceful, as systemctl restart) continues the session", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "sdk-durable-"));
+  const args = ["--state-dir", join(dir, "state")];
+  const workDir = join(dir, "work");
+  let d = await startDaemon({ args, workDir });
+  const port = Number(new URL(d.url).port);
+  const events = [];
+  const c = new SandboxAgentClient({ baseUrl: d.url, agent: "mock", onSessionUpdate: (e) => void events.push(e) });
+  try {
+    const { sessionId } = await c.newSession();
+    assert.equal((await c.prompt({ sessionId, prompt: "first turn" })).stopReason, "end_turn");
+    await d.stop();
+    d = await startDaemon({ args, workDir, port });
+    // prompt() resolves only once its updates arrived: the restored stream delivered them.
+    assert.equal((await c.prompt({ sessionId, prompt: "/history" })).stopReason, "end_turn");
+    assert.deepEqual(chunkTexts(events), ["first turn", "history: first turn"]);
+    await c.disconnect();
   } finally {
     await d.stop();
     rmSync(dir, { recursive: true, force: true });
