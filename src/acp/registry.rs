@@ -396,7 +396,7 @@ impl AcpService {
     /// This is also the seam for what would keep an instance across the daemon's own life: an
     /// in-place reload (re-exec) would take the instance out here under a new `Retirement`
     /// without `AcpInstance::retire`'s stop, and hand its process, pipes and log over instead;
-    /// durable state would record each removal here, since nothing else removes one.
+    /// durable state forgets each removal here (a shutdown keeps the entry for the next start).
     fn retire(
         &self,
         map: &mut Instances,

@@ -744,7 +744,11 @@ impl Config {
             agent_grace,
             event_buffer,
             event_buffer_bytes,
-            state_dir: state_dir.map(|p| cwd.join(p)),
+            // An empty value (e.g. `SANDBOX_AGENT_STATE_DIR=` to override the packaged unit)
+            // turns durable state off.
+            state_dir: state_dir
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| cwd.join(p)),
             state_sync,
             state_max_bytes,
             state_total_bytes,

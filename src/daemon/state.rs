@@ -27,7 +27,15 @@ impl AppState {
         let mut state = match &config.state_dir {
             Some(dir) => {
                 let (c, d) = (config.clone(), dir.clone());
-                Some(crate::sys::blocking(move || crate::state::StateStore::open(&c, &d)).await?)
+                match crate::sys::blocking(move || crate::state::StateStore::open(&c, &d)).await {
+                    Ok(s) => Some(s),
+                    // The API never stops for the state dir: memory only, and health says so.
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"),
+                            "cannot use the state dir: state is kept in memory only");
+                        None
+                    }
+                }
             }
             None => None,
         };
