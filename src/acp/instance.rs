@@ -283,11 +283,7 @@ impl AcpInstance {
     /// An instance recovered from the state dir (`--state-dir`): `exited` with the reason
     /// `daemon_restart` and its recovered event log (open) until the next POST starts its agent
     /// again. Its numbering continues where the log's left off.
-    pub fn recovered(
-        base: AcpInstance,
-        created_at_ms: u64,
-        events: EventLog,
-    ) -> Self {
+    pub fn recovered(base: AcpInstance, created_at_ms: u64, events: EventLog) -> Self {
         let mut inst = base;
         inst.created_at_ms = created_at_ms;
         inst.events = Arc::new(events);

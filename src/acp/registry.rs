@@ -136,6 +136,17 @@ impl AcpService {
         server_id: &str,
         agent: Option<&str>,
     ) -> Result<Arc<AcpInstance>, AcpError> {
+        self.find_or_create_with(server_id, agent, true)
+    }
+
+    /// `durable`: a new instance is kept in the state dir (when there is one); an RFD
+    /// connection's is not (the connection does not outlive the daemon).
+    fn find_or_create_with(
+        &self,
+        server_id: &str,
+        agent: Option<&str>,
+        durable: bool,
+    ) -> Result<Arc<AcpInstance>, AcpError> {
         if let Some(inst) = self.get(server_id) {
             return check_agent(inst, agent);
         }
@@ -167,7 +178,9 @@ impl AcpService {
             });
         }
         let inst = Arc::new(self.make_instance(server_id, agent));
-        self.track_new(&inst);
+        if durable {
+            self.track_new(&inst);
+        }
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)
     }
@@ -232,6 +245,12 @@ impl AcpService {
         self.find_or_create(server_id, agent).map(|_| ())
     }
 
+    /// `open` for an RFD connection's instance, which is never kept in the state dir.
+    pub fn open_connection(&self, server_id: &str, agent: &str) -> Result<(), AcpError> {
+        self.find_or_create_with(server_id, Some(agent), false)
+            .map(|_| ())
+    }
+
     /// Delivers one envelope to `server_id`, starting its agent first if needed.
     /// `respond_async`: a request is answered `Accepted` once written; its response goes to SSE.
     pub async fn post(
@@ -255,7 +274,9 @@ impl AcpService {
             Kind::Request { key, .. } => (Some(key), !respond_async),
             Kind::Notification | Kind::Response => (None, false),
         };
-        let delivered = inst.deliver(envelope.line, key.clone(), wait, timeout).await;
+        let delivered = inst
+            .deliver(envelope.line, key.clone(), wait, timeout)
+            .await;
         if let (Some(t), Some(key), Ok(Delivered::Response { line, .. })) =
             (durable, &key, &delivered)
         {

@@ -75,7 +75,9 @@ impl Mock {
 
     fn record_prompt(&self, id: &str, text: &str) {
         let mut sessions = crate::sys::lock(&self.sessions);
-        let Some(h) = sessions.get_mut(id) else { return };
+        let Some(h) = sessions.get_mut(id) else {
+            return;
+        };
         let mut t = text.to_string();
         if t.len() > PROMPT_MAX {
             let mut cut = PROMPT_MAX;
@@ -110,7 +112,10 @@ impl Mock {
             self.update(sid, "agent_message_chunk", text);
         }
         // New sessions of this process must not take the loaded one's id.
-        if let Some(n) = sid.strip_prefix("mock-").and_then(|n| n.parse::<u64>().ok()) {
+        if let Some(n) = sid
+            .strip_prefix("mock-")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
             self.next_session.fetch_max(n, Ordering::Relaxed);
         }
         crate::sys::lock(&self.sessions).insert(sid.to_string(), history);

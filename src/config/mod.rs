@@ -338,9 +338,19 @@ impl Config {
             16 << 20
         );
         let state_dir = path!(state_dir);
-        let state_sync = setting!(state_sync, "state-sync", StateSync::parse, StateSync::Batch(Duration::from_millis(100)));
+        let state_sync = setting!(
+            state_sync,
+            "state-sync",
+            StateSync::parse,
+            StateSync::Batch(Duration::from_millis(100))
+        );
         let state_max_bytes = setting!(state_max_bytes, "state-max-bytes", size_required, 64 << 20);
-        let state_total_bytes = setting!(state_total_bytes, "state-total-bytes", size_required, 1 << 30);
+        let state_total_bytes = setting!(
+            state_total_bytes,
+            "state-total-bytes",
+            size_required,
+            1 << 30
+        );
         let body_limit = setting!(body_limit, "body-limit", size_required, 32 << 20);
         let upload_limit = setting!(upload_limit, "upload-limit", parse_size, Some(64 << 30));
         let upload_max_entries = setting!(
@@ -911,7 +921,9 @@ impl StateSync {
                     }
                     _ => Err(format!("`{s}`: batch:<ms> takes 1 to 60000 milliseconds")),
                 },
-                None => Err(format!("`{s}` is not a sync policy (every, batch:<ms>, os)")),
+                None => Err(format!(
+                    "`{s}` is not a sync policy (every, batch:<ms>, os)"
+                )),
             },
         }
     }

@@ -56,10 +56,14 @@ impl AppState {
         ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
-        let mut processes =
-            crate::processes::ProcessService::new(&config, supervisor.clone(), shutdown.child_token());
+        let mut processes = crate::processes::ProcessService::new(
+            &config,
+            supervisor.clone(),
+            shutdown.child_token(),
+        );
         if let Some((store, recovered)) = &mut state {
-            processes = processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
+            processes =
+                processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
         }
         let processes = Arc::new(processes);
         Ok(AppState(Arc::new(crate::http::Services {

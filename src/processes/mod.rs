@@ -290,7 +290,11 @@ impl ManagedProcess {
             interactive: self.interactive,
             owner: "user",
             status: if ended.is_some() { "exited" } else { "running" },
-            pid: self.handle.as_ref().filter(|_| ended.is_none()).map(|h| h.pid()),
+            pid: self
+                .handle
+                .as_ref()
+                .filter(|_| ended.is_none())
+                .map(|h| h.pid()),
             exit_code: exit.and_then(|e| e.code),
             exit_signal: exit.and_then(|e| e.signal),
             exit_reason: exit.map(|e| e.reason),
@@ -437,8 +441,7 @@ impl ProcessService {
         {
             let mut records = crate::sys::lock(&self.records);
             for r in recovered {
-                let Some(n) = r.meta.id.strip_prefix("proc_").and_then(|n| n.parse().ok())
-                else {
+                let Some(n) = r.meta.id.strip_prefix("proc_").and_then(|n| n.parse().ok()) else {
                     continue;
                 };
                 let log = Arc::new(OutputLog::recovered(cap, r.chunks));

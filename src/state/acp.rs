@@ -125,7 +125,12 @@ pub struct Tracked {
 }
 
 impl Tracked {
-    pub fn new(store: Arc<StateStore>, server_id: &str, meta: AcpMeta, recovered: bool) -> Arc<Self> {
+    pub fn new(
+        store: Arc<StateStore>,
+        server_id: &str,
+        meta: AcpMeta,
+        recovered: bool,
+    ) -> Arc<Self> {
         let t = Arc::new(Tracked {
             store,
             key: format!("acp/{server_id}").into(),
@@ -171,7 +176,10 @@ impl Tracked {
         if self.off.load(Ordering::Acquire) {
             return;
         }
-        if !self.store.append(&self.key, id, Bytes::copy_from_slice(line)) {
+        if !self
+            .store
+            .append(&self.key, id, Bytes::copy_from_slice(line))
+        {
             self.off.store(true, Ordering::Release);
         }
     }
@@ -314,7 +322,12 @@ impl Tracked {
             .and_then(Value::as_str);
         match sid.and_then(|s| restored.missing.get_key_value(s)) {
             // A client that loads the session itself may try.
-            Some(_) if matches!(msg.method.as_deref(), Some("session/load" | "session/resume")) => {
+            Some(_)
+                if matches!(
+                    msg.method.as_deref(),
+                    Some("session/load" | "session/resume")
+                ) =>
+            {
                 Ok(())
             }
             Some((sid, (reason, cap))) => Err(AcpError::SessionNotRestored {
@@ -384,7 +397,8 @@ impl Tracked {
                 let why = format!("the restarted agent did not initialize: {why}");
                 for s in &meta.sessions {
                     failed.push(json!({"sessionId": s.session_id, "reason": why}));
-                    out.missing.insert(s.session_id.clone(), (why.clone(), None));
+                    out.missing
+                        .insert(s.session_id.clone(), (why.clone(), None));
                 }
             }
         }

@@ -42,7 +42,11 @@ pub struct LogRead {
 /// Reads every good record of `path` and truncates the file after the last one. A missing file
 /// reads as empty. Ids must strictly increase: a record whose id does not is corruption too.
 pub fn read_and_repair(path: &Path) -> std::io::Result<LogRead> {
-    let file = match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogRead::default()),
         Err(e) => return Err(e),
@@ -138,7 +142,12 @@ mod tests {
         assert_eq!(r.cut, 0);
         assert_eq!(r.good_len, buf.len() as u64);
         assert_eq!(&r.records[49].1[..], b"{\"n\":50}");
-        assert!(read_and_repair(&dir.path().join("none")).unwrap().records.is_empty());
+        assert!(
+            read_and_repair(&dir.path().join("none"))
+                .unwrap()
+                .records
+                .is_empty()
+        );
     }
 
     /// Cut at every byte: the records before the cut survive, the partial one is cut off, and

@@ -164,7 +164,10 @@ impl StateStore {
         });
         let retention = Retention {
             events: config.event_buffer.max(1),
-            bytes: config.event_buffer_bytes.min(config.state_max_bytes / 2).max(1),
+            bytes: config
+                .event_buffer_bytes
+                .min(config.state_max_bytes / 2)
+                .max(1),
             max_file: config
                 .state_max_bytes
                 .min(config.event_buffer_bytes.saturating_mul(2)),
@@ -227,7 +230,10 @@ impl StateStore {
         match self.tx.try_send(op) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) => {
-                self.abandon(key, "the state writer's queue is full (the disk is too slow)");
+                self.abandon(
+                    key,
+                    "the state writer's queue is full (the disk is too slow)",
+                );
                 false
             }
             Err(TrySendError::Disconnected(_)) => {
@@ -515,7 +521,8 @@ impl Writer {
             bytes += size;
             start = i;
         }
-        let new_len = log::rewrite(&path, &read.records[start..]).map_err(|e| io_problem(&path, &e))?;
+        let new_len =
+            log::rewrite(&path, &read.records[start..]).map_err(|e| io_problem(&path, &e))?;
         let old = self.sizes.get(key).map_or(0, |s| s.0);
         self.total = self.total.saturating_sub(old) + new_len;
         self.sizes.insert(key.clone(), (new_len, kept as u64));
@@ -609,7 +616,9 @@ mod tests {
         store.flush_blocking(Duration::from_secs(10));
         assert!(!store.is_durable());
         assert!(store.problem().unwrap().contains("--state-total-bytes"));
-        let size = std::fs::metadata(dir.join("acp/big/events.log")).unwrap().len();
+        let size = std::fs::metadata(dir.join("acp/big/events.log"))
+            .unwrap()
+            .len();
         assert!(size <= 4096, "{size}");
         assert!(!store.append(&key, 11, line));
     }
@@ -626,7 +635,9 @@ mod tests {
         store.append(&key, 1, Bytes::from_static(b"{}"));
         store.flush_blocking(Duration::from_secs(10));
         assert!(dir.join("acp/gone/events.log").exists());
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         rt.block_on(async { store.remove(&key) });
         store.flush_blocking(Duration::from_secs(10));
         assert!(!dir.join("acp/gone").exists());

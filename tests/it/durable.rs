@@ -56,7 +56,11 @@ async fn start_session(d: &Daemon, server_id: &str, agent: &str) -> String {
     let (s, b) = post(
         d,
         &format!("/v1/acp/{server_id}"),
-        &request(json!(1), "session/new", json!({"cwd": "/", "mcpServers": []})),
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{b}");
@@ -148,7 +152,7 @@ fn chunk_text(ev: &Event) -> &str {
         .unwrap_or("")
 }
 
-fn unshare_available() -> bool {
+pub(crate) fn unshare_available() -> bool {
     is_root()
         && Command::new("unshare")
             .args(["--pid", "--fork", "--mount-proc", "true"])
@@ -165,7 +169,7 @@ fn namespace_init(unshare_pid: u32) -> u32 {
 
 /// Kills the whole PID namespace of `d` at once (SIGKILL to its PID 1: the kernel kills every
 /// process in it, the agents included), as a crash or a power cut would.
-fn crash(d: &mut Daemon) {
+pub(crate) fn crash(d: &mut Daemon) {
     let init = namespace_init(d.pid());
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(init as i32),
@@ -176,7 +180,7 @@ fn crash(d: &mut Daemon) {
     eventually(SECS10, "the namespace to end", || child.try_wait().unwrap());
 }
 
-fn state_args(state: &Path) -> Vec<String> {
+pub(crate) fn state_args(state: &Path) -> Vec<String> {
     vec![
         "--state-dir".into(),
         state.display().to_string(),
@@ -225,7 +229,10 @@ async fn kill_9_mid_stream_then_restart_replays_resumes_and_restores_the_session
     });
     let before = sse
         .until(SECS10, |e| {
-            e.iter().filter(|e| chunk_text(e).starts_with("chunk ")).count() == 40
+            e.iter()
+                .filter(|e| chunk_text(e).starts_with("chunk "))
+                .count()
+                == 40
         })
         .await;
     let last = before.last().unwrap().id.unwrap();
@@ -357,7 +364,10 @@ async fn a_log_cut_at_a_random_byte_is_recovered_up_to_the_cut() {
     let ids: Vec<u64> = evs.iter().filter_map(|e| e.id).collect();
     assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
     assert!((ids.len() as u64) < last, "cut at {cut} of {}", bytes.len());
-    assert!(kept > last, "numbering continues beyond every id issued before");
+    assert!(
+        kept > last,
+        "numbering continues beyond every id issued before"
+    );
     assert!(b.stderr().contains("cut a corrupt or truncated tail"));
     assert!(std::fs::metadata(&log).unwrap().len() < cut as u64 + 1);
 }
@@ -399,7 +409,8 @@ async fn without_load_session_an_old_session_gets_a_clear_409() {
     assert!(started.elapsed() < SECS10);
     let evs = sse
         .until(SECS10, |e| {
-            e.iter().any(|e| e.data["method"] == "_sandboxagent/restored")
+            e.iter()
+                .any(|e| e.data["method"] == "_sandboxagent/restored")
         })
         .await;
     let note = evs
@@ -407,12 +418,19 @@ async fn without_load_session_an_old_session_gets_a_clear_409() {
         .find(|e| e.data["method"] == "_sandboxagent/restored")
         .unwrap();
     assert_eq!(note.data["params"]["missingCapability"], "loadSession");
-    assert_eq!(note.data["params"]["failed"][0]["sessionId"], session.as_str());
+    assert_eq!(
+        note.data["params"]["failed"][0]["sessionId"],
+        session.as_str()
+    );
     // Other requests go through to the restarted agent.
     let (s, body) = post(
         &b,
         "/v1/acp/nl",
-        &request(json!(6), "session/new", json!({"cwd": "/", "mcpServers": []})),
+        &request(
+            json!(6),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{body}");
@@ -473,7 +491,12 @@ async fn a_full_disk_degrades_to_memory_only_with_a_warning() {
     let session = start_session(&d, "full", "mock").await;
     let mut sse = Sse::open(&d, "full", None).await;
     // About 600 KiB of events: more than the disk holds.
-    let (s, _) = post(&d, "/v1/acp/full", &prompt(json!(2), &session, "/stream 6000")).await;
+    let (s, _) = post(
+        &d,
+        "/v1/acp/full",
+        &prompt(json!(2), &session, "/stream 6000"),
+    )
+    .await;
     assert_eq!(s, 200);
     let evs = sse
         .until(Duration::from_secs(30), |e| {
@@ -494,7 +517,12 @@ async fn a_full_disk_degrades_to_memory_only_with_a_warning() {
     );
     assert!(d.stderr().contains("kept in memory only"), "{}", d.stderr());
     // The API goes on.
-    let (s, _) = post(&d, "/v1/acp/full", &prompt(json!(3), &session, "still here")).await;
+    let (s, _) = post(
+        &d,
+        "/v1/acp/full",
+        &prompt(json!(3), &session, "still here"),
+    )
+    .await;
     assert_eq!(s, 200);
 }
 

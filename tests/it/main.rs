@@ -4,8 +4,8 @@
 mod acp;
 mod agents;
 mod client;
-mod durable;
 mod config;
+mod durable;
 mod edge;
 mod files;
 mod first_hour;
