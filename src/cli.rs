@@ -419,9 +419,10 @@ pub struct ServerArgs {
     pub event_buffer_bytes: Option<String>,
 
     /// Keep every serverId's events (and sessions, processes) on disk here, so that they
-    /// survive a daemon restart [default: off]
-    #[arg(long, env = "SANDBOX_AGENT_STATE_DIR", value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    /// survive a daemon restart; empty: off [default: off]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_DIR", value_name = "DIR",
+          value_parser = clap::builder::OsStringValueParser::new())]
+    pub state_dir: Option<std::ffi::OsString>,
 
     /// When the state dir's writes reach the disk: every, batch:<ms> or os [default: batch:100]
     #[arg(long, env = "SANDBOX_AGENT_STATE_SYNC", value_name = "POLICY")]

@@ -337,7 +337,13 @@ impl Config {
             size_required,
             16 << 20
         );
-        let state_dir = path!(state_dir);
+        let state_dir = {
+            let in_file = file.take_string("state_dir", &mut errors);
+            args.state_dir
+                .clone()
+                .map(PathBuf::from)
+                .or_else(|| in_file.map(PathBuf::from))
+        };
         let state_sync = setting!(
             state_sync,
             "state-sync",

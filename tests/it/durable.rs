@@ -616,3 +616,22 @@ async fn processes_are_listed_after_a_crash_with_their_output() {
         .unwrap();
     assert_eq!(resp.status(), 204);
 }
+
+/// An empty `SANDBOX_AGENT_STATE_DIR` (how an operator turns off the packaged unit's state dir)
+/// is "off"; a bad `--state-sync` is a configuration error (78) that names the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_flags_empty_dir_is_off_and_a_bad_policy_is_refused() {
+    let d = Daemon::builder().env("SANDBOX_AGENT_STATE_DIR", "").start();
+    assert_eq!(d.get_json("/v1/health").await["durable"], false);
+    let out = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["server", "--port", "0", "--state-sync", "sometimes"])
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--state-sync") && err.contains("sometimes"),
+        "{err}"
+    );
+}
