@@ -623,6 +623,34 @@ mod tests {
         assert!(!store.append(&key, 11, line));
     }
 
+    /// A key whose queue overflowed is abandoned: its files are removed, later entries are
+    /// ignored, the reason is reported, and the rest of the store stays durable.
+    #[test]
+    fn an_abandoned_key_is_removed_and_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 100, 1 << 20, 1 << 30);
+        let (store, _) = StateStore::open(&c, &dir).unwrap();
+        let (slow, other): (Arc<str>, Arc<str>) = ("acp/slow".into(), "acp/other".into());
+        meta(&store, &slow);
+        meta(&store, &other);
+        store.append(&slow, 1, Bytes::from_static(b"{}"));
+        store.flush_blocking(Duration::from_secs(10));
+        assert!(dir.join("acp/slow/events.log").exists());
+        store.abandon(
+            &slow,
+            "the state writer's queue is full (the disk is too slow)",
+        );
+        store.append(&slow, 2, Bytes::from_static(b"{}"));
+        store.meta(&slow, b"{}".to_vec());
+        store.append(&other, 1, Bytes::from_static(b"{}"));
+        store.flush_blocking(Duration::from_secs(10));
+        assert!(!dir.join("acp/slow").exists());
+        assert!(dir.join("acp/other/events.log").exists());
+        assert!(store.is_durable());
+        assert!(store.problem().unwrap().starts_with("acp/slow: "));
+    }
+
     /// A removed key's files are gone, and unreadable entries are dropped at open.
     #[test]
     fn remove_and_unreadable_entries() {
