@@ -10,7 +10,8 @@
 //! only our WebSocket at c=1 and 32 in flight); `ACP_BENCH_N` round trips at c=1 (default
 //! 20 000), `ACP_BENCH_DUR_MS` per concurrent figure (default 5000), `ACP_BENCH_STREAM_N` SSE
 //! events (default 100 000); `SANDBOX_AGENT_BIN` drives another daemon build and `BENCH_AB`
-//! also prints the figures for the A/B harness (`benches/ab.sh`).
+//! also prints the figures for the A/B harness (`benches/ab.sh`); `ACP_BENCH_STATE=every|batch:<ms>|os`
+//! runs the daemon with a state dir and that sync policy (`--state-dir`, docs/performance.md).
 //! Every answer's id is checked; any error or wrong id is counted and reported.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -492,6 +493,17 @@ impl Daemon {
             .arg("--work-dir")
             .arg(dir.join("work"))
             .args(extra)
+            // `ACP_BENCH_STATE=every|batch:<ms>|os`: with a state dir (`--state-dir`) and that
+            // sync policy; unset or `off`: without.
+            .args(match std::env::var("ACP_BENCH_STATE").as_deref() {
+                Ok("off") | Err(_) => Vec::new(),
+                Ok(policy) => vec![
+                    "--state-dir".to_string(),
+                    dir.join("state").display().to_string(),
+                    "--state-sync".to_string(),
+                    policy.to_string(),
+                ],
+            })
             .env_remove("NOTIFY_SOCKET")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -40,7 +40,12 @@ pub enum Command {
     },
     /// Run the built-in deterministic ACP agent on stdin/stdout (used by `?agent=mock`)
     #[command(name = "mock-agent", after_help = MOCK_AGENT_COMMANDS)]
-    MockAgent,
+    MockAgent {
+        /// Advertise `loadSession: false` and refuse session/load (an agent that cannot
+        /// restore sessions)
+        #[arg(long)]
+        no_load_session: bool,
+    },
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
     /// Ask a running daemon how it is: health, version, instance and process counts
@@ -89,8 +94,9 @@ pub enum Command {
 
 /// The mock agent's prompt commands (also in docs/acp.md, "The mock agent").
 const MOCK_AGENT_COMMANDS: &str = "\
-It answers initialize, session/new, session/prompt, session/cancel and _mock/echo (which
-returns its params as its result). A prompt's text is echoed
+It answers initialize, session/new, session/load, session/prompt, session/cancel and _mock/echo
+(which returns its params as its result). Its sessions are kept in .mock-agent-sessions/ under
+its working directory, so that session/load works in a later process. A prompt's text is echoed
 back as one agent_message_chunk, unless it starts with one of these commands:
 
   /stream N        send N chunks (\"chunk i of N\"), then end the turn
@@ -104,6 +110,7 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /ignore-term     ignore SIGTERM from now on (the stop has to SIGKILL)
   /fork N          start N sleeping children in the same group
   /alloc MB        allocate and touch MB MiB of memory, kept until exit
+  /history         one chunk \"history: P1 | P2 ...\" of the session's earlier prompts
 
 Example: sandbox-agent mock-agent, then type
   {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"s\",\"prompt\":[{\"type\":\"text\",\"text\":\"/stream 3\"}]}}";
@@ -424,6 +431,24 @@ pub struct ServerArgs {
     /// Bytes of events kept per serverId for SSE replay [default: 16M]
     #[arg(long, env = "SANDBOX_AGENT_EVENT_BUFFER_BYTES", value_name = "SIZE")]
     pub event_buffer_bytes: Option<String>,
+
+    /// Keep every serverId's events (and sessions, processes) on disk here, so that they
+    /// survive a daemon restart; empty: off [default: off]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_DIR", value_name = "DIR",
+          value_parser = clap::builder::OsStringValueParser::new())]
+    pub state_dir: Option<std::ffi::OsString>,
+
+    /// When the state dir's writes reach the disk: every, batch:<ms> or os [default: batch:100]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_SYNC", value_name = "POLICY")]
+    pub state_sync: Option<String>,
+
+    /// Most bytes of one serverId's event log on disk [default: 64M]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_MAX_BYTES", value_name = "SIZE")]
+    pub state_max_bytes: Option<String>,
+
+    /// Most bytes of the whole state dir [default: 1G]
+    #[arg(long, env = "SANDBOX_AGENT_STATE_TOTAL_BYTES", value_name = "SIZE")]
+    pub state_total_bytes: Option<String>,
 
     /// Interval of SSE keepalive comments [default: 15s]
     #[arg(long, env = "SANDBOX_AGENT_KEEPALIVE", value_name = "DURATION")]

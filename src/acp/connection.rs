@@ -226,7 +226,7 @@ impl Connections {
         }
         let id = new_connection_id();
         let server_id = format!("{SERVER_ID_PREFIX}{id}");
-        self.acp.open(&server_id, Some(agent))?;
+        self.acp.open_connection(&server_id, agent)?;
         let sub = match self.acp.subscribe(&server_id, None) {
             Ok(s) => s,
             Err(e) => {

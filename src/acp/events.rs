@@ -47,6 +47,8 @@ struct LogState {
 pub struct EventLog {
     limits: LogLimits,
     state: Mutex<LogState>,
+    /// Its copy on disk (`--state-dir`), set once when the instance is created or recovered.
+    durable: std::sync::OnceLock<Arc<crate::state::acp::Tracked>>,
 }
 
 /// What `subscribe` found.
@@ -73,7 +75,39 @@ impl EventLog {
                 closed: false,
                 subscribers: Vec::new(),
             }),
+            durable: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A log recovered from the state dir: its retained events (ids increasing) and the next id
+    /// to issue. Open, so that subscribers wait for the instance to be used again.
+    pub fn recovered(limits: LogLimits, events: Vec<(u64, Bytes)>, next_id: u64) -> Self {
+        let log = EventLog::new(limits);
+        {
+            let mut st = log.lock();
+            for (id, line) in events {
+                let frame = message_frame(id, &line);
+                st.ring_bytes += frame.len();
+                st.ring.push_back(Retained { id, frame });
+                while st.ring.len() > 1
+                    && (st.ring.len() > limits.max_events || st.ring_bytes > limits.max_bytes)
+                {
+                    let old = st.ring.pop_front().expect("ring is not empty");
+                    st.ring_bytes -= old.frame.len();
+                }
+            }
+            st.next_id = next_id.max(st.ring.back().map_or(1, |r| r.id + 1));
+        }
+        log
+    }
+
+    /// Ties the log to its copy on disk (once).
+    pub fn set_durable(&self, t: Arc<crate::state::acp::Tracked>) {
+        let _ = self.durable.set(t);
+    }
+
+    pub fn durable(&self) -> Option<&Arc<crate::state::acp::Tracked>> {
+        self.durable.get()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -90,8 +124,16 @@ impl EventLog {
         if st.closed {
             return 0;
         }
+        let durable = self.durable.get();
+        if durable.is_some_and(|d| d.swallows(json_line)) {
+            return st.next_id - 1;
+        }
         let id = st.next_id;
         st.next_id += 1;
+        if let Some(d) = durable {
+            // Under the lock, so the disk sees the events in id order.
+            d.append(id, json_line);
+        }
         let frame = message_frame(id, json_line);
         st.ring_bytes += frame.len();
         st.ring.push_back(Retained {

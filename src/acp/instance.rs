@@ -300,6 +300,24 @@ impl AcpInstance {
         self
     }
 
+    /// An instance recovered from the state dir (`--state-dir`): `exited` with the reason
+    /// `daemon_restart` and its recovered event log (open) until the next POST starts its agent
+    /// again. Its numbering continues where the log's left off.
+    pub fn recovered(base: AcpInstance, created_at_ms: u64, events: EventLog) -> Self {
+        let mut inst = base;
+        inst.created_at_ms = created_at_ms;
+        inst.events = Arc::new(events);
+        let life = inst.life.get_mut().unwrap_or_else(|e| e.into_inner());
+        life.exit = Some(ExitInfo {
+            reason: crate::supervisor::ExitReason::DaemonRestart,
+            code: None,
+            signal: None,
+        });
+        let seen = life.seen();
+        inst.seen.send_replace(seen);
+        inst
+    }
+
     fn life(&self) -> std::sync::MutexGuard<'_, Life> {
         crate::sys::lock(&self.life)
     }
@@ -408,6 +426,14 @@ impl AcpInstance {
                 return false;
             }
             life.phase = Phase::Running(running);
+            // A recovered instance's "exited (daemon_restart)" ends with its new process.
+            if life
+                .exit
+                .as_ref()
+                .is_some_and(|e| e.reason == crate::supervisor::ExitReason::DaemonRestart)
+            {
+                life.exit = None;
+            }
             true
         });
         if !published {

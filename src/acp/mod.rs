@@ -105,6 +105,16 @@ pub enum AcpError {
         limit: u64,
         server_id: Option<String>,
     },
+    #[error(
+        "session `{session_id}` of `{server_id}` was not restored after the daemon restarted: {reason}"
+    )]
+    SessionNotRestored {
+        server_id: String,
+        session_id: String,
+        reason: String,
+        /// The agent capability that is missing (`loadSession`), when that is why.
+        missing_capability: Option<&'static str>,
+    },
     #[error("{0}")]
     Envelope(#[from] EnvelopeError),
 }

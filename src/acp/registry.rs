@@ -68,6 +68,8 @@ pub struct AcpService {
     /// Cancelled when a reload begins: every instance's POSTs stop waiting (see
     /// `AcpInstance::with_handoff`).
     handoff: CancellationToken,
+    /// `--state-dir`: where instances are kept across restarts (see `crate::state`).
+    state: Option<Arc<crate::state::StateStore>>,
 }
 
 /// One row of `GET /v1/acp`.
@@ -120,6 +122,7 @@ impl AcpService {
             instances: Mutex::new(BTreeMap::new()),
             stops: TaskTracker::new(),
             handoff: CancellationToken::new(),
+            state: None,
         }
     }
 
@@ -136,6 +139,17 @@ impl AcpService {
         &self,
         server_id: &str,
         agent: Option<&str>,
+    ) -> Result<Arc<AcpInstance>, AcpError> {
+        self.find_or_create_with(server_id, agent, true)
+    }
+
+    /// `durable`: a new instance is kept in the state dir (when there is one); an RFD
+    /// connection's is not (the connection does not outlive the daemon).
+    fn find_or_create_with(
+        &self,
+        server_id: &str,
+        agent: Option<&str>,
+        durable: bool,
     ) -> Result<Arc<AcpInstance>, AcpError> {
         if let Some(inst) = self.get(server_id) {
             return check_agent(inst, agent);
@@ -168,30 +182,80 @@ impl AcpService {
             });
         }
         let inst = Arc::new(
-            AcpInstance::new(
-                server_id.to_string(),
-                agent.to_string(),
-                self.limits,
-                self.deps.config.agent_grace,
-                crate::logging::RateLimit::new(
-                    self.deps.config.agent_stderr_lines,
-                    self.deps.config.agent_stderr_bytes,
-                ),
-                super::instance::StdinCaps {
-                    per_instance: Budget::new(self.deps.config.stdin_queue),
-                    total: self.stdin_total.clone(),
-                },
-            )
-            .with_handoff(self.handoff.clone()),
+            self.make_instance(server_id, agent)
+                .with_handoff(self.handoff.clone()),
         );
+        if durable {
+            self.track_new(&inst);
+        }
         map.insert(server_id.to_string(), inst.clone());
         Ok(inst)
+    }
+
+    fn make_instance(&self, server_id: &str, agent: &str) -> AcpInstance {
+        AcpInstance::new(
+            server_id.to_string(),
+            agent.to_string(),
+            self.limits,
+            self.deps.config.agent_grace,
+            crate::logging::RateLimit::new(
+                self.deps.config.agent_stderr_lines,
+                self.deps.config.agent_stderr_bytes,
+            ),
+            super::instance::StdinCaps {
+                per_instance: Budget::new(self.deps.config.stdin_queue),
+                total: self.stdin_total.clone(),
+            },
+        )
+    }
+
+    /// Durable state (`--state-dir`): keeps the instances recovered from the state dir, each
+    /// `exited` (`daemon_restart`) with its event log, until it is used or deleted.
+    pub fn with_state(
+        mut self,
+        store: Arc<crate::state::StateStore>,
+        recovered: Vec<crate::state::acp::RecoveredInstance>,
+    ) -> Self {
+        {
+            let mut map = self.instances();
+            for r in recovered {
+                let base = self.make_instance(&r.server_id, &r.meta.agent);
+                let log = super::events::EventLog::recovered(self.limits, r.events, r.next_id);
+                let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
+                let mut meta = r.meta;
+                meta.id_floor = r.next_id - 1;
+                let t = crate::state::acp::Tracked::new(store.clone(), &r.server_id, meta, true);
+                inst.events.set_durable(t);
+                map.insert(r.server_id, Arc::new(inst));
+            }
+        }
+        self.state = Some(store);
+        self
+    }
+
+    /// Gives a new instance its durable state, when there is a state dir.
+    fn track_new(&self, inst: &AcpInstance) {
+        if let Some(store) = &self.state {
+            let meta = crate::state::acp::AcpMeta {
+                agent: inst.agent.clone(),
+                created_at_ms: inst.created_at_ms,
+                ..Default::default()
+            };
+            let t = crate::state::acp::Tracked::new(store.clone(), &inst.server_id, meta, false);
+            inst.events.set_durable(t);
+        }
     }
 
     /// Makes sure `server_id` exists (creating it for `agent`, as a first POST would) without
     /// starting its agent; the other faces (WebSocket, RFD transport) subscribe before they send.
     pub fn open(&self, server_id: &str, agent: Option<&str>) -> Result<(), AcpError> {
         self.find_or_create(server_id, agent).map(|_| ())
+    }
+
+    /// `open` for an RFD connection's instance, which is never kept in the state dir.
+    pub fn open_connection(&self, server_id: &str, agent: &str) -> Result<(), AcpError> {
+        self.find_or_create_with(server_id, Some(agent), false)
+            .map(|_| ())
     }
 
     /// Delivers one envelope to `server_id`, starting its agent first if needed.
@@ -207,12 +271,25 @@ impl AcpService {
         if !inst.is_started() {
             self.start(&inst).await?;
         }
+        let timeout = self.deps.config.request_timeout;
+        let durable = inst.events.durable();
+        if let Some(t) = durable {
+            t.before_post(&inst, Some(&envelope), timeout).await?;
+            t.observe_request(&envelope);
+        }
         let (key, wait) = match envelope.kind {
             Kind::Request { key, .. } => (Some(key), !respond_async),
             Kind::Notification | Kind::Response => (None, false),
         };
-        inst.deliver(envelope.line, key, wait, self.deps.config.request_timeout)
-            .await
+        let delivered = inst
+            .deliver(envelope.line, key.clone(), wait, timeout)
+            .await;
+        if let (Some(t), Some(key), Ok(Delivered::Response { line, .. })) =
+            (durable, &key, &delivered)
+        {
+            t.observe_response(key, line);
+        }
+        delivered
     }
 
     /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
@@ -227,6 +304,13 @@ impl AcpService {
         let inst = self.find_or_create(server_id, None)?;
         if !inst.is_started() {
             self.start(&inst).await?;
+        }
+        if let Some(t) = inst.events.durable() {
+            t.before_post(&inst, None, self.deps.config.request_timeout)
+                .await?;
+            for env in envelopes.iter() {
+                t.observe_request(env);
+            }
         }
         Ok(inst.deliver_batch(envelopes).await)
     }
@@ -340,7 +424,7 @@ impl AcpService {
     /// This is also the seam for what would keep an instance across the daemon's own life: an
     /// in-place reload (re-exec) would take the instance out here under a new `Retirement`
     /// without `AcpInstance::retire`'s stop, and hand its process, pipes and log over instead;
-    /// durable state would record each removal here, since nothing else removes one.
+    /// durable state forgets each removal here (a shutdown keeps the entry for the next start).
     fn retire(
         &self,
         map: &mut Instances,
@@ -353,6 +437,12 @@ impl AcpService {
             .is_some_and(|cur| Arc::ptr_eq(cur, inst))
         {
             map.remove(&inst.server_id);
+        }
+        if why != Retirement::Shutdown
+            && let Some(t) = inst.events.durable()
+        {
+            // Gone for good; a shutdown keeps it for the next start.
+            t.forget();
         }
         let Some(handle) = inst.retire() else { return };
         // DEBUG: the stop it starts is logged once, as "agent ended" with the exit's reason.
@@ -515,6 +605,28 @@ impl AcpService {
             })();
             match adopted {
                 Ok(inst) => {
+                    // With a state dir, the serverId's durable state goes on with the carried
+                    // instance (the new image read it back as a restarted one).
+                    if let Some(store) = &self.state {
+                        let earlier = self
+                            .instances()
+                            .get(&s.server_id)
+                            .and_then(|i| i.events.durable().map(|t| t.carried()));
+                        let tracked = earlier.unwrap_or_else(|| {
+                            let meta = crate::state::acp::AcpMeta {
+                                agent: inst.agent.clone(),
+                                created_at_ms: inst.created_at_ms,
+                                ..Default::default()
+                            };
+                            crate::state::acp::Tracked::new(
+                                store.clone(),
+                                &s.server_id,
+                                meta,
+                                false,
+                            )
+                        });
+                        inst.events.set_durable(tracked);
+                    }
                     tracing::info!(server_id = %s.server_id, agent = %s.agent, pid = s.child.pid,
                         last_event_id = inst.events.last_id(), "agent carried across the reload");
                     self.instances().insert(s.server_id.clone(), inst);

@@ -37,6 +37,101 @@ struct Mock {
     /// Children of `/fork` and memory of `/alloc`, held so they stay alive and counted.
     children: Mutex<Vec<Child>>,
     hoard: Mutex<Vec<Vec<u8>>>,
+    /// Each known session's prompts, oldest first; also kept on disk (`SESSIONS_DIR`) so that a
+    /// `session/load` in a later process (after a restart) has something to load.
+    sessions: Mutex<HashMap<String, Vec<String>>>,
+    load_session: bool,
+}
+
+/// Where the mock keeps its sessions, under its working directory: one JSON file per session.
+const SESSIONS_DIR: &str = ".mock-agent-sessions";
+
+/// Prompts remembered per session, and bytes of each.
+const HISTORY_MAX: usize = 100;
+const PROMPT_MAX: usize = 4096;
+
+/// A session id that can name a file: 1-128 of `[A-Za-z0-9._-]`, not starting with a dot.
+fn session_file(id: &str) -> Option<std::path::PathBuf> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    ok.then(|| std::path::Path::new(SESSIONS_DIR).join(format!("{id}.json")))
+}
+
+impl Mock {
+    /// Writes a session's history to its file (through a temporary and a rename).
+    fn save(&self, id: &str, history: &[String]) {
+        let Some(path) = session_file(id) else { return };
+        let _ = std::fs::create_dir_all(SESSIONS_DIR);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let body = serde_json::to_vec(history).unwrap_or_default();
+        if std::fs::write(&tmp, body).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+
+    fn record_prompt(&self, id: &str, text: &str) {
+        let mut sessions = crate::sys::lock(&self.sessions);
+        let Some(h) = sessions.get_mut(id) else {
+            return;
+        };
+        let mut t = text.to_string();
+        if t.len() > PROMPT_MAX {
+            let mut cut = PROMPT_MAX;
+            while !t.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            t.truncate(cut);
+        }
+        h.push(t);
+        if h.len() > HISTORY_MAX {
+            h.remove(0);
+        }
+        let h = h.clone();
+        drop(sessions);
+        self.save(id, &h);
+    }
+
+    /// `session/load`: the session's history from its file, replayed as updates, then the answer.
+    fn load(&self, id: &Value, params: &Value) {
+        let sid = params
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let history = session_file(sid)
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice::<Vec<String>>(&b).ok());
+        let Some(history) = history else {
+            return self.error(id, -32602, &format!("unknown session `{sid}`"));
+        };
+        for text in &history {
+            self.update(sid, "user_message_chunk", text);
+            self.update(sid, "agent_message_chunk", text);
+        }
+        // New sessions of this process must not take the loaded one's id.
+        if let Some(n) = sid
+            .strip_prefix("mock-")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            self.next_session.fetch_max(n, Ordering::Relaxed);
+        }
+        crate::sys::lock(&self.sessions).insert(sid.to_string(), history);
+        self.result(id, json!({}));
+    }
+
+    fn update(&self, session: &str, kind: &str, text: &str) {
+        self.send(&json!({
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": session,
+                "update": {"sessionUpdate": kind, "content": {"type": "text", "text": text}},
+            },
+        }));
+    }
 }
 
 impl Mock {
@@ -79,8 +174,12 @@ impl Mock {
     }
 }
 
-pub fn run() -> ExitCode {
-    let mock = Arc::new(Mock::default());
+/// `load_session`: advertise and answer `session/load` (`--no-load-session` turns it off).
+pub fn run(load_session: bool) -> ExitCode {
+    let mock = Arc::new(Mock {
+        load_session,
+        ..Mock::default()
+    });
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut line = String::new();
@@ -134,7 +233,7 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
             json!({
                 "protocolVersion": 1,
                 "agentCapabilities": {
-                    "loadSession": false,
+                    "loadSession": mock.load_session,
                     "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
                 },
                 "agentInfo": {"name": "mock", "title": "Mock agent", "version": env!("CARGO_PKG_VERSION")},
@@ -143,8 +242,12 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
         ),
         "session/new" => {
             let n = mock.next_session.fetch_add(1, Ordering::Relaxed) + 1;
-            mock.result(&id, json!({"sessionId": format!("mock-{n}")}));
+            let sid = format!("mock-{n}");
+            crate::sys::lock(&mock.sessions).insert(sid.clone(), Vec::new());
+            mock.save(&sid, &[]);
+            mock.result(&id, json!({"sessionId": sid}));
         }
+        "session/load" if mock.load_session => mock.load(&id, &params),
         "session/prompt" => start_prompt(mock, id, &params),
         _ => mock.error(&id, -32601, &format!("Method not found: {method}")),
     }
@@ -173,6 +276,7 @@ fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
         .name("prompt".into())
         .spawn(move || {
             let stop = run_prompt(&m, &session, &text, &rx);
+            m.record_prompt(&session, &text);
             crate::sys::lock(&m.prompts).remove(&token);
             m.result(&id, json!({"stopReason": stop}));
         });
@@ -235,6 +339,15 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             let _ = writeln!(err, "{arg}").and_then(|()| err.flush());
         }
         "/garbage" => mock.send_raw(b"this line is not JSON {\n"),
+        // The session's earlier prompts (what a `session/load` brought back, after a restart).
+        "/history" => {
+            let h = crate::sys::lock(&mock.sessions).get(session).cloned();
+            let text = match h {
+                Some(h) => format!("history: {}", h.join(" | ")),
+                None => format!("unknown session `{session}`"),
+            };
+            mock.chunk(session, &text);
+        }
         "/permission" => return permission(mock, session, rx),
         "/spawn-orphan" => match spawn_orphan() {
             Ok(pid) => {

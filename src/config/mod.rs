@@ -62,6 +62,11 @@ pub struct Config {
     pub agent_grace: Duration,
     pub event_buffer: usize,
     pub event_buffer_bytes: u64,
+    /// `--state-dir`: durable state (event logs, sessions, processes); `None` = memory only.
+    pub state_dir: Option<PathBuf>,
+    pub state_sync: StateSync,
+    pub state_max_bytes: u64,
+    pub state_total_bytes: u64,
     pub keepalive: Duration,
     pub body_limit: u64,
     /// `None`: no limit.
@@ -335,6 +340,26 @@ impl Config {
             "event-buffer-bytes",
             size_required,
             16 << 20
+        );
+        let state_dir = {
+            let in_file = file.take_string("state_dir", &mut errors);
+            args.state_dir
+                .clone()
+                .map(PathBuf::from)
+                .or_else(|| in_file.map(PathBuf::from))
+        };
+        let state_sync = setting!(
+            state_sync,
+            "state-sync",
+            StateSync::parse,
+            StateSync::Batch(Duration::from_millis(100))
+        );
+        let state_max_bytes = setting!(state_max_bytes, "state-max-bytes", size_required, 64 << 20);
+        let state_total_bytes = setting!(
+            state_total_bytes,
+            "state-total-bytes",
+            size_required,
+            1 << 30
         );
         let body_limit = setting!(body_limit, "body-limit", size_required, 32 << 20);
         let upload_limit = setting!(upload_limit, "upload-limit", parse_size, Some(64 << 30));
@@ -742,6 +767,14 @@ impl Config {
             agent_grace,
             event_buffer,
             event_buffer_bytes,
+            // An empty value (e.g. `SANDBOX_AGENT_STATE_DIR=` to override the packaged unit)
+            // turns durable state off.
+            state_dir: state_dir
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| cwd.join(p)),
+            state_sync,
+            state_max_bytes,
+            state_total_bytes,
             keepalive,
             body_limit,
             upload_limit,
@@ -908,5 +941,36 @@ mod tests {
         };
         let err = Config::load_with_env(&bad, Vec::new()).expect_err("rejected");
         assert!(err.to_string().contains("agent-cgroups"), "{err}");
+    }
+}
+
+/// `--state-sync`: when the state dir's appends are made durable (`fdatasync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateSync {
+    /// After every batch the writer takes (each event, when they come one by one).
+    Every,
+    /// At most this long after an append.
+    Batch(Duration),
+    /// Never by us: the kernel writes back when it wants (about 30 s on Linux).
+    Os,
+}
+
+impl StateSync {
+    pub fn parse(s: &str) -> Result<StateSync, String> {
+        match s.trim() {
+            "every" => Ok(StateSync::Every),
+            "os" => Ok(StateSync::Os),
+            other => match other.strip_prefix("batch:") {
+                Some(ms) => match ms.trim().parse::<u64>() {
+                    Ok(n) if (1..=60_000).contains(&n) => {
+                        Ok(StateSync::Batch(Duration::from_millis(n)))
+                    }
+                    _ => Err(format!("`{s}`: batch:<ms> takes 1 to 60000 milliseconds")),
+                },
+                None => Err(format!(
+                    "`{s}` is not a sync policy (every, batch:<ms>, os)"
+                )),
+            },
+        }
     }
 }

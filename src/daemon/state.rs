@@ -27,12 +27,31 @@ impl AppState {
         let agents = Arc::new(
             crate::agents::Agents::new(config.clone())?.with_agent_home(supervisor.agent_home()),
         );
-        let acp = Arc::new(crate::acp::AcpService::new(
+        let mut state = match &config.state_dir {
+            Some(dir) => {
+                let (c, d) = (config.clone(), dir.clone());
+                match crate::sys::blocking(move || crate::state::StateStore::open(&c, &d)).await {
+                    Ok(s) => Some(s),
+                    // The API never stops for the state dir: memory only, and health says so.
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"),
+                            "cannot use the state dir: state is kept in memory only");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let mut acp = crate::acp::AcpService::new(
             config.clone(),
             supervisor.clone(),
             agents.clone(),
             services.child_token(),
-        ));
+        );
+        if let Some((store, recovered)) = &mut state {
+            acp = acp.with_state(store.clone(), std::mem::take(&mut recovered.acp));
+        }
+        let acp = Arc::new(acp);
         let connections = Arc::new(crate::acp::Connections::new(
             acp.clone(),
             agents.clone(),
@@ -40,11 +59,16 @@ impl AppState {
         ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
-        let processes = Arc::new(crate::processes::ProcessService::new(
+        let mut processes = crate::processes::ProcessService::new(
             &config,
             supervisor.clone(),
             services.child_token(),
-        ));
+        );
+        if let Some((store, recovered)) = &mut state {
+            processes =
+                processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
+        }
+        let processes = Arc::new(processes);
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,
             config,
@@ -56,14 +80,25 @@ impl AppState {
             files,
             config_store,
             processes,
+            state: state.map(|(s, _)| s),
             tasks,
         })))
     }
 
     /// Stops every agent (TERM, grace, KILL) before `deadline`.
     pub async fn stop_all(&self, deadline: tokio::time::Instant) {
+        if let Some(store) = &self.state {
+            store.set_stopping();
+        }
         self.acp.stop_all(deadline).await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;
+        // Whatever the state writer still holds reaches the disk before the process ends.
+        if let Some(store) = self.state.clone() {
+            let left = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(std::time::Duration::from_millis(500));
+            crate::sys::blocking(move || store.flush_blocking(left)).await;
+        }
     }
 }

@@ -178,6 +178,16 @@ impl From<crate::acp::AcpError> for Problem {
                 .title("Agent Exited")
                 .with("serverId", server_id),
             E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
+            E::SessionNotRestored {
+                server_id,
+                session_id,
+                missing_capability,
+                ..
+            } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Session Not Restored")
+                .with("serverId", server_id)
+                .with("sessionId", session_id)
+                .with("missingCapability", missing_capability),
             E::Envelope(_) => Problem::bad_request(detail).title("Invalid JSON-RPC Envelope"),
             // harden-runtime: Last-Event-ID beyond the log, and the global caps (503 + Retry-After).
             E::EventIdAhead {

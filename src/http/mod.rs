@@ -57,6 +57,8 @@ pub struct Services {
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
+    /// `--state-dir`'s store, when there is one.
+    pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
     pub data_dir_problem: Option<String>,
     /// The daemon's tracker of connection tasks: a WebSocket's task (spawned by the upgrade,
@@ -155,6 +157,11 @@ async fn health(State(state): State<AppState>) -> axum::Json<Health> {
             writable: state.data_dir_problem.is_none(),
             problem: state.data_dir_problem.clone(),
         },
+        durable: state.state.as_ref().is_some_and(|s| s.is_durable()),
+        state: state.state.as_ref().map(|s| StateHealth {
+            path: s.dir().display().to_string(),
+            problem: s.problem(),
+        }),
     })
 }
 
@@ -166,6 +173,21 @@ pub struct Health {
     status: &'static str,
     /// The data directory (installed agents, upload spool), as checked at start.
     data_dir: DataDirHealth,
+    /// True when events, sessions and processes are kept on disk (`--state-dir`) and survive a
+    /// restart; false without a state dir, or once it could not be written (full disk, its size
+    /// cap), when the daemon keeps state in memory only.
+    durable: bool,
+    /// The state dir, when one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<StateHealth>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct StateHealth {
+    path: String,
+    /// Why (part of) the state is kept in memory only, once something could not be written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]

@@ -50,7 +50,11 @@ impl ProcessService {
             processes: Vec::new(),
         };
         for p in all {
-            if p.ended().is_some() || p.handle.exit().is_some() {
+            // A record recovered from the state dir has no process to carry.
+            let Some(handle) = p.handle.as_ref() else {
+                continue;
+            };
+            if p.ended().is_some() || handle.exit().is_some() {
                 continue;
             }
             p.freeze.cancel();
@@ -75,7 +79,7 @@ impl ProcessService {
                 Some(t) => Some(dup(t.fd())?),
                 None => None,
             };
-            let child = p.handle.handoff_state(keep)?;
+            let child = handle.handoff_state(keep)?;
             out.processes.push(ProcessState {
                 n: p.n,
                 id: p.id.clone(),
@@ -172,7 +176,7 @@ impl ProcessService {
             tty: s.tty,
             interactive: s.interactive,
             created_at_ms: s.created_at_ms,
-            handle,
+            handle: Some(handle),
             log,
             stdin: tokio::sync::Mutex::new(stdin),
             pty,

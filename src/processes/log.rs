@@ -97,6 +97,8 @@ struct Inner {
 pub struct OutputLog {
     cap: u64,
     inner: Mutex<Inner>,
+    /// Its copy on disk (`--state-dir`).
+    durable: std::sync::OnceLock<std::sync::Arc<crate::state::processes::ProcTrack>>,
     /// Bumped on every append and on close, for followers.
     version: watch::Sender<u64>,
 }
@@ -108,8 +110,48 @@ impl OutputLog {
         OutputLog {
             cap: cap.max(CHUNK_OVERHEAD + 1),
             inner: Mutex::new(Inner::default()),
+            durable: std::sync::OnceLock::new(),
             version: watch::channel(0).0,
         }
+    }
+
+    /// A closed log rebuilt from the state dir: its chunks at their original offsets (within
+    /// the cap, the newest kept).
+    pub fn recovered(cap: u64, chunks: Vec<Chunk>) -> Self {
+        let log = OutputLog::new(cap);
+        {
+            let mut g = crate::sys::lock(&log.inner);
+            for c in chunks {
+                if c.start < g.end || c.data.is_empty() {
+                    continue;
+                }
+                let cost = c.data.len() as u64 + CHUNK_OVERHEAD;
+                if cost > log.cap {
+                    continue;
+                }
+                while g.held + cost > log.cap {
+                    match g.chunks.pop_front() {
+                        Some(o) => g.held -= o.data.len() as u64 + CHUNK_OVERHEAD,
+                        None => break,
+                    }
+                }
+                g.held += cost;
+                g.end = c.end();
+                g.chunks.push_back(c);
+            }
+            g.first = g.chunks.front().map_or(g.end, |c| c.start);
+            g.closed = true;
+        }
+        log
+    }
+
+    pub fn durable(&self) -> Option<&std::sync::Arc<crate::state::processes::ProcTrack>> {
+        self.durable.get()
+    }
+
+    /// Ties the log to its copy on disk (once).
+    pub fn set_durable(&self, t: std::sync::Arc<crate::state::processes::ProcTrack>) {
+        let _ = self.durable.set(t);
     }
 
     pub fn cap(&self) -> u64 {
@@ -143,6 +185,10 @@ impl OutputLog {
                 }
             }
             g.held += cost;
+            if let Some(d) = self.durable.get() {
+                // Under the lock, so the disk sees the chunks in order.
+                d.output(start, stream, at_ms, &data);
+            }
             g.chunks.push_back(Chunk {
                 start,
                 stream,

@@ -240,7 +240,8 @@ pub struct ManagedProcess {
     pub tty: bool,
     interactive: bool,
     created_at_ms: u64,
-    handle: AgentHandle,
+    /// `None` for a process recovered from the state dir (it did not survive the restart).
+    handle: Option<AgentHandle>,
     pub log: Arc<OutputLog>,
     stdin: tokio::sync::Mutex<Option<ChildStdin>>,
     pty: Option<Arc<pty::Pty>>,
@@ -270,8 +271,10 @@ impl ManagedProcess {
                 return e;
             }
             // The sender lives in `self`: `changed` cannot fail while we are borrowed.
-            if rx.changed().await.is_err() {
-                return (self.handle.wait().await, now_ms());
+            if rx.changed().await.is_err()
+                && let Some(h) = &self.handle
+            {
+                return (h.wait().await, now_ms());
             }
         }
     }
@@ -296,14 +299,22 @@ impl ManagedProcess {
             interactive: self.interactive,
             owner: "user",
             status: if ended.is_some() { "exited" } else { "running" },
-            pid: ended.is_none().then(|| self.handle.pid()),
+            pid: self
+                .handle
+                .as_ref()
+                .filter(|_| ended.is_none())
+                .map(|h| h.pid()),
             exit_code: exit.and_then(|e| e.code),
             exit_signal: exit.and_then(|e| e.signal),
             exit_reason: exit.map(|e| e.reason),
             created_at_ms: self.created_at_ms,
             exited_at_ms: ended.as_ref().map(|(_, at)| *at),
             log_end: self.log.end(),
-            stats: ended.is_none().then(|| self.handle.stats_in(scan)),
+            stats: self
+                .handle
+                .as_ref()
+                .filter(|_| ended.is_none())
+                .map(|h| h.stats_in(scan)),
         }
     }
 }
@@ -363,6 +374,8 @@ pub struct ProcessService {
     running: Arc<AtomicUsize>,
     budget: Arc<Budget>,
     shutdown: CancellationToken,
+    /// `--state-dir`: records and output kept across restarts (see `crate::state::processes`).
+    state: Option<Arc<crate::state::StateStore>>,
 }
 
 /// A slot among the running processes; released on drop.
@@ -418,7 +431,67 @@ impl ProcessService {
                 reserved: AtomicU64::new(0),
             }),
             shutdown,
+            state: None,
         }
+    }
+
+    /// Durable state: lists the processes recovered from the state dir (exited; the ones that
+    /// still ran with `daemon_restart`), each with its output within the log cap, and keeps
+    /// every new one on disk.
+    pub fn with_state(
+        mut self,
+        store: Arc<crate::state::StateStore>,
+        recovered: Vec<crate::state::processes::RecoveredProcess>,
+    ) -> Self {
+        let cap = self
+            .config()
+            .max_log_bytes_per_process
+            .max(log::CHUNK_OVERHEAD + 1);
+        {
+            let mut records = crate::sys::lock(&self.records);
+            for r in recovered {
+                let Some(n) = r.meta.id.strip_prefix("proc_").and_then(|n| n.parse().ok()) else {
+                    continue;
+                };
+                let log = Arc::new(OutputLog::recovered(cap, r.chunks));
+                if !self.budget.reserve(log.held()) {
+                    tracing::warn!(id = %r.meta.id,
+                        "a recovered process record is dropped: the total log budget is full");
+                    continue;
+                }
+                let track = crate::state::processes::ProcTrack::new(store.clone(), r.meta.clone());
+                if r.meta.exit.is_none() {
+                    track.ended(&r.exit.0, r.exit.1);
+                }
+                log.set_durable(track);
+                let (ended, _) = watch::channel(Some(r.exit));
+                records.insert(
+                    n,
+                    Arc::new(ManagedProcess {
+                        id: r.meta.id,
+                        command: r.meta.command,
+                        args: r.meta.args,
+                        cwd: r.meta.cwd,
+                        tty: r.meta.tty,
+                        interactive: r.meta.interactive,
+                        created_at_ms: r.meta.created_at_ms,
+                        handle: None,
+                        log,
+                        stdin: tokio::sync::Mutex::new(None),
+                        pty: None,
+                        ended,
+                        readers: AtomicUsize::new(0),
+                        freeze: CancellationToken::new(),
+                        pipes: Vec::new(),
+                        n,
+                    }),
+                );
+                self.next_id.fetch_max(n + 1, Ordering::Relaxed);
+            }
+            self.forget_oldest_exited(&mut records);
+        }
+        self.state = Some(store);
+        self
     }
 
     pub fn config(&self) -> ProcessConfig {
@@ -590,6 +663,21 @@ impl ProcessService {
             })?;
         let log = Arc::new(OutputLog::new(cap));
         let freeze = CancellationToken::new();
+        if let Some(store) = &self.state {
+            log.set_durable(crate::state::processes::ProcTrack::new(
+                store.clone(),
+                crate::state::processes::ProcMeta {
+                    id: id.clone(),
+                    command: req.command.clone(),
+                    args: req.args.clone(),
+                    cwd: req.cwd.clone(),
+                    tty: req.tty,
+                    interactive: req.interactive,
+                    created_at_ms: now_ms(),
+                    exit: None,
+                },
+            ));
+        }
         let mut readers = Vec::new();
         let mut pipes = Vec::new();
         if let Some(out) = spawned.stdout {
@@ -631,7 +719,7 @@ impl ProcessService {
             tty: req.tty,
             interactive: req.interactive,
             created_at_ms: now_ms(),
-            handle: spawned.handle,
+            handle: Some(spawned.handle),
             log,
             stdin: tokio::sync::Mutex::new(stdin),
             pty,
@@ -659,6 +747,9 @@ impl ProcessService {
             for k in &exited[..exited.len() - MAX_EXITED_RECORDS] {
                 if let Some(p) = records.remove(k) {
                     self.budget.release(p.log.held());
+                    if let Some(t) = p.log.durable() {
+                        t.forget();
+                    }
                 }
             }
         }
@@ -700,6 +791,9 @@ impl ProcessService {
             && records.remove(&n).is_some()
         {
             self.budget.release(p.log.held());
+            if let Some(t) = p.log.durable() {
+                t.forget();
+            }
         }
         Ok(())
     }
@@ -729,8 +823,12 @@ impl ProcessService {
         Fut: std::future::Future<Output = ExitInfo> + Send + 'static,
     {
         let wait = wait.min(MAX_WAIT);
+        let Some(handle) = p.handle.clone() else {
+            // Recovered from the state dir: it ended with the daemon's last run.
+            return Ok(p.info().await);
+        };
         // The supervisor runs the stop in its own task; the first poll starts it.
-        let stopping = tokio::spawn(how(p.handle.clone()));
+        let stopping = tokio::spawn(how(handle));
         let _ = tokio::time::timeout(wait, async {
             let _ = stopping.await;
             p.wait_ended().await;
@@ -899,7 +997,7 @@ pub async fn write_input(
         id: p.id.clone(),
         reason,
     };
-    if p.ended().is_some() || p.handle.exit().is_some() {
+    if p.ended().is_some() || p.handle.as_ref().is_none_or(|h| h.exit().is_some()) {
         return Err(conflict("the process is not running"));
     }
     let write = async {
@@ -955,7 +1053,9 @@ pub fn resize(p: &ManagedProcess, cols: u32, rows: u32) -> Result<(), ProcessErr
         .map_err(|e| ProcessError::Io(format!("resize: {e}")))?;
     // The kernel signals the terminal's foreground group only when the size changed; the
     // explicit signal makes a resize to the same size observable too.
-    p.handle.signal_group(nix::sys::signal::Signal::SIGWINCH);
+    if let Some(h) = &p.handle {
+        h.signal_group(nix::sys::signal::Signal::SIGWINCH);
+    }
     Ok(())
 }
 
@@ -1038,8 +1138,11 @@ async fn monitor(
     slot: RunningSlot,
     budget: Arc<Budget>,
 ) {
+    let Some(handle) = p.handle.clone() else {
+        return;
+    };
     let exit = tokio::select! {
-        e = p.handle.wait() => e,
+        e = handle.wait() => e,
         // A reload carries the process: the new image's monitor publishes its end.
         _ = p.freeze.cancelled() => return,
     };
@@ -1052,5 +1155,9 @@ async fn monitor(
     *p.stdin.lock().await = None;
     budget.release(p.log.cap().saturating_sub(p.log.held()));
     drop(slot);
-    p.ended.send_replace(Some((exit, now_ms())));
+    let at = now_ms();
+    if let Some(t) = p.log.durable() {
+        t.ended(&exit, at);
+    }
+    p.ended.send_replace(Some((exit, at)));
 }

@@ -64,7 +64,9 @@ pub enum SpawnError {
 }
 
 /// How an agent ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ExitReason {
     /// Ended by itself; `code` is set.
@@ -77,6 +79,10 @@ pub enum ExitReason {
     Graceful,
     /// Stopped by us; SIGKILL was needed.
     Forced,
+    /// Known only from the state dir: the daemon itself was restarted (or crashed) while it
+    /// ran, and the process went with it (`--state-dir`).
+    #[serde(rename = "daemon_restart")]
+    DaemonRestart,
 }
 
 impl ExitReason {
@@ -87,6 +93,7 @@ impl ExitReason {
             ExitReason::Oom => "oom",
             ExitReason::Graceful => "graceful",
             ExitReason::Forced => "forced",
+            ExitReason::DaemonRestart => "daemon_restart",
         }
     }
 }
@@ -602,7 +609,7 @@ fn unexpected_exit(info: &ExitInfo, agent: &str) -> bool {
     match info.reason {
         ExitReason::Crashed | ExitReason::Oom => true,
         ExitReason::Exited => info.code != Some(0) && !agent.starts_with("process:"),
-        ExitReason::Graceful | ExitReason::Forced => false,
+        ExitReason::Graceful | ExitReason::Forced | ExitReason::DaemonRestart => false,
     }
 }
 
@@ -937,6 +944,7 @@ mod tests {
             ExitReason::Oom,
             ExitReason::Graceful,
             ExitReason::Forced,
+            ExitReason::DaemonRestart,
         ] {
             assert_eq!(
                 serde_json::to_value(r).expect("serializes"),

@@ -5,6 +5,7 @@ mod acp;
 mod agents;
 mod client;
 mod config;
+mod durable;
 mod edge;
 mod files;
 mod first_hour;

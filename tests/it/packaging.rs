@@ -439,6 +439,7 @@ fn debian_package_runs_under_real_systemd_in_nspawn() {
             "POST /v1/acp/x?agent=mock",
             "a crashed agent answers 502",
             "agent process runs as the service user",
+            "systemctl restart: the session goes on",
             "survives past WatchdogSec",
             "systemctl reload keeps the daemon and its agents",
             "control: a broken config is refused on reload",

@@ -565,3 +565,150 @@ async fn claude_turn_through_the_published_npm_client() {
     let list = d.get_json("/v1/acp").await;
     assert_eq!(list["servers"], json!([]), "{list}");
 }
+
+/// Durable state with a real agent: Claude Code keeps its sessions under its HOME, so after a
+/// turn, a `kill -9` of the daemon (in a PID namespace, so the agent dies with it) and a start
+/// on the same state dir, a prompt on the same session id works through `session/load`, and the
+/// fake model sees the first turn in the second turn's conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_session_continues_after_a_daemon_crash() {
+    if !on_path("npm") || !on_path("node") || !on_path("python3") {
+        crate::support::skip("node, npm or python3 missing (.ci/install-00-base.sh installs them)");
+        return;
+    }
+    if !crate::durable::unshare_available() {
+        crate::support::skip("needs root and unshare --pid to crash the daemon with its agent");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(tmp.path());
+    let file = agents_file(tmp.path(), "claude", &model);
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let builder = || {
+        Daemon::builder()
+            .data_dir(shared_data_dir())
+            .work_dir(&work)
+            .args(crate::durable::state_args(&state))
+            .arg("--agents-file")
+            .arg(&file)
+            .arg("--acp-registry-url")
+            .arg("http://127.0.0.1:9/registry.json")
+    };
+    let mut a = builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .expect_exit(None)
+        .start();
+    let server = "durable-claude";
+    let cwd = work.join("claude");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let init = post(
+        &a,
+        server,
+        "?agent=claude",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+               "params": {"protocolVersion": 1, "clientCapabilities": {}}}),
+    )
+    .await;
+    assert_eq!(
+        init["result"]["agentCapabilities"]["loadSession"], true,
+        "{init}"
+    );
+    let created = post(
+        &a,
+        server,
+        "",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+               "params": {"cwd": cwd, "mcpServers": []}}),
+    )
+    .await;
+    let session = created["result"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    let done = post(
+        &a,
+        server,
+        "",
+        prompt(10, &session, "remember the word kumquat [[text]]"),
+    )
+    .await;
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    // Claude writes its transcript under its HOME; crash once it is there.
+    let home = tmp.path().join("home");
+    let find = |dir: &Path| -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    };
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if find(&home).iter().any(|p| {
+                p.to_string_lossy().contains(&session)
+                    && std::fs::read_to_string(p).is_ok_and(|t| t.contains("kumquat"))
+            }) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        panic!("no transcript of {session} under HOME: {:?}", find(&home));
+    }
+    crate::durable::crash(&mut a);
+
+    let b = builder().start();
+    let row = b
+        .servers()
+        .await
+        .into_iter()
+        .find(|s| s["serverId"] == server)
+        .expect("listed after the restart");
+    assert_eq!(row["exitReason"], "daemon_restart", "{row}");
+    let events = Events::follow(&b, server);
+    let turns_before = model.requests().len();
+    let done = post(&b, server, "", prompt(20, &session, "which word? [[text]]")).await;
+    assert_eq!(
+        done["result"]["stopReason"],
+        "end_turn",
+        "{done}\n{}",
+        b.stderr()
+    );
+    let restored = eventually_async(Duration::from_secs(10), "the restored notice", || async {
+        events
+            .all()
+            .into_iter()
+            .find(|e| e["method"] == "_sandboxagent/restored")
+    })
+    .await;
+    assert_eq!(
+        restored["params"]["sessions"],
+        json!([{"sessionId": session, "how": "session/load"}]),
+        "{restored}"
+    );
+    // The second turn's model request carries the first turn: user, assistant, user at least.
+    let second: Vec<Value> = model.requests()[turns_before..]
+        .iter()
+        .filter(|r| r["stream"] == true && r["marker"] == "text")
+        .cloned()
+        .collect();
+    let last = second
+        .last()
+        .expect("a streamed model request for the second turn");
+    let roles = last["roles"].as_array().unwrap();
+    assert!(
+        roles.len() >= 3 && roles.iter().any(|r| r == "assistant"),
+        "the second turn's conversation lacks the first: {last}"
+    );
+}

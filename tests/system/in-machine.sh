@@ -117,6 +117,22 @@ crash_flow http://127.0.0.1:2472 t >/dev/null # the same events for the text-log
 agents=$(pgrep -u sandbox-agent -f mock-agent | tr '\n' ' ')
 [ -n "$agents" ] && ok "agent process runs as the service user" || fail "agent process runs as the service user" "none found"
 
+# --- durable state (the unit sets SANDBOX_AGENT_STATE_DIR): a session goes on across a restart ---
+# pkg-test-1 keeps its mock session; pkg-crash, deleted first, is the control that must be gone.
+prompt "$API" "$TOKEN" pkg-test-1 5 "$sid" "remember-me" >/dev/null
+curl -s -o /dev/null -X DELETE -H "Authorization: Bearer $TOKEN" "$API/v1/acp/pkg-crash"
+systemctl restart sandbox-agent.service
+list=$(curl -s -H "Authorization: Bearer $TOKEN" "$API/v1/acp")
+turn=$(prompt "$API" "$TOKEN" pkg-test-1 6 "$sid" "/history")
+stream=$(curl -s -N --max-time 3 -H "Authorization: Bearer $TOKEN" -H 'Accept: text/event-stream' \
+  "$API/v1/acp/pkg-test-1" || true)
+case "$list" in *'"serverId":"pkg-test-1"'*'"exitReason":"daemon_restart"'*) listed=yes;; *) listed=no;; esac
+case "$list" in *'"serverId":"pkg-crash"'*) control=listed;; *) control=gone;; esac
+case "$turn/$stream" in *'"stopReason":"end_turn"'*'/'*'history: '*'remember-me'*'_sandboxagent/restored'*|\
+  *'"stopReason":"end_turn"'*'/'*'_sandboxagent/restored'*'history: '*'remember-me'*) went_on=yes;; *) went_on=no;; esac
+if [ "$listed/$went_on/$control" = yes/yes/gone ]; then ok "systemctl restart: the session goes on"
+else fail "systemctl restart: the session goes on" "listed=$listed went_on=$went_on control=$control; $list; $turn"; fi
+
 # --- the watchdog: survives several WatchdogSec periods; the silent control is killed ---
 pid=$(prop sandbox-agent.service MainPID)
 sleep 7

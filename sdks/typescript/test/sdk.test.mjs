@@ -236,9 +236,10 @@ test("missing capabilities and unknown methods are clear errors", () =>
   withDaemon(async (d) => {
     const c = new SandboxAgentClient({ baseUrl: d.url, agent: "mock" });
     const { sessionId } = await c.newSession();
-    // The mock advertises loadSession: false and no session list/fork/resume.
+    // The mock advertises loadSession (it keeps its sessions in a file), but no session
+    // list/fork/resume.
+    assert.deepEqual(await c.loadSession({ sessionId }), {});
     for (const [name, call] of [
-      ["loadSession", () => c.loadSession({ sessionId })],
       ["listSessions", () => c.listSessions()],
       ["forkSession", () => c.forkSession({ sessionId })],
       ["resumeSession", () => c.resumeSession({ sessionId })],

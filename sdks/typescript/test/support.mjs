@@ -13,13 +13,16 @@ export function binaryExists() {
   return existsSync(BIN);
 }
 
-/** Starts a daemon; resolves with { url, token, workDir, stop }. */
-export async function startDaemon({ args = [], token } = {}) {
+/**
+ * Starts a daemon; resolves with { url, token, workDir, stop }. `workDir` and `port` let a test
+ * start a daemon again where the last one was (a restart on the same state dir).
+ */
+export async function startDaemon({ args = [], token, workDir: work, port = 0 } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "sdk-test-"));
-  const workDir = join(dir, "work");
+  const workDir = work ?? join(dir, "work");
   const { mkdirSync } = await import("node:fs");
-  mkdirSync(workDir);
-  const full = ["server", "--port", "0", "--data-dir", join(dir, "data"), "--work-dir", workDir,
+  mkdirSync(workDir, { recursive: true });
+  const full = ["server", "--port", String(port), "--data-dir", join(dir, "data"), "--work-dir", workDir,
     "--log-format", "text", ...(token ? ["--token", token] : []), ...args];
   const child = spawn(BIN, full, { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";

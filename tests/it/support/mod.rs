@@ -54,6 +54,7 @@ pub struct DaemonBuilder {
     clear_env: bool,
     confine_to_work_dir: bool,
     data_dir: Option<PathBuf>,
+    work_dir: Option<PathBuf>,
     stderr_unread: bool,
     any_user_bin: bool,
     binary: Option<PathBuf>,
@@ -70,6 +71,7 @@ impl Default for DaemonBuilder {
             clear_env: false,
             confine_to_work_dir: false,
             data_dir: None,
+            work_dir: None,
             stderr_unread: false,
             any_user_bin: false,
             binary: None,
@@ -100,6 +102,12 @@ impl DaemonBuilder {
     /// Uses this data dir instead of a private one (e.g. an install cache shared by tests).
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// Uses this work dir instead of a private one (e.g. one that outlives a daemon restart).
+    pub fn work_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.work_dir = Some(dir.into());
         self
     }
 
@@ -168,6 +176,7 @@ pub struct Daemon {
     expect_exit: Option<i32>,
     stderr_path: PathBuf,
     data: PathBuf,
+    work: PathBuf,
     /// The read end of an unread stderr pipe (`stderr_unread_pipe`), held open until drop.
     pub stderr_pipe: Option<std::os::fd::OwnedFd>,
 }
@@ -202,7 +211,10 @@ impl Daemon {
             .data_dir
             .clone()
             .unwrap_or_else(|| dir.path().join("data"));
-        let work = dir.path().join("work");
+        let work = b
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("work"));
         std::fs::create_dir_all(&work).unwrap();
 
         let bin = if let Some(p) = &b.binary {
@@ -258,6 +270,7 @@ impl Daemon {
             expect_exit: b.expect_exit,
             stderr_path,
             data,
+            work,
             stderr_pipe,
         };
         daemon.addr = daemon.wait_ready();
@@ -333,7 +346,7 @@ impl Daemon {
     }
 
     pub fn work_dir(&self) -> PathBuf {
-        self.dir.path().join("work")
+        self.work.clone()
     }
 
     pub fn data_dir(&self) -> PathBuf {

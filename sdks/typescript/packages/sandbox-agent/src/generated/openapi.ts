@@ -618,7 +618,7 @@ export interface components {
          * @description How an agent ended.
          * @enum {string}
          */
-        ExitReason: "exited" | "crashed" | "oom" | "graceful" | "forced";
+        ExitReason: "exited" | "crashed" | "oom" | "graceful" | "forced" | "daemon_restart";
         FsEntry: {
             name: string;
             path: string;
@@ -671,6 +671,13 @@ export interface components {
             status: string;
             /** @description The data directory (installed agents, upload spool), as checked at start. */
             dataDir: components["schemas"]["DataDirHealth"];
+            /**
+             * @description True when events, sessions and processes are kept on disk (`--state-dir`) and survive a
+             *     restart; false without a state dir, or once it could not be written (full disk, its size
+             *     cap), when the daemon keeps state in memory only.
+             */
+            durable: boolean;
+            state?: null | components["schemas"]["StateHealth"];
         };
         InputRequest: {
             data: string;
@@ -1002,6 +1009,11 @@ export interface components {
         /** @description One skills entry: where its skills come from. */
         SkillsEntry: {
             sources: components["schemas"]["SkillSource"][];
+        };
+        StateHealth: {
+            path: string;
+            /** @description Why (part of) the state is kept in memory only, once something could not be written. */
+            problem?: string | null;
         };
         /**
          * @description Which chunks a reader wants (`?stream=`); `Combined` is every stream.

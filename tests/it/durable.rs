@@ -1,0 +1,637 @@
+//! Durable state (`--state-dir`): the daemon killed outright (in a PID namespace, so its agents
+//! die with it) and started again on the same state dir lists its serverIds as
+//! `daemon_restart`, replays their events with their ids, resumes `Last-Event-ID` across the
+//! restart, and restores the mock agent's sessions with `session/load` on the next POST.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, children_of, eventually, is_root, skip};
+
+const SECS10: Duration = Duration::from_secs(10);
+
+fn request(id: Value, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn prompt(id: Value, session: &str, text: &str) -> Value {
+    request(
+        id,
+        "session/prompt",
+        json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}),
+    )
+}
+
+/// POSTs one message; (status, body as JSON).
+async fn post(d: &Daemon, path: &str, msg: &Value) -> (u16, Value) {
+    let resp = d
+        .client()
+        .post(d.url(path))
+        .header("content-type", "application/json")
+        .body(msg.to_string())
+        .send()
+        .await
+        .expect("POST");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// `initialize` + `session/new` on the mock agent; the session id.
+async fn start_session(d: &Daemon, server_id: &str, agent: &str) -> String {
+    let (s, b) = post(
+        d,
+        &format!("/v1/acp/{server_id}?agent={agent}"),
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = post(
+        d,
+        &format!("/v1/acp/{server_id}"),
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    b["result"]["sessionId"].as_str().unwrap().to_string()
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    kind: String,
+    id: Option<u64>,
+    data: Value,
+}
+
+/// An SSE reader of `GET /v1/acp/{serverId}`.
+struct Sse {
+    resp: reqwest::Response,
+    raw: String,
+}
+
+impl Sse {
+    async fn open(d: &Daemon, server_id: &str, last: Option<u64>) -> Sse {
+        let mut req = d
+            .client()
+            .get(d.url(&format!("/v1/acp/{server_id}")))
+            .header("accept", "text/event-stream");
+        if let Some(l) = last {
+            req = req.header("last-event-id", l.to_string());
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        Sse {
+            resp,
+            raw: String::new(),
+        }
+    }
+
+    fn events(&self) -> Vec<Event> {
+        let complete = match self.raw.rfind("\n\n") {
+            Some(i) => &self.raw[..i + 2],
+            None => "",
+        };
+        complete
+            .split("\n\n")
+            .filter(|b| !b.is_empty() && !b.starts_with(':'))
+            .map(|block| {
+                let mut ev = Event {
+                    kind: String::new(),
+                    id: None,
+                    data: Value::Null,
+                };
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        ev.kind = v.to_string();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        ev.id = Some(v.parse().unwrap());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        ev.data = serde_json::from_str(v).unwrap();
+                    }
+                }
+                ev
+            })
+            .collect()
+    }
+
+    /// Reads until `done` holds for the events so far (panics after `timeout`).
+    async fn until(&mut self, timeout: Duration, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let evs = self.events();
+            if done(&evs) {
+                return evs;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.resp.chunk()).await {
+                Ok(Ok(Some(b))) => self.raw.push_str(std::str::from_utf8(&b).unwrap()),
+                other => panic!(
+                    "stream ended or timed out ({}): {}",
+                    other.is_ok(),
+                    self.raw
+                ),
+            }
+        }
+    }
+}
+
+fn chunk_text(ev: &Event) -> &str {
+    ev.data["params"]["update"]["content"]["text"]
+        .as_str()
+        .unwrap_or("")
+}
+
+pub(crate) fn unshare_available() -> bool {
+    is_root()
+        && Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "true"])
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// Host pid of the process that is PID 1 inside the namespace `unshare --fork` made.
+fn namespace_init(unshare_pid: u32) -> u32 {
+    eventually(Duration::from_secs(5), "the namespace's PID 1", || {
+        children_of(unshare_pid).first().copied()
+    })
+}
+
+/// Kills the whole PID namespace of `d` at once (SIGKILL to its PID 1: the kernel kills every
+/// process in it, the agents included), as a crash or a power cut would.
+pub(crate) fn crash(d: &mut Daemon) {
+    let init = namespace_init(d.pid());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut child = d.child.take().unwrap();
+    eventually(SECS10, "the namespace to end", || child.try_wait().unwrap());
+}
+
+pub(crate) fn state_args(state: &Path) -> Vec<String> {
+    vec![
+        "--state-dir".into(),
+        state.display().to_string(),
+        "--state-sync".into(),
+        "every".into(),
+    ]
+}
+
+async fn server(d: &Daemon, id: &str) -> Value {
+    d.servers()
+        .await
+        .into_iter()
+        .find(|s| s["serverId"] == id)
+        .unwrap_or_else(|| panic!("{id} is not listed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_stream_then_restart_replays_resumes_and_restores_the_session() {
+    if !unshare_available() {
+        return skip("needs root and unshare --pid to crash the daemon with its agents");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let mut a = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .work_dir(&work)
+        .args(state_args(&state))
+        .expect_exit(None)
+        .start();
+    assert_eq!(a.get_json("/v1/health").await["durable"], true);
+    let session = start_session(&a, "s1", "mock").await;
+    let mut sse = Sse::open(&a, "s1", None).await;
+    let (s, b) = post(&a, "/v1/acp/s1", &prompt(json!(2), &session, "/stream 40")).await;
+    assert_eq!(s, 200, "{b}");
+    // Mid-stream: a turn that is still running when the daemon dies.
+    let client = a.client();
+    let url = a.url("/v1/acp/s1");
+    let hanging = tokio::spawn(async move {
+        let _ = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(prompt(json!(3), "mock-1", "/hang").to_string())
+            .send()
+            .await;
+    });
+    let before = sse
+        .until(SECS10, |e| {
+            e.iter()
+                .filter(|e| chunk_text(e).starts_with("chunk "))
+                .count()
+                == 40
+        })
+        .await;
+    let last = before.last().unwrap().id.unwrap();
+    let ids: Vec<u64> = before.iter().filter_map(|e| e.id).collect();
+    crash(&mut a);
+    hanging.abort();
+    drop(sse);
+
+    let b = Daemon::builder()
+        .work_dir(&work)
+        .args(state_args(&state))
+        .start();
+    // Listed, exited for the restart, with its last id.
+    let row = server(&b, "s1").await;
+    assert_eq!(row["status"], "exited", "{row}");
+    assert_eq!(row["exitReason"], "daemon_restart", "{row}");
+    assert_eq!(row["agent"], "mock");
+    assert!(row["lastEventId"].as_u64().unwrap() >= last, "{row}");
+
+    // The whole retained log replays with its original ids.
+    let mut all = Sse::open(&b, "s1", None).await;
+    let replay = all.until(SECS10, |e| e.len() >= ids.len()).await;
+    let replay_ids: Vec<u64> = replay.iter().filter_map(|e| e.id).collect();
+    assert_eq!(&replay_ids[..ids.len()], &ids[..], "replayed ids");
+    assert_eq!(
+        replay[..ids.len()]
+            .iter()
+            .map(|e| e.data.clone())
+            .collect::<Vec<_>>(),
+        before.iter().map(|e| e.data.clone()).collect::<Vec<_>>()
+    );
+
+    // Last-Event-ID resumes across the restart without a gap.
+    let from = ids[ids.len() - 10];
+    let mut resumed = Sse::open(&b, "s1", Some(from)).await;
+    let r = resumed.until(SECS10, |e| e.len() >= 9).await;
+    assert!(r.iter().all(|e| e.kind == "message"), "no gap: {r:?}");
+    assert_eq!(
+        r.iter().filter_map(|e| e.id).collect::<Vec<_>>(),
+        ids[ids.len() - 9..].to_vec()
+    );
+
+    // A prompt on the old session id works: the agent is started again and loads the session.
+    let (s, body) = post(&b, "/v1/acp/s1", &prompt(json!(4), &session, "/history")).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["result"]["stopReason"], "end_turn");
+    let after = resumed
+        .until(SECS10, |e| {
+            e.iter().any(|e| chunk_text(e).starts_with("history:"))
+        })
+        .await;
+    let restored = after
+        .iter()
+        .find(|e| e.data["method"] == "_sandboxagent/restored")
+        .expect("a restored notification");
+    assert_eq!(
+        restored.data["params"]["sessions"],
+        json!([{"sessionId": session, "how": "session/load"}]),
+        "{:?}",
+        restored.data
+    );
+    let history = after
+        .iter()
+        .find(|e| chunk_text(e).starts_with("history:"))
+        .unwrap();
+    assert_eq!(chunk_text(history), "history: /stream 40");
+    // The agent's replay of the session while it loaded was not added to the stream.
+    assert!(
+        !after
+            .iter()
+            .any(|e| e.data["params"]["update"]["sessionUpdate"] == "user_message_chunk"),
+        "{after:?}"
+    );
+    // New events continue the numbering: strictly increasing, none reused.
+    let new_ids: Vec<u64> = after.iter().filter_map(|e| e.id).collect();
+    assert!(new_ids.windows(2).all(|w| w[0] < w[1]), "{new_ids:?}");
+    assert!(new_ids.iter().filter(|i| **i > last).count() >= 2);
+    let row = server(&b, "s1").await;
+    assert_eq!(row["status"], "running", "{row}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_cut_at_a_random_byte_is_recovered_up_to_the_cut() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let mut a = Daemon::builder()
+        .work_dir(&work)
+        .args(state_args(&state))
+        .start();
+    let session = start_session(&a, "cut", "mock").await;
+    let (s, _) = post(&a, "/v1/acp/cut", &prompt(json!(2), &session, "/stream 30")).await;
+    assert_eq!(s, 200);
+    let last = server(&a, "cut").await["lastEventId"].as_u64().unwrap();
+    assert!(last >= 30);
+    // A graceful stop keeps the state (and writes everything out).
+    assert_eq!(a.stop(SECS10), 0);
+    let log: PathBuf = state.join("acp/cut/events.log");
+    let bytes = std::fs::read(&log).unwrap();
+    // Anywhere past the first record's header, never at its end: a partial record.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as usize;
+    let mut cut = 20 + nanos % (bytes.len() - 21);
+    // Never on a record boundary (a record: 16 bytes of header, then its length), so that the
+    // tail really is a partial record.
+    let mut at = 0;
+    while at < bytes.len() {
+        if at == cut {
+            cut += 1;
+        }
+        at += 16 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    }
+    std::fs::write(&log, &bytes[..cut]).unwrap();
+
+    let b = Daemon::builder()
+        .work_dir(&work)
+        .args(state_args(&state))
+        .start();
+    let row = server(&b, "cut").await;
+    assert_eq!(row["exitReason"], "daemon_restart");
+    let kept = row["lastEventId"].as_u64().unwrap();
+    let mut sse = Sse::open(&b, "cut", None).await;
+    let evs = sse
+        .until(SECS10, |e| e.last().and_then(|e| e.id) >= Some(1))
+        .await;
+    // The events before the cut, 1.. in order, none after it.
+    let ids: Vec<u64> = evs.iter().filter_map(|e| e.id).collect();
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
+    assert!((ids.len() as u64) < last, "cut at {cut} of {}", bytes.len());
+    assert!(
+        kept > last,
+        "numbering continues beyond every id issued before"
+    );
+    assert!(b.stderr().contains("cut a corrupt or truncated tail"));
+    assert!(std::fs::metadata(&log).unwrap().len() < cut as u64 + 1);
+}
+
+/// An agent that cannot load sessions: a POST naming an old session gets a 409 that says which
+/// capability is missing, at once (no hang), and a new session works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_load_session_an_old_session_gets_a_clear_409() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let agents = tmp.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        format!(
+            "[[agent]]\nid = \"noload\"\ncommand = \"{}\"\nargs = [\"mock-agent\", \"--no-load-session\"]\n",
+            env!("CARGO_BIN_EXE_sandbox-agent")
+        ),
+    )
+    .unwrap();
+    let args = |b: crate::support::DaemonBuilder| {
+        b.work_dir(&work)
+            .args(state_args(&state))
+            .arg("--agents-file")
+            .arg(&agents)
+    };
+    let mut a = args(Daemon::builder()).start();
+    let session = start_session(&a, "nl", "noload").await;
+    assert_eq!(a.stop(SECS10), 0);
+
+    let b = args(Daemon::builder()).start();
+    let mut sse = Sse::open(&b, "nl", None).await;
+    let started = Instant::now();
+    let (s, body) = post(&b, "/v1/acp/nl", &prompt(json!(5), &session, "hello")).await;
+    assert_eq!(s, 409, "{body}");
+    assert_eq!(body["missingCapability"], "loadSession", "{body}");
+    assert_eq!(body["sessionId"], session.as_str());
+    assert!(body["detail"].as_str().unwrap().contains("loadSession"));
+    assert!(started.elapsed() < SECS10);
+    let evs = sse
+        .until(SECS10, |e| {
+            e.iter()
+                .any(|e| e.data["method"] == "_sandboxagent/restored")
+        })
+        .await;
+    let note = evs
+        .iter()
+        .find(|e| e.data["method"] == "_sandboxagent/restored")
+        .unwrap();
+    assert_eq!(note.data["params"]["missingCapability"], "loadSession");
+    assert_eq!(
+        note.data["params"]["failed"][0]["sessionId"],
+        session.as_str()
+    );
+    // Other requests go through to the restarted agent.
+    let (s, body) = post(
+        &b,
+        "/v1/acp/nl",
+        &request(
+            json!(6),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+}
+
+/// Without `--state-dir` nothing is durable; a deleted serverId's state is gone after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_whether_state_is_durable_and_delete_forgets() {
+    let d = Daemon::start();
+    assert_eq!(d.get_json("/v1/health").await["durable"], false);
+    drop(d);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut a = Daemon::builder().args(state_args(&state)).start();
+    start_session(&a, "keep", "mock").await;
+    start_session(&a, "gone", "mock").await;
+    let resp = a
+        .client()
+        .delete(a.url("/v1/acp/gone"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    assert_eq!(a.stop(SECS10), 0);
+    let b = Daemon::builder().args(state_args(&state)).start();
+    let ids: Vec<String> = b
+        .servers()
+        .await
+        .iter()
+        .map(|s| s["serverId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, vec!["keep".to_string()]);
+    let health = b.get_json("/v1/health").await;
+    assert_eq!(health["durable"], true, "{health}");
+    assert_eq!(health["state"]["path"], state.display().to_string());
+}
+
+/// A state dir on a full disk (a 256 KiB tmpfs): the daemon goes on in memory, says so in a WARN
+/// and in `/v1/health`, and the stream keeps every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_degrades_to_memory_only_with_a_warning() {
+    if !is_root() {
+        return skip("needs root to mount a small tmpfs as a full disk");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o size=256k tmpfs {} && exec \"$@\"",
+        state.display()
+    );
+    let d = Daemon::builder()
+        .wrapper(["unshare", "-m", "sh", "-c", &script, "sh"])
+        .args(state_args(&state))
+        .start();
+    assert_eq!(d.get_json("/v1/health").await["durable"], true);
+    let session = start_session(&d, "full", "mock").await;
+    let mut sse = Sse::open(&d, "full", None).await;
+    // About 600 KiB of events: more than the disk holds.
+    let (s, _) = post(
+        &d,
+        "/v1/acp/full",
+        &prompt(json!(2), &session, "/stream 6000"),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let evs = sse
+        .until(Duration::from_secs(30), |e| {
+            e.iter().any(|e| chunk_text(e) == "chunk 6000 of 6000")
+        })
+        .await;
+    assert_eq!(evs.iter().filter(|e| e.kind == "gap").count(), 0);
+    let health = crate::support::eventually_async(SECS10, "durable: false", || async {
+        let h = d.get_json("/v1/health").await;
+        (h["durable"] == false).then_some(h)
+    })
+    .await;
+    assert!(
+        health["state"]["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("No space left")),
+        "{health}"
+    );
+    assert!(d.stderr().contains("kept in memory only"), "{}", d.stderr());
+    // The API goes on.
+    let (s, _) = post(
+        &d,
+        "/v1/acp/full",
+        &prompt(json!(3), &session, "still here"),
+    )
+    .await;
+    assert_eq!(s, 200);
+}
+
+async fn get(d: &Daemon, path: &str) -> Value {
+    d.get_json(path).await
+}
+
+fn log_text(logs: &Value) -> String {
+    use base64::Engine;
+    let mut out = Vec::new();
+    for e in logs["entries"].as_array().expect("entries") {
+        out.extend(
+            base64::engine::general_purpose::STANDARD
+                .decode(e["data"].as_str().unwrap())
+                .unwrap(),
+        );
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Processes survive a crash as records: the one that had ended keeps its exit, the one that
+/// still ran is `daemon_restart`; both keep their output; none is restarted; ids are not reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_are_listed_after_a_crash_with_their_output() {
+    if !unshare_available() {
+        return skip("needs root and unshare --pid to crash the daemon with its processes");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut a = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .args(state_args(&state))
+        .expect_exit(None)
+        .start();
+    let (s, done) = post(
+        &a,
+        "/v1/processes",
+        &json!({"command": "sh", "args": ["-c", "echo done-a; exit 3"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{done}");
+    let (s, running) = post(
+        &a,
+        "/v1/processes",
+        &json!({"command": "sh", "args": ["-c", "echo started-b; exec sleep 1000"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{running}");
+    let (done, running) = (
+        done["id"].as_str().unwrap().to_string(),
+        running["id"].as_str().unwrap().to_string(),
+    );
+    crate::support::eventually_async(SECS10, "the first to exit, the second to print", || {
+        let (a, done, running) = (&a, &done, &running);
+        async move {
+            let d = get(a, &format!("/v1/processes/{done}")).await;
+            let r = get(a, &format!("/v1/processes/{running}/logs")).await;
+            (d["status"] == "exited" && log_text(&r).contains("started-b")).then_some(())
+        }
+    })
+    .await;
+    // The writer syncs every batch (`every`): the output is on disk once it was logged.
+    crash(&mut a);
+
+    let b = Daemon::builder().args(state_args(&state)).start();
+    let d = get(&b, &format!("/v1/processes/{done}")).await;
+    assert_eq!(d["status"], "exited", "{d}");
+    assert_eq!(d["exitReason"], "exited", "{d}");
+    assert_eq!(d["exitCode"], 3, "{d}");
+    let logs = get(&b, &format!("/v1/processes/{done}/logs")).await;
+    assert_eq!(log_text(&logs), "done-a\n");
+    let r = get(&b, &format!("/v1/processes/{running}")).await;
+    assert_eq!(r["status"], "exited", "{r}");
+    assert_eq!(r["exitReason"], "daemon_restart", "{r}");
+    assert!(r.get("pid").is_none(), "{r}");
+    let logs = get(&b, &format!("/v1/processes/{running}/logs")).await;
+    assert_eq!(log_text(&logs), "started-b\n");
+    // Not restarted, and a stop of it is an answer, not a hang.
+    let (s, _) = post(&b, &format!("/v1/processes/{running}/stop"), &json!({})).await;
+    assert!(s == 200 || s == 409, "{s}");
+    let (s, fresh) = post(&b, "/v1/processes", &json!({"command": "true"})).await;
+    assert_eq!(s, 200);
+    assert_ne!(fresh["id"], done.as_str());
+    assert_ne!(fresh["id"], running.as_str());
+    // Deleting a recovered record removes it for good.
+    let resp = b
+        .client()
+        .delete(b.url(&format!("/v1/processes/{done}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+}
+
+/// An empty `SANDBOX_AGENT_STATE_DIR` (how an operator turns off the packaged unit's state dir)
+/// is "off"; a bad `--state-sync` is a configuration error (78) that names the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_flags_empty_dir_is_off_and_a_bad_policy_is_refused() {
+    let d = Daemon::builder().env("SANDBOX_AGENT_STATE_DIR", "").start();
+    assert_eq!(d.get_json("/v1/health").await["durable"], false);
+    let out = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["server", "--port", "0", "--state-sync", "sometimes"])
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--state-sync") && err.contains("sometimes"),
+        "{err}"
+    );
+}
