@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod files;
 pub mod http;
 pub mod logging;
+pub mod metrics;
 pub mod processes;
 pub mod supervisor;
 pub mod sys;

@@ -82,6 +82,7 @@ impl Shared {
         let mut st = self.lock();
         if st.closed || st.bytes + record.len() > self.max_bytes {
             st.dropped += 1;
+            crate::metrics::log_record_dropped();
             return;
         }
         st.bytes += record.len();

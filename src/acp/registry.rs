@@ -196,16 +196,23 @@ impl AcpService {
         envelope: Envelope,
         respond_async: bool,
     ) -> Result<Delivered, AcpError> {
+        let started = std::time::Instant::now();
         let inst = self.find_or_create(server_id, agent)?;
         if !inst.is_started() {
             self.start(&inst).await?;
         }
-        let (key, wait) = match envelope.kind {
-            Kind::Request { key, .. } => (Some(key), !respond_async),
-            Kind::Notification | Kind::Response => (None, false),
+        let (key, wait, method) = match envelope.kind {
+            Kind::Request { key, method, .. } => (Some(key), !respond_async, Some(method)),
+            Kind::Notification | Kind::Response => (None, false, None),
         };
-        inst.deliver(envelope.line, key, wait, self.deps.config.request_timeout)
-            .await
+        let result = inst
+            .deliver(envelope.line, key, wait, self.deps.config.request_timeout)
+            .await;
+        // A request answered by the agent: POST to answer, by method.
+        if let (Some(method), true, Ok(Delivered::Response { .. })) = (method, wait, &result) {
+            crate::metrics::acp_request(method, started.elapsed());
+        }
+        result
     }
 
     /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
@@ -364,6 +371,26 @@ impl AcpService {
             all.iter().map(|i| info(i, &mut scan)).collect()
         })
         .await
+    }
+
+    /// Instances per state (starting, running, exited), for the metrics.
+    pub fn status_counts(&self) -> [u64; 3] {
+        let mut n = [0u64; 3];
+        for i in self.instances().values() {
+            n[match i.status() {
+                Status::Starting => 0,
+                Status::Running => 1,
+                Status::Exited => 2,
+            }] += 1;
+        }
+        n
+    }
+
+    /// Every serverId, sorted.
+    pub fn server_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.instances().keys().cloned().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The budget of SSE subscribers of every instance (`--max-subscribers-total`), which the

@@ -42,6 +42,8 @@ impl AppState {
             supervisor.clone(),
             shutdown.child_token(),
         ));
+        // The per-instance process figures of `/metrics`, read off the runtime thread.
+        crate::metrics::spawn_sampler(acp.clone(), shutdown.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,
             config,

@@ -259,6 +259,7 @@ async fn read_body(
     let mut held = acp::caps::Reservation::default();
     if let Some(n) = declared {
         if n > limit {
+            crate::metrics::refused(crate::metrics::Limit::BodyLimit);
             return Err(Problem::payload_too_large(limit));
         }
         if !held.grow(&budget, n) {
@@ -296,6 +297,7 @@ async fn read_body(
         let data = data.map_err(|e| Problem::bad_request(format!("cannot read the body: {e}")))?;
         let total = (buf.len() + data.len()) as u64;
         if total > limit {
+            crate::metrics::refused(crate::metrics::Limit::BodyLimit);
             return Err(Problem::payload_too_large(limit));
         }
         if total > reserved {

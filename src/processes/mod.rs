@@ -630,6 +630,16 @@ impl ProcessService {
         }
     }
 
+    /// Whether each record is running (true) or exited, for the metrics; no `/proc` read.
+    pub fn states(&self) -> Vec<bool> {
+        self.records
+            .lock()
+            .expect("records lock")
+            .values()
+            .map(|p| p.ended().is_none())
+            .collect()
+    }
+
     /// Every record, read on the blocking pool with one `/proc` scan for all of them.
     pub async fn list(&self) -> Vec<ProcessInfo> {
         let records: Vec<Arc<ManagedProcess>> = self
