@@ -12,6 +12,7 @@ mod hostile_agents;
 mod hostile_files;
 mod inspector;
 mod lifecycle;
+mod metrics;
 mod mock_agent;
 mod openapi;
 mod packaging;
