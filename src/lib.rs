@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod processes;
 pub mod supervisor;
 pub mod sys;
+pub mod telemetry;
 
 /// Installs the process-wide TLS crypto provider (ring) that reqwest needs before any client is
 /// built. Idempotent.

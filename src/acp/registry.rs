@@ -262,7 +262,11 @@ impl AcpService {
             })
         };
         let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
-        let result = inst.ensure_started(prepare, spawn, max_line).await;
+        let result = tracing::Instrument::instrument(
+            inst.ensure_started(prepare, spawn, max_line),
+            crate::telemetry::task_span("agent start", &inst.agent),
+        )
+        .await;
         if let Err(e) = &result {
             if !inst.is_retired() {
                 tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,

@@ -392,7 +392,11 @@ impl Agents {
         req: InstallRequest,
         progress: &dyn Progress,
     ) -> Result<InstallOutcome, AgentError> {
-        let result = self.install_inner(agent, req, progress).await;
+        let result = tracing::Instrument::instrument(
+            self.install_inner(agent, req, progress),
+            crate::telemetry::task_span("agent install", agent),
+        )
+        .await;
         if let Err(AgentError::InstallFailed { .. }) = &result {
             crate::metrics::install_failed();
         }

@@ -221,28 +221,46 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
         .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
     let started = Instant::now();
     let route = crate::metrics::http::route_of(&req);
+    // Traces: a span per request (none while traces are off), child of the client's traceparent.
+    let span = crate::telemetry::http_span(
+        &method,
+        crate::metrics::http::route_name(route),
+        req.headers(),
+    );
     let resp = match guard::check(&state.config, &req) {
         guard::Decision::Answer(answer) => answer,
         guard::Decision::Go(pass) => {
             let mut resp = match auth::check_token(&state, &mut req) {
                 Some(refused) => refused,
-                None if body_rate::applies(&req, state.config.body_min_rate) => {
-                    let min_rate = state.config.body_min_rate;
-                    let (req, tripped) = body_rate::wrap(req, state.config.idle_timeout, min_rate);
-                    let resp = next.run(req).await;
-                    if tripped.is_set() {
-                        body_rate::too_slow(min_rate).into_response()
+                None => {
+                    let inner = async {
+                        if body_rate::applies(&req, state.config.body_min_rate) {
+                            let min_rate = state.config.body_min_rate;
+                            let (req, tripped) =
+                                body_rate::wrap(req, state.config.idle_timeout, min_rate);
+                            let resp = next.run(req).await;
+                            if tripped.is_set() {
+                                body_rate::too_slow(min_rate).into_response()
+                            } else {
+                                problem_safety_net(&state, resp).await
+                            }
+                        } else {
+                            problem_safety_net(&state, next.run(req).await).await
+                        }
+                    };
+                    if span.is_none() {
+                        inner.await
                     } else {
-                        problem_safety_net(&state, resp).await
+                        tracing::Instrument::instrument(inner, span.clone()).await
                     }
                 }
-                None => problem_safety_net(&state, next.run(req).await).await,
             };
             guard::finish(pass, &mut resp);
             resp
         }
     };
     let status = resp.status().as_u16();
+    crate::telemetry::http_done(&span, status);
     crate::metrics::http::record(route, &method, status, started.elapsed());
     log_request(&state.config, &method, uri.path(), probe, started, status);
     resp

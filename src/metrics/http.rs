@@ -76,6 +76,14 @@ pub fn route_of<B>(req: &Request<B>) -> u32 {
     t.index.get(p.as_str()).copied().unwrap_or(0) as u32
 }
 
+/// The template of a route slot (`unmatched` for the fallback).
+pub fn route_name(route: u32) -> &'static str {
+    TABLE
+        .get()
+        .and_then(|t| t.routes.get(route as usize))
+        .map_or(UNMATCHED, String::as_str)
+}
+
 fn method_slot(m: &Method) -> usize {
     match *m {
         Method::GET => 0,

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -574,6 +575,7 @@ impl ProcessService {
         let spawned = self
             .supervisor
             .start_with(spec, stdio)
+            .instrument(crate::telemetry::task_span("process start", &req.command))
             .await
             .map_err(|source| ProcessError::Spawn {
                 command: req.command.clone(),
@@ -801,6 +803,7 @@ impl ProcessService {
         let spawned = self
             .supervisor
             .start_with(spec, ChildStdio::AllPipes)
+            .instrument(crate::telemetry::task_span("process run", &req.command))
             .await
             .map_err(|source| ProcessError::Spawn {
                 command: req.command.clone(),
