@@ -23,6 +23,7 @@ mod sdk;
 mod second_round;
 mod supervisor;
 mod support;
+mod traces;
 mod transports;
 mod warm_spawns;
 mod watch;
