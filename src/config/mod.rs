@@ -952,6 +952,61 @@ mod tests {
     }
 
     #[test]
+    fn otel_settings_come_from_the_standard_variables_and_stay_away_from_agents() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(OsString, OsString)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect()
+        };
+        let c = Config::load_with_env(
+            &ServerArgs::default(),
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+                ("OTEL_SERVICE_NAME", "box-7"),
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(
+            c.otlp_traces_endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(c.otel_service_name, "box-7");
+        assert_eq!(c.otel_sampler, TraceSampler::Ratio(0.25));
+        let names: Vec<_> = c.agent_base_env.iter().map(|(k, _)| k.clone()).collect();
+        assert!(names.contains(&OsString::from("PATH")));
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_string_lossy().starts_with("OTEL_"))
+        );
+        // Named explicitly, they pass.
+        let args = ServerArgs {
+            agent_env_pass: Some(vec!["PATH".into(), "OTEL_*".into()]),
+            ..ServerArgs::default()
+        };
+        let c = Config::load_with_env(
+            &args,
+            env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")]),
+        )
+        .expect("valid");
+        assert_eq!(c.agent_base_env.len(), 1);
+        // Off by default; a bad sampler is a configuration error.
+        let off = Config::load_with_env(&ServerArgs::default(), Vec::new()).expect("valid");
+        assert_eq!(off.otlp_traces_endpoint, None);
+        assert!(
+            Config::load_with_env(
+                &ServerArgs::default(),
+                env(&[("OTEL_TRACES_SAMPLER", "sometimes")])
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
     fn agent_cgroups_modes() {
         assert_eq!(Config::defaults().agent_cgroups, AgentCgroups::Auto);
         for (raw, mode) in [
