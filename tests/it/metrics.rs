@@ -436,6 +436,46 @@ impl Prometheus {
         result[0]["value"][1].as_str()?.parse().ok()
     }
 
+    /// Waits until `promql` is answered with at least one series (a failed query panics).
+    async fn expect_series(&self, promql: &str) {
+        let q: String = promql
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let body: Value = support::http()
+                .get(format!(
+                    "http://127.0.0.1:{}/api/v1/query?query={q}",
+                    self.port
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(body["status"], "success", "{promql}: {body}");
+            if body["data"]["result"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+            {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{promql}: no series within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     async fn expect(&self, promql: &str, want: f64) {
         let mut last = None;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -521,4 +561,73 @@ async fn prometheus_scrapes_with_the_token_and_promql_sees_the_figures() {
         1.0,
     )
     .await;
+
+    // Every query of the shipped Grafana dashboard is valid PromQL and finds series.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/packaging/grafana-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            exprs.push(
+                t["expr"]
+                    .as_str()
+                    .unwrap()
+                    .replace("$job", "sandbox-agent")
+                    .replace("$instance", ".*"),
+            );
+        }
+    }
+    assert!(exprs.len() >= 16);
+    for e in &exprs {
+        prom.expect_series(e).await;
+    }
+}
+
+/// The alert rules of docs/operations.md ("Dashboards and alerts") pass `promtool check rules`.
+#[test]
+fn documented_alert_rules_are_valid() {
+    if !support::on_path("promtool") {
+        support::skip("promtool is not installed (.ci/install-metrics.sh)");
+        return;
+    }
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let section = doc
+        .split("## Dashboards and alerts")
+        .nth(1)
+        .expect("the section");
+    let rules = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|r| r.split("```").next())
+        .expect("a yaml block");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yml");
+    std::fs::write(&path, rules).unwrap();
+    let out = std::process::Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Negative control: a broken expression is refused.
+    std::fs::write(&path, rules.replacen("> 0", "> > 0", 1)).unwrap();
+    let bad = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
 }
