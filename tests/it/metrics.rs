@@ -207,7 +207,7 @@ async fn metrics_count_the_traffic_with_route_templates_for_labels() {
         Some(3.0)
     );
     // No raw path, serverId or process id ever becomes a label value of the request figures.
-    for ((name, labels), _) in &s {
+    for (name, labels) in s.keys() {
         if name.starts_with("sandbox_agent_http_") {
             for (k, v) in labels {
                 assert!(
