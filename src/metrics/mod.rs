@@ -338,7 +338,12 @@ pub fn spawn_sampler(
 ) {
     tokio::spawn(async move {
         loop {
-            let rows = acp.list().await;
+            // Nothing to read without instances (and no blocking-pool thread woken for it).
+            let rows = if acp.status_counts() == [0; 3] {
+                Vec::new()
+            } else {
+                acp.list().await
+            };
             let figures: Vec<InstanceFigures> = rows
                 .into_iter()
                 .filter_map(|r| {
