@@ -643,6 +643,12 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_LOG_QUEUE", value_name = "SIZE")]
     pub log_queue: Option<String>,
 
+    /// Send traces over OTLP/HTTP (protobuf) to this collector base URL (`/v1/traces` is
+    /// appended); also OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as the
+    /// full URL. Without any of them no trace is made [default: off]
+    #[arg(long, env = "SANDBOX_AGENT_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
     /// journald's native socket, for --log-format journald
     /// [default: /run/systemd/journal/socket]
     #[arg(long, env = "SANDBOX_AGENT_JOURNAL_SOCKET", value_name = "PATH")]

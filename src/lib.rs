@@ -12,10 +12,12 @@ pub mod daemon;
 pub mod files;
 pub mod http;
 pub mod logging;
+pub mod metrics;
 pub mod processes;
 pub mod state;
 pub mod supervisor;
 pub mod sys;
+pub mod telemetry;
 
 /// Installs the process-wide TLS crypto provider (ring) that reqwest needs before any client is
 /// built. Idempotent.

@@ -82,6 +82,7 @@ impl Shared {
         let mut st = self.lock();
         if st.closed || st.bytes + record.len() > self.max_bytes {
             st.dropped += 1;
+            crate::metrics::log_record_dropped();
             return;
         }
         st.bytes += record.len();
@@ -397,12 +398,15 @@ impl Visit for JsonFields<'_> {
 /// Keeps the writer thread; dropping it flushes what is queued (waiting at most a second, since
 /// stderr may be a pipe nobody reads).
 pub struct LogGuard {
+    /// The trace exporter (flushed first when the guard goes, while the log still works).
+    telemetry: Option<crate::telemetry::TelemetryGuard>,
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for LogGuard {
     fn drop(&mut self) {
+        drop(self.telemetry.take());
         self.shared.lock().closed = true;
         self.shared.ready.notify_all();
         let Some(t) = self.thread.take() else { return };
@@ -419,7 +423,8 @@ impl Drop for LogGuard {
 /// Installs the global subscriber and starts the writer thread. Falls back to text on stderr if
 /// the journal is unreachable. Keep the guard until the process exits.
 pub fn init(config: &Config) -> LogGuard {
-    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter =
+        EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     let shared = Arc::new(Shared {
         state: Mutex::new(QueueState::default()),
         ready: Condvar::new(),
@@ -449,7 +454,18 @@ pub fn init(config: &Config) -> LogGuard {
         },
     };
     let writer = QueueWriter(shared.clone());
-    let registry = tracing_subscriber::registry().with(filter);
+    let base = tracing_subscriber::registry();
+    // The trace spans are made only while traces are on, whatever the log level.
+    let (otel, telemetry) = match crate::telemetry::layer(config) {
+        Some((layer, guard)) => {
+            if let Ok(d) = format!("{}=info", crate::telemetry::TARGET).parse() {
+                filter = filter.add_directive(d);
+            }
+            (Some(layer), Some(guard))
+        }
+        None => (None, None),
+    };
+    let registry = base.with(filter).with(otel);
     match format {
         LogFormat::Journald => registry.with(JournalLayer(shared.clone())).init(),
         LogFormat::Json => registry
@@ -472,7 +488,11 @@ pub fn init(config: &Config) -> LogGuard {
         .name("log-writer".into())
         .spawn(move || drain(drain_shared, sink))
         .ok();
-    LogGuard { shared, thread }
+    LogGuard {
+        telemetry,
+        shared,
+        thread,
+    }
 }
 
 /// A budget of lines and bytes per second (a token bucket holding at most one second's worth),

@@ -554,7 +554,10 @@ impl AcpInstance {
                 })
                 .await;
                 match sent {
-                    Ok(_) => guard.reached(),
+                    Ok(_) => {
+                        crate::metrics::acp_to_agent(1);
+                        guard.reached()
+                    }
                     Err(f) => return Err(self.send_error(f.fail)),
                 }
                 let Some(rx) = rx else {
@@ -594,7 +597,11 @@ impl AcpInstance {
             }
             None => {
                 let (tx, rx) = oneshot::channel();
-                match send_line(&running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await {
+                let sent = send_line(&running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await;
+                if sent.is_ok() {
+                    crate::metrics::acp_to_agent(1);
+                }
+                match sent {
                     Err(f) => Err(self.send_error(f.fail)),
                     Ok(Sent::Written) => Ok(Delivered::Accepted),
                     Ok(Sent::Queued) => match rx.await {
@@ -679,6 +686,10 @@ impl AcpInstance {
             ack,
         };
         let sent = send_line(&running, &self.stdin_caps, envelopes.as_slice(), done).await;
+        crate::metrics::acp_to_agent(match &sent {
+            Ok(_) => envelopes.len(),
+            Err(f) => f.written,
+        } as u64);
         match sent {
             Ok(Sent::Written) => guard.reached(),
             Ok(Sent::Queued) => {
@@ -755,6 +766,9 @@ impl AcpInstance {
 
     /// One stdout line, already classified (see `classify`).
     pub(super) fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
+        if class.is_ok() {
+            crate::metrics::acp_from_agent();
+        }
         match class {
             Ok(AgentLine::Response(key)) => {
                 let waiter = self.life().waiters.remove(&key).flatten();
@@ -960,11 +974,13 @@ async fn send_line<L: ToStdin>(
         let Some(mut queued) = caps.per_instance.try_reserve(n) else {
             let limit = caps.per_instance.limit();
             let what = "bytes queued for this agent's stdin";
+            crate::metrics::refused(crate::metrics::Limit::StdinQueue);
             return Err(failed(SendFail::Full { what, limit }, next));
         };
         if !queued.grow(&caps.total, n) {
             let limit = caps.total.limit();
             let what = "bytes queued for every agent's stdin";
+            crate::metrics::refused(crate::metrics::Limit::StdinQueueTotal);
             return Err(failed(SendFail::Full { what, limit }, next));
         }
         let job = WriteJob {

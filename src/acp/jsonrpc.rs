@@ -23,6 +23,8 @@ pub enum Kind {
         key: IdKey,
         /// The id exactly as the client wrote it.
         raw_id: Box<RawValue>,
+        /// The method's index in `metrics::ACP_METHODS` (`other` outside ACP's known set).
+        method: u8,
     },
     /// `method` without `id`.
     Notification,
@@ -186,6 +188,9 @@ pub fn parse_envelope(body: Bytes) -> Result<Envelope, EnvelopeError> {
         (true, Some(id)) => Kind::Request {
             key: IdKey::from_raw(id),
             raw_id: id.to_owned(),
+            method: members
+                .method
+                .map_or(u8::MAX, |m| crate::metrics::acp_method_index(m.get())),
         },
         (true, None) => Kind::Notification,
         (false, Some(_)) => Kind::Response,

@@ -267,6 +267,7 @@ impl AcpService {
         envelope: Envelope,
         respond_async: bool,
     ) -> Result<Delivered, AcpError> {
+        let started = std::time::Instant::now();
         let inst = self.find_or_create(server_id, agent)?;
         if !inst.is_started() {
             self.start(&inst).await?;
@@ -277,9 +278,9 @@ impl AcpService {
             t.before_post(&inst, Some(&envelope), timeout).await?;
             t.observe_request(&envelope);
         }
-        let (key, wait) = match envelope.kind {
-            Kind::Request { key, .. } => (Some(key), !respond_async),
-            Kind::Notification | Kind::Response => (None, false),
+        let (key, wait, method) = match envelope.kind {
+            Kind::Request { key, method, .. } => (Some(key), !respond_async, Some(method)),
+            Kind::Notification | Kind::Response => (None, false, None),
         };
         let delivered = inst
             .deliver(envelope.line, key.clone(), wait, timeout)
@@ -288,6 +289,10 @@ impl AcpService {
             (durable, &key, &delivered)
         {
             t.observe_response(key, line);
+        }
+        // A request answered by the agent: POST to answer, by method.
+        if let (Some(method), true, Ok(Delivered::Response { .. })) = (method, wait, &delivered) {
+            crate::metrics::acp_request(method, started.elapsed());
         }
         delivered
     }
@@ -346,7 +351,11 @@ impl AcpService {
             })
         };
         let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
-        let result = inst.ensure_started(prepare, spawn, max_line).await;
+        let result = tracing::Instrument::instrument(
+            inst.ensure_started(prepare, spawn, max_line),
+            crate::telemetry::task_span("agent start", &inst.agent),
+        )
+        .await;
         if let Err(e) = &result {
             if !inst.is_retired() {
                 tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
@@ -461,6 +470,26 @@ impl AcpService {
             all.iter().map(|i| info(i, &mut scan)).collect()
         })
         .await
+    }
+
+    /// Instances per state (starting, running, exited), for the metrics.
+    pub fn status_counts(&self) -> [u64; 3] {
+        let mut n = [0u64; 3];
+        for i in self.instances().values() {
+            n[match i.status() {
+                Status::Starting => 0,
+                Status::Running => 1,
+                Status::Exited => 2,
+            }] += 1;
+        }
+        n
+    }
+
+    /// Every serverId, sorted.
+    pub fn server_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.instances().keys().cloned().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The budget of SSE subscribers of every instance (`--max-subscribers-total`), which the

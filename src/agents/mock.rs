@@ -262,6 +262,9 @@ fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
         .unwrap_or_default()
         .to_string();
     let text = prompt_text(params.get("prompt"));
+    // The request's `_meta` (e.g. the daemon's `traceparent`) is echoed back in the result's
+    // `_meta.received`, so a test can see what reached the agent.
+    let received_meta = params.get("_meta").cloned();
     let token = mock.next_prompt.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::channel();
     crate::sys::lock(&mock.prompts).insert(
@@ -278,7 +281,11 @@ fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
             let stop = run_prompt(&m, &session, &text, &rx);
             m.record_prompt(&session, &text);
             crate::sys::lock(&m.prompts).remove(&token);
-            m.result(&id, json!({"stopReason": stop}));
+            let mut result = json!({"stopReason": stop});
+            if let Some(meta) = received_meta {
+                result["_meta"] = json!({"received": meta});
+            }
+            m.result(&id, result);
         });
     if let Err(e) = spawned {
         crate::sys::lock(&mock.prompts).remove(&token);

@@ -389,6 +389,23 @@ impl Agents {
         req: InstallRequest,
         progress: &dyn Progress,
     ) -> Result<InstallOutcome, AgentError> {
+        let result = tracing::Instrument::instrument(
+            self.install_inner(agent, req, progress),
+            crate::telemetry::task_span("agent install", agent),
+        )
+        .await;
+        if let Err(AgentError::InstallFailed { .. }) = &result {
+            crate::metrics::install_failed();
+        }
+        result
+    }
+
+    async fn install_inner(
+        &self,
+        agent: &str,
+        req: InstallRequest,
+        progress: &dyn Progress,
+    ) -> Result<InstallOutcome, AgentError> {
         let fail = |reason: String| AgentError::InstallFailed {
             agent: agent.to_string(),
             reason,

@@ -118,6 +118,12 @@ pub struct Config {
     pub agents_pids_max: Option<u64>,
     pub log_queue_bytes: u64,
     pub journal_socket: PathBuf,
+    /// Where traces go (the full OTLP/HTTP traces URL); `None`: tracing is off.
+    pub otlp_traces_endpoint: Option<String>,
+    /// `OTEL_SERVICE_NAME` (default `sandbox-agent`).
+    pub otel_service_name: String,
+    /// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
+    pub otel_sampler: TraceSampler,
     pub agent_stderr_lines: u64,
     pub agent_stderr_bytes: u64,
     // --- harden-files ---
@@ -200,10 +206,63 @@ impl std::error::Error for ConfigErrors {}
 
 /// Variables an agent never inherits: the systemd protocol (which would let an agent notify or
 /// pet the watchdog in our name) and every setting of ours (the token among them).
+/// Which traces are recorded (OpenTelemetry's standard samplers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TraceSampler {
+    /// `traceidratio` (`always_on` = 1, `always_off` = 0): a fraction of traces, whatever the
+    /// client's `traceparent` says.
+    Ratio(f64),
+    /// `parentbased_*` (the default, `parentbased_always_on`): a request with a `traceparent`
+    /// follows its sampled flag; a new trace is sampled at this ratio.
+    ParentBased(f64),
+}
+
+impl TraceSampler {
+    pub fn parse(name: Option<&str>, arg: Option<&str>) -> Result<TraceSampler, String> {
+        let ratio = || -> Result<f64, String> {
+            match arg {
+                None => Ok(1.0),
+                Some(a) => a
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| (0.0..=1.0).contains(r))
+                    .ok_or_else(|| {
+                        format!("OTEL_TRACES_SAMPLER_ARG `{a}` is not a ratio in [0, 1]")
+                    }),
+            }
+        };
+        Ok(match name.unwrap_or("parentbased_always_on") {
+            "always_on" => TraceSampler::Ratio(1.0),
+            "always_off" => TraceSampler::Ratio(0.0),
+            "traceidratio" => TraceSampler::Ratio(ratio()?),
+            "parentbased_always_on" => TraceSampler::ParentBased(1.0),
+            "parentbased_always_off" => TraceSampler::ParentBased(0.0),
+            "parentbased_traceidratio" => TraceSampler::ParentBased(ratio()?),
+            other => {
+                return Err(format!(
+                    "`{other}` is not one of always_on, always_off, traceidratio, \
+                     parentbased_always_on, parentbased_always_off, parentbased_traceidratio"
+                ));
+            }
+        })
+    }
+}
+
+/// The OTLP/HTTP traces URL of a collector base URL.
+fn traces_url(base: &str) -> String {
+    format!("{}/v1/traces", base.trim_end_matches('/'))
+}
+
 fn never_passed(name: &str) -> bool {
     const EXACT: &[&str] = &["NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID"];
     const PREFIX: &[&str] = &["LISTEN_", "WATCHDOG_", "SANDBOX_AGENT_"];
     EXACT.contains(&name) || PREFIX.iter().any(|p| name.starts_with(p))
+}
+
+fn pass_matches_explicitly(patterns: &[String], name: &str) -> bool {
+    patterns
+        .iter()
+        .any(|p| p != "*" && pass_matches(std::slice::from_ref(p), name))
 }
 
 fn pass_matches(patterns: &[String], name: &str) -> bool {
@@ -586,6 +645,40 @@ impl Config {
         let log_queue_bytes = setting!(log_queue, "log-queue", size_required, 8 << 20);
         let journal_socket =
             path!(journal_socket).unwrap_or_else(|| PathBuf::from("/run/systemd/journal/socket"));
+        // Traces: our flag/variable/key, else the standard OpenTelemetry variables.
+        let otel_var = |name: &str| {
+            env_get(name)
+                .map(|v| v.to_string_lossy().trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let otlp_endpoint_in_file = file.take_string("otlp_endpoint", &mut errors);
+        let otlp_traces_endpoint = args
+            .otlp_endpoint
+            .clone()
+            .or(otlp_endpoint_in_file)
+            .filter(|v| !v.is_empty())
+            .map(|base| traces_url(&base))
+            .or_else(|| otel_var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+            .or_else(|| otel_var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| traces_url(&base)));
+        if let Some(url) = &otlp_traces_endpoint
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            errors.push(format!(
+                "the OTLP endpoint `{url}` is not an http:// or https:// URL"
+            ));
+        }
+        let otel_service_name =
+            otel_var("OTEL_SERVICE_NAME").unwrap_or_else(|| "sandbox-agent".to_string());
+        let otel_sampler = match TraceSampler::parse(
+            otel_var("OTEL_TRACES_SAMPLER").as_deref(),
+            otel_var("OTEL_TRACES_SAMPLER_ARG").as_deref(),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                errors.push(format!("OTEL_TRACES_SAMPLER: {e}"));
+                TraceSampler::ParentBased(1.0)
+            }
+        };
         let agent_stderr_lines = setting!(
             agent_stderr_lines,
             "agent-stderr-lines",
@@ -748,7 +841,15 @@ impl Config {
             .into_iter()
             .filter(|(k, _)| {
                 let name = k.to_string_lossy();
-                !never_passed(&name) && pass_matches(&agent_env_pass, &name)
+                !never_passed(&name)
+                    && if name.starts_with("OTEL_") {
+                        // The daemon's own tracing settings reach agents only when the
+                        // operator names them (a bare `*` does not): an agent gets the trace
+                        // context in each request's `_meta.traceparent` instead.
+                        pass_matches_explicitly(&agent_env_pass, &name)
+                    } else {
+                        pass_matches(&agent_env_pass, &name)
+                    }
             })
             .collect();
 
@@ -815,6 +916,9 @@ impl Config {
             agents_pids_max,
             log_queue_bytes,
             journal_socket,
+            otlp_traces_endpoint,
+            otel_service_name,
+            otel_sampler,
             agent_stderr_lines,
             agent_stderr_bytes,
             transfer_timeout,
@@ -918,6 +1022,61 @@ mod tests {
         assert!(pass_matches(&pass, "ANTHROPIC_API_KEY"));
         assert!(pass_matches(&["LC_*".to_string()], "LC_ALL"));
         assert!(!pass_matches(&["PATH".to_string()], "PATHX"));
+    }
+
+    #[test]
+    fn otel_settings_come_from_the_standard_variables_and_stay_away_from_agents() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(OsString, OsString)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect()
+        };
+        let c = Config::load_with_env(
+            &ServerArgs::default(),
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+                ("OTEL_SERVICE_NAME", "box-7"),
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(
+            c.otlp_traces_endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(c.otel_service_name, "box-7");
+        assert_eq!(c.otel_sampler, TraceSampler::Ratio(0.25));
+        let names: Vec<_> = c.agent_base_env.iter().map(|(k, _)| k.clone()).collect();
+        assert!(names.contains(&OsString::from("PATH")));
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_string_lossy().starts_with("OTEL_"))
+        );
+        // Named explicitly, they pass.
+        let args = ServerArgs {
+            agent_env_pass: Some(vec!["PATH".into(), "OTEL_*".into()]),
+            ..ServerArgs::default()
+        };
+        let c = Config::load_with_env(
+            &args,
+            env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")]),
+        )
+        .expect("valid");
+        assert_eq!(c.agent_base_env.len(), 1);
+        // Off by default; a bad sampler is a configuration error.
+        let off = Config::load_with_env(&ServerArgs::default(), Vec::new()).expect("valid");
+        assert_eq!(off.otlp_traces_endpoint, None);
+        assert!(
+            Config::load_with_env(
+                &ServerArgs::default(),
+                env(&[("OTEL_TRACES_SAMPLER", "sometimes")])
+            )
+            .is_err()
+        );
     }
 
     #[test]

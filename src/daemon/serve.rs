@@ -145,6 +145,7 @@ pub async fn serve(
                      answering new connections 503 until some close"
                 )
             });
+            crate::metrics::refused(crate::metrics::Limit::MaxConnections);
             refuse(stream, &lingering);
             continue;
         };

@@ -69,6 +69,8 @@ impl AppState {
                 processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
         }
         let processes = Arc::new(processes);
+        // The per-instance process figures of `/metrics`, read off the runtime thread.
+        crate::metrics::spawn_sampler(acp.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,
             config,

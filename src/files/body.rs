@@ -218,7 +218,9 @@ impl BodyReader {
 
     fn take_batch(&mut self) -> Batch {
         self.seal_small();
-        std::mem::take(&mut self.batch)
+        let batch = std::mem::take(&mut self.batch);
+        crate::metrics::transfer_in(batch.len() as u64);
+        batch
     }
 
     /// The next batch of about [`CHUNK`] bytes (less at the end, or when the body pauses with

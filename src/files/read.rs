@@ -165,6 +165,7 @@ async fn read_chunk(
                     "the file shrank while being read",
                 ));
             }
+            crate::metrics::transfer_out(chunk.len() as u64);
             Ok(Bytes::from(chunk))
         })
         .await

@@ -189,11 +189,34 @@ async fn post_message(
         _ => None,
     };
     let agent = query.agent.as_deref().filter(|a| !a.is_empty());
-    match st
-        .acp
-        .post(&server_id, agent, envelope, prefer.respond_async)
-        .await
-    {
+    let (envelope, span) = trace_request(envelope, &server_id, agent);
+    let posted = if span.is_none() {
+        st.acp
+            .post(&server_id, agent, envelope, prefer.respond_async)
+            .await
+    } else {
+        use tracing::Instrument;
+        let posted = st
+            .acp
+            .post(&server_id, agent, envelope, prefer.respond_async)
+            .instrument(span.clone())
+            .await;
+        match &posted {
+            Ok(_) => crate::telemetry::acp_done(&span, "ok", false),
+            Err(e) => {
+                let outcome = match e {
+                    AcpError::Timeout { .. } => "timeout",
+                    AcpError::AgentGone { .. } | AcpError::Gone { .. } => "agent_gone",
+                    AcpError::Capacity { .. } => "refused",
+                    AcpError::DuplicateId { .. } => "duplicate_id",
+                    _ => "error",
+                };
+                crate::telemetry::acp_done(&span, outcome, true)
+            }
+        }
+        posted
+    };
+    match posted {
         Ok(Delivered::Response {
             line,
             last_event_id,
@@ -232,6 +255,33 @@ async fn post_message(
     }
 }
 
+/// While traces are on, a request gets its span (POST to answer) and the agent gets the span's
+/// context as `params._meta.traceparent`; otherwise the envelope goes on untouched.
+fn trace_request(
+    mut envelope: acp::Envelope,
+    server_id: &str,
+    agent: Option<&str>,
+) -> (acp::Envelope, tracing::Span) {
+    if !crate::telemetry::enabled() || !matches!(envelope.kind, Kind::Request { .. }) {
+        return (envelope, tracing::Span::none());
+    }
+    #[derive(serde::Deserialize)]
+    struct Head {
+        method: String,
+        id: Box<serde_json::value::RawValue>,
+    }
+    let Ok(head) = serde_json::from_slice::<Head>(&envelope.line) else {
+        return (envelope, tracing::Span::none());
+    };
+    let span = crate::telemetry::acp_span(&head.method, server_id, agent, head.id.get());
+    if let Some(tp) = crate::telemetry::traceparent(&span)
+        && let Some(line) = crate::telemetry::with_traceparent(&envelope.line, &tp)
+    {
+        envelope.line = line;
+    }
+    (envelope, span)
+}
+
 /// Receives a POST body within the body limit (413) and the daemon-wide budget of ACP bodies
 /// being received (`--acp-inflight-bytes`, 503 with `Retry-After`): a declared length is reserved
 /// before anything is read, a chunked body as it arrives, so many slow large uploads cannot
@@ -259,6 +309,7 @@ async fn read_body(
     let mut held = acp::caps::Reservation::default();
     if let Some(n) = declared {
         if n > limit {
+            crate::metrics::refused(crate::metrics::Limit::BodyLimit);
             return Err(Problem::payload_too_large(limit));
         }
         if !held.grow(&budget, n) {
@@ -296,6 +347,7 @@ async fn read_body(
         let data = data.map_err(|e| Problem::bad_request(format!("cannot read the body: {e}")))?;
         let total = (buf.len() + data.len()) as u64;
         if total > limit {
+            crate::metrics::refused(crate::metrics::Limit::BodyLimit);
             return Err(Problem::payload_too_large(limit));
         }
         if total > reserved {

@@ -19,6 +19,12 @@ use super::{AppState, Problem};
 /// The query parameter a WebSocket upgrade may carry the token in.
 const QUERY_TOKEN: &str = "access_token";
 
+/// Whether `path` is behind the token: every `/v1` path, and `/metrics` (scrapers send
+/// `Authorization: Bearer …` as well).
+pub fn needs_token(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/") || path == "/metrics"
+}
+
 /// `None` when the request may go on, else the 401 answer. A plain function called by the one
 /// edge middleware (`super::edge`), not a layer of its own: each `from_fn_with_state` layer
 /// clones the state and its inner service on every request. An accepted query token is removed
@@ -27,8 +33,7 @@ pub fn check_token(state: &AppState, req: &mut Request) -> Option<Response> {
     let expected = state.config.token.as_deref()?;
     // Every /v1 path needs the token, routed or not, so that nothing about the surface is
     // visible without it; `/` stays open for probes.
-    let path = req.uri().path();
-    if path != "/v1" && !path.starts_with("/v1/") {
+    if !needs_token(req.uri().path()) {
         return None;
     }
     let header = req

@@ -68,6 +68,7 @@ pub(crate) fn wrap(req: Request, grace: Duration, min_rate: u64) -> (Request, Tr
 
 /// The answer to a body that fell behind.
 pub(crate) fn too_slow(min_rate: u64) -> Problem {
+    crate::metrics::refused(crate::metrics::Limit::BodyMinRate);
     Problem::new(
         axum::http::StatusCode::REQUEST_TIMEOUT,
         format!(

@@ -159,10 +159,13 @@ impl From<crate::acp::AcpError> for Problem {
                     )
                     .with("stderrTail", ended.stderr_tail.as_str())
             }
-            E::Timeout { server_id, timeout } => Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
-                .title("Agent Timeout")
-                .with("serverId", server_id)
-                .with("timeoutMs", timeout.as_millis() as u64),
+            E::Timeout { server_id, timeout } => {
+                crate::metrics::refused(crate::metrics::Limit::RequestTimeout);
+                Problem::new(StatusCode::GATEWAY_TIMEOUT, detail)
+                    .title("Agent Timeout")
+                    .with("serverId", server_id)
+                    .with("timeoutMs", timeout.as_millis() as u64)
+            }
             // The agents service's own mapping (409 with `installCommand` for
             // --require-preinstall, 502 for a failed install), plus the serverId.
             E::Launch {
@@ -203,13 +206,29 @@ impl From<crate::acp::AcpError> for Problem {
                 what,
                 limit,
                 server_id,
-            } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
-                .title("Capacity Reached")
-                .with("limit", limit)
-                .with("capacity", what)
-                .with("serverId", server_id)
-                .header(header::RETRY_AFTER, "1"),
+            } => {
+                count_capacity(what);
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                    .title("Capacity Reached")
+                    .with("limit", limit)
+                    .with("capacity", what)
+                    .with("serverId", server_id)
+                    .header(header::RETRY_AFTER, "1")
+            }
         }
+    }
+}
+
+/// Counts a capacity refusal under its limit (`sandbox_agent_refusals_total`). The stdin queues
+/// count where they refuse (`acp::instance`), since WebSocket batches refuse there too.
+fn count_capacity(what: &str) {
+    use crate::metrics::{Limit, refused};
+    match what {
+        "agent instances" => refused(Limit::MaxAgents),
+        "SSE subscribers of all serverIds" => refused(Limit::MaxSubscribersTotal),
+        "SSE subscribers of this serverId" => refused(Limit::MaxSubscribers),
+        "ACP request body bytes being received" => refused(Limit::AcpInflightBytes),
+        _ => {}
     }
 }
 
@@ -242,9 +261,12 @@ impl From<crate::acp::ConnectionError> for Problem {
             E::TooManySessions {
                 connection_id,
                 limit,
-            } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
-                .with("connectionId", connection_id)
-                .with("limit", limit),
+            } => {
+                crate::metrics::refused(crate::metrics::Limit::RfdSessions);
+                Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                    .with("connectionId", connection_id)
+                    .with("limit", limit)
+            }
             E::Acp(e) => Problem::from(e),
         }
     }
@@ -297,8 +319,12 @@ impl From<crate::files::FileError> for Problem {
             E::AlreadyExists { .. } | E::NotEmpty { .. } | E::EntryConflict { .. } => {
                 Problem::new(StatusCode::CONFLICT, detail)
             }
-            E::TooLarge { limit } => Problem::payload_too_large(limit),
+            E::TooLarge { limit } => {
+                crate::metrics::refused(crate::metrics::Limit::UploadLimit);
+                Problem::payload_too_large(limit)
+            }
             E::TooManyEntries { limit } => {
+                crate::metrics::refused(crate::metrics::Limit::UploadMaxEntries);
                 Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
             }
             E::NoSpace { .. } => Problem::new(StatusCode::INSUFFICIENT_STORAGE, detail),
@@ -311,11 +337,17 @@ impl From<crate::files::FileError> for Problem {
             }
             E::Io { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
             // harden-files: transfer limits and content types.
-            E::Stalled { .. } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
-                .header(header::CONNECTION, "close"),
-            E::TooSlow { min_rate } => Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
-                .with("minRate", min_rate)
-                .header(header::CONNECTION, "close"),
+            E::Stalled { .. } => {
+                crate::metrics::refused(crate::metrics::Limit::TransferTimeout);
+                Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                    .header(header::CONNECTION, "close")
+            }
+            E::TooSlow { min_rate } => {
+                crate::metrics::refused(crate::metrics::Limit::BodyMinRate);
+                Problem::new(StatusCode::REQUEST_TIMEOUT, detail)
+                    .with("minRate", min_rate)
+                    .header(header::CONNECTION, "close")
+            }
             E::UnsupportedMediaType { .. } => {
                 Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
             }
@@ -329,10 +361,14 @@ impl From<crate::files::watch::WatchError> for Problem {
         let detail = e.to_string();
         match e {
             WatchError::File(f) => Problem::from(f),
-            WatchError::Busy { limit } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
-                .with("limit", limit)
-                .header(header::RETRY_AFTER, "1"),
+            WatchError::Busy { limit } => {
+                crate::metrics::refused(crate::metrics::Limit::MaxWatches);
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                    .with("limit", limit)
+                    .header(header::RETRY_AFTER, "1")
+            }
             WatchError::Limit { setting, limit, .. } => {
+                crate::metrics::refused(crate::metrics::Limit::WatchMaxDirs);
                 Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
                     .title("Watch Limit Reached")
                     .with("setting", setting)
@@ -354,6 +390,7 @@ impl From<crate::config_store::ConfigError> for Problem {
             E::NotFound { .. } => Problem::not_found(detail),
             E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
             E::TooLarge { limit, .. } => {
+                crate::metrics::refused(crate::metrics::Limit::ConfigEntryBytes);
                 Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
             }
             E::File(f) => Problem::from(f),
@@ -390,18 +427,28 @@ impl From<crate::processes::ProcessError> for Problem {
             E::Conflict { id, .. } => {
                 Problem::new(StatusCode::CONFLICT, detail).with("processId", id)
             }
-            E::TooManyProcesses { limit } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
-                .with("limit", limit)
-                .header(header::RETRY_AFTER, "1"),
-            E::TooManyReaders { id, limit } => Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
-                .with("processId", id)
-                .with("limit", limit)
-                .header(header::RETRY_AFTER, "1"),
-            E::LogBudget { total } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
-                .title("Log Budget Exhausted")
-                .with("limit", total)
-                .header(header::RETRY_AFTER, "5"),
+            E::TooManyProcesses { limit } => {
+                crate::metrics::refused(crate::metrics::Limit::ProcessMaxConcurrent);
+                Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                    .with("limit", limit)
+                    .header(header::RETRY_AFTER, "1")
+            }
+            E::TooManyReaders { id, limit } => {
+                crate::metrics::refused(crate::metrics::Limit::ProcessReaders);
+                Problem::new(StatusCode::TOO_MANY_REQUESTS, detail)
+                    .with("processId", id)
+                    .with("limit", limit)
+                    .header(header::RETRY_AFTER, "1")
+            }
+            E::LogBudget { total } => {
+                crate::metrics::refused(crate::metrics::Limit::ProcessMaxTotalLogBytes);
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                    .title("Log Budget Exhausted")
+                    .with("limit", total)
+                    .header(header::RETRY_AFTER, "5")
+            }
             E::InputTooLarge { limit } => {
+                crate::metrics::refused(crate::metrics::Limit::ProcessMaxInputBytes);
                 Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)
             }
             E::InputTimeout { id } => {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod guard;
+pub mod metrics;
 pub mod openapi;
 pub mod processes;
 pub mod rfd;
@@ -102,10 +103,19 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(watch::routes())
         .merge(config::routes())
         .merge(processes::routes())
+        .merge(metrics::routes())
 }
 
 pub fn router(state: AppState) -> Router {
-    let (routes, _) = api().split_for_parts();
+    let (routes, doc) = api().split_for_parts();
+    // The route templates the request metrics may name (`crate::metrics::http`).
+    crate::metrics::http::init(
+        doc.paths
+            .paths
+            .keys()
+            .cloned()
+            .chain(ui::TEMPLATES.iter().map(|t| t.to_string())),
+    );
     routes
         // The inspector's static files: not API routes, so not in the document (src/http/ui.rs).
         .merge(ui::routes())
@@ -232,35 +242,49 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
         .get(header::USER_AGENT)
         .is_some_and(|v| v.as_bytes() == b"sandbox-agent-watchdog");
     let started = Instant::now();
+    let route = crate::metrics::http::route_of(&req);
+    // Traces: a span per request (none while traces are off), child of the client's traceparent.
+    let span = crate::telemetry::http_span(
+        &method,
+        crate::metrics::http::route_name(route),
+        req.headers(),
+    );
     let resp = match guard::check(&state.config, &req) {
         guard::Decision::Answer(answer) => answer,
         guard::Decision::Go(pass) => {
             let mut resp = match auth::check_token(&state, &mut req) {
                 Some(refused) => refused,
-                None if body_rate::applies(&req, state.config.body_min_rate) => {
-                    let min_rate = state.config.body_min_rate;
-                    let (req, tripped) = body_rate::wrap(req, state.config.idle_timeout, min_rate);
-                    let resp = next.run(req).await;
-                    if tripped.is_set() {
-                        body_rate::too_slow(min_rate).into_response()
+                None => {
+                    let inner = async {
+                        if body_rate::applies(&req, state.config.body_min_rate) {
+                            let min_rate = state.config.body_min_rate;
+                            let (req, tripped) =
+                                body_rate::wrap(req, state.config.idle_timeout, min_rate);
+                            let resp = next.run(req).await;
+                            if tripped.is_set() {
+                                body_rate::too_slow(min_rate).into_response()
+                            } else {
+                                problem_safety_net(&state, resp).await
+                            }
+                        } else {
+                            problem_safety_net(&state, next.run(req).await).await
+                        }
+                    };
+                    if span.is_none() {
+                        inner.await
                     } else {
-                        problem_safety_net(&state, resp).await
+                        tracing::Instrument::instrument(inner, span.clone()).await
                     }
                 }
-                None => problem_safety_net(&state, next.run(req).await).await,
             };
             guard::finish(pass, &mut resp);
             resp
         }
     };
-    log_request(
-        &state.config,
-        &method,
-        uri.path(),
-        probe,
-        started,
-        resp.status().as_u16(),
-    );
+    let status = resp.status().as_u16();
+    crate::telemetry::http_done(&span, status);
+    crate::metrics::http::record(route, &method, status, started.elapsed());
+    log_request(&state.config, &method, uri.path(), probe, started, status);
     resp
 }
 
@@ -284,6 +308,7 @@ async fn problem_safety_net(state: &AppState, resp: Response) -> Response {
         .unwrap_or_default();
     let text = String::from_utf8_lossy(&text).trim().to_string();
     let problem = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        crate::metrics::refused(crate::metrics::Limit::BodyLimit);
         Problem::payload_too_large(state.config.body_limit)
     } else if text.is_empty() {
         Problem::new(status, status.canonical_reason().unwrap_or("error"))

@@ -326,7 +326,7 @@ fn finish(doc: &mut Document) {
         {
             content.schema = Some(Ref::from_schema_name(stream.schema).into());
         }
-        let open = !(path == "/v1" || path.starts_with("/v1/"));
+        let open = !super::auth::needs_token(path);
         let operations = [
             &mut item.get,
             &mut item.put,

@@ -673,6 +673,7 @@ async fn terminal_ws(
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _drain = drain;
+            let _open = crate::metrics::WebSocketOpen::new();
             terminal_session(socket, slot, limit, shutdown).await
         }))
 }

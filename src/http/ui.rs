@@ -40,6 +40,9 @@ frame-ancestors 'none'";
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 const REVALIDATE: &str = "no-cache";
 
+/// The templates of the routes below, for the request metrics.
+pub const TEMPLATES: &[&str] = &["/ui", "/ui/", "/ui/{*path}"];
+
 /// The inspector's routes: plain axum routes, outside the OpenAPI document on purpose (each line
 /// carries the `openapi-exempt` marker the document's completeness test looks for).
 pub fn routes() -> Router<AppState> {

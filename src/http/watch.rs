@@ -166,6 +166,7 @@ async fn watch(
         return upgrade
             .max_message_size(64 * 1024)
             .on_upgrade(move |socket| async move {
+                let _open = crate::metrics::WebSocketOpen::new();
                 run_socket(socket, stream, keepalive, shutdown).await;
                 drop(hold);
             });

@@ -238,6 +238,7 @@ impl Upgrade {
         // On the daemon's tracker (`AppState::tasks`): the shutdown drain waits for the socket's
         // close frame like for any request in flight.
         st.tasks.spawn(async move {
+            let _open = crate::metrics::WebSocketOpen::new();
             let upgraded = match on_upgrade.await {
                 Ok(u) => u,
                 Err(e) => {
@@ -606,10 +607,13 @@ async fn read_frames(
                     // Ended by the meter: say why (the writer sends it, then the socket ends).
                     if let Some(why) = report.refusal() {
                         let frame = match why {
-                            Refusal::BudgetFull => close(
-                                1013,
-                                "an unfinished message does not fit the daemon's in-flight budget; try again later",
-                            ),
+                            Refusal::BudgetFull => {
+                                crate::metrics::refused(crate::metrics::Limit::AcpInflightBytes);
+                                close(
+                                    1013,
+                                    "an unfinished message does not fit the daemon's in-flight budget; try again later",
+                                )
+                            }
                             Refusal::TooSlow => close(
                                 1008,
                                 format!(

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -656,6 +657,7 @@ impl ProcessService {
         let spawned = self
             .supervisor
             .start_with(spec, stdio)
+            .instrument(crate::telemetry::task_span("process start", &req.command))
             .await
             .map_err(|source| ProcessError::Spawn {
                 command: req.command.clone(),
@@ -753,6 +755,16 @@ impl ProcessService {
                 }
             }
         }
+    }
+
+    /// Whether each record is running (true) or exited, for the metrics; no `/proc` read.
+    pub fn states(&self) -> Vec<bool> {
+        self.records
+            .lock()
+            .expect("records lock")
+            .values()
+            .map(|p| p.ended().is_none())
+            .collect()
     }
 
     /// Every record, read on the blocking pool with one `/proc` scan for all of them.
@@ -923,6 +935,7 @@ impl ProcessService {
         let spawned = self
             .supervisor
             .start_with(spec, ChildStdio::AllPipes)
+            .instrument(crate::telemetry::task_span("process run", &req.command))
             .await
             .map_err(|source| ProcessError::Spawn {
                 command: req.command.clone(),

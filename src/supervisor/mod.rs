@@ -559,6 +559,9 @@ impl HandleInner {
             let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
         }
         let reason = info.reason.as_str();
+        if !self.agent.starts_with("process:") {
+            crate::metrics::agent_exited(&self.agent, info.reason);
+        }
         if unexpected_exit(&info, &self.agent) {
             // Nobody asked it to stop: the operator needs the why, which is usually in the last
             // lines it wrote to stderr.

@@ -271,6 +271,10 @@ fn started(
         inner: inner.clone(),
     };
     register(&handle);
+    // The process API's programs run as `process:<id>`: not agents, so not in the agent figures.
+    if !spec.agent.starts_with("process:") {
+        crate::metrics::agent_started(&spec.agent);
+    }
     tracing::info!(
         server_id = spec.server_id,
         agent = spec.agent,

@@ -9,6 +9,7 @@
 
 import { api, type Instance } from "./api";
 import { byId, bytes, h } from "./dom";
+import { Series, sparkline } from "./spark";
 
 export class InstancesPanel {
   private readonly body = byId("instances").querySelector("tbody")!;
@@ -17,6 +18,8 @@ export class InstancesPanel {
   private failing = false;
   /** Exit details learnt outside the listing, by serverId. */
   private readonly exits = new Map<string, { stderrTail?: unknown }>();
+  /** Memory and CPU samples of each listed instance, one per refresh (for the sparklines). */
+  private readonly series = new Map<string, Series>();
 
   constructor(
     private readonly current: () => string | null,
@@ -55,7 +58,12 @@ export class InstancesPanel {
 
   private render(servers: Instance[]) {
     const rows: HTMLElement[] = [];
+    const now = Date.now();
+    for (const id of [...this.series.keys()]) if (!servers.some((s) => s.serverId === id)) this.series.delete(id);
     for (const s of servers) {
+      let series = this.series.get(s.serverId);
+      if (!series) this.series.set(s.serverId, (series = new Series()));
+      series.push(now, s.rssBytes, s.cpuMs);
       const status = s.status ?? "running";
       const exit =
         status === "exited"
@@ -89,6 +97,23 @@ export class InstancesPanel {
         fig("pending", s.pendingRequests),
         fig("last id", s.lastEventId),
       );
+      const mem = series.memory();
+      const cpu = series.cpu();
+      const trends =
+        status === "exited"
+          ? null
+          : h(
+              "div",
+              { class: "trends" },
+              h("span", { class: "trend" }, h("span", { class: "muted" }, "memory "), sparkline(mem, `memory over the last ${mem.length} samples`, "spark-memory")),
+              h(
+                "span",
+                { class: "trend" },
+                h("span", { class: "muted" }, "CPU "),
+                sparkline(cpu, `CPU over the last ${cpu.length} intervals`, "spark-cpu", 0.05),
+                cpu.length ? ` ${Math.round(cpu[cpu.length - 1] * 100)}%` : "",
+              ),
+            );
       rows.push(
         h(
           "tr",
@@ -101,7 +126,7 @@ export class InstancesPanel {
             exit ? h("div", { "data-field": "exit" }, exit) : null,
             s.exitCode != null ? h("span", { hidden: true, "data-field": "exit-code" }, String(s.exitCode)) : null,
           ),
-          h("td", {}, figures),
+          h("td", {}, figures, trends),
         ),
       );
       const tail = s.stderrTail ?? (this.exits.get(s.serverId)?.stderrTail as string | undefined);

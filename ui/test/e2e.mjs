@@ -229,6 +229,24 @@ try {
     await page.locator('[data-testid="transcript"] [data-role="turn-end"][data-stop-reason="cancelled"]').nth(1).waitFor({ timeout: WAIT });
   });
 
+  await run("instance-figures", async () => {
+    // The instances tab draws memory and CPU sparklines from its 2 s refreshes.
+    await page.locator("#tab-instances").click();
+    await page.waitForFunction(
+      (id) => {
+        const row = document.querySelector(`[data-testid="instances-table"] tr[data-server-id="${id}"][data-status="running"]`);
+        const mem = row?.querySelector('[data-testid="spark-memory"]');
+        const cpu = row?.querySelector('[data-testid="spark-cpu"]');
+        return Number(mem?.getAttribute("data-samples")) >= 2 && Number(cpu?.getAttribute("data-samples")) >= 1 &&
+          (mem?.querySelector("polyline")?.getAttribute("points") ?? "") !== "";
+      },
+      serverId,
+      { timeout: WAIT },
+    );
+    await shot(page, "instance-figures");
+    await page.locator("#tab-agents").click();
+  });
+
   await run("5-crash", async () => {
     await sendPrompt(page, "/stderr last words from the mock");
     await turnEnds(page, 6);

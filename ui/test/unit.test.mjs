@@ -21,6 +21,24 @@ async function load(entry) {
 const { lineDiff } = await load("diff.ts");
 const { contentText } = await load("transcript.ts");
 const { bytes } = await load("dom.ts");
+const { Series, points } = await load("spark.ts");
+
+test("sparkline series: memory samples, CPU as cores between samples, bounded history", () => {
+  const s = new Series(3);
+  s.push(1000, 100, 0);
+  s.push(2000, 200, 500);
+  s.push(2000, 999, 999); // not later: ignored
+  s.push(3000, null, 1500);
+  s.push(4000, 400, 1500);
+  assert.deepEqual(s.memory(), [200, 400], "the oldest sample fell out; a missing figure is skipped");
+  assert.deepEqual(s.cpu(), [1, 0]);
+});
+
+test("sparkline points scale to the box, the maximum at the top", () => {
+  assert.equal(points([0, 5, 10], 80, 20), "0.0,20.0 40.0,10.0 80.0,0.0");
+  assert.equal(points([1], 80, 20), "");
+  assert.equal(points([0, 0], 80, 20, 0.5), "0.0,20.0 80.0,20.0");
+});
 
 /** `expected` in a compact form: "+x" added, "-x" removed, " x" unchanged. */
 function check(oldText, newText, expected) {

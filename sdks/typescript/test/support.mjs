@@ -101,6 +101,7 @@ export async function startProxy(targetUrl, { cutSseAfterBytes, delaySseMs = 0 }
   const target = new URL(targetUrl);
   const conns = new Set();
   const sseRequests = [];
+  const postRequests = [];
   let holding = false;
   let cutDone = cutSseAfterBytes === undefined;
   const server = net.createServer((client) => {
@@ -122,6 +123,7 @@ export async function startProxy(targetUrl, { cutSseAfterBytes, delaySseMs = 0 }
         sseRequests.push(head);
         if (holding) c.held = [];
       }
+      if (head.startsWith("POST /v1/acp/")) postRequests.push(head.split("\r\n\r\n")[0]);
       if (c.held) c.held.push(d);
       else upstream.write(d);
     });
@@ -149,6 +151,7 @@ export async function startProxy(targetUrl, { cutSseAfterBytes, delaySseMs = 0 }
   return {
     url: `http://127.0.0.1:${port}`,
     sseRequests,
+    postRequests,
     holdSse(on) {
       holding = on;
       if (!on) {

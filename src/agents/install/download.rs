@@ -16,6 +16,17 @@ pub async fn download(
     dir: &Path,
     progress: &dyn Progress,
 ) -> Result<tempfile_like::TempFile, InstallError> {
+    crate::metrics::install_download();
+    download_file(client, url, sha256, dir, progress).await
+}
+
+async fn download_file(
+    client: &reqwest::Client,
+    url: &str,
+    sha256: Option<&str>,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<tempfile_like::TempFile, InstallError> {
     let dir_owned = dir.to_path_buf();
     let file = tokio::task::spawn_blocking(move || tempfile_like::TempFile::new_in(&dir_owned))
         .await

@@ -25,6 +25,7 @@ import {
 } from "./errors.js";
 import { parseSse } from "./sse.js";
 import { AcpStreamBase, idKey } from "./stream-base.js";
+import { activeTraceHeaders, loadOpenTelemetry } from "./trace.js";
 
 /** `data` of a `gap` event: the ids `from..=to` were evicted before this client read them. */
 export interface GapEvent {
@@ -145,7 +146,14 @@ export class AcpHttpTransport extends AcpStreamBase {
     this.opts.onEnvelope?.(message, "outbound");
     const m = message as Record<string, unknown>;
     const isRequest = typeof m.method === "string" && m.id !== undefined && m.id !== null;
-    const post = this.post(message, isRequest ? (m.id as JsonRpcId) : null);
+    // The caller's trace context (OpenTelemetry, when the application uses it) for a request:
+    // taken here, where the caller's context is still the active one.
+    let trace: Record<string, string> = {};
+    if (isRequest) {
+      await loadOpenTelemetry();
+      trace = activeTraceHeaders();
+    }
+    const post = this.post(message, isRequest ? (m.id as JsonRpcId) : null, trace);
     if (isRequest) {
       // Requests may take minutes (prompts): the writer must not wait for the answer.
       this.inflight.add(post);
@@ -156,14 +164,18 @@ export class AcpHttpTransport extends AcpStreamBase {
     await post;
   }
 
-  private async post(message: AnyMessage, requestId: JsonRpcId | null): Promise<void> {
+  private async post(
+    message: AnyMessage,
+    requestId: JsonRpcId | null,
+    trace: Record<string, string> = {},
+  ): Promise<void> {
     let url = this.httpUrl;
     if (!this.bootstrapped && this.opts.agent) url += `?agent=${encodeURIComponent(this.opts.agent)}`;
     let problem: ProblemDetails | null = null;
     try {
       const res = await this.fetcher(url, {
         method: "POST",
-        headers: this.headers({ "Content-Type": "application/json", Accept: "application/json" }),
+        headers: this.headers({ ...trace, "Content-Type": "application/json", Accept: "application/json" }),
         body: JSON.stringify(message),
         signal: this.postAbort.signal,
       });

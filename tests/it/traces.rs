@@ -1,0 +1,250 @@
+//! OpenTelemetry traces through the real binary: a receiver in the test decodes the OTLP/HTTP
+//! protobuf export (the official messages, `opentelemetry-proto`) and checks the span tree of a
+//! prompt — the client's `traceparent` as parent of the HTTP span, the ACP request span under it
+//! with its attributes, and the `_meta.traceparent` the mock agent received naming that span.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::{Value, json};
+
+use crate::support::{Daemon, eventually_async};
+
+#[derive(Default)]
+struct Received {
+    spans: Vec<Span>,
+    service_names: Vec<String>,
+    content_types: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Received>>;
+
+async fn export(
+    State(seen): State<Shared>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> axum::response::Response {
+    let req = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export");
+    let mut seen = seen.lock().unwrap();
+    if let Some(ct) = headers.get("content-type").and_then(|v| v.to_str().ok()) {
+        seen.content_types.push(ct.to_string());
+    }
+    for rs in req.resource_spans {
+        if let Some(r) = &rs.resource {
+            for kv in &r.attributes {
+                if kv.key == "service.name"
+                    && let Some(AnyValue::StringValue(s)) =
+                        kv.value.as_ref().and_then(|v| v.value.clone())
+                {
+                    seen.service_names.push(s);
+                }
+            }
+        }
+        for ss in rs.scope_spans {
+            seen.spans.extend(ss.spans);
+        }
+    }
+    let mut resp = axum::response::Response::new(axum::body::Body::from(
+        ExportTraceServiceResponse::default().encode_to_vec(),
+    ));
+    resp.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("application/x-protobuf"),
+    );
+    resp
+}
+
+/// An OTLP/HTTP receiver on loopback: its base URL and what it received.
+async fn receiver() -> (String, Shared) {
+    let seen: Shared = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/traces", axum::routing::post(export))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            AnyValue::StringValue(s) => Some(s.clone()),
+            AnyValue::IntValue(i) => Some(i.to_string()),
+            AnyValue::BoolValue(b) => Some(b.to_string()),
+            AnyValue::DoubleValue(d) => Some(d.to_string()),
+            _ => None,
+        })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn post(d: &Daemon, path: &str, body: Value, traceparent: Option<&str>) -> Value {
+    let mut req = d
+        .client()
+        .post(d.url(path))
+        .header("content-type", "application/json")
+        .json(&body);
+    if let Some(tp) = traceparent {
+        req = req.header("traceparent", tp);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+#[tokio::test]
+async fn a_prompt_is_one_trace_from_the_client_to_the_agent() {
+    let (url, seen) = receiver().await;
+    let d = Daemon::builder()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env("OTEL_SERVICE_NAME", "sandbox-agent-under-test")
+        .env("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+        .start();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}});
+    post(&d, "/v1/acp/t1?agent=mock", init, None).await;
+    let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}});
+    let session = post(&d, "/v1/acp/t1", new, None).await["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let client_tp = format!("00-{TRACE}-{CLIENT_SPAN}-01");
+    let prompt = json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+        "params": {"sessionId": session, "prompt": [{"type": "text", "text": "hello"}]}});
+    let answer = post(&d, "/v1/acp/t1", prompt, Some(&client_tp)).await;
+    // What the agent received: the trace continues, under a span of the daemon's.
+    let received = answer["result"]["_meta"]["received"]["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the mock saw no _meta.traceparent: {answer}"))
+        .to_string();
+    let parts: Vec<&str> = received.split('-').collect();
+    assert_eq!(parts.len(), 4, "{received}");
+    assert_eq!(
+        parts[1], TRACE,
+        "the agent's traceparent keeps the client's trace"
+    );
+    assert_ne!(parts[2], CLIENT_SPAN, "its parent is the daemon's span");
+    assert_eq!(parts[3], "01", "sampled");
+    let agent_parent = parts[2].to_string();
+
+    let (http, acp) = eventually_async(Duration::from_secs(30), "the prompt's spans", || {
+        let seen = seen.clone();
+        async move {
+            let seen = seen.lock().unwrap();
+            let ours: Vec<&Span> = seen
+                .spans
+                .iter()
+                .filter(|s| hex(&s.trace_id) == TRACE)
+                .collect();
+            let http = ours.iter().find(|s| s.name == "POST /v1/acp/{serverId}")?;
+            let acp = ours.iter().find(|s| s.name == "acp session/prompt")?;
+            Some(((*http).clone(), (*acp).clone()))
+        }
+    })
+    .await;
+    // The HTTP span continues the client's span; the ACP span is its child; the agent was
+    // handed the ACP span's context.
+    assert_eq!(hex(&http.parent_span_id), CLIENT_SPAN);
+    assert_eq!(http.kind, 2, "server span");
+    assert_eq!(
+        attr(&http, "http.route").as_deref(),
+        Some("/v1/acp/{serverId}")
+    );
+    assert_eq!(attr(&http, "http.request.method").as_deref(), Some("POST"));
+    assert_eq!(
+        attr(&http, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    assert_eq!(acp.parent_span_id, http.span_id);
+    assert_eq!(hex(&acp.span_id), agent_parent);
+    assert_eq!(attr(&acp, "rpc.method").as_deref(), Some("session/prompt"));
+    assert_eq!(attr(&acp, "acp.server_id").as_deref(), Some("t1"));
+    assert_eq!(attr(&acp, "rpc.jsonrpc.request_id").as_deref(), Some("3"));
+    assert_eq!(attr(&acp, "acp.outcome").as_deref(), Some("ok"));
+    assert!(acp.end_time_unix_nano > acp.start_time_unix_nano);
+
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.service_names
+            .iter()
+            .all(|s| s == "sandbox-agent-under-test"),
+        "{:?}",
+        seen.service_names
+    );
+    assert!(
+        seen.content_types
+            .iter()
+            .all(|c| c == "application/x-protobuf"),
+        "{:?}",
+        seen.content_types
+    );
+    // The first request came without a traceparent: a trace of its own, with its agent start.
+    let root = seen
+        .spans
+        .iter()
+        .find(|s| s.name == "acp initialize")
+        .expect("the initialize span");
+    assert_ne!(hex(&root.trace_id), TRACE);
+    assert!(
+        seen.spans
+            .iter()
+            .any(|s| s.name == "agent start" && s.trace_id == root.trace_id),
+        "the agent's start is in the first request's trace"
+    );
+}
+
+#[tokio::test]
+async fn without_a_collector_requests_go_on_and_the_daemon_warns() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = Daemon::builder()
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{port}"))
+        .start();
+    for i in 0..20 {
+        let init = json!({"jsonrpc": "2.0", "id": i, "method": "initialize", "params": {"protocolVersion": 1}});
+        post(&d, "/v1/acp/dead?agent=mock", init, None).await;
+    }
+    eventually_async(Duration::from_secs(30), "the export warning", || async {
+        d.stderr().contains("cannot export traces").then_some(())
+    })
+    .await;
+    // Still answering.
+    let r = d.client().get(d.url("/v1/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn traces_are_off_by_default_and_the_envelope_is_untouched() {
+    let d = Daemon::builder().start();
+    let echo = json!({"jsonrpc": "2.0", "id": 1, "method": "_mock/echo", "params": {"a": 1}});
+    let answer = post(
+        &d,
+        "/v1/acp/off?agent=mock",
+        echo,
+        Some(&format!("00-{TRACE}-{CLIENT_SPAN}-01")),
+    )
+    .await;
+    assert_eq!(answer["result"], json!({"a": 1}));
+}
