@@ -198,7 +198,9 @@ impl AcpService {
     ) -> Result<Delivered, AcpError> {
         let inst = self.find_or_create(server_id, agent)?;
         if !inst.is_started() {
-            self.start(&inst).await?;
+            // Boxed: the start is rare and its future large; inline it would make every POST's
+            // future (which axum moves into a box several times per request) that large too.
+            Box::pin(self.start(&inst)).await?;
         }
         let (key, wait) = match envelope.kind {
             Kind::Request { key, .. } => (Some(key), !respond_async),
@@ -219,7 +221,9 @@ impl AcpService {
     ) -> Result<Vec<(Option<IdKey>, AcpError)>, AcpError> {
         let inst = self.find_or_create(server_id, None)?;
         if !inst.is_started() {
-            self.start(&inst).await?;
+            // Boxed: the start is rare and its future large; inline it would make every POST's
+            // future (which axum moves into a box several times per request) that large too.
+            Box::pin(self.start(&inst)).await?;
         }
         Ok(inst.deliver_batch(envelopes).await)
     }
