@@ -865,6 +865,24 @@ fn ws_frame(text: &str) -> Vec<u8> {
     f
 }
 
+/// Whether the daemon answers a WebSocket upgrade of `path` with 101.
+fn ws_upgrades(port: u16, path: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    if write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: YWNwLWJlbmNoLWtleS0wMQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).is_ok() && line.starts_with("HTTP/1.1 101")
+}
+
 /// c=1 over one socket: send, wait for the answer, repeat. `path` is our endpoint
 /// (`/v1/acp/..?agent=mock`) or the RFD's WebSocket profile.
 fn ws_c1(port: u16, path: &str, n: u64) -> (Latency, u64) {
@@ -1288,7 +1306,14 @@ fn main() {
             if all8 { "" } else { "  SUBSCRIBER CUT OFF" }
         );
     }
-    if run("ws") || run("wscore") {
+    // A build without the WebSocket route (before the round that added it) gets no figures
+    // for it (the A/B table shows them as n/a) instead of a failed run.
+    let ws_served =
+        (run("ws") || run("wscore")) && ws_upgrades(d.port, "/v1/acp/wsprobe?agent=mock");
+    if (run("ws") || run("wscore")) && !ws_served {
+        println!("WebSocket      n/a: this build does not upgrade /v1/acp/{{serverId}}");
+    }
+    if ws_served {
         let (w1, e6) = ws_c1(d.port, "/v1/acp/wsc1?agent=mock", n);
         println!(
             "WebSocket      c=1  p50 {:7.1} us  p99 {:7.1} us   errors {e6}   p50 {:.2}x pipe",

@@ -397,14 +397,21 @@ pub fn trim_heap() {
 /// mmapped block that is freed (up to 32 MiB), so after a few large buffers every later one
 /// comes from the arenas, where buffers freed on many threads fragment the heap beyond what
 /// `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped on their own.
+/// The trim threshold goes to four times `bytes`: glibc's default (128 KiB, no longer adjusted
+/// once the mmap threshold is fixed) gave a freed transfer chunk at the top of an arena back to
+/// the kernel at once, so the next chunk faulted every page in again (a 256 MiB download took
+/// ~65,000 page faults); `trim_soon` still gives it all back once the transfers end.
 /// Call it before any thread starts. A no-op on other C libraries.
 pub fn fix_mmap_threshold(bytes: usize) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        let trim = libc::c_int::try_from(bytes.saturating_mul(4)).unwrap_or(libc::c_int::MAX);
         let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-        // SAFETY: mallopt takes two integers; M_MMAP_THRESHOLD is a documented parameter.
+        // SAFETY: mallopt takes two integers; M_MMAP_THRESHOLD and M_TRIM_THRESHOLD are
+        // documented parameters.
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
         }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]

@@ -270,7 +270,9 @@ impl AcpService {
         let started = std::time::Instant::now();
         let inst = self.find_or_create(server_id, agent)?;
         if !inst.is_started() {
-            self.start(&inst).await?;
+            // Boxed: the start is rare and its future large; inline it would make every POST's
+            // future (which axum moves into a box several times per request) that large too.
+            Box::pin(self.start(&inst)).await?;
         }
         let timeout = self.deps.config.request_timeout;
         let durable = inst.events.durable();
@@ -308,7 +310,9 @@ impl AcpService {
     ) -> Result<Vec<(Option<IdKey>, AcpError)>, AcpError> {
         let inst = self.find_or_create(server_id, None)?;
         if !inst.is_started() {
-            self.start(&inst).await?;
+            // Boxed: the start is rare and its future large; inline it would make every POST's
+            // future (which axum moves into a box several times per request) that large too.
+            Box::pin(self.start(&inst)).await?;
         }
         if let Some(t) = inst.events.durable() {
             t.before_post(&inst, None, self.deps.config.request_timeout)

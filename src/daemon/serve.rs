@@ -29,11 +29,12 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
+use futures_util::task::AtomicWaker;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -105,6 +106,15 @@ pub async fn serve(
         .enable_connect_protocol()
         .max_header_list_size(MAX_HEAD_BYTES as u32);
     let builder = Arc::new(builder);
+    // The graceful stop reaches every connection through its flag, so that a connection's task
+    // polls no shared cancellation future on every wake-up (see `Activity::attention`).
+    {
+        let (open, stop) = (open.clone(), stop.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            open.stop_all();
+        });
+    }
     let mut backoff = Backoff::default();
     let mut over_cap = Burst::default();
     loop {
@@ -226,10 +236,18 @@ impl Open {
         match victim {
             Some(a) => {
                 a.evict.store(true, Ordering::Release);
-                a.wake.notify_one();
+                a.attention.wake();
                 true
             }
             None => false,
+        }
+    }
+
+    /// Asks every connection to finish gracefully (the daemon is stopping).
+    fn stop_all(&self) {
+        for a in self.lock().values() {
+            a.stopping.store(true, Ordering::Release);
+            a.attention.wake();
         }
     }
 }
@@ -272,7 +290,13 @@ async fn connection(
     stop: CancellationToken,
 ) {
     let activity = registered.activity.clone();
-    let local = stream.local_addr().ok().map(LocalAddr);
+    // The guard needs the local address only to admit a Host naming it; a loopback one it
+    // admits anyway, so a loopback connection's requests carry none (no extension map per request).
+    let local = stream
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_loopback())
+        .map(LocalAddr);
     let io = Tracked {
         inner: stream,
         activity: activity.clone(),
@@ -288,32 +312,43 @@ async fn connection(
             handle(app.clone(), req, guard)
         })
     };
+    // Registered before this check: a stop that came earlier is seen here, a later one sets
+    // the flag (`Open::stop_all`).
+    if stop.is_cancelled() {
+        activity.stopping.store(true, Ordering::Release);
+    }
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut draining = false;
     // Set once the connection was told to close for a timeout; it gets this long to do so.
     let mut closing_by: Option<Instant> = None;
-    let first_check = if activity.pressure {
-        limits.idle_timeout.min(FRESH_UNDER_PRESSURE)
-    } else {
-        limits.idle_timeout
-    };
+    // No wake-up per request: the watcher looks at least every `header_read_timeout` (and
+    // `idle_timeout`), so a head clock or an idle clock that started since is never checked
+    // later than its own deadline (see `Activity::verdict`).
+    let mut first_check = limits.idle_timeout.min(limits.header_read_timeout);
+    if activity.pressure {
+        first_check = first_check.min(FRESH_UNDER_PRESSURE);
+    }
     let timer = tokio::time::sleep(first_check);
     tokio::pin!(timer);
     loop {
+        // Biased: the connection first (each of its wake-ups polls the two cheap branches too,
+        // an atomic flag and a timer, but no lock and no random branch order).
+        let stop_seen = draining;
         tokio::select! {
+            biased;
             r = conn.as_mut() => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
                 return;
             }
-            _ = stop.cancelled(), if !draining => {
-                draining = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            _ = activity.wake.notified() => {}
+            _ = std::future::poll_fn(|cx| activity.poll_attention(cx, stop_seen)) => {}
             _ = &mut timer => {}
+        }
+        if !draining && activity.stopping.load(Ordering::Acquire) {
+            draining = true;
+            conn.as_mut().graceful_shutdown();
         }
         if closing_by.is_some_and(|by| Instant::now() >= by) {
             return;
@@ -357,7 +392,7 @@ async fn handle(
     mut app: Router,
     mut req: Request<Incoming>,
     guard: InFlight,
-) -> Result<Response, Infallible> {
+) -> Result<Response<GuardedBody>, Infallible> {
     // An HTTP/2 CONNECT becomes a stream of its own (a WebSocket) once answered; hyper drops the
     // response body then, so the guard travels with the request instead and whoever serves the
     // stream holds it: the connection is never closed as idle under an open socket.
@@ -377,13 +412,12 @@ async fn handle(
         Err(_panic) => internal_error(),
     };
     drop_connect_from_allow(&mut resp);
-    // Until the response is done, the request holds the guard in either case.
-    Ok(resp.map(|body| {
-        Body::new(GuardedBody {
-            inner: body,
-            _guard: guard,
-            _hold: hold,
-        })
+    // Until the response is done, the request holds the guard in either case. Hyper takes the
+    // wrapper as the body type itself: the body is not boxed a second time.
+    Ok(resp.map(|body| GuardedBody {
+        inner: body,
+        _guard: guard,
+        _hold: hold,
     }))
 }
 
@@ -417,7 +451,11 @@ struct Activity {
     pressure: bool,
     /// Chosen by the accept loop to make room at the cap.
     evict: std::sync::atomic::AtomicBool,
-    wake: Notify,
+    /// The daemon is stopping: finish gracefully.
+    stopping: std::sync::atomic::AtomicBool,
+    /// Wakes the driver for `evict` or `stopping` only; requests never wake it (its timer
+    /// looks often enough, see `verdict`), so a request costs no extra poll of the connection.
+    attention: AtomicWaker,
 }
 
 const NONE: u64 = u64::MAX;
@@ -435,7 +473,21 @@ impl Activity {
             // with the request the client is about to send on them.
             head_since: AtomicU64::new(NONE),
             in_flight: AtomicUsize::new(0),
-            wake: Notify::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            attention: AtomicWaker::new(),
+        }
+    }
+
+    /// Ready when the accept loop chose this connection to close, or the daemon is stopping
+    /// and the driver has not seen it yet (`stop_seen`).
+    fn poll_attention(&self, cx: &mut Context<'_>, stop_seen: bool) -> Poll<()> {
+        self.attention.register(cx.waker());
+        if self.evict.load(Ordering::Acquire)
+            || (!stop_seen && self.stopping.load(Ordering::Acquire))
+        {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 
@@ -458,14 +510,14 @@ impl Activity {
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
         }
-        // The first byte of a new request on an idle connection starts the head clock.
+        // The first byte of a new request on an idle connection starts the head clock (the
+        // watcher is due within `header_read_timeout` anyway: no wake-up).
         if self.in_flight.load(Ordering::Acquire) == 0
-            && self
-                .head_since
-                .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+            && self.head_since.load(Ordering::Relaxed) == NONE
         {
-            self.wake.notify_one();
+            let _ =
+                self.head_since
+                    .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 
@@ -479,10 +531,16 @@ impl Activity {
         InFlight(self.clone())
     }
 
+    /// What the watcher does now. Its next look is never more than `header_read_timeout` (nor
+    /// `idle_timeout`) ahead unless a head is being read: a head clock that starts after this
+    /// look starts after it, so its deadline is never earlier than that next look; the same
+    /// holds for the idle clock of a request that ends meanwhile. That is what lets requests
+    /// start and end without waking the watcher.
     fn verdict(&self, limits: &Limits) -> Verdict {
         let now = self.now_ms();
         let head_ms = limits.header_read_timeout.as_millis() as u64;
         let idle_ms = limits.idle_timeout.as_millis() as u64;
+        let look_by = now.saturating_add(head_ms.min(idle_ms));
         let head_since = self.head_since.load(Ordering::Acquire);
         if head_since != NONE {
             let due = head_since.saturating_add(head_ms);
@@ -494,7 +552,7 @@ impl Activity {
         }
         if self.in_flight.load(Ordering::Acquire) > 0 {
             // Nothing times out while a request is in flight; look again later.
-            return Verdict::CheckAt(self.at(now.saturating_add(idle_ms)));
+            return Verdict::CheckAt(self.at(look_by));
         }
         let mut due = self.last_io.load(Ordering::Relaxed).saturating_add(idle_ms);
         if self.pressure && !self.used.load(Ordering::Relaxed) {
@@ -503,7 +561,7 @@ impl Activity {
         if now >= due {
             Verdict::Idle
         } else {
-            Verdict::CheckAt(self.at(due))
+            Verdict::CheckAt(self.at(due.min(look_by)))
         }
     }
 }
@@ -514,11 +572,9 @@ struct InFlight(Arc<Activity>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         let activity = &self.0;
+        // The idle clock starts now; the watcher looks again within `idle_timeout` anyway.
         activity.last_io.store(activity.now_ms(), Ordering::Relaxed);
-        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // The idle clock starts now; the watcher may be sleeping on an older deadline.
-            activity.wake.notify_one();
-        }
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -30,10 +30,13 @@ pub type BodyStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 /// fixes at start (1 MiB, `main.rs`), so buffers come from the heap instead of fresh mappings
 /// that fault in every page.
 pub(super) const CHUNK: usize = (1 << 20) - (64 << 10);
-/// Frames smaller than this are copied into a shared buffer of this size (so a trickle of tiny
-/// frames does not pin many of hyper's buffers); larger ones are written as they are, by a
-/// vectored write.
+/// Frames smaller than `SMALL_FRAME` are copied into a shared buffer of `SMALL` bytes (so a
+/// trickle of tiny frames does not pin many of hyper's buffers); larger ones are written as they
+/// are, by a vectored write. Hyper reads a body at most 64 KiB at a time (its read buffer is
+/// capped at the head limit, `daemon/serve.rs`) and often less, so with the threshold at 64 KiB
+/// most of an upload was copied once more on its way to the disk.
 const SMALL: usize = 64 << 10;
+const SMALL_FRAME: usize = 16 << 10;
 /// A body that pauses this long with data pending gets that data written out: a stalled
 /// transfer then holds no body bytes in memory.
 const QUIET: Duration = Duration::from_millis(50);
@@ -268,7 +271,7 @@ impl BodyReader {
                 self.done = true;
                 return Err(FileError::TooLarge { limit });
             }
-            if frame.len() >= SMALL {
+            if frame.len() >= SMALL_FRAME {
                 self.seal_small();
                 self.batch.push(frame);
             } else {

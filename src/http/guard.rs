@@ -15,6 +15,7 @@
 //! **Invariant:** pure functions of the request and the config; no I/O, no allocation beyond the
 //! refusal itself.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use axum::body::{Body, HttpBody};
@@ -134,14 +135,21 @@ fn refuse(status: StatusCode, detail: &str) -> Response {
 }
 
 /// The host the client addressed, lower-cased: the HTTP/2 `:authority` (in the URI), else the
-/// `Host` header. `None` when the request names none.
-fn request_host(req: &Request) -> Option<String> {
+/// `Host` header. `None` when the request names none. Borrowed when already lower case (every
+/// request of a well-behaved client: no allocation per request).
+fn request_host(req: &Request) -> Option<Cow<'_, str>> {
     if let Some(authority) = req.uri().authority() {
-        return Some(authority.as_str().to_ascii_lowercase());
+        return Some(lower(authority.as_str().as_bytes()));
     }
-    req.headers()
-        .get(header::HOST)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase())
+    req.headers().get(header::HOST).map(|v| lower(v.as_bytes()))
+}
+
+/// `bytes` as lower-case text (invalid UTF-8 replaced), borrowed when nothing changes.
+fn lower(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) if !s.bytes().any(|b| b.is_ascii_uppercase()) => Cow::Borrowed(s),
+        _ => Cow::Owned(String::from_utf8_lossy(bytes).to_ascii_lowercase()),
+    }
 }
 
 /// Splits `name[:port]` / `[v6][:port]` into the name (brackets removed) and the port text.
@@ -244,16 +252,10 @@ fn check_content_type(req: &Request) -> Option<Response> {
 }
 
 /// The type/subtype of `Content-Type`, lower case, parameters dropped.
-fn content_type_essence(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get(header::CONTENT_TYPE)?;
-    let s = String::from_utf8_lossy(v.as_bytes());
-    Some(
-        s.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase(),
-    )
+fn content_type_essence(headers: &HeaderMap) -> Option<Cow<'_, str>> {
+    let v = headers.get(header::CONTENT_TYPE)?.as_bytes();
+    let essence = v.split(|b| *b == b';').next().unwrap_or(b"").trim_ascii();
+    Some(lower(essence))
 }
 
 /// True unless the request is known to carry no body: HTTP/1 without Content-Length (or with
