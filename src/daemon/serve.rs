@@ -339,6 +339,11 @@ async fn connection(
             biased;
             r = conn.as_mut() => {
                 if let Err(e) = r {
+                    // hyper answers a request head over the cap with 431 itself and ends the
+                    // connection with this error: the one place to count that refusal.
+                    if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_parse_too_large) {
+                        crate::metrics::refused(crate::metrics::Limit::RequestHead);
+                    }
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
                 return;

@@ -142,10 +142,12 @@ pub enum Limit {
     ProcessReaders,
     RfdSessions,
     RequestTimeout,
+    /// A request head over 64 KiB (431).
+    RequestHead,
 }
 
 impl Limit {
-    pub const ALL: [Limit; 21] = [
+    pub const ALL: [Limit; 22] = [
         Limit::MaxConnections,
         Limit::MaxAgents,
         Limit::MaxSubscribers,
@@ -167,6 +169,7 @@ impl Limit {
         Limit::ProcessReaders,
         Limit::RfdSessions,
         Limit::RequestTimeout,
+        Limit::RequestHead,
     ];
 
     pub fn label(self) -> &'static str {
@@ -192,6 +195,7 @@ impl Limit {
             Limit::ProcessReaders => "process_readers",
             Limit::RfdSessions => "rfd_sessions",
             Limit::RequestTimeout => "request_timeout",
+            Limit::RequestHead => "request_head",
         }
     }
 }
