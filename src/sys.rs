@@ -590,3 +590,25 @@ pub fn remove_env_single_threaded(name: &str) {
     // concurrently.
     unsafe { std::env::remove_var(name) };
 }
+
+/// Bytes as lower-case hex (digests, and binary data in the reload hand-off's JSON).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The bytes of `hex`'s text; pairs that are not hex digits are skipped.
+pub fn unhex(s: &str) -> Vec<u8> {
+    s.as_bytes()
+        .chunks(2)
+        .filter_map(|p| {
+            std::str::from_utf8(p)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+        })
+        .collect()
+}

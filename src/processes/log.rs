@@ -321,25 +321,7 @@ impl OutputLog {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    s.as_bytes()
-        .chunks(2)
-        .filter_map(|p| {
-            std::str::from_utf8(p)
-                .ok()
-                .and_then(|p| u8::from_str_radix(p, 16).ok())
-        })
-        .collect()
-}
+use crate::sys::{hex, unhex};
 
 #[cfg(test)]
 mod tests {

@@ -213,6 +213,4 @@ pub(super) fn copy_local(
     }
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub(super) use crate::sys::hex;
