@@ -653,3 +653,71 @@ async fn a_run_still_going_when_the_drain_ends_is_killed_and_reaped_not_orphaned
         "the run's process outlived the reload (or is a zombie)"
     );
 }
+
+/// With a state dir, an instance carried across a reload keeps writing its serverId's durable
+/// state: what its session streams after the reload is on disk, so a restart after the reload
+/// still replays it (the new image's instance would otherwise have lost its tracking).
+#[tokio::test]
+async fn with_a_state_dir_events_after_a_reload_reach_the_disk() {
+    use futures_util::StreamExt;
+    let state = tempfile::tempdir().unwrap();
+    let mut d = Daemon::builder()
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--state-sync", "every"])
+        .start();
+    let session = mock_session(&d, "kept").await;
+    let pid = server(&d, "kept").await["pid"].clone();
+    assert!(pid.is_u64(), "{pid}");
+    reload(&mut d);
+    let after = server(&d, "kept").await;
+    assert_eq!(after["pid"], pid, "{after}");
+    assert_eq!(after["status"], "running", "{after}");
+    let (s, body) = post(
+        &d,
+        "kept",
+        json!({"jsonrpc":"2.0","id":3,"method":"session/prompt",
+            "params":{"sessionId": session, "prompt":[{"type":"text","text":"/stream 3"}]}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    // A graceful stop (as `systemctl restart` does), then the daemon again on the same state dir.
+    assert_eq!(
+        d.stop(Duration::from_secs(20)),
+        0,
+        "stderr:\n{}",
+        d.stderr()
+    );
+    let d2 = Daemon::builder()
+        .arg("--state-dir")
+        .arg(state.path())
+        .start();
+    let again = server(&d2, "kept").await;
+    assert_eq!(again["exitReason"], "daemon_restart", "{again}");
+    let resp = d2
+        .client()
+        .get(d2.url("/v1/acp/kept"))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    let found = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("chunk 3 of 3") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    assert!(
+        found,
+        "the post-reload events were not replayed from disk:\n{seen}"
+    );
+}
