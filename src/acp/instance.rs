@@ -38,7 +38,7 @@ use super::events::{EventLog, LogLimits};
 use super::jsonrpc::{AgentLine, BadLine, Envelope, IdKey, Kind};
 use super::{AcpError, Ended};
 use crate::logging::RateLimit;
-use crate::supervisor::{AgentHandle, AgentProcess, ExitInfo, SpawnSpec};
+use crate::supervisor::{AgentProcess, ChildHandle, ExitInfo, SpawnSpec};
 
 /// What `GET /v1/acp` says of the process: `starting` until it runs, `exited` once its whole
 /// tree is gone (or it never started), `running` in between — also while an agent that closed
@@ -87,7 +87,7 @@ enum Done {
 
 /// The live process and the way to its stdin.
 struct Running {
-    handle: AgentHandle,
+    handle: ChildHandle,
     writer: mpsc::Sender<WriteJob>,
     stdin: Arc<Mutex<Stdin>>,
 }
@@ -183,7 +183,7 @@ impl Life {
 /// What `GET /v1/acp` shows of an instance, read under its lock at once so that the fields agree.
 pub struct Snapshot {
     pub status: Status,
-    pub handle: Option<AgentHandle>,
+    pub handle: Option<ChildHandle>,
     /// How the process ended (only with `Status::Exited`).
     pub exit: Option<ExitInfo>,
     pub pending_requests: usize,
@@ -350,7 +350,7 @@ impl AcpInstance {
         }
     }
 
-    fn handle(&self) -> Option<AgentHandle> {
+    fn handle(&self) -> Option<ChildHandle> {
         self.life().running().map(|r| r.handle.clone())
     }
 
@@ -479,7 +479,7 @@ impl AcpInstance {
     /// Marks the instance retired (see `AcpService::retire`, its only caller) and closes its log:
     /// every subscriber gets its end. Returns the process to dispose of, if one was published and
     /// is not known to be gone. Idempotent: only the first call returns the process.
-    pub(super) fn retire(&self) -> Option<AgentHandle> {
+    pub(super) fn retire(&self) -> Option<ChildHandle> {
         let handle = self.change(|life| {
             if life.retired {
                 return None;
@@ -1142,7 +1142,7 @@ mod tests {
             args: vec!["-c".into(), "exec sleep 1000".into()],
             env: Vec::new(),
             cwd: std::env::temp_dir(),
-            server_id: "s1".into(),
+            name: "s1".into(),
             agent: "sh".into(),
         };
         let deleting = inst.clone();

@@ -20,7 +20,7 @@ use super::jsonrpc::{Envelope, IdKey, Kind};
 use super::{AcpError, Deps};
 use crate::agents::{AgentError, Agents};
 use crate::config::Config;
-use crate::supervisor::{AgentHandle, ExitReason, GroupScan, SpawnSpec, Supervisor};
+use crate::supervisor::{ChildHandle, ExitReason, GroupScan, SpawnSpec, Supervisor};
 
 /// Why an instance leaves the registry: every removal names one (see `AcpService::retire`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,7 +343,7 @@ impl AcpService {
                 args: launch.args,
                 env: launch.env,
                 cwd: work_dir,
-                server_id: server_id.clone(),
+                name: server_id.clone(),
                 agent: agent.clone(),
             })
         };
@@ -682,7 +682,7 @@ fn check_agent(inst: Arc<AcpInstance>, agent: Option<&str>) -> Result<Arc<AcpIns
     }
 }
 
-async fn stop_instance(inst: Arc<AcpInstance>, handle: AgentHandle, grace: Duration) {
+async fn stop_instance(inst: Arc<AcpInstance>, handle: ChildHandle, grace: Duration) {
     // The supervisor logs the end once ("agent ended", with its reason and status).
     let _exit = handle.stop(grace).await;
     // The reader records the exit and fails whatever still waited.

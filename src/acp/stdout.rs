@@ -14,7 +14,7 @@ use tokio::process::ChildStdout;
 
 use super::instance::AcpInstance;
 use super::jsonrpc::{AgentLine, BadLine, classify_agent_line};
-use crate::supervisor::{AgentHandle, ExitInfo};
+use crate::supervisor::{ChildHandle, ExitInfo};
 
 /// Lines larger than this are classified (parsed) off the runtime thread, which the daemon has
 /// only one of; the reader awaits the result, so the order of lines is kept.
@@ -31,7 +31,7 @@ async fn classify(line: &Bytes) -> Result<AgentLine, BadLine> {
 pub(super) async fn read_loop(
     inst: Arc<AcpInstance>,
     stdout: ChildStdout,
-    handle: AgentHandle,
+    handle: ChildHandle,
     max_line: usize,
 ) {
     read_loop_from(inst, stdout, handle, max_line, Vec::new(), false).await
@@ -42,7 +42,7 @@ pub(super) async fn read_loop(
 pub(super) async fn read_loop_from(
     inst: Arc<AcpInstance>,
     stdout: ChildStdout,
-    handle: AgentHandle,
+    handle: ChildHandle,
     max_line: usize,
     carry: Vec<u8>,
     skipping: bool,

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::supervisor::{
-    AgentHandle, ChildStdio, ExitInfo, ExitReason, GroupScan, ProcessStats, SpawnError, SpawnSpec,
+    ChildHandle, ChildStdio, ExitInfo, ExitReason, GroupScan, ProcessStats, SpawnError, SpawnSpec,
     Supervisor,
 };
 
@@ -242,7 +242,7 @@ pub struct ManagedProcess {
     interactive: bool,
     created_at_ms: u64,
     /// `None` for a process recovered from the state dir (it did not survive the restart).
-    handle: Option<AgentHandle>,
+    handle: Option<ChildHandle>,
     pub log: Arc<OutputLog>,
     stdin: tokio::sync::Mutex<Option<ChildStdin>>,
     pty: Option<Arc<pty::Pty>>,
@@ -389,7 +389,7 @@ impl Drop for RunningSlot {
 }
 
 /// Kills a `run`'s process if the request goes away before it ended.
-struct KillOnDrop(Option<AgentHandle>);
+struct KillOnDrop(Option<ChildHandle>);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -616,7 +616,7 @@ impl ProcessService {
             args: args.iter().map(OsString::from).collect(),
             env,
             cwd,
-            server_id: id.to_string(),
+            name: id.to_string(),
             agent: format!("process:{}", basename(command)),
         })
     }
@@ -831,7 +831,7 @@ impl ProcessService {
         how: F,
     ) -> Result<ProcessInfo, ProcessError>
     where
-        F: FnOnce(AgentHandle) -> Fut,
+        F: FnOnce(ChildHandle) -> Fut,
         Fut: std::future::Future<Output = ExitInfo> + Send + 'static,
     {
         let wait = wait.min(MAX_WAIT);

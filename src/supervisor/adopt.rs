@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::cgroup::{AgentCgroup, Version};
 use super::stderr::{self, Fields, Tail};
-use super::{AgentHandle, HandleInner, Leader, Phase, Supervisor, register};
+use super::{ChildHandle, HandleInner, Leader, Phase, Supervisor, register};
 
 /// One of the daemon's own `d<pid>-<nonce>` cgroup directories, with the descriptor that holds
 /// its flock (kept open across the exec, so no other daemon ever sees it unlocked).
@@ -68,7 +68,7 @@ pub(super) fn dir_state(
     }
 }
 
-impl AgentHandle {
+impl ChildHandle {
     /// This child's entry for a hand-off. `keep` receives the descriptors that must survive
     /// the exec (a duplicate of the stderr pipe's read end, when the supervisor logs it).
     pub fn handoff_state(&self, keep: &mut Vec<OwnedFd>) -> std::io::Result<ChildState> {
@@ -122,7 +122,7 @@ impl Supervisor {
     /// each has ended and been reaped: after the exec nobody would own it (e.g. a `run` of the
     /// process API still going at the end of a reload's drain).
     pub async fn kill_uncarried(&self, carried: &[u32], within: std::time::Duration) {
-        let doomed: Vec<AgentHandle> = self
+        let doomed: Vec<ChildHandle> = self
             .live()
             .into_iter()
             .filter(|h| !carried.contains(&h.pid()))
@@ -154,7 +154,7 @@ impl Supervisor {
         &self,
         state: &ChildState,
         stderr: Option<OwnedFd>,
-    ) -> std::io::Result<AgentHandle> {
+    ) -> std::io::Result<ChildHandle> {
         let pid = state.pid;
         let pidfd = crate::sys::pidfd(pid)?;
         let cgroup = if state.cgroup.is_empty() {
@@ -204,7 +204,7 @@ impl Supervisor {
                 adopted: true,
             }),
         });
-        let handle = AgentHandle {
+        let handle = ChildHandle {
             inner: inner.clone(),
         };
         register(&handle);

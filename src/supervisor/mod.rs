@@ -2,7 +2,7 @@
 //! cgroup, keeping their stderr apart from the protocol channel, stopping whole process trees,
 //! reaping. Knows nothing of ACP. Only this module spawns, signals or waits on processes.
 //!
-//! **Invariant:** once an `AgentProcess` exists, its whole tree is stopped by `AgentHandle::stop`,
+//! **Invariant:** once an `AgentProcess` exists, its whole tree is stopped by `ChildHandle::stop`,
 //! by its own exit (the rest of its tree is killed), or by the daemon's shutdown, and nothing of
 //! it outlives the daemon's stop; the exit is published only once the tree is gone.
 
@@ -49,7 +49,10 @@ pub struct SpawnSpec {
     /// configured extra variables (`--agent-env`); may set HOME and TMPDIR per agent.
     pub env: Vec<(OsString, OsString)>,
     pub cwd: PathBuf,
-    pub server_id: String,
+    /// The child's name in the daemon's logs (field `server_id`): an agent's serverId, or a
+    /// process id of `/v1/processes`.
+    pub name: String,
+    /// What it is (field `agent`): the agent id, or `process:<program>`.
     pub agent: String,
 }
 
@@ -119,7 +122,7 @@ pub struct ProcessStats {
 pub struct AgentProcess {
     pub stdin: ChildStdin,
     pub stdout: ChildStdout,
-    pub handle: AgentHandle,
+    pub handle: ChildHandle,
 }
 
 /// How a child's standard streams are connected.
@@ -140,7 +143,7 @@ pub struct Spawned {
     pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
-    pub handle: AgentHandle,
+    pub handle: ChildHandle,
 }
 
 /// Who ends the agent's life: set once, under the lock, by whoever comes first.
@@ -198,7 +201,7 @@ struct Leader {
 
 /// Cheap to clone; every clone controls the same process tree.
 #[derive(Clone)]
-pub struct AgentHandle {
+pub struct ChildHandle {
     inner: Arc<HandleInner>,
 }
 
@@ -210,9 +213,9 @@ struct ReapHold {
 }
 
 /// Agents whose exit is not yet published, by pid.
-type Registry = Arc<Mutex<BTreeMap<u32, AgentHandle>>>;
+type Registry = Arc<Mutex<BTreeMap<u32, ChildHandle>>>;
 
-impl AgentHandle {
+impl ChildHandle {
     pub fn pid(&self) -> u32 {
         self.inner.pid
     }
@@ -783,7 +786,7 @@ impl Supervisor {
     }
 
     /// Every agent of this supervisor that has not ended yet.
-    pub fn live(&self) -> Vec<AgentHandle> {
+    pub fn live(&self) -> Vec<ChildHandle> {
         self.live
             .lock()
             .expect("registry lock")
@@ -833,7 +836,7 @@ impl Supervisor {
     /// once, without waiting for anything (a second stop signal: the process exits next).
     pub fn emergency_kill_all(&self) {
         // Held only for map updates, never across an await: taking it here cannot stall.
-        let handles: Vec<AgentHandle> = self
+        let handles: Vec<ChildHandle> = self
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -881,7 +884,7 @@ impl Supervisor {
 
 /// Kills a just-started child that nobody took (its start was cancelled); its own task reaps it
 /// and removes its cgroup.
-struct KillUnclaimed(Option<AgentHandle>);
+struct KillUnclaimed(Option<ChildHandle>);
 
 impl Drop for KillUnclaimed {
     fn drop(&mut self) {
@@ -897,7 +900,7 @@ impl Drop for KillUnclaimed {
 }
 
 /// Registers a new agent with its supervisor (called by `spawn`).
-fn register(handle: &AgentHandle) {
+fn register(handle: &ChildHandle) {
     handle
         .inner
         .registry

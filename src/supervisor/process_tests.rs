@@ -23,7 +23,7 @@ fn sh(script: &str, id: &str) -> SpawnSpec {
         args: vec!["-c".into(), script.into()],
         env: vec![("EXTRA".into(), "1".into())],
         cwd: std::env::temp_dir(),
-        server_id: id.into(),
+        name: id.into(),
         agent: "sh".into(),
     }
 }

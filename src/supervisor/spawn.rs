@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use super::stderr::{self, Fields, Tail};
 use super::warm;
 use super::{
-    AgentHandle, ChildStdio, HandleInner, Leader, Phase, RawStatus, SpawnError, SpawnSpec, Spawned,
+    ChildHandle, ChildStdio, HandleInner, Leader, Phase, RawStatus, SpawnError, SpawnSpec, Spawned,
     Supervisor, announce_fallback, register,
 };
 
@@ -97,7 +97,7 @@ pub(super) fn spawn(
                     // takes the direct path below instead of reporting a death it did not die.
                     warm::LaunchError::DiedBeforeExec => {
                         tracing::info!(
-                            server_id = spec.server_id,
+                            server_id = spec.name,
                             "a warm spawn stub died before its exec; starting directly"
                         );
                     }
@@ -107,10 +107,10 @@ pub(super) fn spawn(
         }
     }
     let (cgroup, applied) = if sup.cgroups.enabled() {
-        match sup.cgroups.create(&spec.server_id, &sup.limits) {
+        match sup.cgroups.create(&spec.name, &sup.limits) {
             Ok((cg, applied)) => (Some(cg), applied),
             Err(e) => {
-                tracing::warn!(server_id = spec.server_id, agent = spec.agent, error = %e, "cannot create the agent's cgroup; starting it without one");
+                tracing::warn!(server_id = spec.name, agent = spec.agent, error = %e, "cannot create the agent's cgroup; starting it without one");
                 (None, Default::default())
             }
         }
@@ -221,7 +221,7 @@ fn started(
             },
             tail.clone(),
             Fields {
-                server_id: spec.server_id.clone(),
+                server_id: spec.name.clone(),
                 agent: spec.agent.clone(),
                 pid,
             },
@@ -249,7 +249,7 @@ fn started(
     };
     let inner = Arc::new(HandleInner {
         pid,
-        server_id: spec.server_id.clone(),
+        server_id: spec.name.clone(),
         agent: spec.agent.clone(),
         cgroup,
         status: status_rx,
@@ -267,7 +267,7 @@ fn started(
             adopted: false,
         }),
     });
-    let handle = AgentHandle {
+    let handle = ChildHandle {
         inner: inner.clone(),
     };
     register(&handle);
@@ -276,7 +276,7 @@ fn started(
         crate::metrics::agent_started(&spec.agent);
     }
     tracing::info!(
-        server_id = spec.server_id,
+        server_id = spec.name,
         agent = spec.agent,
         pid,
         program = %spec.program.display(),

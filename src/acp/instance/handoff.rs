@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{AcpInstance, PIPE_BUF, Phase, Running, Stdin, lock_stdin, write_loop};
 use crate::acp::events::EventsState;
 use crate::acp::jsonrpc::IdKey;
-use crate::supervisor::{AgentHandle, ChildState};
+use crate::supervisor::{ChildHandle, ChildState};
 
 /// What the stdout reader hands over when it is frozen.
 pub(in crate::acp) struct FrozenStdout {
@@ -110,7 +110,7 @@ impl AcpInstance {
     pub(in crate::acp) fn adopt(
         self: &Arc<Self>,
         state: &InstanceState,
-        handle: AgentHandle,
+        handle: ChildHandle,
         stdin: OwnedFd,
         stdout: OwnedFd,
         max_line: usize,
