@@ -410,16 +410,7 @@ impl Prometheus {
 
     /// The value of an instant query's only sample, if it has exactly one.
     async fn value(&self, promql: &str) -> Option<f64> {
-        let q: String = promql
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
+        let q = encode_query(promql);
         let resp = support::http()
             .get(format!(
                 "http://127.0.0.1:{}/api/v1/query?query={q}",
@@ -438,16 +429,7 @@ impl Prometheus {
 
     /// Waits until `promql` is answered with at least one series (a failed query panics).
     async fn expect_series(&self, promql: &str) {
-        let q: String = promql
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
+        let q = encode_query(promql);
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let body: Value = support::http()
@@ -674,4 +656,18 @@ async fn a_request_head_over_the_cap_is_counted_as_a_refusal() {
         .then_some(())
     })
     .await;
+}
+
+/// A PromQL query as a URL query value: every byte but letters and digits percent-encoded.
+fn encode_query(promql: &str) -> String {
+    promql
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
