@@ -73,6 +73,18 @@ pub enum Command {
         #[command(subcommand)]
         command: FsCommand,
     },
+    /// Reload a running daemon in place and wait for the outcome (the unit's ExecReload=):
+    /// sends SIGHUP to PID, then exits 0 once the new image serves, or 1 with the reason when
+    /// the reload was refused (a broken config or binary: the old image serves on), failed, or
+    /// did not answer within the timeout
+    Reload {
+        /// The daemon's pid (systemd: $MAINPID; in a container the init's pid, 1, works too)
+        #[arg(long)]
+        pid: u32,
+        /// How long to wait for the outcome
+        #[arg(long, default_value = "25s", value_name = "DURATION")]
+        timeout: String,
+    },
     /// Internal: a warm spawn waiting on the control socket `fd` for the program to exec
     #[command(name = "spawn-stub", hide = true)]
     SpawnStub { fd: i32 },

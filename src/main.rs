@@ -58,6 +58,7 @@ fn main() -> ExitCode {
             with_token,
             args,
         }) => daemon::reload::check_main(state_version, with_token, args),
+        Some(Command::Reload { pid, timeout }) => daemon::reload::wait_main(pid, &timeout),
         Some(Command::Server(args)) => serve(&args, launch, received),
         Some(
             command @ (Command::Status { .. }

@@ -158,6 +158,7 @@ pub async fn run(
     systemd::notify_ready(addr);
     if received.is_some() {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "reloaded; listening on http://{addr}");
+        reload::tell_waiter("ready");
     } else {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");
     }
@@ -184,9 +185,11 @@ pub async fn run(
                     reload::Failed::Refused(why) => {
                         tracing::error!(reason = %why, "reload refused; still serving the previous image");
                         systemd::notify_reload_failed(&why);
+                        reload::tell_waiter(&format!("refused\n{why}"));
                     }
                     reload::Failed::Fatal(why) => {
                         tracing::error!(reason = %why, "reload failed after the quiesce; stopping");
+                        reload::tell_waiter(&format!("failed\n{why}; the daemon stops"));
                         root.cancel();
                     }
                 }

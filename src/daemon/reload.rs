@@ -450,6 +450,109 @@ pub fn receive(value: &str) -> Result<Received, String> {
     Ok(Received { handoff, open })
 }
 
+/// The abstract socket name a `sandbox-agent reload --pid PID` waits on for daemon `pid`'s
+/// outcome (abstract: nothing on disk, gone with the waiter, and a send with no waiter fails).
+fn waiter_name(pid: u32) -> String {
+    format!("sandbox-agent/reload/{pid}")
+}
+
+/// Tells a waiting `sandbox-agent reload` how the reload ended: `ready`, or `refused`/`failed`
+/// with the reason on the next line. Sent for this pid and for the parent's (a container's
+/// init, which forwards the SIGHUP it was sent); with no waiter the send fails, silently.
+pub fn tell_waiter(outcome: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
+        return;
+    };
+    let _ = sock.set_nonblocking(true);
+    let msg = outcome.as_bytes();
+    let msg = &msg[..msg.len().min(4000)];
+    for pid in [std::process::id(), std::os::unix::process::parent_id()] {
+        if let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid)) {
+            let _ = sock.send_to_addr(msg, &addr);
+        }
+    }
+}
+
+/// `sandbox-agent reload --pid PID`: sends SIGHUP to the daemon and waits until the reload
+/// has ended (the `ExecReload=` of the unit, so that `systemctl reload` returns when the new
+/// image serves and fails when the reload was refused). Exit 0: the new image serves; 1: the
+/// reload was refused or failed (the reason on stderr), or no answer within `timeout` (a daemon
+/// from before this notification, or one that is stopping); 64: usage.
+pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
+    use std::os::linux::net::SocketAddrExt;
+    use std::process::ExitCode;
+    let timeout = match humantime::parse_duration(timeout) {
+        Ok(t) if !t.is_zero() => t,
+        _ => {
+            eprintln!("sandbox-agent reload: --timeout {timeout:?} is not a duration like 25s");
+            return ExitCode::from(64);
+        }
+    };
+    let Ok(target) = i32::try_from(pid) else {
+        eprintln!("sandbox-agent reload: --pid {pid} is not a process id");
+        return ExitCode::from(64);
+    };
+    let sock = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid))
+        .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a));
+    let sock = match sock {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            eprintln!("sandbox-agent reload: another reload of pid {pid} is already waiting");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("sandbox-agent reload: cannot open the answer socket: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(target), Signal::SIGHUP) {
+        eprintln!("sandbox-agent reload: cannot signal pid {pid}: {e}");
+        return ExitCode::FAILURE;
+    }
+    let deadline = std::time::Instant::now() + timeout;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
+            eprintln!(
+                "sandbox-agent reload: no answer from pid {pid} within {}: the daemon may be \
+                 too old to answer, stopping, or still reloading",
+                humantime::format_duration(timeout)
+            );
+            return ExitCode::FAILURE;
+        }
+        let n = match sock.recv(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                eprintln!("sandbox-agent reload: waiting for the answer: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let (outcome, why) = text.split_once('\n').unwrap_or((&text, ""));
+        match outcome {
+            "ready" => return ExitCode::SUCCESS,
+            "refused" | "failed" => {
+                eprintln!("sandbox-agent reload: {outcome}: {why}");
+                return ExitCode::FAILURE;
+            }
+            // Not an answer of ours: keep waiting.
+            _ => continue,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,7 @@ pub fn install(
                 if sig == SIGHUP {
                     if root.is_cancelled() {
                         tracing::info!("SIGHUP received while stopping; ignored");
+                        super::reload::tell_waiter("refused\nthe daemon is stopping");
                     } else {
                         tracing::info!("SIGHUP received: reloading in place");
                         on_hup();

@@ -560,6 +560,33 @@ async fn as_pid1_a_reload_keeps_the_agents_and_the_init_forwards_it() {
     );
     assert_eq!(server(&d, "s1").await["pid"], agent_pid);
     mock_session(&d, "s2").await;
+    // Inside the container, `sandbox-agent reload --pid 1` goes through the init and waits for
+    // the outcome.
+    let init_ns = format!("--target={init}");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("nsenter")
+            .args([
+                init_ns.as_str(),
+                "--pid",
+                "--mount",
+                "--",
+                BIN,
+                "reload",
+                "--pid",
+                "1",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "reload --pid 1 in the namespace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(children_of(init), vec![daemon], "still the same daemon");
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
     // And it still stops cleanly through the init.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(init as i32), Signal::SIGTERM).unwrap();
     let mut child = d.child.take().unwrap();
@@ -720,4 +747,85 @@ async fn with_a_state_dir_events_after_a_reload_reach_the_disk() {
         found,
         "the post-reload events were not replayed from disk:\n{seen}"
     );
+}
+
+/// Runs `sandbox-agent reload ARGS…` (what the unit's `ExecReload=` runs) to its end.
+async fn reload_command(args: &[&str]) -> (Option<i32>, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .arg("reload")
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reload_command_returns_once_the_new_image_serves_and_fails_when_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "event_buffer = 100\n").unwrap();
+    let mut d = Daemon::builder().arg("--config").arg(&config).start();
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+    let pid = d.pid().to_string();
+
+    // It returns 0 only once the new image serves: its READY=1 was sent before the answer.
+    let before = d.messages.len();
+    let (code, stderr) = reload_command(&["--pid", &pid]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    d.read_notify();
+    let new = &d.messages[before..];
+    let reloading = new
+        .iter()
+        .position(|m| m.lines().any(|l| l == "RELOADING=1"))
+        .unwrap_or_else(|| panic!("no RELOADING=1 before the command returned: {new:?}"));
+    assert!(
+        new[reloading..]
+            .iter()
+            .any(|m| m.lines().any(|l| l == "READY=1") && m.contains("STATUS=listening on")),
+        "the command returned before the new image's READY=1: {new:?}"
+    );
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+
+    // A configuration the new image would refuse: exit 1 with the reason; the daemon serves on.
+    std::fs::write(&config, "no_such_setting = 1\n").unwrap();
+    let (code, stderr) = reload_command(&["--pid", &pid]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refused") && stderr.contains("configuration"),
+        "{stderr}"
+    );
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    std::fs::write(&config, "event_buffer = 100\n").unwrap();
+
+    // A process that never answers (no daemon of ours): exit 1 at the timeout, not a hang.
+    let mut mute = std::process::Command::new("sh")
+        .args(["-c", "trap '' HUP; exec sleep 30"])
+        .spawn()
+        .unwrap();
+    let mute_pid = mute.id().to_string();
+    let (code, stderr) = reload_command(&["--pid", &mute_pid, "--timeout", "500ms"]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("no answer"), "{stderr}");
+    let _ = mute.kill();
+    let _ = mute.wait();
+    // No such process, and a bad timeout: clear errors.
+    let (code, stderr) = reload_command(&["--pid", "2147483646"]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot signal"), "{stderr}");
+    let (code, stderr) = reload_command(&["--pid", &pid, "--timeout", "soon"]).await;
+    assert_eq!(code, Some(64), "{stderr}");
+
+    // And the daemon still reloads after all of that.
+    let (code, stderr) = reload_command(&["--pid", &pid]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
 }

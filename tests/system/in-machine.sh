@@ -155,22 +155,26 @@ wait_for() { i=0; while [ "$i" -lt 50 ]; do "$@" && return 0; sleep 0.2; i=$((i 
 pid=$(prop sandbox-agent.service MainPID)
 apid=$(agent_pid pkg-test-1)
 n=$(reloads)
-systemctl reload sandbox-agent.service
+# `systemctl reload` returns once the new image serves: active at once, not `reloading`.
+systemctl reload sandbox-agent.service; rc=$?
+state_after=$(prop sandbox-agent.service ActiveState)
 more_reloads() { [ "$(reloads)" -gt "$n" ] && [ "$(prop sandbox-agent.service ActiveState)" = active ]; }
-if wait_for more_reloads && [ -n "$apid" ] && [ "$(prop sandbox-agent.service MainPID)" = "$pid" ] &&
+if [ "$rc" = 0 ] && [ "$state_after" = active ] && wait_for more_reloads && [ -n "$apid" ] && [ "$(prop sandbox-agent.service MainPID)" = "$pid" ] &&
   [ "$(agent_pid pkg-test-1)" = "$apid" ] &&
   [ "$(prop sandbox-agent.service StatusText)" = "listening on http://127.0.0.1:2468" ]; then
   ok "systemctl reload keeps the daemon and its agents"
-else fail "systemctl reload keeps the daemon and its agents" "reloads $n -> $(reloads); MainPID $pid -> $(prop sandbox-agent.service MainPID); agent $apid -> $(agent_pid pkg-test-1); $(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi
+else fail "systemctl reload keeps the daemon and its agents" "reload exit $rc, then $state_after; reloads $n -> $(reloads); MainPID $pid -> $(prop sandbox-agent.service MainPID); agent $apid -> $(agent_pid pkg-test-1); $(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi
 # Control: a broken config is refused; the daemon serves on and says why in its status.
 cp /etc/sandbox-agent/config.toml /tmp/config.toml.good
 echo 'no_such_setting = 1' >>/etc/sandbox-agent/config.toml
-systemctl reload sandbox-agent.service
+# ... and `systemctl reload` fails, the reason in the journal.
+systemctl reload sandbox-agent.service 2>/dev/null; rc=$?
 refused() { case "$(prop sandbox-agent.service StatusText)" in "reload failed"*) return 0;; esac; return 1; }
-if wait_for refused && [ "$(prop sandbox-agent.service ActiveState)" = active ] &&
+if [ "$rc" != 0 ] && wait_for refused && [ "$(prop sandbox-agent.service ActiveState)" = active ] &&
+  journalctl -u sandbox-agent --no-pager -o cat | grep -q 'sandbox-agent reload: refused: the configuration is not valid' &&
   [ "$(prop sandbox-agent.service MainPID)" = "$pid" ] && [ "$(agent_pid pkg-test-1)" = "$apid" ]; then
   ok "control: a broken config is refused on reload"
-else fail "control: a broken config is refused on reload" "$(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi
+else fail "control: a broken config is refused on reload" "reload exit $rc; $(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi
 cp /tmp/config.toml.good /etc/sandbox-agent/config.toml
 
 # --- journald: our structured fields at the right priorities ---
