@@ -130,7 +130,7 @@ impl AcpService {
         crate::sys::lock(&self.instances)
     }
 
-    fn get(&self, server_id: &str) -> Option<Arc<AcpInstance>> {
+    pub(crate) fn get(&self, server_id: &str) -> Option<Arc<AcpInstance>> {
         self.instances().get(server_id).cloned()
     }
 
@@ -558,9 +558,10 @@ impl AcpService {
 
     /// Writes down every running instance for the new image (their readers stop, nothing more
     /// is written to their stdin) and refuses new instances from now on. What cannot be carried
-    /// is retired as at shutdown (its agent stopped within the agent grace): RFD connections
-    /// (their streams are bound to this image), instances not running (starting, failed,
-    /// ended). `keep` receives the descriptors that must survive the exec.
+    /// is retired as at shutdown (its agent stopped within the agent grace): instances not
+    /// running (starting, failed, ended). An RFD connection's instance is carried like any other
+    /// (`Connections::export` adds its routes). `keep` receives the descriptors that must
+    /// survive the exec.
     pub async fn export(&self, keep: &mut Vec<std::os::fd::OwnedFd>) -> AcpState {
         let all: Vec<Arc<AcpInstance>> = {
             let map = self.instances();
@@ -569,19 +570,12 @@ impl AcpService {
         };
         let mut state = AcpState::default();
         for inst in all {
-            let carried = if inst
-                .server_id
-                .starts_with(super::connection::SERVER_ID_PREFIX)
-            {
-                None
-            } else {
-                match inst.export(keep).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(server_id = %inst.server_id, error = %e,
-                            "cannot carry this instance across the reload; stopping it");
-                        None
-                    }
+            let carried = match inst.export(keep).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(server_id = %inst.server_id, error = %e,
+                        "cannot carry this instance across the reload; stopping it");
+                    None
                 }
             };
             match carried {

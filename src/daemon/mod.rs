@@ -134,6 +134,7 @@ pub async fn run(
         let acp = std::mem::take(&mut r.handoff.acp);
         let processes = std::mem::take(&mut r.handoff.processes);
         state.acp.adopt(&acp, &mut |n| r.take(n));
+        state.connections.adopt(&r.handoff.connections, &acp);
         state.processes.adopt(&processes, &mut |n| r.take(n));
         r.close_rest();
         if r.handoff.stop_requested {

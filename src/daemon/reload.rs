@@ -32,8 +32,9 @@ use crate::http::AppState;
 use crate::processes::ProcessesState;
 use crate::supervisor::CgroupsState;
 
-/// The version of the hand-off this binary writes.
-pub const STATE_VERSION: u32 = 1;
+/// The version of the hand-off this binary writes. 2: RFD connections are carried
+/// (`connections`); a version-1 hand-off (none) is still read.
+pub const STATE_VERSION: u32 = 2;
 /// The oldest version this binary reads (a newer binary must read the previous one's state).
 pub const OLDEST_ACCEPTED: u32 = 1;
 
@@ -57,6 +58,9 @@ pub struct Handoff {
     pub stop_requested: bool,
     pub cgroups: CgroupsState,
     pub acp: AcpState,
+    /// The RFD connections on carried instances (version 2).
+    #[serde(default)]
+    pub connections: Vec<crate::acp::connection::ConnectionState>,
     pub processes: ProcessesState,
     /// Every descriptor kept across the exec (the new image closes what it does not take).
     pub fds: Vec<i32>,
@@ -234,6 +238,7 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
     keep.push(listener);
     let cgroups = r.state.supervisor.handoff_cgroups(keep)?;
     let acp = r.state.acp.export(keep).await;
+    let connections = r.state.connections.export(&acp);
     let processes = r.state.processes.export(keep).await?;
     let carried: Vec<u32> = acp
         .instances
@@ -253,6 +258,7 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
         stop_requested: r.root.is_cancelled(),
         cgroups,
         acp,
+        connections,
         processes,
         fds: keep.iter().map(|f| f.as_raw_fd()).collect(),
     })
@@ -567,6 +573,7 @@ mod tests {
             stop_requested: false,
             cgroups: CgroupsState::default(),
             acp: AcpState::default(),
+            connections: Vec::new(),
             processes: ProcessesState::default(),
             fds: vec![7, 8, 9],
         }
@@ -587,6 +594,39 @@ mod tests {
             assert!(err.contains("is not one this binary reads"), "{err}");
         }
         assert!(accepts(STATE_VERSION) && accepts(OLDEST_ACCEPTED));
+    }
+
+    /// Hand-offs written by real daemons (an agent instance, an RFD connection with a session
+    /// and queued messages, a running process), one per state version this binary must read:
+    /// `handoff-v1.json` is what the previous release writes. A change that stops an older
+    /// hand-off from parsing fails here, before an upgrade's reload would be refused.
+    #[test]
+    fn hand_offs_of_every_accepted_version_are_read() {
+        let fixtures: [(u32, &str); 2] = [
+            (1, include_str!("testdata/handoff-v1.json")),
+            (2, include_str!("testdata/handoff-v2.json")),
+        ];
+        assert_eq!(
+            fixtures.iter().map(|f| f.0).collect::<Vec<_>>(),
+            (OLDEST_ACCEPTED..=STATE_VERSION).collect::<Vec<_>>(),
+            "one fixture per accepted version (capture one when STATE_VERSION changes)"
+        );
+        for (v, json) in fixtures {
+            let h =
+                Handoff::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("version {v}: {e}"));
+            assert_eq!(h.version, v);
+            assert_eq!(h.acp.instances.len(), 2, "version {v}");
+            assert_eq!(h.processes.processes.len(), 1, "version {v}");
+            let frames: usize = h.acp.instances.iter().map(|i| i.events.frames.len()).sum();
+            assert!(frames >= 4, "version {v}: the event logs came through");
+            // Version 1 carried no RFD connection; from 2 on it is there with its session.
+            let expected = if v == 1 { 0 } else { 1 };
+            assert_eq!(h.connections.len(), expected, "version {v}");
+            if let Some(c) = h.connections.first() {
+                assert_eq!(c.sessions.len(), 1);
+                assert!(c.routed && c.routed_to >= 3);
+            }
+        }
     }
 
     #[test]
