@@ -22,7 +22,7 @@
 mod handoff;
 
 pub(super) use handoff::FrozenStdout;
-pub use handoff::InstanceState;
+pub use handoff::{ExitedState, InstanceState};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,7 +124,8 @@ enum Phase {
     /// the log is closed. The process may still be being stopped; `Life::exit` says when it is
     /// gone. Terminal.
     Ended {
-        running: Arc<Running>,
+        /// `None` for an ended instance carried across a reload (its process was long gone).
+        running: Option<Arc<Running>>,
         ended: Arc<Ended>,
     },
 }
@@ -174,8 +175,11 @@ impl Life {
 
     fn running(&self) -> Option<&Arc<Running>> {
         match &self.phase {
-            Phase::Running(r) | Phase::Ended { running: r, .. } => Some(r),
-            Phase::Starting | Phase::Failed(_) => None,
+            Phase::Running(r)
+            | Phase::Ended {
+                running: Some(r), ..
+            } => Some(r),
+            Phase::Starting | Phase::Failed(_) | Phase::Ended { running: None, .. } => None,
         }
     }
 }
@@ -840,7 +844,7 @@ impl AcpInstance {
         let waiters = self.change(|life| {
             if let Phase::Running(running) = &life.phase {
                 life.phase = Phase::Ended {
-                    running: running.clone(),
+                    running: Some(running.clone()),
                     ended,
                 };
             }

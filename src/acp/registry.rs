@@ -547,6 +547,9 @@ impl AcpService {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct AcpState {
     pub instances: Vec<super::instance::InstanceState>,
+    /// Instances whose agent had ended, kept for their status and log (version 2).
+    #[serde(default)]
+    pub exited: Vec<super::instance::ExitedState>,
 }
 
 impl AcpService {
@@ -558,10 +561,11 @@ impl AcpService {
 
     /// Writes down every running instance for the new image (their readers stop, nothing more
     /// is written to their stdin) and refuses new instances from now on. What cannot be carried
-    /// is retired as at shutdown (its agent stopped within the agent grace): instances not
-    /// running (starting, failed, ended). An RFD connection's instance is carried like any other
-    /// (`Connections::export` adds its routes). `keep` receives the descriptors that must
-    /// survive the exec.
+    /// is retired as at shutdown (its agent stopped within the agent grace): an instance still
+    /// starting or whose start failed, one whose agent is still being stopped. An instance whose
+    /// agent ended (its tree gone) is carried as exited, with its log. An RFD connection's running
+    /// instance is carried like any other (`Connections::export` adds its routes); an ended one
+    /// is not. `keep` receives the descriptors that must survive the exec.
     pub async fn export(&self, keep: &mut Vec<std::os::fd::OwnedFd>) -> AcpState {
         let all: Vec<Arc<AcpInstance>> = {
             let map = self.instances();
@@ -580,6 +584,14 @@ impl AcpService {
             };
             match carried {
                 Some(s) => state.instances.push(s),
+                // An RFD connection's ended instance goes with its connection (not carried).
+                None if !inst
+                    .server_id
+                    .starts_with(super::connection::SERVER_ID_PREFIX)
+                    && let Some(e) = inst.export_exited() =>
+                {
+                    state.exited.push(e)
+                }
                 None => {
                     let mut map = self.instances();
                     self.retire(
@@ -603,6 +615,14 @@ impl AcpService {
         state: &AcpState,
         take: &mut dyn FnMut(i32) -> std::io::Result<std::os::fd::OwnedFd>,
     ) {
+        for e in &state.exited {
+            let mut inst = self.make_instance(&e.server_id, &e.agent);
+            inst.created_at_ms = e.created_at_ms;
+            let inst = Arc::new(inst);
+            inst.adopt_exited(e);
+            self.carry_durable(&inst);
+            self.instances().insert(e.server_id.clone(), inst);
+        }
         for s in &state.instances {
             let adopted = (|| -> std::io::Result<Arc<AcpInstance>> {
                 let stderr = s.child.stderr_fd.map(&mut *take).transpose()?;
@@ -632,28 +652,7 @@ impl AcpService {
             })();
             match adopted {
                 Ok(inst) => {
-                    // With a state dir, the serverId's durable state goes on with the carried
-                    // instance (the new image read it back as a restarted one).
-                    if let Some(store) = &self.state {
-                        let earlier = self
-                            .instances()
-                            .get(&s.server_id)
-                            .and_then(|i| i.events.durable().map(|t| t.carried()));
-                        let tracked = earlier.unwrap_or_else(|| {
-                            let meta = crate::state::acp::AcpMeta {
-                                agent: inst.agent.clone(),
-                                created_at_ms: inst.created_at_ms,
-                                ..Default::default()
-                            };
-                            crate::state::acp::Tracked::new(
-                                store.clone(),
-                                &s.server_id,
-                                meta,
-                                false,
-                            )
-                        });
-                        inst.events.set_durable(tracked);
-                    }
+                    self.carry_durable(&inst);
                     tracing::info!(server_id = %s.server_id, agent = %s.agent, pid = s.child.pid,
                         last_event_id = inst.events.last_id(), "agent carried across the reload");
                     self.instances().insert(s.server_id.clone(), inst);
@@ -662,6 +661,27 @@ impl AcpService {
                     "cannot take over an agent after the reload"),
             }
         }
+    }
+}
+
+impl AcpService {
+    /// With a state dir, the serverId's durable state goes on with an instance carried across a
+    /// reload (the new image read it back from the disk as a restarted one).
+    fn carry_durable(&self, inst: &AcpInstance) {
+        let Some(store) = &self.state else { return };
+        let earlier = self
+            .instances()
+            .get(&inst.server_id)
+            .and_then(|i| i.events.durable().map(|t| t.carried()));
+        let tracked = earlier.unwrap_or_else(|| {
+            let meta = crate::state::acp::AcpMeta {
+                agent: inst.agent.clone(),
+                created_at_ms: inst.created_at_ms,
+                ..Default::default()
+            };
+            crate::state::acp::Tracked::new(store.clone(), &inst.server_id, meta, false)
+        });
+        inst.events.set_durable(tracked);
     }
 }
 

@@ -101,7 +101,7 @@ impl ExitReason {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExitInfo {
     pub reason: ExitReason,
     pub code: Option<i32>,

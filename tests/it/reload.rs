@@ -987,3 +987,88 @@ async fn an_rfd_connection_goes_on_across_a_reload_with_its_queued_and_pending_m
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exited_instance_keeps_its_exit_and_history_across_a_reload() {
+    let mut d = Daemon::builder().start();
+    let session = mock_session(&d, "gone").await;
+    let (s, _) = post(
+        &d,
+        "gone",
+        json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":session,
+            "prompt":[{"type":"text","text":"/stream 2"}]}}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = post(
+        &d,
+        "gone",
+        json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":session,
+            "prompt":[{"type":"text","text":"/crash 3"}]}}),
+    )
+    .await;
+    assert_eq!(s, 502);
+    let before = eventually_async(
+        Duration::from_secs(10),
+        "the instance to be exited",
+        || async {
+            let s = server(&d, "gone").await;
+            (s["status"] == "exited").then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(before["exitCode"], 3);
+    let (s, problem_before) = post(
+        &d,
+        "gone",
+        json!({"jsonrpc":"2.0","id":5,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}),
+    )
+    .await;
+    assert_eq!(s, 502);
+    let mut sse = read_sse(&d, "gone", Some(0)).await;
+    let mut history = Vec::new();
+    while let Some(f) = sse.next_frames().await {
+        history.extend(f);
+    }
+    assert!(history.len() >= 2, "{history:?}");
+
+    reload(&mut d);
+
+    // Listed as before, answered as before, its history readable as before.
+    let after = server(&d, "gone").await;
+    for k in [
+        "status",
+        "exitCode",
+        "signal",
+        "exitReason",
+        "lastEventId",
+        "agent",
+        "createdAtMs",
+    ] {
+        assert_eq!(after[k], before[k], "{k}: {after} vs {before}");
+    }
+    let (s, problem_after) = post(
+        &d,
+        "gone",
+        json!({"jsonrpc":"2.0","id":6,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}),
+    )
+    .await;
+    assert_eq!(s, 502);
+    assert_eq!(problem_after["detail"], problem_before["detail"]);
+    let mut sse = read_sse(&d, "gone", Some(0)).await;
+    let mut again = Vec::new();
+    while let Some(f) = sse.next_frames().await {
+        again.extend(f);
+    }
+    assert_eq!(again, history, "the same history after the reload");
+    // DELETE still removes it; the serverId can be used again.
+    let del = d
+        .client()
+        .delete(d.url("/v1/acp/gone"))
+        .send()
+        .await
+        .unwrap();
+    assert!(del.status().is_success(), "{}", del.status());
+    assert!(!d.servers().await.iter().any(|s| s["serverId"] == "gone"));
+    mock_session(&d, "gone").await;
+}

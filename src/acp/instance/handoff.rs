@@ -42,6 +42,20 @@ pub struct InstanceState {
     pub invalid_lines: u64,
 }
 
+/// An instance whose agent has ended, in a hand-off: kept for its status, its exit and its
+/// event log (readers with `Last-Event-ID` still get the history) until DELETE.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ExitedState {
+    pub server_id: String,
+    pub agent: String,
+    pub created_at_ms: u64,
+    pub exit: Option<crate::supervisor::ExitInfo>,
+    pub stderr_tail: String,
+    pub detail: String,
+    pub events: EventsState,
+    pub invalid_lines: u64,
+}
+
 /// How long the freeze waits for the stdin queue to drain and the reader to stop.
 const FREEZE_WAIT: Duration = Duration::from_secs(2);
 
@@ -103,6 +117,50 @@ impl AcpInstance {
         keep.push(stdin_dup);
         keep.push(stdout);
         Ok(Some(state))
+    }
+
+    /// An instance whose agent ended and whose process tree is gone, written down for the new
+    /// image; `None` otherwise (running, starting, still being stopped, retired).
+    pub(in crate::acp) fn export_exited(&self) -> Option<ExitedState> {
+        let life = self.life();
+        if life.retired || life.exit.is_none() {
+            return None;
+        }
+        let Phase::Ended { ended, .. } = &life.phase else {
+            return None;
+        };
+        Some(ExitedState {
+            server_id: self.server_id.clone(),
+            agent: self.agent.clone(),
+            created_at_ms: self.created_at_ms,
+            exit: life.exit.clone(),
+            stderr_tail: ended.stderr_tail.clone(),
+            detail: ended.detail.clone(),
+            events: self.events.export(),
+            invalid_lines: self.invalid_lines(),
+        })
+    }
+
+    /// Rebuilds an ended instance in the new image (a fresh `AcpInstance::new` with its
+    /// identity): exited as it was, its log restored and closed, POSTs answered as before the
+    /// reload (502 with how the agent ended).
+    pub(in crate::acp) fn adopt_exited(&self, state: &ExitedState) {
+        self.events.restore(&state.events);
+        self.events.close();
+        self.invalid_lines
+            .store(state.invalid_lines, std::sync::atomic::Ordering::Relaxed);
+        let ended = Arc::new(crate::acp::Ended {
+            exit: state.exit.clone(),
+            stderr_tail: state.stderr_tail.clone(),
+            detail: state.detail.clone(),
+        });
+        self.change(|life| {
+            life.phase = Phase::Ended {
+                running: None,
+                ended,
+            };
+            life.exit = state.exit.clone();
+        });
     }
 
     /// Rebuilds a running instance in the new image (a fresh `AcpInstance::new` with this
