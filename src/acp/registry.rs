@@ -181,10 +181,7 @@ impl AcpService {
                 server_id: Some(server_id.to_string()),
             });
         }
-        let inst = Arc::new(
-            self.make_instance(server_id, agent)
-                .with_handoff(self.handoff.clone()),
-        );
+        let inst = Arc::new(self.make_instance(server_id, agent));
         if durable {
             self.track_new(&inst);
         }
@@ -192,6 +189,7 @@ impl AcpService {
         Ok(inst)
     }
 
+    /// A new instance of this service (answered 202 once a reload begins, see `handoff`).
     fn make_instance(&self, server_id: &str, agent: &str) -> AcpInstance {
         AcpInstance::new(
             server_id.to_string(),
@@ -207,6 +205,7 @@ impl AcpService {
                 total: self.stdin_total.clone(),
             },
         )
+        .with_handoff(self.handoff.clone())
     }
 
     /// Durable state (`--state-dir`): keeps the instances recovered from the state dir, each
@@ -629,21 +628,7 @@ impl AcpService {
                 let stdin = take(s.stdin_fd)?;
                 let stdout = take(s.stdout_fd)?;
                 let handle = self.deps.supervisor.adopt(&s.child, stderr)?;
-                let mut inst = AcpInstance::new(
-                    s.server_id.clone(),
-                    s.agent.clone(),
-                    self.limits,
-                    self.deps.config.agent_grace,
-                    crate::logging::RateLimit::new(
-                        self.deps.config.agent_stderr_lines,
-                        self.deps.config.agent_stderr_bytes,
-                    ),
-                    super::instance::StdinCaps {
-                        per_instance: Budget::new(self.deps.config.stdin_queue),
-                        total: self.stdin_total.clone(),
-                    },
-                )
-                .with_handoff(self.handoff.clone());
+                let mut inst = self.make_instance(&s.server_id, &s.agent);
                 inst.created_at_ms = s.created_at_ms;
                 let inst = Arc::new(inst);
                 let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
