@@ -314,6 +314,43 @@ impl BodyReader {
     }
 }
 
+/// Pumps the whole body into `worker`: each batch is written by `write` as a blocking step
+/// while the next batch arrives. Returns the value once the last write is done. On an error the
+/// value is dropped on the blocking pool before this returns (a client that reads the error finds
+/// nothing of its upload left), and the rest of a refused body is drained a little
+/// ([`BodyReader::linger`]) so the client can read the answer.
+pub async fn pump<T, W>(
+    mut reader: BodyReader,
+    mut worker: Worker<T>,
+    transfers: &Transfers,
+    write: W,
+) -> Result<T, FileError>
+where
+    T: Send + 'static,
+    W: Fn(&mut T, &Batch) -> Result<(), FileError> + Clone + Send + 'static,
+{
+    loop {
+        match reader.next_batch().await {
+            Ok(Some(batch)) => {
+                let write = write.clone();
+                if let Err(e) = worker.start(transfers, move |v| write(v, &batch)).await {
+                    // The failed step dropped the value on its blocking thread.
+                    reader.linger().await;
+                    return Err(e);
+                }
+            }
+            Ok(None) => return worker.finish().await,
+            Err(e) => {
+                worker.discard().await;
+                if matches!(e, FileError::TooLarge { .. }) {
+                    reader.linger().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
 /// Drops `value` (a temporary file and its directory, say) on the blocking pool: its `Drop`
 /// makes syscalls that must not run on the runtime thread.
 pub fn drop_off_thread<T: Send + 'static>(value: T) {

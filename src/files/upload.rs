@@ -22,7 +22,7 @@ use nix::unistd::UnlinkatFlags;
 
 use crate::archive::{self, ArchiveError};
 
-use super::body::{Batch, BodyReader, Worker};
+use super::body::{Batch, BodyReader, Worker, pump};
 use super::entries::remove_tree;
 use super::{
     BodyStream, FileError, FileService, PathPolicy, SandboxPath, UPLOAD_PATHS_SHOWN, UploadOutcome,
@@ -107,41 +107,28 @@ impl FileService {
         {
             return Err(FileError::TooLarge { limit });
         }
-        let mut reader = BodyReader::new(body, &self.transfers, self.upload_limit);
+        let reader = BodyReader::new(body, &self.transfers, self.upload_limit);
         let spool_dir = self.spool_dir.clone();
         let created = self
             .transfers
             .step(move || Spool::create(&spool_dir, declared))
             .await;
-        let mut spool = match created {
+        let spool = match created {
             Ok(s) => Worker::new(s),
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
             }
         };
-        loop {
-            match reader.next_batch().await {
-                // Spooled while the next batch arrives (see `write.rs`).
-                Ok(Some(batch)) => {
-                    let started = spool.start(&self.transfers, move |s| s.write(&batch)).await;
-                    if let Err(e) = started {
-                        reader.linger().await;
-                        return Err(e);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    drop(spool);
-                    if matches!(e, FileError::TooLarge { .. }) {
-                        reader.linger().await;
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        // Spooled while the next batch arrives (see `body::pump`).
+        let spool = pump(
+            reader,
+            spool,
+            &self.transfers,
+            |s: &mut Spool, b: &Batch| s.write(b),
+        )
+        .await?;
         let policy = self.policy.clone();
-        let spool = spool.finish().await?;
         self.transfers
             .step(move || {
                 let mut file = spool.file;

@@ -17,7 +17,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 
-use super::body::{Batch, BodyReader, Worker};
+use super::body::{Batch, BodyReader, Worker, pump};
 use super::{BodyStream, FileError, FileService, WriteOutcome, blocking, shown};
 
 /// How much written data may accumulate before its writeback is started.
@@ -251,46 +251,29 @@ impl FileService {
         {
             return Err(FileError::TooLarge { limit });
         }
-        let mut reader = BodyReader::new(body, &self.transfers, limit);
+        let reader = BodyReader::new(body, &self.transfers, limit);
         let policy = self.policy.clone();
         let abs = target.abs.clone();
         let created = self
             .transfers
             .step(move || PutFile::create(&policy, &target, declared))
             .await;
-        let mut put = match created {
+        let put = match created {
             Ok(p) => Worker::new(p),
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
             }
         };
-        loop {
-            match reader.next_batch().await {
-                // The batch is written while the next one arrives; a failed write drops (removes)
-                // the temporary on the blocking side and is reported when the next step starts.
-                Ok(Some(batch)) => {
-                    let started = put
-                        .start(&self.transfers, move |p| p.write_batch(&batch))
-                        .await;
-                    if let Err(e) = started {
-                        reader.linger().await;
-                        return Err(e);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    // The temporary goes before the answer does: a client that reads the error
-                    // finds nothing of its PUT left.
-                    put.discard().await;
-                    if matches!(e, FileError::TooLarge { .. }) {
-                        reader.linger().await;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        let p = put.finish().await?;
+        // Each batch is written while the next one arrives; a failed write drops (removes) the
+        // temporary, and so does a body that fails, before the answer goes out.
+        let p = pump(
+            reader,
+            put,
+            &self.transfers,
+            |p: &mut PutFile, b: &Batch| p.write_batch(b),
+        )
+        .await?;
         let n = self.transfers.step(move || p.finish()).await?;
         Ok(WriteOutcome {
             path: shown(&abs),
