@@ -1,7 +1,7 @@
-//! One serverId: its lifecycle, its agent process, the way to its stdin (a POST writes directly
-//! when nothing is queued, a WebSocket batch its lines packed into atomic writes of at most
-//! `PIPE_BUF`, else a writer task keeps order), the stdout reader task, the pending requests and
-//! the event log. The stdout side (the reader task and its bounded line reader) is `stdout.rs`.
+//! One serverId: its lifecycle (this file), its agent process, the way to its stdin
+//! (`instance/stdin.rs`), the requests on their way to the agent and their pending entries
+//! (`instance/deliver.rs`), its part of a reload (`instance/handoff.rs`) and its event log. The
+//! stdout side (the reader task and its bounded line reader) is `acp/stdout.rs`.
 //!
 //! The whole life of an instance is one state machine, [`Life`], behind one lock, with one watch
 //! ([`Seen`]) that tasks wait on:
@@ -19,23 +19,27 @@
 //! way to (or reached) the agent's stdin; `Status::Exited` is reported only once the process tree
 //! is gone, and then always (never "running" with an exit).
 
+mod deliver;
 mod handoff;
+mod stdin;
+
+pub use deliver::Delivered;
 
 pub(super) use handoff::FrozenStdout;
 pub use handoff::{ExitedState, InstanceState};
+pub use stdin::StdinCaps;
+use stdin::{PIPE_BUF, Stdin, WriteJob, lock_stdin, write_loop};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use tokio::process::ChildStdin;
+use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::caps::{Budget, Reservation};
 use super::events::{EventLog, LogLimits};
-use super::jsonrpc::{AgentLine, BadLine, Envelope, IdKey, Kind};
+use super::jsonrpc::{AgentLine, BadLine, IdKey};
 use super::{AcpError, Ended};
 use crate::logging::RateLimit;
 use crate::supervisor::{AgentProcess, ChildHandle, ExitInfo, SpawnSpec};
@@ -52,39 +56,6 @@ pub enum Status {
     Exited,
 }
 
-/// A line for the agent's stdin and what to tell when it was written (or could not be).
-struct WriteJob {
-    line: Bytes,
-    done: Done,
-    /// Its bytes in the stdin budgets, given back when the job is written or dropped.
-    _queued: Reservation,
-}
-
-/// The budgets of bytes queued for stdin: this instance's and every instance's together.
-pub struct StdinCaps {
-    pub per_instance: Arc<Budget>,
-    pub total: Arc<Budget>,
-}
-
-/// Why a line could not be handed to the agent.
-enum SendFail {
-    Gone,
-    Full { what: &'static str, limit: u64 },
-}
-
-enum Done {
-    /// A request: on failure its pending entry is dropped, which wakes its POST.
-    Request(IdKey),
-    /// A notification or response: the POST waits for this acknowledgement.
-    Ack(oneshot::Sender<()>),
-    /// Several lines written as one (a WebSocket read batch): on failure the pending entries of
-    /// its requests are dropped; the acknowledgement, when asked for, follows the write.
-    Batch {
-        keys: Vec<IdKey>,
-        ack: Option<oneshot::Sender<()>>,
-    },
-}
-
 /// The live process and the way to its stdin.
 struct Running {
     handle: ChildHandle,
@@ -92,25 +63,8 @@ struct Running {
     stdin: Arc<Mutex<Stdin>>,
 }
 
-/// The agent's stdin, shared by the POSTs' fast path and the writer task.
-struct Stdin {
-    pipe: ChildStdin,
-    /// Lines are queued to (or being written by) the writer task: later lines must queue too,
-    /// so that they stay in order.
-    backlog: bool,
-    broken: bool,
-    scratch: Vec<u8>,
-}
-
 /// How much of the agent's stderr a 502 carries ("the last few KiB").
 const STDERR_EXCERPT: usize = 4096;
-
-/// Writes of at most this many bytes to a pipe are atomic: all or nothing (POSIX `PIPE_BUF`).
-const PIPE_BUF: usize = 4096;
-
-fn lock_stdin(m: &Mutex<Stdin>) -> std::sync::MutexGuard<'_, Stdin> {
-    crate::sys::lock(m)
-}
 
 /// Where the instance is in its life.
 enum Phase {
@@ -216,48 +170,6 @@ pub struct AcpInstance {
     /// Cancelled by `export`: the stdout reader stops and hands its pipe to `frozen`.
     pub(super) freeze: tokio_util::sync::CancellationToken,
     frozen: Mutex<Option<oneshot::Sender<FrozenStdout>>>,
-}
-
-/// What a POST of one envelope produced.
-pub enum Delivered {
-    /// The agent's response line, and the id of the last event logged before it: everything the
-    /// agent wrote before the answer (its updates) is in the log at or below that id.
-    Response { line: Bytes, last_event_id: u64 },
-    /// Written; nothing to wait for (or the caller asked not to wait).
-    Accepted,
-}
-
-/// The pending entries of requests on their way to the agent's stdin: dropped before `reached`
-/// (the send failed, or its future was dropped while it waited for room in the stdin queue, say
-/// because the client went away), it removes them, so an id is never left "in flight" for a line
-/// the agent never got.
-struct PendingGuard<'a> {
-    inst: &'a AcpInstance,
-    keys: Vec<IdKey>,
-}
-
-impl PendingGuard<'_> {
-    /// The lines reached the agent's stdin (or the writer task, which answers for them now).
-    fn reached(mut self) {
-        self.keys.clear();
-    }
-
-    /// Lines `from..` of the keys did not reach the agent (the first ones did).
-    fn keep_first(&mut self, n: usize) {
-        self.keys.drain(..n.min(self.keys.len()));
-    }
-}
-
-impl Drop for PendingGuard<'_> {
-    fn drop(&mut self) {
-        if self.keys.is_empty() {
-            return;
-        }
-        let mut life = self.inst.life();
-        for k in &self.keys {
-            life.waiters.remove(k);
-        }
-    }
 }
 
 impl AcpInstance {
@@ -498,276 +410,6 @@ impl AcpInstance {
         handle
     }
 
-    /// The process to write to, or why there is none. A retired instance takes no more lines.
-    fn writable(&self) -> Result<Arc<Running>, AcpError> {
-        let life = self.life();
-        if life.retired {
-            return Err(self.not_found());
-        }
-        match &life.phase {
-            Phase::Running(r) => Ok(r.clone()),
-            Phase::Ended { ended, .. } => Err(self.gone(ended.clone())),
-            Phase::Starting | Phase::Failed(_) => {
-                drop(life);
-                Err(self.gone_error())
-            }
-        }
-    }
-
-    /// Writes one envelope and, for a request, waits for its response up to `timeout`.
-    /// With `wait == false` a request is written and answered `Accepted`; its response then
-    /// goes to the event log.
-    pub async fn deliver(
-        &self,
-        line: Bytes,
-        request: Option<IdKey>,
-        wait: bool,
-        timeout: Duration,
-    ) -> Result<Delivered, AcpError> {
-        let running = self.writable()?;
-        let lines = std::slice::from_ref(&line);
-        match request {
-            Some(key) => {
-                let rx = {
-                    let mut life = self.life();
-                    if let Phase::Ended { ended, .. } = &life.phase {
-                        return Err(self.gone(ended.clone()));
-                    }
-                    if life.waiters.contains_key(&key) {
-                        return Err(AcpError::DuplicateId {
-                            server_id: self.server_id.clone(),
-                            id: key.0.to_string(),
-                        });
-                    }
-                    if wait {
-                        let (tx, rx) = oneshot::channel();
-                        life.waiters.insert(key.clone(), Some(tx));
-                        Some(rx)
-                    } else {
-                        // Nobody waits: the response goes to the event log.
-                        life.waiters.insert(key.clone(), None);
-                        None
-                    }
-                };
-                let guard = PendingGuard {
-                    inst: self,
-                    keys: vec![key.clone()],
-                };
-                let sent = send_line(&running, &self.stdin_caps, lines, |_| {
-                    Done::Request(key.clone())
-                })
-                .await;
-                match sent {
-                    Ok(_) => {
-                        crate::metrics::acp_to_agent(1);
-                        guard.reached()
-                    }
-                    Err(f) => return Err(self.send_error(f.fail)),
-                }
-                let Some(rx) = rx else {
-                    return Ok(Delivered::Accepted);
-                };
-                let mut rx = rx;
-                let answer = tokio::select! {
-                    a = tokio::time::timeout(timeout, &mut rx) => a,
-                    _ = self.handoff.cancelled() => {
-                        // A reload: nobody waits any more, the answer goes to the event log
-                        // (as with respond-async). Unless the answer is already on its way
-                        // here (its entry taken): then it is waited for.
-                        let waiting = match self.life().waiters.get_mut(&key) {
-                            Some(w) => {
-                                *w = None;
-                                true
-                            }
-                            None => false,
-                        };
-                        if waiting {
-                            return Ok(Delivered::Accepted);
-                        }
-                        Ok(rx.await)
-                    }
-                };
-                match answer {
-                    Ok(Ok((line, last_event_id))) => Ok(Delivered::Response {
-                        line,
-                        last_event_id,
-                    }),
-                    Ok(Err(_)) => Err(self.gone_error()),
-                    Err(_) => Err(AcpError::Timeout {
-                        server_id: self.server_id.clone(),
-                        timeout,
-                    }),
-                }
-            }
-            None => {
-                let (tx, rx) = oneshot::channel();
-                let sent = send_line(&running, &self.stdin_caps, lines, |_| Done::Ack(tx)).await;
-                if sent.is_ok() {
-                    crate::metrics::acp_to_agent(1);
-                }
-                match sent {
-                    Err(f) => Err(self.send_error(f.fail)),
-                    Ok(Sent::Written) => Ok(Delivered::Accepted),
-                    Ok(Sent::Queued) => match rx.await {
-                        Ok(()) => Ok(Delivered::Accepted),
-                        Err(_) => Err(self.gone_error()),
-                    },
-                }
-            }
-        }
-    }
-
-    /// Writes envelopes that arrived together (one read of a WebSocket), in order, with as few
-    /// writes to the agent's stdin as the pipe allows; nobody waits for the responses (they go to
-    /// the event log). `envelopes` is emptied (its capacity kept for the next batch, so that a
-    /// batch allocates nothing when all goes well). Returns the envelopes that were refused, as
-    /// the request id (if any) and why: a request whose id is already pending is refused alone; a
-    /// send that fails refuses the lines it did not write. Like `deliver`, waits for the write
-    /// only when a notification or response had to be queued.
-    pub async fn deliver_batch(
-        &self,
-        envelopes: &mut Vec<Envelope>,
-    ) -> Vec<(Option<IdKey>, AcpError)> {
-        let mut refused = Vec::new();
-        let running = match self.writable() {
-            Ok(r) => r,
-            Err(e) => {
-                refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
-                return refused;
-            }
-        };
-        let mut acked = false;
-        let mut keys = Vec::new();
-        {
-            let mut life = self.life();
-            if let Phase::Ended { ended, .. } = &life.phase {
-                let e = self.gone(ended.clone());
-                drop(life);
-                refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
-                return refused;
-            }
-            envelopes.retain(|env| match &env.kind {
-                Kind::Request { key, .. } if life.waiters.contains_key(key) => {
-                    refused.push((
-                        Some(key.clone()),
-                        AcpError::DuplicateId {
-                            server_id: self.server_id.clone(),
-                            id: key.0.to_string(),
-                        },
-                    ));
-                    false
-                }
-                Kind::Request { key, .. } => {
-                    life.waiters.insert(key.clone(), None);
-                    keys.push(key.clone());
-                    true
-                }
-                Kind::Notification | Kind::Response => {
-                    acked = true;
-                    true
-                }
-            });
-        }
-        if envelopes.is_empty() {
-            return refused;
-        }
-        let mut guard = PendingGuard { inst: self, keys };
-        let (ack, acked) = if acked {
-            let (tx, rx) = oneshot::channel();
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
-        // Only a queued rest needs the ids (to forget them if the write fails later).
-        let done = |from: usize| Done::Batch {
-            keys: envelopes[from..]
-                .iter()
-                .filter_map(|e| match &e.kind {
-                    Kind::Request { key, .. } => Some(key.clone()),
-                    _ => None,
-                })
-                .collect(),
-            ack,
-        };
-        let sent = send_line(&running, &self.stdin_caps, envelopes.as_slice(), done).await;
-        crate::metrics::acp_to_agent(match &sent {
-            Ok(_) => envelopes.len(),
-            Err(f) => f.written,
-        } as u64);
-        match sent {
-            Ok(Sent::Written) => guard.reached(),
-            Ok(Sent::Queued) => {
-                guard.reached();
-                if let Some(rx) = acked
-                    && rx.await.is_err()
-                {
-                    let e = self.gone_error();
-                    refused.extend(envelopes.drain(..).map(|env| (request_key(env), e.clone())));
-                }
-            }
-            Err(f) => {
-                // The first `written` lines reached the agent; the rest did not (the guard
-                // forgets their pending entries).
-                let e = self.send_error(f.fail);
-                let reached = envelopes[..f.written]
-                    .iter()
-                    .filter(|e| matches!(e.kind, Kind::Request { .. }))
-                    .count();
-                guard.keep_first(reached);
-                drop(guard);
-                refused.extend(
-                    envelopes
-                        .drain(f.written..)
-                        .map(|env| (request_key(env), e.clone())),
-                );
-            }
-        }
-        envelopes.clear();
-        refused
-    }
-
-    fn send_error(&self, fail: SendFail) -> AcpError {
-        match fail {
-            SendFail::Gone => self.gone_error(),
-            SendFail::Full { what, limit } => AcpError::Capacity {
-                what,
-                limit,
-                server_id: Some(self.server_id.clone()),
-            },
-        }
-    }
-
-    fn gone(&self, ended: Arc<Ended>) -> AcpError {
-        AcpError::AgentGone {
-            server_id: self.server_id.clone(),
-            agent: self.agent.clone(),
-            ended,
-        }
-    }
-
-    /// The error for a POST whose agent can no longer answer: how it ended when that is known,
-    /// else that its stdin is closed.
-    fn gone_error(&self) -> AcpError {
-        let (ended, handle) = {
-            let life = self.life();
-            let ended = match &life.phase {
-                Phase::Ended { ended, .. } => Some(ended.clone()),
-                _ => None,
-            };
-            (ended, life.running().map(|r| r.handle.clone()))
-        };
-        match ended {
-            Some(e) => self.gone(e),
-            None => self.gone(Arc::new(Ended {
-                exit: None,
-                stderr_tail: handle
-                    .map(|h| h.stderr_excerpt(STDERR_EXCERPT))
-                    .unwrap_or_default(),
-                detail: "the agent's stdin is closed".to_string(),
-            })),
-        }
-    }
-
     /// One stdout line, already classified (see `classify`).
     pub(super) fn on_line(&self, line: Bytes, class: Result<AgentLine, BadLine>) {
         if class.is_ok() {
@@ -856,265 +498,6 @@ impl AcpInstance {
     }
 }
 
-/// What `send_line` writes: a bare line, or an envelope's.
-trait ToStdin {
-    fn line(&self) -> &Bytes;
-}
-
-impl ToStdin for Bytes {
-    fn line(&self) -> &Bytes {
-        self
-    }
-}
-
-impl ToStdin for Envelope {
-    fn line(&self) -> &Bytes {
-        &self.line
-    }
-}
-
-fn request_key(env: Envelope) -> Option<IdKey> {
-    match env.kind {
-        Kind::Request { key, .. } => Some(key),
-        Kind::Notification | Kind::Response => None,
-    }
-}
-
-enum Sent {
-    Written,
-    /// Handed to the writer task, which reports through the job's `Done`.
-    Queued,
-}
-
-/// A send that failed after its first `written` lines had reached the pipe.
-struct Failed {
-    fail: SendFail,
-    written: usize,
-}
-
-fn failed(fail: SendFail, written: usize) -> Failed {
-    Failed { fail, written }
-}
-
-/// Writes lines, in order. The fast path writes them from the caller's task at once when nothing
-/// is queued: whole lines packed into writes of at most `PIPE_BUF` bytes, each of which is atomic
-/// (a cancelled caller can never leave half a line), so a batch that arrived together costs one
-/// `write` per 4 KiB instead of one per message. What the pipe does not take at once (and any line
-/// of `PIPE_BUF` bytes or more) goes to the writer task, as one job, which waits for room.
-async fn send_line<L: ToStdin>(
-    running: &Running,
-    caps: &StdinCaps,
-    lines: &[L],
-    done: impl FnOnce(usize) -> Done,
-) -> Result<Sent, Failed> {
-    let job = {
-        let mut st = lock_stdin(&running.stdin);
-        if st.broken {
-            return Err(failed(SendFail::Gone, 0));
-        }
-        // Lines before `next` are in the pipe; `cut` is the unwritten tail of line `next - 1`
-        // after a short write.
-        let mut next = 0;
-        let mut cut: Option<Bytes> = None;
-        if !st.backlog {
-            let st = &mut *st;
-            while next < lines.len() {
-                st.scratch.clear();
-                let mut end = next;
-                while end < lines.len() && st.scratch.len() + lines[end].line().len() < PIPE_BUF {
-                    st.scratch.extend_from_slice(lines[end].line());
-                    st.scratch.push(b'\n');
-                    end += 1;
-                }
-                if end == next {
-                    break;
-                }
-                match nix::unistd::write(&st.pipe, &st.scratch) {
-                    Ok(n) if n == st.scratch.len() => next = end,
-                    // Not expected below PIPE_BUF; queue the rest (a cut line's newline is added
-                    // back by the writer).
-                    Ok(n) => {
-                        let lens = lines[next..end].iter().map(|l| l.line().len());
-                        let (whole, part) = split_written(lens, n);
-                        next += whole;
-                        if let Some(k) = part {
-                            cut = Some(lines[next].line().slice(k..));
-                            next += 1;
-                        }
-                        break;
-                    }
-                    Err(nix::errno::Errno::EAGAIN) => break,
-                    Err(_) => {
-                        st.broken = true;
-                        return Err(failed(SendFail::Gone, next));
-                    }
-                }
-            }
-            if next == lines.len() && cut.is_none() {
-                return Ok(Sent::Written);
-            }
-        }
-        // The job covers the cut line too (its request is in flight either way).
-        let first = next - usize::from(cut.is_some());
-        let rest = &lines[next..];
-        let line = match (cut, rest) {
-            (None, [one]) => one.line().clone(),
-            (cut, rest) => {
-                let size = cut.as_ref().map_or(0, |c| c.len() + 1)
-                    + rest.iter().map(|l| l.line().len() + 1).sum::<usize>();
-                let mut joined = BytesMut::with_capacity(size);
-                for l in cut.iter().chain(rest.iter().map(ToStdin::line)) {
-                    joined.extend_from_slice(l);
-                    joined.extend_from_slice(b"\n");
-                }
-                // The writer adds the last newline.
-                joined.truncate(size.saturating_sub(1));
-                joined.freeze()
-            }
-        };
-        // What waits for the agent is bounded in bytes, per instance and in total; lines that
-        // do not fit are refused at once rather than held.
-        let n = line.len() as u64 + 1;
-        let Some(mut queued) = caps.per_instance.try_reserve(n) else {
-            let limit = caps.per_instance.limit();
-            let what = "bytes queued for this agent's stdin";
-            crate::metrics::refused(crate::metrics::Limit::StdinQueue);
-            return Err(failed(SendFail::Full { what, limit }, next));
-        };
-        if !queued.grow(&caps.total, n) {
-            let limit = caps.total.limit();
-            let what = "bytes queued for every agent's stdin";
-            crate::metrics::refused(crate::metrics::Limit::StdinQueueTotal);
-            return Err(failed(SendFail::Full { what, limit }, next));
-        }
-        let job = WriteJob {
-            line,
-            done: done(first),
-            _queued: queued,
-        };
-        // Queued under the lock, so the writer cannot declare the backlog empty in between.
-        st.backlog = true;
-        match running.writer.try_send(job) {
-            Ok(()) => return Ok(Sent::Queued),
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                return Err(failed(SendFail::Gone, next));
-            }
-            Err(mpsc::error::TrySendError::Full(job)) => (job, next),
-        }
-    };
-    // The queue is full (the agent reads slowly): wait for room, outside the lock.
-    let (job, next) = job;
-    running
-        .writer
-        .send(job)
-        .await
-        .map_err(|_| failed(SendFail::Gone, next))?;
-    Ok(Sent::Queued)
-}
-
-/// After a short write of `n` bytes of lines (each followed by its newline) of these lengths:
-/// how many lines went whole, and how many bytes of the next one (its newline not included)
-/// went too, if any did — that line is cut, and its rest must follow before anything else.
-fn split_written(lens: impl IntoIterator<Item = usize>, n: usize) -> (usize, Option<usize>) {
-    let mut off = 0;
-    let mut whole = 0;
-    for len in lens {
-        if off + len < n {
-            off += len + 1;
-            whole += 1;
-            continue;
-        }
-        return (whole, (n > off).then(|| (n - off).min(len)));
-    }
-    (whole, None)
-}
-
-/// Writes all of `buf`, taking the stdin lock only for each attempt (never across an await).
-async fn write_all_shared(stdin: &Mutex<Stdin>, buf: &[u8]) -> std::io::Result<()> {
-    use tokio::io::AsyncWrite;
-    let mut off = 0;
-    while off < buf.len() {
-        let n = std::future::poll_fn(|cx| {
-            let mut st = lock_stdin(stdin);
-            std::pin::Pin::new(&mut st.pipe).poll_write(cx, &buf[off..])
-        })
-        .await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        off += n;
-    }
-    Ok(())
-}
-
-async fn write_loop(
-    inst: std::sync::Weak<AcpInstance>,
-    mut seen: watch::Receiver<Seen>,
-    stdin: Arc<Mutex<Stdin>>,
-    mut rx: mpsc::Receiver<WriteJob>,
-) {
-    let mut jobs = Vec::with_capacity(64);
-    let mut buf = Vec::with_capacity(64 * 1024);
-    loop {
-        let n = tokio::select! {
-            n = rx.recv_many(&mut jobs, 64) => n,
-            // Ended or retired: nothing more is written; the queued jobs (and their budget
-            // shares) are dropped with the receiver.
-            _ = seen.wait_for(|s| s.ended || s.retired) => 0,
-        };
-        if n == 0 {
-            break;
-        }
-        buf.clear();
-        for j in &jobs {
-            buf.extend_from_slice(&j.line);
-            buf.push(b'\n');
-        }
-        match write_all_shared(&stdin, &buf).await {
-            Ok(()) => {
-                for j in jobs.drain(..) {
-                    match j.done {
-                        Done::Ack(tx) | Done::Batch { ack: Some(tx), .. } => {
-                            let _ = tx.send(());
-                        }
-                        Done::Request(_) | Done::Batch { ack: None, .. } => {}
-                    }
-                }
-                let mut st = lock_stdin(&stdin);
-                if rx.is_empty() {
-                    st.backlog = false;
-                }
-            }
-            Err(e) => {
-                lock_stdin(&stdin).broken = true;
-                let Some(inst) = inst.upgrade() else { break };
-                tracing::warn!(server_id = %inst.server_id, agent = %inst.agent, error = %e,
-                    "cannot write to the agent's stdin");
-                let mut life = inst.life();
-                for j in jobs.drain(..) {
-                    match j.done {
-                        Done::Request(key) => {
-                            life.waiters.remove(&key);
-                        }
-                        Done::Batch { keys, .. } => {
-                            for key in keys {
-                                life.waiters.remove(&key);
-                            }
-                        }
-                        Done::Ack(_) => {}
-                    }
-                }
-                break;
-            }
-        }
-        if buf.capacity() > 1 << 20 {
-            buf = Vec::with_capacity(64 * 1024);
-        }
-    }
-    lock_stdin(&stdin).broken = true;
-    // Dropping the receiver makes every later send fail, which its POST answers with 502.
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1137,8 +520,8 @@ mod tests {
             Duration::from_secs(1),
             RateLimit::new(10, 10_000),
             StdinCaps {
-                per_instance: Budget::new(1 << 20),
-                total: Budget::new(1 << 20),
+                per_instance: crate::acp::caps::Budget::new(1 << 20),
+                total: crate::acp::caps::Budget::new(1 << 20),
             },
         ));
         let spec = SpawnSpec {
@@ -1177,28 +560,5 @@ mod tests {
             left.is_empty(),
             "the process of a deleted instance runs on: {left:?}"
         );
-    }
-
-    /// Where a short write leaves a batch of lines (lengths, bytes written): whole lines, and
-    /// the bytes of the cut line that went.
-    #[test]
-    fn short_write_split() {
-        let check = |lens: &[usize], n, expected| {
-            assert_eq!(
-                split_written(lens.iter().copied(), n),
-                expected,
-                "{lens:?} {n}"
-            )
-        };
-        check(&[3, 3], 0, (0, None));
-        check(&[3, 3], 2, (0, Some(2)));
-        // The line went but not its newline: an empty rest (its newline) must still follow.
-        check(&[3, 3], 3, (0, Some(3)));
-        check(&[3, 3], 4, (1, None));
-        check(&[3, 3], 5, (1, Some(1)));
-        check(&[3, 3], 7, (1, Some(3)));
-        check(&[3, 3], 8, (2, None));
-        check(&[0, 2], 1, (1, None));
-        check(&[0, 2], 2, (1, Some(1)));
     }
 }
