@@ -146,11 +146,7 @@ impl ProcTrack {
     /// reload holds that the disk does not (output taken just before the reload's exec, or
     /// everything when the previous image had no state dir).
     pub fn catch_up(&self, log: &crate::processes::OutputLog, from: u64) {
-        let read = log.read_after(
-            from,
-            crate::processes::StreamFilter::Combined,
-            usize::MAX,
-        );
+        let read = log.read_after(from, crate::processes::StreamFilter::Combined, usize::MAX);
         for c in read.chunks.iter().filter(|c| c.start >= from) {
             self.output(c.start, c.stream, c.at_ms, &c.data);
         }

@@ -75,7 +75,10 @@ async fn an_exited_process_is_listed_after_a_reload_with_its_exit_and_log_and_ca
     assert_eq!(after["exitCode"], 3, "{after}");
     assert_eq!(kept_fields(&after), kept_fields(&before));
     let (entries_after, log_after) = process_log(&d, &exited_id).await;
-    assert_eq!(entries_after, entries_before, "the same chunks at the same offsets");
+    assert_eq!(
+        entries_after, entries_before,
+        "the same chunks at the same offsets"
+    );
     assert_eq!(log_after, log_before);
     // Reading after an offset works on the rebuilt log as it did before.
     let first_end = entries_before[0].0;
