@@ -155,7 +155,8 @@ impl ProcessService {
                     "cannot take over a process after the reload"),
             }
         }
-        // The running ones first: their logs' reservations are not optional.
+        // The exited ones after the running ones (whose logs' reservations are not optional),
+        // each within the total log budget.
         for s in &state.exited {
             let Some(e) = &s.record.exit else {
                 continue;
