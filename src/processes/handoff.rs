@@ -1,24 +1,47 @@
 //! The process API's part of an in-place reload (`daemon/reload.rs`): every running process is
 //! written down with its output log and its pipes or terminal, and rebuilt in the new image on
 //! the same descriptors, so output written meanwhile waits in the pipe and the log's offsets go
-//! on without a gap. Exited records are not carried.
+//! on without a gap. Every exited record (one recovered from the state dir too) is written down
+//! with how it ended and its output log, and rebuilt as the same exited record (same id, same
+//! offsets; it can be read and deleted as before). With a state dir, each carried record goes on
+//! writing its durable state in the new image (a running one's later output and its end reach
+//! the disk), and what its log holds beyond what the disk has is written first.
+//!
+//! A hand-off from a build that did not carry exited records parses (`exited` is empty).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::log::{LogState, LogStream, OutputLog};
-use super::{ManagedProcess, ProcessService, RunningSlot, monitor, pty, pump, pump_pty};
-use crate::supervisor::ChildState;
+use super::{
+    DRAIN_TIMEOUT, ManagedProcess, ProcessService, RunningSlot, monitor, now_ms, pty, pump,
+    pump_pty,
+};
+use crate::state::processes::{ProcExit, ProcMeta};
+use crate::supervisor::{ChildState, ExitInfo};
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ProcessesState {
     pub next_id: u64,
     pub next_run: u64,
     pub processes: Vec<ProcessState>,
+    /// The exited records.
+    #[serde(default)]
+    pub exited: Vec<ExitedState>,
+}
+
+/// An exited record: what `meta.json` of the state dir holds (its `exit` always set), its
+/// number and its output log.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ExitedState {
+    pub n: u64,
+    pub record: ProcMeta,
+    pub log: LogState,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -39,8 +62,8 @@ pub struct ProcessState {
 }
 
 impl ProcessService {
-    /// Freezes every running process (its output stays in its pipes) and writes it down;
-    /// `keep` receives the descriptors that must survive the exec.
+    /// Freezes every running process (its output stays in its pipes) and writes it down with
+    /// every exited record; `keep` receives the descriptors that must survive the exec.
     pub async fn export(&self, keep: &mut Vec<OwnedFd>) -> std::io::Result<ProcessesState> {
         let all: Vec<Arc<ManagedProcess>> =
             crate::sys::lock(&self.records).values().cloned().collect();
@@ -48,15 +71,32 @@ impl ProcessService {
             next_id: self.next_id.load(Ordering::Relaxed),
             next_run: self.next_run.load(Ordering::Relaxed),
             processes: Vec::new(),
+            exited: Vec::new(),
         };
+        // A process whose end was seen before the reload held the reaps is finishing: its
+        // monitor drains its output (bounded by the drain timeout) and publishes the end.
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT + Duration::from_millis(500);
+        for p in &all {
+            if p.ended().is_none() && p.handle.as_ref().is_some_and(|h| h.exit().is_some()) {
+                let _ = tokio::time::timeout_at(deadline, p.wait_ended()).await;
+            }
+        }
         for p in all {
-            // A record recovered from the state dir has no process to carry.
+            let finished = match (p.ended(), p.handle.as_ref()) {
+                (Some(e), _) => Some(e),
+                (None, Some(h)) => h.exit().map(|e| (e, now_ms())),
+                // Not reached: a record without a process is a recovered, exited one.
+                (None, None) => None,
+            };
+            if let Some((exit, at)) = finished {
+                // The pumps of one that did not finish draining stop here.
+                p.freeze.cancel();
+                out.exited.push(exited_state(&p, &exit, at));
+                continue;
+            }
             let Some(handle) = p.handle.as_ref() else {
                 continue;
             };
-            if p.ended().is_some() || handle.exit().is_some() {
-                continue;
-            }
             p.freeze.cancel();
             // The pumps stop at their next await (a read that took nothing, or right after an
             // append); one yield lets them see it.
@@ -115,6 +155,44 @@ impl ProcessService {
                     "cannot take over a process after the reload"),
             }
         }
+        // The exited ones after the running ones (whose logs' reservations are not optional),
+        // each within the total log budget.
+        for s in &state.exited {
+            let Some(e) = &s.record.exit else {
+                continue;
+            };
+            let exit = (
+                ExitInfo {
+                    reason: e.reason,
+                    code: e.code,
+                    signal: e.signal,
+                },
+                e.exited_at_ms,
+            );
+            let on_disk = self.on_disk(s.n);
+            let log = OutputLog::restore(&s.log);
+            if let Some(p) = self.exited_record(s.n, s.record.clone(), exit, log, on_disk) {
+                self.replace(s.n, p);
+            }
+        }
+        self.forget_oldest_exited(&mut crate::sys::lock(&self.records));
+    }
+
+    /// With a state dir, the offset up to which the disk holds record `n`'s output: the new
+    /// image read the record back from the disk (a running one as ended by the restart) before
+    /// it adopts the hand-off.
+    fn on_disk(&self, n: u64) -> u64 {
+        crate::sys::lock(&self.records)
+            .get(&n)
+            .map_or(0, |p| p.log.end())
+    }
+
+    /// Puts a carried record in place of the one read back from the state dir, if any (whose
+    /// durable state the carried one continues, so it is not forgotten).
+    fn replace(&self, n: u64, p: Arc<ManagedProcess>) {
+        if let Some(old) = crate::sys::lock(&self.records).insert(n, p) {
+            self.budget.release(old.log.held());
+        }
     }
 
     fn adopt_one(
@@ -133,6 +211,24 @@ impl ProcessService {
         self.running.fetch_add(1, Ordering::AcqRel);
         let slot = RunningSlot(self.running.clone());
         let log = Arc::new(OutputLog::restore(&s.log));
+        if let Some(store) = &self.state {
+            // Its record on disk goes on: later output and its end are written as before.
+            let track = crate::state::processes::ProcTrack::new(
+                store.clone(),
+                ProcMeta {
+                    id: s.id.clone(),
+                    command: s.command.clone(),
+                    args: s.args.clone(),
+                    cwd: s.cwd.clone(),
+                    tty: s.tty,
+                    interactive: s.interactive,
+                    created_at_ms: s.created_at_ms,
+                    exit: None,
+                },
+            );
+            track.catch_up(&log, self.on_disk(s.n));
+            log.set_durable(track);
+        }
         // Its log's whole cap is reserved while it runs, as at its creation.
         self.budget
             .reserved
@@ -187,8 +283,31 @@ impl ProcessService {
             n: s.n,
         });
         tokio::spawn(monitor(process.clone(), readers, slot, self.budget.clone()));
-        crate::sys::lock(&self.records).insert(s.n, process);
+        self.replace(s.n, process);
         Ok(())
+    }
+}
+
+/// An exited record as the hand-off carries it.
+fn exited_state(p: &ManagedProcess, exit: &ExitInfo, at_ms: u64) -> ExitedState {
+    ExitedState {
+        n: p.n,
+        record: ProcMeta {
+            id: p.id.clone(),
+            command: p.command.clone(),
+            args: p.args.clone(),
+            cwd: p.cwd.clone(),
+            tty: p.tty,
+            interactive: p.interactive,
+            created_at_ms: p.created_at_ms,
+            exit: Some(ProcExit {
+                reason: exit.reason,
+                code: exit.code,
+                signal: exit.signal,
+                exited_at_ms: at_ms,
+            }),
+        },
+        log: p.log.export(),
     }
 }
 

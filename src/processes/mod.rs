@@ -448,51 +448,69 @@ impl ProcessService {
             .config()
             .max_log_bytes_per_process
             .max(log::CHUNK_OVERHEAD + 1);
-        {
-            let mut records = crate::sys::lock(&self.records);
-            for r in recovered {
-                let Some(n) = r.meta.id.strip_prefix("proc_").and_then(|n| n.parse().ok()) else {
-                    continue;
-                };
-                let log = Arc::new(OutputLog::recovered(cap, r.chunks));
-                if !self.budget.reserve(log.held()) {
-                    tracing::warn!(id = %r.meta.id,
-                        "a recovered process record is dropped: the total log budget is full");
-                    continue;
-                }
-                let track = crate::state::processes::ProcTrack::new(store.clone(), r.meta.clone());
-                if r.meta.exit.is_none() {
-                    track.ended(&r.exit.0, r.exit.1);
-                }
-                log.set_durable(track);
-                let (ended, _) = watch::channel(Some(r.exit));
-                records.insert(
-                    n,
-                    Arc::new(ManagedProcess {
-                        id: r.meta.id,
-                        command: r.meta.command,
-                        args: r.meta.args,
-                        cwd: r.meta.cwd,
-                        tty: r.meta.tty,
-                        interactive: r.meta.interactive,
-                        created_at_ms: r.meta.created_at_ms,
-                        handle: None,
-                        log,
-                        stdin: tokio::sync::Mutex::new(None),
-                        pty: None,
-                        ended,
-                        readers: AtomicUsize::new(0),
-                        freeze: CancellationToken::new(),
-                        pipes: Vec::new(),
-                        n,
-                    }),
-                );
+        self.state = Some(store);
+        let mut records = crate::sys::lock(&self.records);
+        for r in recovered {
+            let Some(n) = r.meta.id.strip_prefix("proc_").and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            let log = OutputLog::recovered(cap, r.chunks);
+            let on_disk = log.end();
+            if let Some(p) = self.exited_record(n, r.meta, r.exit, log, on_disk) {
+                records.insert(n, p);
                 self.next_id.fetch_max(n + 1, Ordering::Relaxed);
             }
-            self.forget_oldest_exited(&mut records);
         }
-        self.state = Some(store);
+        self.forget_oldest_exited(&mut records);
+        drop(records);
         self
+    }
+
+    /// An exited record rebuilt from the state dir or from a reload's hand-off: its log (closed)
+    /// takes what it holds from the total budget, and with a state dir its durable state goes on
+    /// (the chunks from offset `on_disk` on are written, for what the disk does not have yet).
+    /// `None` when the budget is full.
+    fn exited_record(
+        &self,
+        n: u64,
+        meta: crate::state::processes::ProcMeta,
+        exit: (ExitInfo, u64),
+        log: OutputLog,
+        on_disk: u64,
+    ) -> Option<Arc<ManagedProcess>> {
+        if !self.budget.reserve(log.held()) {
+            tracing::warn!(id = %meta.id,
+                "an exited process record is dropped: the total log budget is full");
+            return None;
+        }
+        log.close();
+        let log = Arc::new(log);
+        if let Some(store) = &self.state {
+            let track = crate::state::processes::ProcTrack::new(store.clone(), meta.clone());
+            track.catch_up(&log, on_disk);
+            if meta.exit.is_none() {
+                track.ended(&exit.0, exit.1);
+            }
+            log.set_durable(track);
+        }
+        Some(Arc::new(ManagedProcess {
+            id: meta.id,
+            command: meta.command,
+            args: meta.args,
+            cwd: meta.cwd,
+            tty: meta.tty,
+            interactive: meta.interactive,
+            created_at_ms: meta.created_at_ms,
+            handle: None,
+            log,
+            stdin: tokio::sync::Mutex::new(None),
+            pty: None,
+            ended: watch::channel(Some(exit)).0,
+            readers: AtomicUsize::new(0),
+            freeze: CancellationToken::new(),
+            pipes: Vec::new(),
+            n,
+        }))
     }
 
     pub fn config(&self) -> ProcessConfig {

@@ -22,14 +22,19 @@ impl Drop for Service {
     }
 }
 
-fn service(tweak: impl FnOnce(&mut Config)) -> Service {
-    let dir = tempfile::tempdir().unwrap();
+fn config_in(dir: &std::path::Path) -> Config {
     let mut config = Config::defaults();
-    config.data_dir = dir.path().join("data");
-    config.work_dir = dir.path().to_path_buf();
+    config.data_dir = dir.join("data");
+    config.work_dir = dir.to_path_buf();
     config.agent_base_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
     config.warm_spawns = 0;
     config.agent_cgroups = AgentCgroups::Off;
+    config
+}
+
+fn service(tweak: impl FnOnce(&mut Config)) -> Service {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_in(dir.path());
     tweak(&mut config);
     let supervisor = Arc::new(Supervisor::new(&config));
     let processes = ProcessService::new(&config, supervisor.clone(), CancellationToken::new());
@@ -124,4 +129,78 @@ async fn a_process_counts_against_the_cap_until_it_is_gone() {
     let second = s.processes.create(req("exit 0")).await.unwrap();
     let (exit, _) = second.wait_ended().await;
     assert_eq!(exit.code, Some(0));
+}
+
+fn sh_create(script: &str) -> CreateRequest {
+    CreateRequest {
+        command: "/bin/sh".into(),
+        args: vec!["-c".into(), script.into()],
+        ..CreateRequest::default()
+    }
+}
+
+/// A record recovered from the state dir (it has no process) is carried by a reload's hand-off
+/// like any exited record: same id, exit and log offsets, and it can be deleted after.
+#[tokio::test]
+async fn a_record_recovered_from_the_state_dir_is_carried_by_a_reload() {
+    use crate::state::StateStore;
+    let s = service(|_| {});
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_in(dir.path());
+    let state = dir.path().join("state");
+    let (store, recovered) = StateStore::open(&config, &state).unwrap();
+    let a = ProcessService::new(&config, s.supervisor.clone(), CancellationToken::new())
+        .with_state(store.clone(), recovered.processes);
+    let p = a
+        .create(sh_create("echo out; echo err >&2; exit 3"))
+        .await
+        .unwrap();
+    let id = p.id.clone();
+    p.wait_ended().await;
+    assert!(store.flush_blocking(Duration::from_secs(10)));
+
+    // The next start reads it back: an exited record with no process.
+    let (store2, recovered) = StateStore::open(&config, &state).unwrap();
+    let b = ProcessService::new(&config, s.supervisor.clone(), CancellationToken::new())
+        .with_state(store2, recovered.processes);
+    let before = b.get(&id).unwrap().info().await;
+    let log_before = b.logs(&id, None, None, None).unwrap();
+    assert_eq!(before.exit_code, Some(3));
+    assert!(log_before.end > 0);
+
+    // Its hand-off, through JSON as the reload writes it, into an image without a state dir.
+    let mut keep = Vec::new();
+    let handoff = b.export(&mut keep).await.unwrap();
+    assert!(keep.is_empty() && handoff.processes.is_empty());
+    assert_eq!(handoff.exited.len(), 1);
+    let json = serde_json::to_string(&handoff).unwrap();
+    let handoff: super::ProcessesState = serde_json::from_str(&json).unwrap();
+    let c = ProcessService::new(&config, s.supervisor.clone(), CancellationToken::new());
+    c.adopt(&handoff, &mut |_| unreachable!("no descriptor to take"));
+    let after = c.get(&id).unwrap().info().await;
+    assert_eq!(
+        serde_json::to_value(&after).unwrap(),
+        serde_json::to_value(&before).unwrap()
+    );
+    let log_after = c.logs(&id, None, None, None).unwrap();
+    assert_eq!(log_after.end, log_before.end);
+    let pairs = |l: &super::Logs| -> Vec<(u64, bytes::Bytes)> {
+        l.chunks.iter().map(|c| (c.start, c.data.clone())).collect()
+    };
+    assert_eq!(pairs(&log_after), pairs(&log_before));
+    c.delete(&id).unwrap();
+    assert!(matches!(c.get(&id), Err(ProcessError::NotFound { .. })));
+    // A new process after it does not reuse its id.
+    let fresh = c.create(sh_create("exit 0")).await.unwrap();
+    assert_ne!(fresh.id, id);
+    fresh.wait_ended().await;
+}
+
+/// A hand-off written by a build that did not carry exited records still parses.
+#[test]
+fn a_hand_off_without_exited_records_parses() {
+    let old = r#"{"next_id": 4, "next_run": 2, "processes": []}"#;
+    let s: super::ProcessesState = serde_json::from_str(old).unwrap();
+    assert_eq!(s.next_id, 4);
+    assert!(s.exited.is_empty());
 }

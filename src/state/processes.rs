@@ -15,7 +15,7 @@ use super::StateStore;
 use crate::processes::log::{Chunk, LogStream};
 use crate::supervisor::{ExitInfo, ExitReason};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcMeta {
     pub id: String,
@@ -30,7 +30,7 @@ pub struct ProcMeta {
     pub exit: Option<ProcExit>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcExit {
     pub reason: ExitReason,
@@ -139,6 +139,16 @@ impl ProcTrack {
         p.extend_from_slice(data);
         if !self.store.append(&self.key, start + 1, Bytes::from(p)) {
             self.off.store(true, Ordering::Release);
+        }
+    }
+
+    /// Writes the chunks of `log` that start at `from` or later: what a log carried across a
+    /// reload holds that the disk does not (output taken just before the reload's exec, or
+    /// everything when the previous image had no state dir).
+    pub fn catch_up(&self, log: &crate::processes::OutputLog, from: u64) {
+        let read = log.read_after(from, crate::processes::StreamFilter::Combined, usize::MAX);
+        for c in read.chunks.iter().filter(|c| c.start >= from) {
+            self.output(c.start, c.stream, c.at_ms, &c.data);
         }
     }
 

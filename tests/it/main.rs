@@ -21,6 +21,7 @@ mod processes;
 mod providers;
 mod real_agents;
 mod reload;
+mod reload_processes;
 mod sdk;
 mod second_round;
 mod supervisor;

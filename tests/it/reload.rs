@@ -15,7 +15,7 @@ use crate::support::{BIN, Daemon, children_of, eventually, eventually_async, is_
 
 /// Sends SIGHUP and waits for the reload's `RELOADING=1` then the new image's `READY=1`.
 /// Returns the RELOADING message.
-fn reload(d: &mut Daemon) -> String {
+pub(crate) fn reload(d: &mut Daemon) -> String {
     let before = d.messages.len();
     d.signal(Signal::SIGHUP);
     wait_reloaded(d, before)
@@ -120,7 +120,7 @@ async fn server(d: &Daemon, server_id: &str) -> Value {
         .unwrap_or_else(|| panic!("no {server_id} in the listing"))
 }
 
-async fn create_process(d: &Daemon, script: &str) -> Value {
+pub(crate) async fn create_process(d: &Daemon, script: &str) -> Value {
     let resp = d
         .client()
         .post(d.url("/v1/processes"))
@@ -133,7 +133,7 @@ async fn create_process(d: &Daemon, script: &str) -> Value {
 }
 
 /// The whole output log of a process: (entries' sequence/data pairs, the bytes).
-async fn process_log(d: &Daemon, id: &str) -> (Vec<(u64, Vec<u8>)>, Value) {
+pub(crate) async fn process_log(d: &Daemon, id: &str) -> (Vec<(u64, Vec<u8>)>, Value) {
     use base64::Engine;
     let body = d.get_json(&format!("/v1/processes/{id}/logs")).await;
     let entries = body["entries"]
