@@ -597,7 +597,8 @@ mod tests {
     }
 
     /// Hand-offs written by real daemons (an agent instance, an RFD connection with a session
-    /// and queued messages, a running process), one per state version this binary must read:
+    /// and queued messages, a running process; from version 2 also an exited instance and an
+    /// exited process record), one per state version this binary must read:
     /// `handoff-v1.json` is what the previous release writes. A change that stops an older
     /// hand-off from parsing fails here, before an upgrade's reload would be refused.
     #[test]
@@ -626,6 +627,10 @@ mod tests {
                 assert_eq!(c.sessions.len(), 1);
                 assert!(c.routed && c.routed_to >= 3);
             }
+            // From 2 on, ended instances and exited process records come along too.
+            let ended = usize::from(v >= 2);
+            assert_eq!(h.acp.exited.len(), ended, "version {v}");
+            assert_eq!(h.processes.exited.len(), ended, "version {v}");
         }
     }
 

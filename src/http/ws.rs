@@ -807,7 +807,9 @@ async fn write_frames(
                         "a WebSocket reader stopped reading and was disconnected");
                     return;
                 }
-                _ = st.shutdown.cancelled() => return,
+                // A stop or a reload does not cut a write under way: the client gets the whole
+                // message, then the close frame. The drain bounds the wait (the shutdown grace,
+                // a reload's 5 s), after which the connection is dropped.
             };
             if !sent {
                 return;

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use crate::support::{self, Daemon, eventually_async};
+use crate::support::{self, Daemon, eventually, eventually_async};
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -419,6 +419,87 @@ async fn shutdown_sends_an_open_websocket_its_close_frame() {
         (!support::pid_alive(pid)).then_some(())
     })
     .await;
+}
+
+/// Bytes the daemon has queued and not yet sent on its side of the connections to `port`
+/// (`/proc/net/tcp`'s tx_queue of the sockets whose local port is the daemon's).
+fn unsent_bytes_from(port: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            let tx = u64::from_str_radix(f.get(4)?.split(':').next()?, 16).ok()?;
+            (local_port == port).then_some(tx)
+        })
+        .sum()
+}
+
+/// The drain waits for a socket that is still writing: a client that reads a large answer late
+/// still gets all of it, then the close frame. (A socket task outside the daemon's tracker would
+/// be cut in the middle of the frame when the daemon exits after stopping its agents.)
+#[tokio::test]
+async fn shutdown_waits_for_a_socket_still_writing_a_large_answer() {
+    let d = Daemon::start();
+    let port: u16 = d
+        .url("")
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let mut ws = connect(&d, "/v1/acp/late?agent=mock").await;
+    send(
+        &mut ws,
+        &request(json!(1), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    until_response(&mut ws, &json!(1)).await;
+    let agent = d.servers().await[0]["pid"].as_u64().unwrap() as u32;
+    // A 12 MiB answer the client does not read yet: the daemon's side of the socket fills up
+    // and its socket task waits to write the rest.
+    let pad = "x".repeat(12 << 20);
+    send(
+        &mut ws,
+        &request(json!(2), "_mock/echo", json!({"pad": pad})),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the daemon to be blocked writing",
+        || (unsent_bytes_from(port) > 1 << 20).then_some(()),
+    );
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    eventually(Duration::from_secs(20), "the agent to be stopped", || {
+        (!support::pid_alive(agent)).then_some(())
+    });
+    // The daemon has nothing left to do but this socket: it must still be there.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        support::pid_alive(d.pid()),
+        "the daemon exited with a socket still writing"
+    );
+    let mut got_answer = false;
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("the socket ends")
+        {
+            Some(Ok(Message::Text(t))) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["id"] == 2 {
+                    assert_eq!(v["result"]["pad"].as_str().map(str::len), Some(12 << 20));
+                    got_answer = true;
+                }
+            }
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("the socket was cut without a close frame: {other:?}"),
+        }
+    };
+    assert!(got_answer, "the large answer came whole before the close");
+    assert_eq!(close.map(|f| u16::from(f.code)), Some(1001));
 }
 
 #[tokio::test]
