@@ -19,6 +19,8 @@
 #                   (one unlucky round on a busy machine is not a regression; a real one stays)
 #   --only LIST     bench groups to run (default files,acp,processes)
 #   --baseline REV  compare against REV instead of the commit in benches/ab-baseline
+# Exit: 0 fine; 1 a regression (with --check) or a bench failed against the current build;
+# 2 usage; 3 the baseline commit is not in this clone; 4 a bench failed against the previous build.
 # Needs git, python3, cargo; nginx for the GET reference (skipped when missing). Everything it
 # builds or writes stays under target/ab. The full run is by hand (docs/performance.md).
 set -euo pipefail
@@ -131,6 +133,8 @@ measure() {
         if ! SANDBOX_AGENT_BIN=$bin "${exe[$b]}" --bench >"$log" 2>&1; then
           echo "ab.sh: bench $b against the $side build failed in round $r (see $log):" >&2
           tail -n 20 "$log" >&2
+          # Against the previous build that is the harness's problem (exit 4), not this tree's.
+          if [ "$side" = previous ]; then exit 4; fi
           exit 1
         fi
         grep '^AB	' "$log" | sed "s/^AB	/$side	$r	$b	/" >>"$results" || true
