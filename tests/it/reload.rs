@@ -12,6 +12,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use crate::support::{BIN, Daemon, children_of, eventually, eventually_async, is_root, skip};
+use crate::transports::{RFD, Stream, prompt, request, rfd_initialize, rfd_post};
 
 /// Sends SIGHUP and waits for the reload's `RELOADING=1` then the new image's `READY=1`.
 /// Returns the RELOADING message.
@@ -832,91 +833,46 @@ async fn the_reload_command_returns_once_the_new_image_serves_and_fails_when_ref
 
 // ---- RFD connections (`/v1/agents/{agent}/acp`) across a reload ----------------------------
 
-const RFD: &str = "/v1/agents/mock/acp";
-
-async fn rfd_post(d: &Daemon, conn: Option<&str>, body: Value) -> (u16, Option<String>) {
-    let mut req = d.client().post(d.url(RFD)).json(&body);
-    if let Some(c) = conn {
-        req = req.header("acp-connection-id", c);
-    }
-    let resp = req.send().await.unwrap();
-    let id = resp
-        .headers()
-        .get("acp-connection-id")
-        .map(|v| v.to_str().unwrap().to_string());
-    (resp.status().as_u16(), id)
-}
-
-async fn rfd_stream(d: &Daemon, conn: &str, session: Option<&str>) -> SseReader {
-    let mut req = d
-        .client()
-        .get(d.url(RFD))
-        .header("accept", "text/event-stream")
-        .header("acp-connection-id", conn);
-    if let Some(s) = session {
-        req = req.header("acp-session-id", s);
-    }
-    let resp = req.send().await.unwrap();
-    assert_eq!(resp.status(), 200, "stream of {conn}/{session:?}");
-    SseReader {
-        resp,
-        buf: String::new(),
-    }
-}
-
-/// The messages of a stream until one satisfies `last` (inclusive), in order.
-async fn rfd_until(s: &mut SseReader, last: impl Fn(&Value) -> bool) -> Vec<(u64, Value)> {
+/// The messages of an RFD stream until one satisfies `last` (inclusive), in order.
+async fn rfd_until(s: &mut Stream, last: impl Fn(&Value) -> bool) -> Vec<Value> {
     let mut got = Vec::new();
     loop {
-        let frames = s
-            .next_frames()
-            .await
-            .expect("the stream went silent or ended");
-        for (id, data) in frames {
-            let v: Value = serde_json::from_str(&data).unwrap();
-            let done = last(&v);
-            got.push((id, v));
-            if done {
-                return got;
-            }
+        let v = s.next().await.expect("the stream ended");
+        let done = last(&v);
+        got.push(v);
+        if done {
+            return got;
         }
     }
 }
 
-fn prompt(id: u64, session: &str, text: &str) -> Value {
-    json!({"jsonrpc":"2.0","id":id,"method":"session/prompt",
-        "params":{"sessionId":session,"prompt":[{"type":"text","text":text}]}})
+async fn rfd_send(d: &Daemon, conn: &str, body: Value) -> u16 {
+    rfd_post(d, &[("acp-connection-id", conn)], &body.to_string())
+        .await
+        .status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rfd_connection_goes_on_across_a_reload_with_its_queued_and_pending_messages() {
     let mut d = Daemon::builder().start();
-    let (s, conn) = rfd_post(
-        &d,
-        None,
-        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}),
-    )
-    .await;
-    assert_eq!(s, 200);
-    let conn = conn.expect("an Acp-Connection-Id");
+    let conn = rfd_initialize(&d).await;
     let server_id = format!("acp-conn-{conn}");
-    let mut main = rfd_stream(&d, &conn, None).await;
-    let (s, _) = rfd_post(
-        &d,
-        Some(&conn),
-        json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}),
-    )
-    .await;
-    assert_eq!(s, 202);
+    let mut main = Stream::open(&d, &conn, None).await.unwrap();
+    let new_session = request(
+        json!(1),
+        "session/new",
+        json!({"cwd": "/tmp", "mcpServers": []}),
+    );
+    assert_eq!(rfd_send(&d, &conn, new_session).await, 202);
     let new = rfd_until(&mut main, |v| v["id"] == 1).await;
-    let session = new.last().unwrap().1["result"]["sessionId"]
+    let session = new.last().unwrap()["result"]["sessionId"]
         .as_str()
         .unwrap()
         .to_string();
     let agent_pid = server(&d, &server_id).await["pid"].clone();
 
     // Queued for the session's stream, which no one reads yet: a finished turn...
-    let (s, _) = rfd_post(&d, Some(&conn), prompt(2, &session, "/stream 3")).await;
+    let s = rfd_send(&d, &conn, prompt(json!(2), &session, "/stream 3")).await;
     assert_eq!(s, 202);
     eventually_async(Duration::from_secs(10), "the turn to end", || async {
         (server(&d, &server_id).await["pendingRequests"] == 0).then_some(())
@@ -924,51 +880,46 @@ async fn an_rfd_connection_goes_on_across_a_reload_with_its_queued_and_pending_m
     .await;
     // ...and one still running when the reload happens (its answer must reach the session's
     // stream, not the connection's: the route of request 3 is carried).
-    let (s, _) = rfd_post(&d, Some(&conn), prompt(3, &session, "/sleep 1500")).await;
+    let s = rfd_send(&d, &conn, prompt(json!(3), &session, "/sleep 1500")).await;
     assert_eq!(s, 202);
     drop(main);
 
     reload(&mut d);
 
-    // The same connection and agent, in the new image.
+    // The same connection and agent, in the new image, with what was queued, in order.
     assert_eq!(server(&d, &server_id).await["pid"], agent_pid);
-    let mut sess = rfd_stream(&d, &conn, Some(&session)).await;
+    let mut sess = Stream::open(&d, &conn, Some(&session)).await.unwrap();
     let got = rfd_until(&mut sess, |v| v["id"] == 3).await;
     let texts: Vec<&str> = got
         .iter()
-        .filter_map(|(_, v)| v["params"]["update"]["content"]["text"].as_str())
+        .filter_map(|v| v["params"]["update"]["content"]["text"].as_str())
         .collect();
     assert_eq!(texts, ["chunk 1 of 3", "chunk 2 of 3", "chunk 3 of 3"]);
     let answers: Vec<&Value> = got
         .iter()
-        .filter(|(_, v)| v.get("result").is_some())
-        .map(|(_, v)| &v["id"])
+        .filter(|v| v.get("result").is_some())
+        .map(|v| &v["id"])
         .collect();
     assert_eq!(answers, [&json!(2), &json!(3)], "{got:?}");
-    let ids: Vec<u64> = got.iter().map(|(i, _)| *i).collect();
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "in log order: {ids:?}");
 
     // It goes on: a new turn over the same connection, and the connection stream opens again.
-    let mut main = rfd_stream(&d, &conn, None).await;
-    let (s, _) = rfd_post(&d, Some(&conn), prompt(4, &session, "/stream 1")).await;
+    let mut main = Stream::open(&d, &conn, None).await.unwrap();
+    let s = rfd_send(&d, &conn, prompt(json!(4), &session, "/stream 1")).await;
     assert_eq!(s, 202);
     let got = rfd_until(&mut sess, |v| v["id"] == 4).await;
     assert_eq!(
-        got[0].1["params"]["update"]["content"]["text"],
+        got[0]["params"]["update"]["content"]["text"],
         "chunk 1 of 1"
     );
     // A second reload with the streams open: they end cleanly and the connection stays.
     reload(&mut d);
-    assert!(
-        main.next_frames().await.is_none(),
-        "the connection stream ended"
-    );
+    assert_eq!(main.next().await, None, "the connection stream ended");
     assert_eq!(server(&d, &server_id).await["pid"], agent_pid);
-    let (s, _) = rfd_post(&d, Some(&conn), prompt(5, &session, "hello")).await;
+    let s = rfd_send(&d, &conn, prompt(json!(5), &session, "hello")).await;
     assert_eq!(s, 202);
-    let mut sess = rfd_stream(&d, &conn, Some(&session)).await;
+    let mut sess = Stream::open(&d, &conn, Some(&session)).await.unwrap();
     let got = rfd_until(&mut sess, |v| v["id"] == 5).await;
-    assert_eq!(got[0].1["params"]["update"]["content"]["text"], "hello");
+    assert_eq!(got[0]["params"]["update"]["content"]["text"], "hello");
     // DELETE still ends it: the instance goes away.
     let del = d
         .client()

@@ -29,11 +29,11 @@ fn daemon(extra: &[&str]) -> Daemon {
     b.args(extra.iter().copied()).start()
 }
 
-fn request(id: Value, method: &str, params: Value) -> Value {
+pub(crate) fn request(id: Value, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
-fn prompt(id: Value, session: &str, text: &str) -> Value {
+pub(crate) fn prompt(id: Value, session: &str, text: &str) -> Value {
     request(
         id,
         "session/prompt",
@@ -567,15 +567,15 @@ async fn ws_upgrade_refusals_are_problems() {
 
 // ---- the RFD transport -------------------------------------------------------------------
 
-const RFD: &str = "/v1/agents/mock/acp";
+pub(crate) const RFD: &str = "/v1/agents/mock/acp";
 
-struct Answer {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    text: String,
+pub(crate) struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
 }
 
-async fn rfd_post(d: &Daemon, headers: &[(&str, &str)], body: &str) -> Answer {
+pub(crate) async fn rfd_post(d: &Daemon, headers: &[(&str, &str)], body: &str) -> Answer {
     let mut req = d
         .client()
         .post(d.url(RFD))
@@ -591,7 +591,7 @@ async fn rfd_post(d: &Daemon, headers: &[(&str, &str)], body: &str) -> Answer {
     }
 }
 
-async fn rfd_initialize(d: &Daemon) -> String {
+pub(crate) async fn rfd_initialize(d: &Daemon) -> String {
     let a = rfd_post(
         d,
         &[],
@@ -606,13 +606,13 @@ async fn rfd_initialize(d: &Daemon) -> String {
 }
 
 /// An open RFD SSE stream.
-struct Stream {
+pub(crate) struct Stream {
     resp: reqwest::Response,
     raw: String,
 }
 
 impl Stream {
-    async fn open(d: &Daemon, conn: &str, session: Option<&str>) -> Result<Stream, u16> {
+    pub(crate) async fn open(d: &Daemon, conn: &str, session: Option<&str>) -> Result<Stream, u16> {
         let mut req = d
             .client()
             .get(d.url(RFD))
@@ -632,7 +632,7 @@ impl Stream {
     }
 
     /// The next message (keepalives skipped); `None` when the stream ended.
-    async fn next(&mut self) -> Option<Value> {
+    pub(crate) async fn next(&mut self) -> Option<Value> {
         loop {
             if let Some(end) = self.raw.find("\n\n") {
                 let frame: String = self.raw.drain(..end + 2).collect();
