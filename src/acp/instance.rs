@@ -47,9 +47,7 @@ use crate::supervisor::{AgentProcess, ChildHandle, ExitInfo, SpawnSpec};
 /// What `GET /v1/acp` says of the process: `starting` until it runs, `exited` once its whole
 /// tree is gone (or it never started), `running` in between — also while an agent that closed
 /// its stdout is being stopped (it can no longer answer, but it still exists).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[schema(as = ServerStatus)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Starting,
     Running,

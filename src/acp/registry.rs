@@ -72,9 +72,8 @@ pub struct AcpService {
     state: Option<Arc<crate::state::StateStore>>,
 }
 
-/// One row of `GET /v1/acp`.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// One instance as `GET /v1/acp` lists it (`http::wire::acp::ServerInfo` is its wire shape).
+#[derive(Debug, Clone)]
 pub struct ServerInfo {
     pub server_id: String,
     pub agent: String,

@@ -27,7 +27,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// `GET /v1/acp`: every instance, sorted by serverId.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ServerList {
-    servers: Vec<crate::acp::ServerInfo>,
+    servers: Vec<super::wire::acp::ServerInfo>,
 }
 
 /// One JSON-RPC 2.0 message (request, notification or response), passed through untouched: the
@@ -62,7 +62,7 @@ pub(super) struct JsonRpcMessage {
 )]
 async fn list(State(st): State<AppState>) -> Response {
     axum::Json(ServerList {
-        servers: st.acp.list().await,
+        servers: st.acp.list().await.into_iter().map(Into::into).collect(),
     })
     .into_response()
 }

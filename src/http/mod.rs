@@ -15,6 +15,7 @@ pub mod processes;
 pub mod rfd;
 pub mod ui;
 pub mod watch;
+pub mod wire;
 pub mod ws;
 
 use std::sync::Arc;
