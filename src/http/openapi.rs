@@ -138,7 +138,7 @@ pub(crate) struct ProblemSchema {
     signal: Option<i32>,
     /// 502 Agent Gone: how the agent ended.
     #[schema(rename = "exitReason", nullable = false)]
-    exit_reason: Option<crate::supervisor::ExitReason>,
+    exit_reason: Option<super::wire::supervisor::ExitReason>,
     /// 502 Agent Gone: the last lines the agent wrote to stderr.
     #[schema(rename = "stderrTail", nullable = false)]
     stderr_tail: Option<String>,

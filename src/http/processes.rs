@@ -22,10 +22,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::processes::{
-    Chunk, CreateRequest, LogStream, ProcessConfig, ProcessError, ProcessInfo, ReaderSlot,
-    RunRequest, RunResponse, StreamFilter, default_filter,
+use super::wire::processes::{
+    self as wire, CreateRequest, ProcessConfig, ProcessInfo, RunRequest, RunResponse,
 };
+use crate::processes::{Chunk, LogStream, ProcessError, ReaderSlot, StreamFilter, default_filter};
 
 /// Output per SSE batch or WebSocket frame run, so one reader holds little at a time.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -72,7 +72,7 @@ struct TerminalSize {
 struct LogEntry {
     /// Byte offset just after the chunk in the process's combined output.
     sequence: u64,
-    stream: LogStream,
+    stream: wire::LogStream,
     timestamp_ms: u64,
     /// The bytes: base64, or with `encoding=utf8` the text (invalid UTF-8 replaced by U+FFFD).
     data: String,
@@ -93,7 +93,7 @@ struct Gap {
 #[serde(rename_all = "camelCase")]
 struct ProcessLogsResponse {
     process_id: String,
-    stream: StreamFilter,
+    stream: wire::StreamFilter,
     entries: Vec<LogEntry>,
     /// Bytes of output written so far.
     end: u64,
@@ -160,6 +160,7 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
             )));
         }
     };
+    let processes = processes.into_iter().map(ProcessInfo::from).collect();
     Ok(axum::Json(ProcessListResponse { processes }).into_response())
 }
 
@@ -181,8 +182,8 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
 )]
 async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: CreateRequest = parse_body(&body)?;
-    let process = st.processes.create(req).await?;
-    Ok(axum::Json(process.info().await).into_response())
+    let process = st.processes.create(req.into()).await?;
+    Ok(axum::Json(ProcessInfo::from(process.info().await)).into_response())
 }
 
 /// Runs a program to completion (or its timeout) and returns its output.
@@ -202,7 +203,8 @@ async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, Pro
 )]
 async fn run(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: RunRequest = parse_body(&body)?;
-    Ok(axum::Json(st.processes.run(req).await?).into_response())
+    let ran = st.processes.run(req.into()).await?;
+    Ok(axum::Json(RunResponse::from(ran)).into_response())
 }
 
 /// The process API's runtime limits.
@@ -214,7 +216,7 @@ async fn run(State(st): State<AppState>, body: Bytes) -> Result<Response, Proble
     responses((status = 200, description = "The limits", body = ProcessConfig))
 )]
 async fn get_config(State(st): State<AppState>) -> Response {
-    axum::Json(st.processes.config()).into_response()
+    axum::Json(ProcessConfig::from(st.processes.config())).into_response()
 }
 
 /// Replaces the runtime limits (every value positive and within its hard ceiling).
@@ -231,7 +233,8 @@ async fn get_config(State(st): State<AppState>) -> Response {
 )]
 async fn set_config(State(st): State<AppState>, body: Bytes) -> Result<Response, Problem> {
     let req: ProcessConfig = parse_body(&body)?;
-    Ok(axum::Json(st.processes.set_config(req)?).into_response())
+    let now = st.processes.set_config(req.into())?;
+    Ok(axum::Json(ProcessConfig::from(now)).into_response())
 }
 
 /// One process record.
@@ -250,7 +253,7 @@ async fn set_config(State(st): State<AppState>, body: Bytes) -> Result<Response,
 )]
 async fn get_one(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, Problem> {
     let process = st.processes.get(&id)?;
-    Ok(axum::Json(process.info().await).into_response())
+    Ok(axum::Json(ProcessInfo::from(process.info().await)).into_response())
 }
 
 /// Forgets an exited process and its output log.
@@ -296,7 +299,8 @@ async fn stop(
     Query(q): Params,
 ) -> Result<Response, Problem> {
     let wait = wait_param(&q)?;
-    Ok(axum::Json(st.processes.stop(&id, wait).await?).into_response())
+    let info = st.processes.stop(&id, wait).await?;
+    Ok(axum::Json(ProcessInfo::from(info)).into_response())
 }
 
 /// SIGKILL to the process group and everything in its cgroup at once.
@@ -322,7 +326,8 @@ async fn kill(
     Query(q): Params,
 ) -> Result<Response, Problem> {
     let wait = wait_param(&q)?;
-    Ok(axum::Json(st.processes.kill(&id, wait).await?).into_response())
+    let info = st.processes.kill(&id, wait).await?;
+    Ok(axum::Json(ProcessInfo::from(info)).into_response())
 }
 
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -447,7 +452,7 @@ fn entry_json(c: &Chunk, out: &mut String, utf8: bool) {
 fn entry(c: &Chunk, utf8: bool) -> LogEntry {
     LogEntry {
         sequence: c.end(),
-        stream: c.stream,
+        stream: c.stream.into(),
         timestamp_ms: c.at_ms,
         data: if utf8 {
             String::from_utf8_lossy(&c.data).into_owned()
@@ -485,7 +490,7 @@ fn gap_json((from, to): (u64, u64)) -> String {
         ("since" = Option<u64>, Query, description = "Only entries after this byte offset \
             (an entry's `sequence` is the offset just after it)"),
         ("tail" = Option<u64>, Query, description = "Only the last N entries"),
-        ("stream" = Option<StreamFilter>, Query, description = "Which stream; default `pty` for \
+        ("stream" = Option<wire::StreamFilter>, Query, description = "Which stream; default `pty` for \
             a terminal process, else `combined`"),
         ("follow" = Option<bool>, Query, description = "Answer with an SSE stream that replays, \
             then follows, and ends when the process has exited and all output was sent",
@@ -520,11 +525,13 @@ async fn logs(
     let stream: Option<StreamFilter> = match q.get("stream").map(String::as_str) {
         None | Some("") => None,
         Some(s) => Some(
-            serde_json::from_value(Value::String(s.to_string())).map_err(|_| {
-                Problem::bad_request(format!(
-                    "stream must be one of stdout, stderr, combined, pty, not `{s}`"
-                ))
-            })?,
+            serde_json::from_value::<wire::StreamFilter>(Value::String(s.to_string()))
+                .map_err(|_| {
+                    Problem::bad_request(format!(
+                        "stream must be one of stdout, stderr, combined, pty, not `{s}`"
+                    ))
+                })?
+                .into(),
         ),
     };
     let mut since: Option<u64> = param(&q, "since")?;
@@ -535,7 +542,7 @@ async fn logs(
         let logs = st.processes.logs(&id, since, tail, stream)?;
         let body = ProcessLogsResponse {
             process_id: id,
-            stream: logs.stream,
+            stream: logs.stream.into(),
             entries: logs.chunks.iter().map(|c| entry(c, utf8)).collect(),
             end: logs.end,
             gap: logs.gap.map(|(from, to)| Gap { from, to }),

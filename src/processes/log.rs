@@ -13,10 +13,8 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-/// Which stream a chunk came from.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
+/// Which stream a chunk came from (also in the reload hand-off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogStream {
     Stdout,
@@ -26,10 +24,7 @@ pub enum LogStream {
 }
 
 /// Which chunks a reader wants (`?stream=`); `Combined` is every stream.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamFilter {
     Stdout,
     Stderr,

@@ -122,11 +122,9 @@ impl ProcessError {
     }
 }
 
-/// The runtime settings; the wire shape of `GET/POST /v1/processes/config`.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// The runtime settings (`GET/POST /v1/processes/config`; `http::wire::processes` holds the wire
+/// shapes of this module's types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessConfig {
     pub max_concurrent_processes: usize,
     pub default_run_timeout_ms: u64,
@@ -136,52 +134,36 @@ pub struct ProcessConfig {
     pub max_input_bytes_per_request: u64,
 }
 
-/// `POST /v1/processes`.
-#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// A background process to start (`POST /v1/processes`).
+#[derive(Debug, Clone, Default)]
 pub struct CreateRequest {
     pub command: String,
-    #[serde(default)]
     pub args: Vec<String>,
-    #[serde(default)]
     pub cwd: Option<String>,
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
     pub tty: bool,
-    #[serde(default)]
     pub interactive: bool,
     /// Terminal size for `tty` (default 80×24).
-    #[serde(default)]
     pub cols: Option<u16>,
-    #[serde(default)]
     pub rows: Option<u16>,
 }
 
-/// `POST /v1/processes/run`.
-#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// A program to run to completion (`POST /v1/processes/run`).
+#[derive(Debug, Clone, Default)]
 pub struct RunRequest {
     pub command: String,
-    #[serde(default)]
     pub args: Vec<String>,
-    #[serde(default)]
     pub cwd: Option<String>,
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
     pub max_output_bytes: Option<u64>,
-    #[serde(default)]
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// The result of a run.
+#[derive(Debug, Clone)]
 pub struct RunResponse {
-    /// `null` when the run timed out or was ended by a signal.
+    /// `None` when the run timed out or was ended by a signal.
     pub exit_code: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub exit_signal: Option<i32>,
     pub timed_out: bool,
     pub stdout: String,
@@ -191,44 +173,27 @@ pub struct RunResponse {
     pub duration_ms: u64,
 }
 
-/// A process record on the wire (`ProcessInfo`), plus our exit details and process figures.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// A process record, with our exit details and process figures.
+#[derive(Debug, Clone)]
 pub struct ProcessInfo {
     pub id: String,
     pub command: String,
     pub args: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub cwd: Option<String>,
     pub tty: bool,
     pub interactive: bool,
     /// Always `user` (processes started through this API).
-    #[schema(value_type = String, example = "user")]
     pub owner: &'static str,
     /// `running`, or `exited` once the whole tree is gone and its output is in the log.
-    #[schema(value_type = String, example = "running")]
     pub status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub pid: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub exit_code: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub exit_signal: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub exit_reason: Option<ExitReason>,
     pub created_at_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub exited_at_ms: Option<u64>,
     /// Bytes of output written so far (the offset the next chunk starts at).
     pub log_end: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub stats: Option<ProcessStats>,
 }
 

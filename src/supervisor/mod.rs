@@ -66,10 +66,8 @@ pub enum SpawnError {
     },
 }
 
-/// How an agent ended.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
+/// How an agent ended (also in the state dir and the reload hand-off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExitReason {
     /// Ended by itself; `code` is set.
@@ -109,8 +107,7 @@ pub struct ExitInfo {
 }
 
 /// Process figures for the listing, summed over the agent's processes.
-#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default)]
 pub struct ProcessStats {
     pub rss_bytes: u64,
     pub cpu_ms: u64,

@@ -5,4 +5,5 @@
 //! from them.
 
 pub mod acp;
+pub mod processes;
 pub mod supervisor;
