@@ -55,26 +55,23 @@ pub struct InstallRequest {
 }
 
 /// The answer of an install.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone)]
 pub struct InstallOutcome {
-    #[serde(rename = "alreadyInstalled")]
-    pub already_installed_camel: bool,
-    /// The spelling the existing npm client reads.
     pub already_installed: bool,
     pub source: String,
     pub version: Option<String>,
     pub artifacts: Vec<Artifact>,
 }
 
-/// One agent as `GET /v1/agents` shows it (without `serverStatus`, which the proxy knows).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+/// One agent as `GET /v1/agents` and `sandbox-agent agents list --json` show it (without
+/// `serverStatus`, which the proxy knows); `http::wire::agents::AgentStatus` is its API schema.
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
     pub id: String,
     pub name: String,
     pub installed: bool,
     pub version: Option<String>,
-    #[schema(value_type = Option<String>)]
     pub path: Option<PathBuf>,
     /// `registry|fallback|builtin|local|user`; for an agent not installed, where an install would
     /// look first (`registry` or `fallback`).
@@ -413,7 +410,6 @@ impl Agents {
         if agent == MOCK {
             let exe = self.config.exe.clone();
             return Ok(InstallOutcome {
-                already_installed_camel: true,
                 already_installed: true,
                 source: "builtin".into(),
                 version: Some(env!("CARGO_PKG_VERSION").into()),
@@ -433,7 +429,6 @@ impl Agents {
             let status = self.status(agent).ok_or_else(|| fail("unknown".into()))?;
             return match status.path {
                 Some(p) => Ok(InstallOutcome {
-                    already_installed_camel: true,
                     already_installed: true,
                     source: "user".into(),
                     version: None,
@@ -482,7 +477,6 @@ impl Agents {
                 .is_none_or(|v| Some(v) == m.native_version.as_ref());
             if process_ok && native_ok {
                 return Ok(InstallOutcome {
-                    already_installed_camel: true,
                     already_installed: true,
                     source: m.source,
                     version: Some(m.version),
@@ -507,7 +501,6 @@ impl Agents {
             manifest.dir.display()
         ));
         Ok(InstallOutcome {
-            already_installed_camel: false,
             already_installed: false,
             source: manifest.source,
             version: Some(manifest.version),

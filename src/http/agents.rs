@@ -10,7 +10,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::agents::{AgentError, AgentStatus, InstallOutcome, InstallRequest};
+use super::wire::agents::{AgentStatus, InstallOutcome};
+use crate::agents::{AgentError, InstallRequest};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -43,10 +44,10 @@ pub struct AgentList {
     agents: Vec<AgentInfo>,
 }
 
-fn with_server_status(state: &AppState, status: AgentStatus) -> AgentInfo {
+fn with_server_status(state: &AppState, status: crate::agents::AgentStatus) -> AgentInfo {
     let running = running_instances(state, &status.id);
     AgentInfo {
-        status,
+        status: status.into(),
         server_status: ServerStatus {
             running,
             status: if running > 0 { "running" } else { "stopped" },
@@ -192,5 +193,5 @@ async fn install(
             },
         )
         .await?;
-    Ok(Json(outcome))
+    Ok(Json(outcome.into()))
 }

@@ -133,11 +133,11 @@ pub struct Manifest {
     pub verified: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+/// One installed program, as the manifest keeps it (`http::wire::agents::Artifact` on the wire).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Artifact {
     /// `agent_process` (the ACP program) or `native_agent` (the CLI it drives).
     pub kind: String,
-    #[schema(value_type = String)]
     pub path: PathBuf,
     pub version: String,
     pub source: String,

@@ -5,5 +5,6 @@
 //! from them.
 
 pub mod acp;
+pub mod agents;
 pub mod processes;
 pub mod supervisor;
