@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use nix::errno::Errno;
-use serde::Serialize;
 
 use crate::config::Config;
 use body::Transfers;
@@ -123,42 +122,44 @@ impl FileError {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+/// Whether an entry is a file or a directory (`http::wire::files` holds the wire shapes of this
+/// module's answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryType {
     File,
     Directory,
 }
 
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// One entry of a directory listing.
+#[derive(Debug, Clone)]
 pub struct FsEntry {
     pub name: String,
     pub path: String,
     pub entry_type: EntryType,
     pub size: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// RFC 3339, when the file system has it.
     pub modified: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// What a path is.
+#[derive(Debug, Clone)]
 pub struct FsStat {
     pub path: String,
     pub entry_type: EntryType,
     pub size: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// RFC 3339, when the file system has it.
     pub modified: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// A written file.
+#[derive(Debug, Clone)]
 pub struct WriteOutcome {
     pub path: String,
     pub bytes_written: u64,
 }
 
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+/// An extracted archive: the first [`UPLOAD_PATHS_SHOWN`] paths.
+#[derive(Debug, Clone)]
 pub struct UploadOutcome {
     pub paths: Vec<String>,
     pub truncated: bool,

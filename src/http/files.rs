@@ -16,9 +16,8 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::files::{
-    BodyStream, Compression, FileError, FsEntry, FsStat, UploadOutcome, WriteOutcome, stream_range,
-};
+use super::wire::files::{FsEntry, FsStat, UploadOutcome, WriteOutcome};
+use crate::files::{BodyStream, Compression, FileError, stream_range};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -128,6 +127,7 @@ async fn list(
     Query(q): Query<OptionalPathQuery>,
 ) -> Result<Response, Problem> {
     let entries = s.files.list(q.path.as_deref().unwrap_or(".")).await?;
+    let entries: Vec<FsEntry> = entries.into_iter().map(Into::into).collect();
     Ok(Json(entries).into_response())
 }
 
@@ -149,7 +149,7 @@ async fn list(
     )
 )]
 async fn stat(State(s): State<AppState>, Query(q): Query<PathQuery>) -> Result<Response, Problem> {
-    Ok(Json(s.files.stat(&q.path).await?).into_response())
+    Ok(Json(FsStat::from(s.files.stat(&q.path).await?)).into_response())
 }
 
 /// Creates a directory and its missing parents (no body needed).
@@ -271,7 +271,7 @@ async fn write_file(
         .files
         .write_file(&q.path, body_stream(body), declared_length(&headers))
         .await?;
-    Ok(Json(out).into_response())
+    Ok(Json(WriteOutcome::from(out)).into_response())
 }
 
 /// Extracts a tar archive (optionally gzip-compressed) beneath a directory, all or nothing.
@@ -322,7 +322,7 @@ async fn upload_batch(
             declared_length(&headers),
         )
         .await?;
-    Ok(Json(out).into_response())
+    Ok(Json(UploadOutcome::from(out)).into_response())
 }
 
 /// The archive's compression from its Content-Type (and Content-Encoding). Only archive types

@@ -46,7 +46,7 @@ RFC 9457 `application/problem+json` body (`Problem`). Generated from the code: \
         (name = "config", description = "Per-directory MCP and skills configuration"),
         (name = "processes", description = "Programs run next to the agents: runs, background processes, logs, terminals"),
     ),
-    components(schemas(ProblemSchema, crate::files::watch::WatchChange))
+    components(schemas(ProblemSchema, super::wire::watch::WatchChange))
 )]
 struct ApiDoc;
 

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::wire::watch as wire;
 use super::{AppState, Problem};
 use crate::files::watch::{
     IgnoreSet, Next, OverflowReason, WatchChange, WatchItem, WatchRequest, WatchStream,
@@ -197,7 +198,7 @@ fn event_of(
         ),
         WatchItem::Change(c) => {
             *id += 1;
-            ("change", Some(*id), change_json(&c))
+            ("change", Some(*id), change_json(c))
         }
         WatchItem::Overflow(reason) => ("overflow", None, overflow_json(reason)),
         WatchItem::Failed(e) => ("error", None, Problem::from(e).body().to_string()),
@@ -205,12 +206,12 @@ fn event_of(
 }
 
 /// In the documented member order (kind, path, entryType, oldPath).
-fn change_json(c: &WatchChange) -> String {
-    serde_json::to_string(c).unwrap_or_else(|_| "{}".into())
+fn change_json(c: WatchChange) -> String {
+    serde_json::to_string(&wire::WatchChange::from(c)).unwrap_or_else(|_| "{}".into())
 }
 
 fn overflow_json(reason: OverflowReason) -> String {
-    json!({ "reason": reason }).to_string()
+    json!({ "reason": wire::OverflowReason::from(reason) }).to_string()
 }
 
 /// The SSE frames of one stream: a batch of items per wake-up, a keepalive comment after

@@ -25,16 +25,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use serde::Serialize;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub use ignore::IgnoreSet;
 
 use super::{EntryType, FileError, PathPolicy};
 
-/// What happened to an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+/// What happened to an entry (`http::wire::watch` holds the wire shapes of this module's events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChangeKind {
     Create,
     Modify,
@@ -43,21 +41,18 @@ pub enum ChangeKind {
 }
 
 /// One change beneath the watched directory (`event: change`).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone)]
 pub struct WatchChange {
     pub kind: ChangeKind,
     /// The entry's absolute path (for `rename`, its new path).
     pub path: String,
     pub entry_type: EntryType,
     /// Only for `rename`: the entry's absolute path before.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub old_path: Option<String>,
 }
 
 /// Why changes were lost (`event: overflow`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverflowReason {
     /// The kernel's event queue overflowed (`fs.inotify.max_queued_events`).
     Kernel,

@@ -6,5 +6,7 @@
 
 pub mod acp;
 pub mod agents;
+pub mod files;
 pub mod processes;
 pub mod supervisor;
+pub mod watch;
