@@ -174,7 +174,7 @@ pub struct RunResponse {
 }
 
 /// A process record, with our exit details and process figures.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProcessInfo {
     pub id: String,
     pub command: String,

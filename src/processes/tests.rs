@@ -178,10 +178,7 @@ async fn a_record_recovered_from_the_state_dir_is_carried_by_a_reload() {
     let c = ProcessService::new(&config, s.supervisor.clone(), CancellationToken::new());
     c.adopt(&handoff, &mut |_| unreachable!("no descriptor to take"));
     let after = c.get(&id).unwrap().info().await;
-    assert_eq!(
-        serde_json::to_value(&after).unwrap(),
-        serde_json::to_value(&before).unwrap()
-    );
+    assert_eq!(after, before);
     let log_after = c.logs(&id, None, None, None).unwrap();
     assert_eq!(log_after.end, log_before.end);
     let pairs = |l: &super::Logs| -> Vec<(u64, bytes::Bytes)> {

@@ -107,7 +107,7 @@ pub struct ExitInfo {
 }
 
 /// Process figures for the listing, summed over the agent's processes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessStats {
     pub rss_bytes: u64,
     pub cpu_ms: u64,
