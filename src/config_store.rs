@@ -80,19 +80,20 @@ async fn off_thread<T: Send + 'static>(
         .unwrap_or_else(|e| Err(ConfigError::File(crate::files::internal(e))))
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize)]
 #[serde(untagged)]
-pub(crate) enum McpCommand {
+enum McpCommand {
     One(String),
     Many(Vec<String>),
 }
 
-// Also the entry's OpenAPI schema (`utoipa::ToSchema`), so the document states what is validated.
+// The shapes `validate` checks entries against (the store keeps the original JSON).
+// `http::wire::config` mirrors them as the API's schema; a test there keeps the two in step.
 /// One MCP server entry: a local (stdio) command or a remote (HTTP/SSE) server.
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 #[allow(dead_code)] // fields exist to be validated, the stored entry is the original JSON
-pub(crate) enum McpEntry {
+enum McpEntry {
     Local {
         command: McpCommand,
         args: Option<Vec<String>>,
@@ -117,24 +118,24 @@ pub(crate) enum McpEntry {
     },
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum McpTransport {
+enum McpTransport {
     Http,
     Sse,
 }
 
 /// One skills entry: where its skills come from.
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct SkillsEntry {
+struct SkillsEntry {
     sources: Vec<SkillSource>,
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
-pub(crate) struct SkillSource {
+struct SkillSource {
     #[serde(rename = "type")]
     kind: String,
     source: String,

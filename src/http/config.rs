@@ -12,7 +12,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{AppState, Problem};
-use crate::config_store::{ConfigError, ConfigKind, McpEntry, SkillsEntry};
+use super::wire::config::{McpEntry, SkillsEntry};
+use crate::config_store::{ConfigError, ConfigKind};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
