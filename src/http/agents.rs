@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{AppState, Problem};
 use super::wire::agents::{AgentStatus, InstallOutcome};
+use super::{AppState, Problem};
 use crate::agents::{AgentError, InstallRequest};
 
 pub fn routes() -> OpenApiRouter<AppState> {

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{AppState, Problem};
 use super::wire::config::{McpEntry, SkillsEntry};
+use super::{AppState, Problem};
 use crate::config_store::{ConfigError, ConfigKind};
 
 pub fn routes() -> OpenApiRouter<AppState> {

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 
-use super::{AppState, Problem};
 use super::wire::files::{FsEntry, FsStat, UploadOutcome, WriteOutcome};
+use super::{AppState, Problem};
 use crate::files::{BodyStream, Compression, FileError, stream_range};
 
 pub fn routes() -> OpenApiRouter<AppState> {

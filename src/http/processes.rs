@@ -21,10 +21,10 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{AppState, Problem};
 use super::wire::processes::{
     self as wire, CreateRequest, ProcessConfig, ProcessInfo, RunRequest, RunResponse,
 };
+use super::{AppState, Problem};
 use crate::processes::{Chunk, LogStream, ProcessError, ReaderSlot, StreamFilter, default_filter};
 
 /// Output per SSE batch or WebSocket frame run, so one reader holds little at a time.

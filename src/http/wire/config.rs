@@ -72,7 +72,6 @@ pub struct SkillSource {
     subpath: Option<String>,
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
