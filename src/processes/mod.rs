@@ -3,18 +3,22 @@
 //! (an output log with byte offsets, optional stdin, optional terminal). Every process is started,
 //! signalled and reaped by the supervisor exactly as agents are (own session, process group and
 //! cgroup, the agents' clean environment and user); this module only keeps the records, the logs
-//! and the limits.
+//! and the limits. The service is this file; its types are `types.rs`, its errors `error.rs`,
+//! the pumps and the monitor `io.rs`, a reload's part `handoff.rs`.
 //!
 //! **Invariants:** a process counts against `maxConcurrentProcesses` from admission until its
 //! tree is gone and its output drained; every background process reserves its log cap from the
 //! total log budget while it runs and keeps only the bytes it holds once it has exited, until it
 //! is deleted; a `run` whose caller goes away is killed.
 
+mod error;
 mod handoff;
+mod io;
 pub mod log;
 mod pty;
 #[cfg(test)]
 mod tests;
+mod types;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -24,20 +28,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::ChildStdin;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::supervisor::{
-    ChildHandle, ChildStdio, ExitInfo, ExitReason, GroupScan, ProcessStats, SpawnError, SpawnSpec,
-    Supervisor,
-};
+use crate::supervisor::{ChildHandle, ChildStdio, ExitInfo, GroupScan, SpawnSpec, Supervisor};
 
+pub use error::ProcessError;
 pub use handoff::ProcessesState;
+use io::{capture, monitor, pump, pump_pty};
+pub use io::{resize, write_input};
 pub use log::{Chunk, LogStream, OutputLog, StreamFilter};
+pub use types::{CreateRequest, ProcessConfig, ProcessInfo, RunRequest, RunResponse};
 
 /// Exited records kept (the oldest beyond this are forgotten when a new process starts).
 pub const MAX_EXITED_RECORDS: usize = 1024;
@@ -50,152 +53,11 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// After the tree is gone, how long its output pipes get to drain (a process that escaped every
 /// cgroup could hold them open for ever).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// One read of a child's output.
-const READ_CHUNK: usize = 64 * 1024;
 /// Hard ceilings of the runtime settings (`POST /v1/processes/config`).
 const CEIL_CONCURRENT: usize = 1024;
 const CEIL_OUTPUT_BYTES: u64 = 64 << 20;
 const CEIL_INPUT_BYTES: u64 = 16 << 20;
 const CEIL_RUN_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProcessError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error("no process {id}")]
-    NotFound { id: String },
-    #[error("process {id}: {reason}")]
-    Conflict { id: String, reason: &'static str },
-    #[error("{limit} processes are running already (maxConcurrentProcesses)")]
-    TooManyProcesses { limit: usize },
-    #[error(
-        "the output logs of all processes would exceed {total} bytes (--process-max-total-log-bytes); delete exited processes"
-    )]
-    LogBudget { total: u64 },
-    #[error("{limit} readers follow process {id} already")]
-    TooManyReaders { id: String, limit: usize },
-    #[error("the input is larger than {limit} bytes (maxInputBytesPerRequest)")]
-    InputTooLarge { limit: u64 },
-    #[error("process {id} did not take its input within {}s", INPUT_TIMEOUT.as_secs())]
-    InputTimeout { id: String },
-    #[error("{source}")]
-    Spawn {
-        command: String,
-        #[source]
-        source: SpawnError,
-    },
-    #[error("{0}")]
-    Io(String),
-    #[error("the daemon is shutting down")]
-    ShuttingDown,
-}
-
-impl ProcessError {
-    /// True when a failed start is the request's fault (no such program or directory, not
-    /// executable, not a program, a name too long) rather than the machine's.
-    pub fn is_bad_command(&self) -> bool {
-        match self {
-            ProcessError::Spawn {
-                source: SpawnError::Exec { source, .. },
-                ..
-            } => {
-                matches!(
-                    source.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
-                ) || source.raw_os_error().is_some_and(|e| {
-                    // What the request named cannot be executed: a name or path too long, a
-                    // file in the middle of the path, a symlink loop, a file that is not a
-                    // program, arguments and environment too large.
-                    [
-                        libc::ENAMETOOLONG,
-                        libc::ENOTDIR,
-                        libc::ELOOP,
-                        libc::ENOEXEC,
-                        libc::E2BIG,
-                        libc::EISDIR,
-                    ]
-                    .contains(&e)
-                })
-            }
-            _ => false,
-        }
-    }
-}
-
-/// The runtime settings (`GET/POST /v1/processes/config`; `http::wire::processes` holds the wire
-/// shapes of this module's types).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessConfig {
-    pub max_concurrent_processes: usize,
-    pub default_run_timeout_ms: u64,
-    pub max_run_timeout_ms: u64,
-    pub max_output_bytes: u64,
-    pub max_log_bytes_per_process: u64,
-    pub max_input_bytes_per_request: u64,
-}
-
-/// A background process to start (`POST /v1/processes`).
-#[derive(Debug, Clone, Default)]
-pub struct CreateRequest {
-    pub command: String,
-    pub args: Vec<String>,
-    pub cwd: Option<String>,
-    pub env: BTreeMap<String, String>,
-    pub tty: bool,
-    pub interactive: bool,
-    /// Terminal size for `tty` (default 80×24).
-    pub cols: Option<u16>,
-    pub rows: Option<u16>,
-}
-
-/// A program to run to completion (`POST /v1/processes/run`).
-#[derive(Debug, Clone, Default)]
-pub struct RunRequest {
-    pub command: String,
-    pub args: Vec<String>,
-    pub cwd: Option<String>,
-    pub env: BTreeMap<String, String>,
-    pub max_output_bytes: Option<u64>,
-    pub timeout_ms: Option<u64>,
-}
-
-/// The result of a run.
-#[derive(Debug, Clone)]
-pub struct RunResponse {
-    /// `None` when the run timed out or was ended by a signal.
-    pub exit_code: Option<i32>,
-    pub exit_signal: Option<i32>,
-    pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub duration_ms: u64,
-}
-
-/// A process record, with our exit details and process figures.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProcessInfo {
-    pub id: String,
-    pub command: String,
-    pub args: Vec<String>,
-    pub cwd: Option<String>,
-    pub tty: bool,
-    pub interactive: bool,
-    /// Always `user` (processes started through this API).
-    pub owner: &'static str,
-    /// `running`, or `exited` once the whole tree is gone and its output is in the log.
-    pub status: &'static str,
-    pub pid: Option<u32>,
-    pub exit_code: Option<i32>,
-    pub exit_signal: Option<i32>,
-    pub exit_reason: Option<ExitReason>,
-    pub created_at_ms: u64,
-    pub exited_at_ms: Option<u64>,
-    /// Bytes of output written so far (the offset the next chunk starts at).
-    pub log_end: u64,
-    pub stats: Option<ProcessStats>,
-}
 
 /// One background process.
 pub struct ManagedProcess {
@@ -980,81 +842,6 @@ pub fn default_filter(p: &ManagedProcess) -> StreamFilter {
     }
 }
 
-/// Writes input to a process (shared by `POST …/input` and the terminal socket).
-pub async fn write_input(
-    p: &ManagedProcess,
-    data: &[u8],
-    limit: u64,
-) -> Result<usize, ProcessError> {
-    if data.len() as u64 > limit {
-        return Err(ProcessError::InputTooLarge { limit });
-    }
-    let conflict = |reason| ProcessError::Conflict {
-        id: p.id.clone(),
-        reason,
-    };
-    if p.ended().is_some() || p.handle.as_ref().is_none_or(|h| h.exit().is_some()) {
-        return Err(conflict("the process is not running"));
-    }
-    let write = async {
-        if let Some(pty) = &p.pty {
-            if !p.interactive {
-                return Err(conflict("the process was not started with `interactive`"));
-            }
-            return pty
-                .write_all(data)
-                .await
-                .map_err(|_| conflict("the terminal does not take input"));
-        }
-        let mut stdin = p.stdin.lock().await;
-        let Some(pipe) = stdin.as_mut() else {
-            return Err(conflict(
-                "the process has no stdin (not started with `interactive`, or it exited)",
-            ));
-        };
-        let res = async {
-            pipe.write_all(data).await?;
-            pipe.flush().await
-        }
-        .await;
-        if res.is_err() {
-            *stdin = None;
-            return Err(conflict("the process closed its stdin"));
-        }
-        Ok(())
-    };
-    match tokio::time::timeout(INPUT_TIMEOUT, write).await {
-        Ok(Ok(())) => Ok(data.len()),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(ProcessError::InputTimeout { id: p.id.clone() }),
-    }
-}
-
-/// Resizes a process's terminal (shared by `POST …/terminal/resize` and the terminal socket).
-pub fn resize(p: &ManagedProcess, cols: u32, rows: u32) -> Result<(), ProcessError> {
-    let Some(pty) = &p.pty else {
-        return Err(ProcessError::Conflict {
-            id: p.id.clone(),
-            reason: "the process has no terminal (not started with `tty`)",
-        });
-    };
-    let valid = |v: u32| (1..=u16::MAX as u32).contains(&v);
-    if !valid(cols) || !valid(rows) {
-        return Err(ProcessError::Invalid(format!(
-            "cols and rows must be between 1 and {}",
-            u16::MAX
-        )));
-    }
-    pty.resize(cols as u16, rows as u16)
-        .map_err(|e| ProcessError::Io(format!("resize: {e}")))?;
-    // The kernel signals the terminal's foreground group only when the size changed; the
-    // explicit signal makes a resize to the same size observable too.
-    if let Some(h) = &p.handle {
-        h.signal_group(nix::sys::signal::Signal::SIGWINCH);
-    }
-    Ok(())
-}
-
 fn clamp(mut c: ProcessConfig) -> ProcessConfig {
     c.default_run_timeout_ms = c.default_run_timeout_ms.min(c.max_run_timeout_ms);
     c
@@ -1065,95 +852,4 @@ fn basename(command: &str) -> &str {
         .file_name()
         .and_then(|s| s.to_str())
         .unwrap_or(command)
-}
-
-/// Copies a pipe into the log until end of file. Each chunk is copied out of the read buffer so
-/// the log's byte count is the memory it holds.
-async fn pump(
-    mut pipe: impl AsyncRead + Unpin,
-    stream: LogStream,
-    log: Arc<OutputLog>,
-    freeze: CancellationToken,
-) {
-    let mut buf = vec![0u8; READ_CHUNK];
-    loop {
-        // A read cancelled by the freeze took nothing from the pipe.
-        let read = tokio::select! {
-            biased;
-            _ = freeze.cancelled() => return,
-            r = pipe.read(&mut buf) => r,
-        };
-        match read {
-            Ok(0) | Err(_) => return,
-            Ok(n) => log.append(stream, Bytes::copy_from_slice(&buf[..n]), now_ms()),
-        }
-    }
-}
-
-async fn pump_pty(pty: Arc<pty::Pty>, log: Arc<OutputLog>, freeze: CancellationToken) {
-    let mut buf = vec![0u8; READ_CHUNK];
-    loop {
-        let read = tokio::select! {
-            biased;
-            _ = freeze.cancelled() => return,
-            r = pty.read(&mut buf) => r,
-        };
-        match read {
-            Ok(0) | Err(_) => return,
-            Ok(n) => log.append(LogStream::Pty, Bytes::copy_from_slice(&buf[..n]), now_ms()),
-        }
-    }
-}
-
-/// Reads a pipe to its end, keeping the first `limit` bytes (the rest is read and dropped so
-/// the child never blocks on a full pipe).
-async fn capture(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> (Vec<u8>, bool) {
-    let Some(mut pipe) = pipe else {
-        return (Vec::new(), false);
-    };
-    let mut kept = Vec::new();
-    let mut truncated = false;
-    let mut buf = vec![0u8; READ_CHUNK];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return (kept, truncated),
-            Ok(n) => {
-                let room = limit.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-                truncated |= n > room;
-            }
-        }
-    }
-}
-
-/// Waits for the tree to end, lets the output drain, closes the log, publishes the end and
-/// gives back the running slot and the unused part of the log reservation.
-async fn monitor(
-    p: Arc<ManagedProcess>,
-    readers: Vec<tokio::task::JoinHandle<()>>,
-    slot: RunningSlot,
-    budget: Arc<Budget>,
-) {
-    let Some(handle) = p.handle.clone() else {
-        return;
-    };
-    let exit = tokio::select! {
-        e = handle.wait() => e,
-        // A reload carries the process: the new image's monitor publishes its end.
-        _ = p.freeze.cancelled() => return,
-    };
-    let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures_util::future::join_all(readers)).await;
-    for a in aborts {
-        a.abort();
-    }
-    p.log.close();
-    *p.stdin.lock().await = None;
-    budget.release(p.log.cap().saturating_sub(p.log.held()));
-    drop(slot);
-    let at = now_ms();
-    if let Some(t) = p.log.durable() {
-        t.ended(&exit, at);
-    }
-    p.ended.send_replace(Some((exit, at)));
 }
