@@ -501,6 +501,10 @@ pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
     };
     let sock = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid))
         .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a));
+    let sock = sock.and_then(|s| {
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::PassCred, &true)?;
+        Ok(s)
+    });
     let sock = match sock {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -528,8 +532,8 @@ pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
             );
             return ExitCode::FAILURE;
         }
-        let n = match sock.recv(&mut buf) {
-            Ok(n) => n,
+        let (n, sender) = match recv_with_sender(&sock, &mut buf) {
+            Ok(got) => got,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -545,6 +549,11 @@ pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        // Only the daemon (or, through a container's init, its child) may answer: any local
+        // process can send to an abstract name, and a forged "ready" would end the wait early.
+        if !sender.is_some_and(|s| s == pid || parent_of(s) == Some(pid)) {
+            continue;
+        }
         let text = String::from_utf8_lossy(&buf[..n]);
         let (outcome, why) = text.split_once('\n').unwrap_or((&text, ""));
         match outcome {
@@ -557,6 +566,36 @@ pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
             _ => continue,
         }
     }
+}
+
+/// One datagram and the pid of the process that sent it (the kernel's `SCM_CREDENTIALS`, which
+/// a sender cannot forge without privileges).
+fn recv_with_sender(
+    sock: &std::os::unix::net::UnixDatagram,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<u32>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, UnixCredentials, recvmsg};
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!(UnixCredentials);
+    let msg = recvmsg::<UnixAddr>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )?;
+    let sender = msg.cmsgs()?.find_map(|c| match c {
+        ControlMessageOwned::ScmCredentials(cred) => u32::try_from(cred.pid()).ok(),
+        _ => None,
+    });
+    Ok((msg.bytes, sender))
+}
+
+/// The parent pid of `pid` (`/proc/<pid>/stat`), if it can be read.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the fields follow its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]

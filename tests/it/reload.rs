@@ -816,6 +816,34 @@ async fn the_reload_command_returns_once_the_new_image_serves_and_fails_when_ref
     let (code, stderr) = reload_command(&["--pid", &mute_pid, "--timeout", "500ms"]).await;
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("no answer"), "{stderr}");
+    // A "ready" forged by another local process (anyone can send to an abstract name) is
+    // ignored: only the daemon's own answer ends the wait.
+    let waiter = std::process::Command::new(BIN)
+        .args(["reload", "--pid", &mute_pid, "--timeout", "2s"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let forger = std::os::unix::net::UnixDatagram::unbound().unwrap();
+    let addr = {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(format!(
+            "sandbox-agent/reload/{mute_pid}"
+        ))
+        .unwrap()
+    };
+    eventually(Duration::from_secs(2), "the waiter to listen", || {
+        forger.send_to_addr(b"ready", &addr).ok()
+    });
+    let out = tokio::task::spawn_blocking(move || waiter.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a forged answer was taken: {stderr}"
+    );
+    assert!(stderr.contains("no answer"), "{stderr}");
     let _ = mute.kill();
     let _ = mute.wait();
     // No such process, and a bad timeout: clear errors.
