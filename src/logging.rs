@@ -395,6 +395,31 @@ impl Visit for JsonFields<'_> {
     }
 }
 
+/// The writer's queue, for `flush`.
+static WRITER: std::sync::OnceLock<Arc<Shared>> = std::sync::OnceLock::new();
+
+/// Waits (at most `timeout`) until every record queued so far has been written: for a reload,
+/// whose `execve` ends the writer thread with whatever it still holds. Blocks the calling thread.
+pub fn flush(timeout: Duration) -> bool {
+    let Some(shared) = WRITER.get() else {
+        return true;
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        {
+            let st = shared.lock();
+            // Parked with nothing queued: the last batch is written.
+            if st.records.is_empty() && st.dropped == 0 && (st.parked || st.closed) {
+                return true;
+            }
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Keeps the writer thread; dropping it flushes what is queued (waiting at most a second, since
 /// stderr may be a pipe nobody reads).
 pub struct LogGuard {
@@ -430,6 +455,7 @@ pub fn init(config: &Config) -> LogGuard {
         ready: Condvar::new(),
         max_bytes: usize::try_from(config.log_queue_bytes).unwrap_or(usize::MAX),
     });
+    let _ = WRITER.set(shared.clone());
     let mut format = resolve_format(config);
     let mut journal = None;
     if format == LogFormat::Journald {

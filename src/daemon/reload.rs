@@ -225,6 +225,9 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         "reload: executing the new image"
     );
     crate::daemon::systemd::notify_watchdog();
+    // The log writer is a thread the exec ends: what it still holds (this line included) is
+    // written first.
+    crate::sys::blocking(|| crate::logging::flush(Duration::from_millis(500))).await;
     let e = exec(r.launch, memfd.as_raw_fd());
     Failed::Fatal(format!("cannot execute {}: {e}", r.launch.exe.display()))
 }

@@ -4,7 +4,7 @@
 // because the daemon restores the session (session/load) before forwarding it.
 import { test, before } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { AcpHttpClient } from "acp-http-client";
@@ -16,6 +16,26 @@ before(() => {
 });
 
 const text = (t) => [{ type: "text", text: t }];
+
+// Whether every needle is somewhere in the files under `dir` (the state dir's logs and metadata
+// hold the events' and the session records' JSON as written). A crash loses what the daemon's
+// state writer had not written yet, so a test of recovery first waits for what it relies on.
+function onDisk(dir, ...needles) {
+  let all = "";
+  const walk = (d) => {
+    for (const e of readdirSync(d, { withFileTypes: true })) {
+      const p = join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.isFile()) all += readFileSync(p).toString("latin1");
+    }
+  };
+  try {
+    walk(dir);
+  } catch {
+    return false;
+  }
+  return needles.every((n) => all.includes(n));
+}
 
 test("after a daemon crash and restart the same session continues through the same client", async () => {
   const dir = mkdtempSync(join(tmpdir(), "sdk-durable-"));
@@ -43,6 +63,9 @@ test("after a daemon crash and restart the same session continues through the sa
     assert.equal(first.stopReason, "end_turn");
     await eventually(() => updates.length === 5, { what: "the first turn's 5 updates" });
     const before = c.transport.lastEventId;
+    await eventually(() => onDisk(join(dir, "state"), "chunk 5 of 5", `"sessionId":"${sessionId}","cwd"`), {
+      what: "the first turn and the session record on disk",
+    });
 
     // Crash: SIGKILL, no shutdown at all. Then the same daemon again on the same port.
     d.child.kill("SIGKILL");
