@@ -139,6 +139,64 @@ fn a_huge_base256_mtime_is_ignored() {
     assert_eq!(std::fs::read(tmp.path().join("root/f")).unwrap(), b"x");
 }
 
+/// Files keep the archive's permission bits (setuid dropped) and mtime whether or not the umask
+/// would filter them; a later entry replaces an earlier file or symlink of the same name; the
+/// data of an entry nobody reads (a directory's) is skipped, and the entries after it still parse.
+#[test]
+fn entries_keep_their_bits_and_mtime_and_later_ones_replace_earlier_ones() {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, kind: tar::EntryType, mode: u32, data: &[u8], link: &str| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_mtime(1_000_000_000 + u64::from(mode));
+        h.set_size(data.len() as u64);
+        if !link.is_empty() {
+            h.set_link_name(link).unwrap();
+        }
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let (file, dir, link) = (
+        tar::EntryType::Regular,
+        tar::EntryType::Directory,
+        tar::EntryType::Symlink,
+    );
+    add("a", file, 0o666, b"first", "");
+    add("b", file, 0o755, &[7; 513], "");
+    add("c", file, 0o4755, b"c", "");
+    add("d", file, 0o444, b"read only", "");
+    add("e", link, 0o777, b"", "b");
+    // A directory carrying data: skipped unread, the next header must still be found.
+    add("sub", dir, 0o750, &[9; 1500], "");
+    add("a", file, 0o600, b"second", "");
+    add("e", file, 0o640, b"no longer a link", "");
+    add("f", file, 0o666, b"group and others may write", "");
+    let bytes = b.into_inner().unwrap();
+    let (tmp, r) = extract_into(&bytes);
+    r.unwrap();
+    let root = tmp.path().join("root");
+    let meta = |n: &str| std::fs::symlink_metadata(root.join(n)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    for (name, mode, content) in [
+        ("a", 0o600, &b"second"[..]),
+        ("b", 0o755, &[7; 513][..]),
+        ("c", 0o755, b"c"),
+        ("d", 0o444, b"read only"),
+        ("e", 0o640, b"no longer a link"),
+        ("f", 0o666, b"group and others may write"),
+    ] {
+        let m = meta(name);
+        assert!(m.file_type().is_file(), "{name}");
+        assert_eq!(m.mode() & 0o7777, mode, "{name}");
+        let declared = if name == "c" { 0o4755 } else { mode };
+        assert_eq!(m.mtime(), 1_000_000_000 + i64::from(declared), "{name}");
+        assert_eq!(std::fs::read(root.join(name)).unwrap(), content, "{name}");
+    }
+    assert!(meta("sub").is_dir());
+    assert_eq!(meta("sub").mode() & 0o777, 0o750);
+    assert_eq!(std::fs::read_dir(root.join("sub")).unwrap().count(), 0);
+}
+
 #[test]
 fn limits_stop_extraction() {
     let (_t, r) = extract_into(&tar(&[("big", b'0', "", &vec![0u8; (1 << 20) + 1])]));
