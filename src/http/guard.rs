@@ -226,6 +226,15 @@ fn is_cors_simple(essence: &str) -> bool {
     )
 }
 
+/// The type to suggest in a 415: what the route takes (a file's raw bytes, a tar), else JSON.
+fn expected_type(req: &Request) -> &'static str {
+    match req.uri().path().trim_end_matches('/') {
+        "/v1/fs/file" => "application/octet-stream",
+        "/v1/fs/upload-batch" => "application/x-tar",
+        _ => "application/json",
+    }
+}
+
 fn check_content_type(req: &Request) -> Option<Response> {
     if !matches!(
         *req.method(),
@@ -237,15 +246,19 @@ fn check_content_type(req: &Request) -> Option<Response> {
         Some(essence) if is_cors_simple(&essence) => Some(refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &format!(
-                "Content-Type {essence} is not accepted on {}: send the endpoint's own type \
-                 (e.g. application/json)",
-                req.method()
+                "Content-Type {essence} is not accepted on {} (a web page could send it \
+                 cross-site): send {}",
+                req.method(),
+                expected_type(req)
             ),
         )),
         Some(_) => None,
         None if has_body(req.body()) => Some(refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "a request body needs a Content-Type (e.g. application/json)",
+            &format!(
+                "a request body needs a Content-Type: send {}",
+                expected_type(req)
+            ),
         )),
         None => None,
     }

@@ -187,15 +187,20 @@ fn writes_with_cors_simple_or_missing_content_types_are_415() {
         let (status, text) = post("/v1/fs/upload-batch?path=dropped", ct, &[0u8; 1024]);
         assert_eq!(status, 415, "{ct:?}: {text}");
         assert_problem(&text, 415);
-        let (status, _) = post("/v1/fs/mkdir?path=dropped2", ct.or(Some("text/plain")), b"");
+        // The detail names what the route takes, not a generic type.
+        assert!(text.contains("send application/x-tar"), "{text}");
+        let (status, text) = post("/v1/fs/mkdir?path=dropped2", ct.or(Some("text/plain")), b"");
         assert_eq!(status, 415, "{ct:?}");
+        assert!(text.contains("send application/json"), "{text}");
     }
-    let (status, _) = raw(
+    let (status, text) = raw(
         &d.addr,
         "PUT /v1/fs/file?path=dropped.txt HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\n",
         b"hi",
     );
     assert_eq!(status, 415);
+    // What `curl --data-binary @file -X PUT` sends by default: told which type to send instead.
+    assert!(text.contains("send application/octet-stream"), "{text}");
     assert!(!d.path("dropped").exists() && !d.path("dropped2").exists());
     assert!(!d.path("dropped.txt").exists());
     // A bodiless POST needs no Content-Type; a typed body goes through.
@@ -336,6 +341,9 @@ fn bad_log_level_and_edge_settings_exit_78() {
 #[tokio::test]
 async fn http2_with_prior_knowledge_is_served_on_the_same_port() {
     let d = Daemon::start();
+    // This client is built before any helper's: the TLS provider must be there (alone in its
+    // process, as under nextest, the build panicked without it).
+    sandbox_agent::install_crypto_provider();
     let h2 = reqwest::Client::builder()
         .no_proxy()
         .http2_prior_knowledge()
