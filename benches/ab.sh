@@ -22,7 +22,9 @@
 # Exit: 0 fine; 1 a regression (with --check) or a bench failed against the current build;
 # 2 usage; 3 the baseline commit is not in this clone; 4 a bench failed against the previous build.
 # Needs git, python3, cargo; nginx for the GET reference (skipped when missing). Everything it
-# builds or writes stays under target/ab. The full run is by hand (docs/performance.md).
+# builds or writes stays under target/ab, except the files bench's scratch and data when
+# BENCH_DIR / FILES_BENCH_DATA are set (e.g. on a tmpfs, to see the daemon's own cost without the
+# disk's). The full run is by hand (docs/performance.md).
 set -euo pipefail
 
 rounds= quick=0 check= confirm=0 only=files,acp,processes baseline=
@@ -99,7 +101,7 @@ done
 
 # --- the knobs of each bench: the full run, or the short one CI takes.
 export BENCH_AB=1 RUST_LOG=warn
-export FILES_BENCH_DATA=$ab/data BENCH_DIR=$ab/tmp
+export FILES_BENCH_DATA=${FILES_BENCH_DATA:-$ab/data} BENCH_DIR=${BENCH_DIR:-$ab/tmp}
 mkdir -p "$FILES_BENCH_DATA" "$BENCH_DIR"
 if [ "$quick" = 1 ]; then
   export BENCH_RUNS=1 FILES_BENCH_MIB=256 FILES_BENCH_DIRS=30
