@@ -84,7 +84,8 @@ pub struct Artifact {
     pub path: PathBuf,
     pub version: String,
     pub source: String,
-    /// See [`Manifest::verified`].
+    /// For a downloaded binary: whether its sha256 was checked (`false`: the source gave none).
+    /// Absent for npm installs (npm checks its own integrity).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified: Option<bool>,
 }

@@ -595,7 +595,10 @@ export interface components {
             path: string;
             version: string;
             source: string;
-            /** @description See [`Manifest::verified`]. */
+            /**
+             * @description For a downloaded binary: whether its sha256 was checked (`false`: the source gave none).
+             *     Absent for npm installs (npm checks its own integrity).
+             */
             verified?: boolean | null;
         };
         /**
