@@ -370,6 +370,12 @@ fn as_pid1_reaps_orphans_and_exits_zero_on_sigterm() {
         "zombies under the non-reaping control",
         || (zombie_children(control_init).len() >= 20).then_some(()),
     );
+    // Its init (`sleep`) first: killing `unshare` alone left it, and the test's output pipes
+    // with it, for the rest of its 30 s. The namespace's other processes end with their init.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(control_init as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     let _ = control.kill();
     let _ = control.wait();
 
