@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Daemon, eventually, http};
+use crate::support::{Daemon, eventually};
 
 /// Opens a connection and sends `head` (a request without its final CRLF CRLF) and `body`.
 fn stalled(d: &Daemon, head: &str, body: &[u8]) -> TcpStream {
@@ -940,6 +940,54 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Starts complete transfers at once, under `tag/`: `[puts, batches, gets]` PUTs of `payload`,
+/// upload-batches of `archive` and downloads of `big` read to the end. Each job gives its status
+/// and the bytes it read (0 for uploads).
+fn complete_transfers(
+    d: &Daemon,
+    c: &reqwest::Client,
+    tag: &str,
+    [puts, batches, gets]: [usize; 3],
+    payload: &[u8],
+    archive: &[u8],
+    big: &std::path::Path,
+) -> Vec<tokio::task::JoinHandle<(u16, usize)>> {
+    // (request, is a download)
+    let mut reqs = Vec::new();
+    for i in 0..puts {
+        let req = c
+            .put(d.url(&format!("/v1/fs/file?path={tag}/p{i}.bin")))
+            .header("content-type", "application/octet-stream")
+            .body(payload.to_vec());
+        reqs.push((req, false));
+    }
+    for i in 0..batches {
+        let req = c
+            .post(d.url(&format!("/v1/fs/upload-batch?path={tag}/b{i}")))
+            .header("content-type", "application/x-tar")
+            .body(archive.to_vec());
+        reqs.push((req, false));
+    }
+    for _ in 0..gets {
+        let req = c.get(d.url(&format!("/v1/fs/file?path={}", big.display())));
+        reqs.push((req, true));
+    }
+    reqs.into_iter()
+        .map(|(req, download)| {
+            tokio::spawn(async move {
+                let r = req.send().await.unwrap();
+                let status = r.status().as_u16();
+                let len = if download {
+                    r.bytes().await.unwrap().len()
+                } else {
+                    0
+                };
+                (status, len)
+            })
+        })
+        .collect()
+}
+
 /// After a bounded storm of file-shaped attacks — stalled PUTs and upload-batches, downloads
 /// whose client takes nothing, and complete large PUTs, downloads and upload-batches, all at
 /// once — the daemon's memory comes back near where it was once everything has ended, as
@@ -970,29 +1018,10 @@ async fn memory_goes_back_down_after_a_storm_of_file_transfers() {
     // storm's residue sat at 6-13 MiB, on both sides of the line, on a 2-core machine.
     good_client_works(&d, "warm").await;
     {
-        let c = http();
-        let mut warm = Vec::new();
-        for i in 0..8 {
-            let put = c
-                .put(d.url(&format!("/v1/fs/file?path=warm/p{i}.bin")))
-                .header("content-type", "application/octet-stream")
-                .body(payload.clone());
-            let batch = c
-                .post(d.url(&format!("/v1/fs/upload-batch?path=warm/b{i}")))
-                .header("content-type", "application/x-tar")
-                .body(archive.clone());
-            let get = c.get(d.url(&format!("/v1/fs/file?path={}", big.display())));
-            for req in [put, batch, get] {
-                warm.push(tokio::spawn(async move {
-                    let r = req.send().await.unwrap();
-                    let status = r.status().as_u16();
-                    let _ = r.bytes().await;
-                    status
-                }));
-            }
-        }
+        let c = d.client();
+        let warm = complete_transfers(&d, &c, "warm", [8, 8, 8], &payload, &archive, &big);
         for w in warm {
-            assert_eq!(w.await.unwrap(), 200);
+            assert_eq!(w.await.unwrap().0, 200);
         }
     }
     // The warm-up's connections close and its heap trim (200 ms after the last transfer) runs.
@@ -1044,35 +1073,7 @@ async fn memory_goes_back_down_after_a_storm_of_file_transfers() {
     // Complete, at the same time: 40 PUTs of 4 MiB, 20 upload-batches of 2 MiB, 20 downloads of
     // the 16 MiB file read to the end.
     let c = d.client();
-    let mut jobs = Vec::new();
-    for i in 0..40 {
-        let req = c
-            .put(d.url(&format!("/v1/fs/file?path=full/{i}.bin")))
-            .header("content-type", "application/octet-stream")
-            .body(payload.clone());
-        jobs.push(tokio::spawn(async move {
-            let r = req.send().await.unwrap();
-            (r.status().as_u16(), 0)
-        }));
-    }
-    for i in 0..20 {
-        let req = c
-            .post(d.url(&format!("/v1/fs/upload-batch?path=unpacked/{i}")))
-            .header("content-type", "application/x-tar")
-            .body(archive.clone());
-        jobs.push(tokio::spawn(async move {
-            let r = req.send().await.unwrap();
-            (r.status().as_u16(), 0)
-        }));
-    }
-    for _ in 0..20 {
-        let req = c.get(d.url(&format!("/v1/fs/file?path={}", big.display())));
-        jobs.push(tokio::spawn(async move {
-            let r = req.send().await.unwrap();
-            let status = r.status().as_u16();
-            (status, r.bytes().await.unwrap().len())
-        }));
-    }
+    let jobs = complete_transfers(&d, &c, "storm", [40, 20, 20], &payload, &archive, &big);
     for job in jobs {
         let (status, len) = tokio::time::timeout(Duration::from_secs(120), job)
             .await
