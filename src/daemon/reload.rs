@@ -593,12 +593,10 @@ fn recv_with_sender(
     Ok((msg.bytes, sender))
 }
 
-/// The parent pid of `pid` (`/proc/<pid>/stat`), if it can be read.
+/// The parent pid of `pid`, if its `/proc` entry can be read.
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: the fields follow its last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    let st = crate::supervisor::read_stat(i32::try_from(pid).ok()?)?;
+    u32::try_from(st.ppid).ok()
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use crate::config::Config;
 
 pub use adopt::{CgroupDirState, CgroupsState, ChildState};
 pub use limits::Limits;
-pub use stats::GroupScan;
+pub use stats::{GroupScan, read_stat};
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
 pub use tool::{ToolError, run_to_completion};
 pub use warm::stub_main;

@@ -10,6 +10,7 @@ use super::ProcessStats;
 /// The fields of `/proc/<pid>/stat` we use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
+    pub ppid: i32,
     pub pgrp: i32,
     /// State `Z`: exited, not yet reaped by its parent.
     pub zombie: bool,
@@ -28,6 +29,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     // After the name: state(3) ppid(4) pgrp(5) … utime(14) stime(15) … rss(24), 1-based overall.
     let at = |n: usize| f.get(n - 3).and_then(|v| v.parse::<i64>().ok());
     Some(Stat {
+        ppid: at(4)? as i32,
         pgrp: at(5)? as i32,
         zombie: *f.first()? == "Z",
         stopped: matches!(*f.first()?, "T" | "t"),
