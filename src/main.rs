@@ -124,6 +124,12 @@ fn serve(
         }
         parent_init = Some(init_pid);
     }
+    // Before any thread: the stop and reload signals are taken from a signalfd by one thread and
+    // must be blocked in all (`daemon/signals.rs`). A reload's image inherits them blocked.
+    if let Err(e) = daemon::signals::block() {
+        eprintln!("sandbox-agent: cannot block the stop signals: {e}");
+        return ExitCode::from(71);
+    }
     // Before any thread: buffers of 1 MiB and more are mapped on their own and handed back
     // when freed (docs/performance.md, "Memory after file attacks": 256 KiB cost PUT ~60 % more
     // CPU, 1 MiB nothing measurable).

@@ -153,6 +153,7 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
     // in the parent until `spawn` has returned, so they are valid in the child.
     unsafe {
         cmd.pre_exec(move || {
+            clear_signal_mask()?;
             nix::unistd::setsid().map_err(io::Error::from)?;
             for fd in &setup.cgroup_procs {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -185,6 +186,27 @@ pub fn agent_child_setup(cmd: &mut tokio::process::Command, setup: ChildSetup) {
             );
             enter_as(setup.user.as_ref(), setup.cwd.as_deref())
         });
+    }
+}
+
+/// Unblocks every signal in a child between fork and exec. The daemon blocks its stop and
+/// reload signals in all its threads (`daemon::signals`) and a child inherits the mask: an agent
+/// or tool would otherwise never see the SIGTERM of its own stop. Async-signal-safe.
+fn clear_signal_mask() -> io::Result<()> {
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Makes the child of `cmd` start with no signal blocked (see [`clear_signal_mask`]); for
+/// children that do not go through [`agent_child_setup`], which does it itself.
+pub fn clear_signal_mask_on_exec(cmd: &mut tokio::process::Command) {
+    // SAFETY: one sigprocmask(2) call, async-signal-safe and allocation-free.
+    unsafe {
+        cmd.pre_exec(clear_signal_mask);
     }
 }
 

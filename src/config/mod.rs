@@ -96,6 +96,9 @@ pub struct Config {
     /// Debug builds only, for the emergency stop's test: after the first stop signal, every
     /// runtime worker is blocked (`SANDBOX_AGENT_TEST_WEDGE_ON_STOP=1`). Always false in release.
     pub test_wedge_on_stop: bool,
+    /// Debug builds only, for the reload's signal test: a reload sleeps this long just before
+    /// its exec, with the signals held (`SANDBOX_AGENT_TEST_RELOAD_PAUSE_MS`). None in release.
+    pub test_reload_pause: Option<Duration>,
     pub agent_cgroups: AgentCgroups,
     // --- harden-edge ---
     /// Host names (lower case, maybe with `:port`) accepted besides loopback and `host`.
@@ -837,6 +840,10 @@ impl Config {
         };
         let test_wedge_on_stop = cfg!(debug_assertions)
             && env_get("SANDBOX_AGENT_TEST_WEDGE_ON_STOP").is_some_and(|v| v == "1");
+        let test_reload_pause = env_get("SANDBOX_AGENT_TEST_RELOAD_PAUSE_MS")
+            .filter(|_| cfg!(debug_assertions))
+            .and_then(|v| v.to_str()?.parse::<u64>().ok())
+            .map(|ms| Duration::from_millis(ms.min(10_000)));
         let agent_base_env = env
             .into_iter()
             .filter(|(k, _)| {
@@ -899,6 +906,7 @@ impl Config {
             agent_base_env,
             systemd,
             test_wedge_on_stop,
+            test_reload_pause,
             agent_cgroups,
             allowed_hosts,
             allowed_origins,

@@ -89,7 +89,7 @@ pub async fn run(
     };
     let weak = Arc::downgrade(&supervisor);
     let asked = reload_asked.clone();
-    signals::install(
+    let signal_gate = signals::install(
         root.clone(),
         move || {
             if let Some(s) = weak.upgrade() {
@@ -180,6 +180,7 @@ pub async fn run(
                     server: &mut server,
                     tasks: &tasks,
                     root: &root,
+                    signals: &signal_gate,
                 })
                 .await;
                 match failed {

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, FdFlag, fcntl};
-use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -156,6 +155,8 @@ pub struct Reloading<'a> {
     pub server: &'a mut Option<tokio::task::JoinHandle<()>>,
     pub tasks: &'a TaskTracker,
     pub root: &'a CancellationToken,
+    /// Held from the last check of `root` to the exec, so that no stop signal is lost between.
+    pub signals: &'a crate::daemon::signals::Gate,
 }
 
 /// Why a reload did not happen.
@@ -210,9 +211,6 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         handoff.acp.instances.len(),
         handoff.processes.processes.len(),
     );
-    if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
-        return Failed::Fatal(format!("cannot write the hand-off: {e}"));
-    }
     for fd in keep.iter().map(|f| f.as_fd()).chain([memfd.as_fd()]) {
         if let Err(e) = fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())) {
             return Failed::Fatal(format!("cannot keep a descriptor across the exec: {e}"));
@@ -228,7 +226,30 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     // The log writer is a thread the exec ends: what it still holds (this line included) is
     // written first.
     crate::sys::blocking(|| crate::logging::flush(Duration::from_millis(500))).await;
+    // From here no signal is read: a stop signal stays pending and reaches the new image. One
+    // read before the hold has cancelled `root` already, and the hand-off says so. The hold is a
+    // hop to the signal thread and back; the runtime has nothing left to serve meanwhile.
+    let held = r.signals.hold();
+    if let Err(e) = &held {
+        tracing::warn!(error = %e, "reload: cannot hold the signal thread; a stop signal sent during the exec may be lost");
+    }
+    let release = || {
+        if held.is_ok() {
+            r.signals.release();
+        }
+    };
+    let mut handoff = handoff;
+    handoff.stop_requested = r.root.is_cancelled();
+    if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
+        release();
+        return Failed::Fatal(format!("cannot write the hand-off: {e}"));
+    }
+    if let Some(pause) = r.state.config.test_reload_pause {
+        // Debug builds only: the window in which a stop signal must stay pending.
+        std::thread::sleep(pause);
+    }
     let e = exec(r.launch, memfd.as_raw_fd());
+    release();
     Failed::Fatal(format!("cannot execute {}: {e}", r.launch.exe.display()))
 }
 
@@ -362,22 +383,9 @@ fn write_memfd(mut f: &std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The stop and reload signals, blocked across the exec: one that arrives meanwhile stays
-/// pending until the new image's signal thread has its handlers.
-pub fn handled_signals() -> SigSet {
-    let mut set = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGHUP,
-    ] {
-        set.add(s);
-    }
-    set
-}
-
-/// Executes the new image; returns only on failure (with the signals unblocked again).
+/// Executes the new image; returns only on failure. The stop and reload signals are blocked in
+/// every thread (`signals::block`): one that arrives during the exec stays pending for the new
+/// image.
 fn exec(launch: &Launch, handoff_fd: RawFd) -> std::io::Error {
     let cstr = |b: &[u8]| CString::new(b).map_err(|_| std::io::Error::other("NUL in argument"));
     let prepared = (|| -> std::io::Result<(CString, Vec<CString>, Vec<CString>)> {
@@ -401,14 +409,10 @@ fn exec(launch: &Launch, handoff_fd: RawFd) -> std::io::Error {
         Ok(p) => p,
         Err(e) => return e,
     };
-    let set = handled_signals();
-    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
-    let err = match nix::unistd::execve(&path, &argv, &env) {
+    match nix::unistd::execve(&path, &argv, &env) {
         Err(e) => std::io::Error::from(e),
         Ok(never) => match never {},
-    };
-    let _ = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
-    err
+    }
 }
 
 /// A hand-off received by the new image, with the descriptors it kept.
@@ -519,7 +523,10 @@ pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(target), Signal::SIGHUP) {
+    if let Err(e) = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(target),
+        nix::sys::signal::Signal::SIGHUP,
+    ) {
         eprintln!("sandbox-agent reload: cannot signal pid {pid}: {e}");
         return ExitCode::FAILURE;
     }

@@ -64,6 +64,7 @@ pub async fn run_to_completion(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
+    crate::sys::clear_signal_mask_on_exec(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| ToolError::Spawn {
         program: program.clone(),
         source,

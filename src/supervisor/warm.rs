@@ -679,8 +679,9 @@ pub fn stub_main(fd: i32) -> ExitCode {
     if let Err(e) = crate::sys::enter_as(d.user.as_ref(), Some(&cwd)) {
         return refuse(control, e.raw_os_error().unwrap_or(libc::EPERM));
     }
-    // std resets the signal mask and SIGPIPE (which our runtime ignores) before the exec, and
-    // searches PATH of the new environment, as the direct spawn does.
+    // The stub started with no signal blocked (`agent_child_setup`); std resets SIGPIPE (which
+    // our runtime ignores) before the exec and searches PATH of the new environment, as the
+    // direct spawn does.
     let err = std::process::Command::new(&d.program)
         .args(&d.args)
         .env_clear()

@@ -235,11 +235,13 @@ fn sigterm_sends_stopping_and_exits_zero() {
     let mut d = Daemon::start();
     d.signal(nix::sys::signal::Signal::SIGTERM);
     d.wait_notify("STOPPING=1", Duration::from_secs(5));
-    assert_eq!(d.stop(Duration::from_secs(10)), 0);
+    assert_eq!(d.wait_exit(Duration::from_secs(10), "SIGTERM"), 0);
 }
 
+/// SIGHUP reloads (it does not stop the daemon), and a SIGINT sent while that reload runs is
+/// not lost, whichever step of the reload it meets.
 #[test]
-fn sigint_also_stops_gracefully_and_sighup_is_ignored() {
+fn sigint_stops_gracefully_even_in_the_middle_of_a_reload() {
     let mut d = Daemon::start();
     d.signal(nix::sys::signal::Signal::SIGHUP);
     eventually(Duration::from_secs(5), "SIGHUP logged", || {
@@ -250,8 +252,40 @@ fn sigint_also_stops_gracefully_and_sighup_is_ignored() {
         "SIGHUP must not stop the daemon"
     );
     d.signal(nix::sys::signal::Signal::SIGINT);
-    d.wait_notify("STOPPING=1", Duration::from_secs(5));
-    assert_eq!(d.stop(Duration::from_secs(10)), 0);
+    d.wait_notify("STOPPING=1", Duration::from_secs(10));
+    assert_eq!(d.wait_exit(Duration::from_secs(10), "SIGINT"), 0);
+}
+
+/// The window a handler-based design lost signals in: the reload has written its hand-off and
+/// is about to exec. The test hook holds the reload there; a SIGTERM sent then must stay
+/// pending across the exec and stop the new image, gracefully.
+#[test]
+fn a_stop_signal_sent_just_before_a_reloads_exec_stops_the_new_image() {
+    let mut d = Daemon::builder()
+        .env("SANDBOX_AGENT_TEST_RELOAD_PAUSE_MS", "1500")
+        .start();
+    let pid = d.pid();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    eventually(Duration::from_secs(15), "the reload at its exec", || {
+        d.stderr()
+            .contains("reload: executing the new image")
+            .then_some(())
+    });
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.wait_notify("STOPPING=1", Duration::from_secs(15));
+    assert_eq!(d.pid(), pid);
+    assert_eq!(d.wait_exit(Duration::from_secs(10), "SIGTERM"), 0);
+    let log = d.stderr();
+    let exec = log.find("reload: executing the new image").unwrap();
+    let stop = log
+        .find("stop signal received")
+        .expect("the SIGTERM is logged");
+    assert!(
+        stop > exec,
+        "the SIGTERM must be read by the new image, after the exec:\n{log}"
+    );
+    // The new image took over (and then stopped) rather than the old one stopping.
+    assert!(log[exec..].contains("reloaded; listening"), "{log}");
 }
 
 #[test]
@@ -420,7 +454,7 @@ fn init_flag_forwards_sigterm_and_exits_with_the_daemon_status() {
     // SIGTERM to the init is forwarded: the daemon stops gracefully and the init exits 0.
     d.signal(nix::sys::signal::Signal::SIGTERM);
     d.wait_notify("STOPPING=1", Duration::from_secs(5));
-    assert_eq!(d.stop(Duration::from_secs(10)), 0);
+    assert_eq!(d.wait_exit(Duration::from_secs(10), "SIGTERM"), 0);
 
     // A daemon killed outright is reported as 128 + signal.
     let mut d = Daemon::builder().arg("--init").expect_exit(None).start();

@@ -531,7 +531,7 @@ async fn a_second_stop_signal_kills_every_agent_at_once() {
     // The graceful stop would wait a minute for this agent; a second signal cuts it short.
     assert!(pid_alive(pid));
     d.signal(Signal::SIGTERM);
-    let code = d.stop(Duration::from_secs(10));
+    let code = d.wait_exit(Duration::from_secs(10), "the second SIGTERM");
     assert_eq!(code, 128 + 15);
     eventually(Duration::from_secs(5), "agent tree killed", || {
         tree.iter().all(|p| !pid_alive(*p)).then_some(())
@@ -568,7 +568,7 @@ async fn a_second_stop_signal_works_while_the_runtime_is_wedged() {
     assert!(probe.is_err(), "the runtime still answers: {probe:?}");
     assert!(pid_alive(pid));
     d.signal(Signal::SIGTERM);
-    let code = d.stop(Duration::from_secs(10));
+    let code = d.wait_exit(Duration::from_secs(10), "the second SIGTERM");
     assert_eq!(code, 128 + 15, "stderr:\n{}", d.stderr());
     eventually(Duration::from_secs(5), "agent killed", || {
         (!pid_alive(pid)).then_some(())
@@ -868,4 +868,41 @@ async fn a_stop_never_signals_a_stranger_that_reuses_the_group_id() {
     .await;
     assert_eq!(ended["exitSignal"], 9, "{ended}");
     stranger_survived_then_control(d, ns, top);
+}
+
+/// The daemon blocks its stop and reload signals in every thread (a signalfd reads them); what
+/// it starts must not inherit that mask, or an agent would ignore the SIGTERM of its own stop.
+#[tokio::test]
+async fn agents_and_processes_start_with_no_signal_blocked() {
+    let d = Daemon::start();
+    let blocked = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|v| v.trim().to_string())
+            .unwrap()
+    };
+    let daemon_mask = blocked(d.pid());
+    assert_ne!(
+        u64::from_str_radix(&daemon_mask, 16).unwrap(),
+        0,
+        "the daemon's main thread blocks the stop signals"
+    );
+    let agent = start_agent(&d, "mask").await;
+    assert_eq!(blocked(agent), "0000000000000000", "the agent");
+    for tty in [false, true] {
+        let created: Value = d
+            .client()
+            .post(d.url("/v1/processes"))
+            .json(&json!({"command": "sleep", "args": ["30"], "tty": tty}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let pid = created["pid"].as_u64().expect("a pid") as u32;
+        assert_eq!(blocked(pid), "0000000000000000", "a process, tty {tty}");
+    }
 }

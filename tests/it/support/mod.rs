@@ -407,11 +407,19 @@ impl Daemon {
 
     /// SIGTERM, then the exit status (code, or 128+signal) within `timeout`.
     pub fn stop(&mut self, timeout: Duration) -> i32 {
+        if let Some(child) = &self.child {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+        self.wait_exit(timeout, "SIGTERM")
+    }
+
+    /// Waits for an exit already asked for (a stop signal sent by the test: a second one from
+    /// `stop` would be the emergency exit). Kills the daemon and panics after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration, since: &str) -> i32 {
         let Some(mut child) = self.child.take() else {
             return 0;
         };
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -424,7 +432,7 @@ impl Daemon {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "daemon did not exit within {timeout:?} of SIGTERM; stderr:\n{}",
+                    "daemon did not exit within {timeout:?} of {since}; stderr:\n{}",
                     self.stderr()
                 );
             }
