@@ -144,6 +144,11 @@ impl Batch {
         self.len == 0
     }
 
+    /// The batch's bytes, frame by frame.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts.iter().map(|b| &b[..])
+    }
+
     /// Writes the whole batch with vectored writes (no copy into one buffer).
     pub fn write_to(&self, mut out: impl Write) -> io::Result<()> {
         let mut slices: Vec<IoSlice<'_>> = self.parts.iter().map(|b| IoSlice::new(b)).collect();

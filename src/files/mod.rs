@@ -210,6 +210,8 @@ pub struct FileService {
     transfers: Transfers,
     /// Where upload-batch bodies are spooled (as unnamed files) before extraction.
     spool_dir: PathBuf,
+    /// upload-batch: the uploads that may extract as their body arrives.
+    live_extractions: upload::Extractions,
     /// `GET /v1/fs/watch`: the live change feeds.
     pub watches: watch::WatchService,
 }
@@ -238,6 +240,9 @@ impl FileService {
                 config.body_min_rate,
             ),
             spool_dir: config.data_dir.join("tmp"),
+            live_extractions: upload::Extractions::new(upload::live_extractions(
+                config.max_connections,
+            )),
         })
     }
 

@@ -11,7 +11,7 @@
 //! whatever the archive size; no walk recurses on the archive's depth.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{Seek, SeekFrom};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +36,7 @@ pub enum Compression {
     Sniff,
 }
 
+#[derive(Debug, Clone, Copy)]
 struct Limits {
     bytes: Option<u64>,
     entries: u64,
@@ -114,29 +115,257 @@ impl FileService {
             .step(move || Spool::create(&spool_dir, declared))
             .await;
         let spool = match created {
-            Ok(s) => Worker::new(s),
+            Ok(s) => s,
             Err(e) => {
                 reader.linger().await;
                 return Err(e);
             }
         };
-        // Spooled while the next batch arrives (see `body::pump`).
-        let spool = pump(
-            reader,
+        // A gzip body is extracted once complete; a plain one as its entries arrive, while one
+        // of the live extractions is free (each holds a few descriptors between its steps).
+        let live = match compression {
+            Compression::Gzip => None,
+            Compression::Sniff => self.live_extractions.try_take(),
+        };
+        let upload = Upload {
             spool,
+            spooled: 0,
+            scan: live.map(|permit| (archive::TarScan::new(), permit)),
+            live: None,
+            extracted: 0,
+            job: Job {
+                policy: self.policy.clone(),
+                dest,
+                compression,
+                limits,
+            },
+        };
+        // Spooled (and extracted as far as whole entries arrived) while the next batch arrives
+        // (see `body::pump`).
+        let upload = pump(
+            reader,
+            Worker::new(upload),
             &self.transfers,
-            |s: &mut Spool, b: &Batch| s.write(b),
+            |u: &mut Upload, b: &Batch| u.take(b),
         )
         .await?;
-        let policy = self.policy.clone();
-        self.transfers
-            .step(move || {
-                let mut file = spool.file;
-                file.seek(SeekFrom::Start(0))
-                    .map_err(|e| FileError::from_io("read", &spool.shown, e))?;
-                extract(&policy, &dest, file, compression, &limits)
-            })
-            .await
+        self.transfers.step(move || upload.finish()).await
+    }
+}
+
+/// How many uploads may extract as their body arrives (`Extractions`), from the connection
+/// limit: each holds about eight descriptors between its steps.
+pub fn live_extractions(max_connections: usize) -> usize {
+    (max_connections / 32).clamp(1, 64)
+}
+
+/// Permits for extracting while the body arrives. Without one an upload is spooled whole and
+/// extracted at the end, which costs time but no descriptor while the client is slow.
+pub struct Extractions {
+    free: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+pub struct ExtractionPermit(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for ExtractionPermit {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl Extractions {
+    pub fn new(n: usize) -> Self {
+        Extractions {
+            free: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(n)),
+        }
+    }
+
+    fn try_take(&self) -> Option<ExtractionPermit> {
+        use std::sync::atomic::Ordering;
+        self.free
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| ExtractionPermit(self.free.clone()))
+    }
+}
+
+/// What the upload extracts, and where.
+struct Job {
+    policy: std::sync::Arc<PathPolicy>,
+    dest: SandboxPath,
+    compression: Compression,
+    limits: Limits,
+}
+
+/// An upload in progress: it travels between the async side and one blocking step at a time.
+struct Upload {
+    spool: Spool,
+    /// Bytes spooled so far.
+    spooled: u64,
+    /// While extracting as the body arrives: how far whole entries have arrived.
+    scan: Option<(archive::TarScan, ExtractionPermit)>,
+    /// The staging directory and the extraction, once the first whole entries arrived (or at
+    /// the end).
+    live: Option<Live>,
+    /// How far the spool has been extracted.
+    extracted: u64,
+    job: Job,
+}
+
+struct Live {
+    staging: Staging,
+    stream: archive::TarStream,
+    /// The destination of a merge, for the final symlink check.
+    merge_into: Option<OwnedFd>,
+}
+
+impl Upload {
+    /// One batch: spooled, then the entries it completed are extracted.
+    fn take(&mut self, batch: &Batch) -> Result<(), FileError> {
+        self.spool.write(batch)?;
+        self.spooled += batch.len() as u64;
+        let Some((scan, _)) = &mut self.scan else {
+            return Ok(());
+        };
+        for part in batch.parts() {
+            scan.feed(part);
+        }
+        let ready = scan.ready();
+        if ready > self.extracted {
+            let piece = SpoolAt::new(&self.spool.file, self.extracted, ready);
+            live(&mut self.live, &self.job)?
+                .stream
+                .feed(piece)
+                .map_err(|e| from_archive(e, &self.job.dest.abs))?;
+            self.extracted = ready;
+        }
+        Ok(())
+    }
+
+    /// The whole body arrived: the rest is extracted (all of it when nothing was yet), checked
+    /// and moved into place.
+    fn finish(mut self) -> Result<UploadOutcome, FileError> {
+        let rest = SpoolAt::new(&self.spool.file, self.extracted, self.spooled);
+        let dest = self.job.dest.abs.clone();
+        let live_now = live(&mut self.live, &self.job)?;
+        let fed = if self.extracted > 0 {
+            live_now.stream.feed(rest)
+        } else {
+            let compression = match self.job.compression {
+                Compression::Gzip => archive::Compression::Gzip,
+                Compression::Sniff => archive::Compression::Sniff,
+            };
+            let input =
+                archive::decompress(rest, compression).map_err(|e| from_archive(e, &dest))?;
+            live_now.stream.feed(input)
+        };
+        fed.map_err(|e| from_archive(e, &dest))?;
+        let Some(live) = self.live.take() else {
+            return Err(FileError::from_io(
+                "extract",
+                &dest,
+                io::Error::other("no extraction"),
+            ));
+        };
+        live.complete(&self.job.dest)
+    }
+}
+
+/// The upload's extraction, started (staging directory made) at its first use.
+fn live<'a>(live: &'a mut Option<Live>, job: &Job) -> Result<&'a mut Live, FileError> {
+    match live {
+        Some(l) => Ok(l),
+        None => Ok(live.insert(Live::start(job)?)),
+    }
+}
+
+impl Live {
+    fn start(job: &Job) -> Result<Live, FileError> {
+        let staging = prepare(&job.policy, &job.dest)?;
+        let open = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| FileError::from_io("open", &job.dest.abs, e))
+        };
+        type Checked = (Option<OwnedFd>, Option<archive::Guard<'static>>);
+        let (merge_into, guard): Checked = match &staging.target {
+            Target::Merge(dfd) => {
+                let checked = open(dfd)?;
+                (
+                    Some(open(dfd)?),
+                    Some(Box::new(move |rel: &Path, is_dir: bool, entry: &str| {
+                        check_destination(&checked, rel, is_dir, entry)
+                    })),
+                )
+            }
+            Target::Rename { .. } => (None, None),
+        };
+        let limits = archive::Limits {
+            bytes: job.limits.bytes,
+            entries: job.limits.entries,
+            listed: UPLOAD_PATHS_SHOWN,
+        };
+        let stream = archive::TarStream::new(&staging.fd, limits, guard)
+            .map_err(|e| from_archive(e, &job.dest.abs))?;
+        Ok(Live {
+            staging,
+            stream,
+            merge_into,
+        })
+    }
+
+    /// The checks that need the whole tree, then the commit.
+    fn complete(mut self, dest: &SandboxPath) -> Result<UploadOutcome, FileError> {
+        let extracted = self
+            .stream
+            .finish()
+            .map_err(|e| from_archive(e, &dest.abs))?;
+        // For a merge, every symlink must also stay beneath the destination it lands in.
+        if let Some(dfd) = &self.merge_into {
+            for (link, target) in &extracted.symlinks {
+                if archive::escapes(dfd, target) {
+                    return Err(FileError::UnsafeEntry {
+                        entry: link.to_string_lossy().into_owned(),
+                        reason: "its symlink target leaves the destination".into(),
+                    });
+                }
+            }
+        }
+        commit(&mut self.staging, dest)?;
+        Ok(UploadOutcome {
+            paths: extracted
+                .paths
+                .iter()
+                .map(|p| shown(&dest.abs.join(p)))
+                .collect(),
+            truncated: extracted.truncated,
+        })
+    }
+}
+
+/// A run of the spool, read with `pread` (the spool's own offset is where batches are written).
+struct SpoolAt<'a> {
+    file: &'a std::fs::File,
+    pos: u64,
+    end: u64,
+}
+
+impl<'a> SpoolAt<'a> {
+    fn new(file: &'a std::fs::File, pos: u64, end: u64) -> Self {
+        SpoolAt { file, pos, end }
+    }
+}
+
+impl io::Read for SpoolAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let left = usize::try_from(self.end.saturating_sub(self.pos)).unwrap_or(usize::MAX);
+        let want = buf.len().min(left);
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
@@ -297,64 +526,6 @@ fn check_destination(
         Ok(k) if is_dir && k != SFlag::S_IFDIR => Err(conflict("a file exists with this name")),
         _ => Ok(()),
     }
-}
-
-fn extract(
-    policy: &PathPolicy,
-    dest: &SandboxPath,
-    input: std::fs::File,
-    compression: Compression,
-    limits: &Limits,
-) -> Result<UploadOutcome, FileError> {
-    let mut staging = prepare(policy, dest)?;
-    let compression = match compression {
-        Compression::Gzip => archive::Compression::Gzip,
-        Compression::Sniff => archive::Compression::Sniff,
-    };
-    let archive_limits = archive::Limits {
-        bytes: limits.bytes,
-        entries: limits.entries,
-        listed: UPLOAD_PATHS_SHOWN,
-    };
-    let merge_into = match &staging.target {
-        Target::Merge(dfd) => Some(
-            dfd.try_clone()
-                .map_err(|e| FileError::from_io("open", &dest.abs, e))?,
-        ),
-        Target::Rename { .. } => None,
-    };
-    let mut guard = |rel: &Path, is_dir: bool, entry: &str| match &merge_into {
-        Some(dfd) => check_destination(dfd, rel, is_dir, entry),
-        None => Ok(()),
-    };
-    let extracted = archive::extract_tar(
-        input,
-        compression,
-        &staging.fd,
-        archive_limits,
-        Some(&mut guard),
-    )
-    .map_err(|e| from_archive(e, &dest.abs))?;
-    // For a merge, every symlink must also stay beneath the destination it lands in.
-    if let Some(dfd) = &merge_into {
-        for (link, target) in &extracted.symlinks {
-            if archive::escapes(dfd, target) {
-                return Err(FileError::UnsafeEntry {
-                    entry: link.to_string_lossy().into_owned(),
-                    reason: "its symlink target leaves the destination".into(),
-                });
-            }
-        }
-    }
-    commit(&mut staging, dest)?;
-    Ok(UploadOutcome {
-        paths: extracted
-            .paths
-            .iter()
-            .map(|p| shown(&dest.abs.join(p)))
-            .collect(),
-        truncated: extracted.truncated,
-    })
 }
 
 /// The archive's refusal as the filesystem service reports it (paths made absolute).

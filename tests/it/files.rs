@@ -850,17 +850,45 @@ async fn upload_batch_aborted_half_way_leaves_nothing_behind() {
             .filter(|&n| n > 0)
             .map(|_| ())
     });
-    // Nothing exists at the destination before the whole body arrived, and no named file.
-    assert!(!d.path("new").exists());
-    assert!(leftovers(&d.work_dir()).is_empty());
+    // The entries that arrived whole are being extracted, into a hidden staging directory
+    // beside the destination (its missing parent made for it); the destination does not exist
+    // before the whole body arrived, and the spool has no name.
+    eventually(Duration::from_secs(10), "the first entries staged", || {
+        walk(&d.work_dir())
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == "f0"))
+            .then_some(())
+    });
+    assert!(!d.path("new/dest").exists());
+    let staging = d.path("new");
+    for p in walk(&d.work_dir()) {
+        let under_staging = p
+            .strip_prefix(&staging)
+            .ok()
+            .and_then(|r| r.components().next())
+            .is_some_and(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .starts_with(".sandbox-agent-upload-")
+            });
+        assert!(
+            p == staging || under_staging,
+            "outside the staging directory: {p:?}"
+        );
+    }
     assert!(walk(&spool).is_empty(), "{:?}", walk(&spool));
     s.shutdown(std::net::Shutdown::Both).unwrap();
     let _ = s.read_to_end(&mut Vec::new());
-    // The spool is closed (and so gone), nothing was created.
+    // The spool is closed (and so gone); the staging directory and the parent the upload made
+    // are removed: nothing was created.
     eventually(Duration::from_secs(10), "the spool to be closed", || {
         spooled_bytes(d.pid(), &spool).is_none().then_some(())
     });
-    assert!(leftovers(&d.work_dir()).is_empty() && !d.path("new").exists());
+    eventually(
+        Duration::from_secs(10),
+        "the staging directory removed",
+        || (leftovers(&d.work_dir()).is_empty() && !d.path("new").exists()).then_some(()),
+    );
 }
 
 /// The size of the daemon's open unnamed spool file under `dir`, if it holds one.
