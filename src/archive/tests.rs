@@ -379,7 +379,10 @@ fn extract_in_pieces(
         scan.feed(&bytes[from..cut]);
         from = cut;
         let ready = scan.ready() as usize;
-        assert!(ready <= cut && ready.is_multiple_of(512), "ready {ready} at {cut}");
+        assert!(
+            ready <= cut && ready.is_multiple_of(512),
+            "ready {ready} at {cut}"
+        );
         if ready > done {
             let s = match &mut stream {
                 Some(s) => s,

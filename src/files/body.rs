@@ -150,8 +150,22 @@ impl Batch {
     }
 
     /// Writes the whole batch with vectored writes (no copy into one buffer).
-    pub fn write_to(&self, mut out: impl Write) -> io::Result<()> {
-        let mut slices: Vec<IoSlice<'_>> = self.parts.iter().map(|b| IoSlice::new(b)).collect();
+    pub fn write_to(&self, out: impl Write) -> io::Result<()> {
+        self.write_from(0, out)
+    }
+
+    /// Writes the batch from byte `from` on, with vectored writes.
+    pub fn write_from(&self, from: usize, mut out: impl Write) -> io::Result<()> {
+        let mut skip = from;
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(self.parts.len());
+        for b in &self.parts {
+            if skip >= b.len() {
+                skip -= b.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&b[skip..]));
+            skip = 0;
+        }
         let mut bufs = &mut slices[..];
         while !bufs.is_empty() {
             match out.write_vectored(bufs) {
@@ -162,6 +176,40 @@ impl Batch {
             }
         }
         Ok(())
+    }
+}
+
+/// Reads the first bytes of a batch, frame by frame (no copy).
+pub struct BatchReader<'a> {
+    parts: std::slice::Iter<'a, Bytes>,
+    current: &'a [u8],
+    left: usize,
+}
+
+impl<'a> BatchReader<'a> {
+    /// The first `len` bytes of `batch`.
+    pub fn new(batch: &'a Batch, len: usize) -> Self {
+        BatchReader {
+            parts: batch.parts.iter(),
+            current: &[],
+            left: len,
+        }
+    }
+}
+
+impl io::Read for BatchReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() && self.left > 0 {
+            match self.parts.next() {
+                Some(b) => self.current = &b[..],
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len()).min(self.left);
+        buf[..n].copy_from_slice(&self.current[..n]);
+        self.current = &self.current[n..];
+        self.left -= n;
+        Ok(n)
     }
 }
 

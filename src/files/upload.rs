@@ -11,7 +11,7 @@
 //! whatever the archive size; no walk recurses on the archive's depth.
 
 use std::ffi::{OsStr, OsString};
-use std::io;
+use std::io::{self, Seek, SeekFrom};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -22,7 +22,7 @@ use nix::unistd::UnlinkatFlags;
 
 use crate::archive::{self, ArchiveError};
 
-use super::body::{Batch, BodyReader, Worker, pump};
+use super::body::{Batch, BatchReader, BodyReader, Worker, pump};
 use super::entries::remove_tree;
 use super::{
     BodyStream, FileError, FileService, PathPolicy, SandboxPath, UPLOAD_PATHS_SHOWN, UploadOutcome,
@@ -42,10 +42,13 @@ struct Limits {
     entries: u64,
 }
 
-/// The spooled body: an unnamed file, gone when closed.
+/// The spooled body: an unnamed file, gone when closed. It holds the body's bytes from the
+/// first one not yet extracted, at offset 0.
 struct Spool {
     file: std::fs::File,
     shown: PathBuf,
+    /// Bytes it holds.
+    len: u64,
 }
 
 impl Spool {
@@ -79,13 +82,32 @@ impl Spool {
             }
             Err(e) => return Err(FileError::from_errno("create", &shown, e)),
         };
-        Ok(Spool { file, shown })
+        Ok(Spool {
+            file,
+            shown,
+            len: 0,
+        })
     }
 
-    fn write(&mut self, batch: &Batch) -> Result<(), FileError> {
+    /// Appends the batch from byte `from` on.
+    fn append(&mut self, batch: &Batch, from: usize) -> Result<(), FileError> {
         batch
-            .write_to(&self.file)
-            .map_err(|e| FileError::from_io("write", &self.shown, e))
+            .write_from(from, &self.file)
+            .map_err(|e| FileError::from_io("write", &self.shown, e))?;
+        self.len += batch.len().saturating_sub(from) as u64;
+        Ok(())
+    }
+
+    /// Empties the spool (its blocks are freed) for the bytes that follow.
+    fn clear(&mut self) -> Result<(), FileError> {
+        if self.len > 0 {
+            self.file
+                .set_len(0)
+                .and_then(|()| (&self.file).seek(SeekFrom::Start(0)).map(|_| ()))
+                .map_err(|e| FileError::from_io("write", &self.shown, e))?;
+            self.len = 0;
+        }
+        Ok(())
     }
 }
 
@@ -129,7 +151,7 @@ impl FileService {
         };
         let upload = Upload {
             spool,
-            spooled: 0,
+            received: 0,
             scan: live.map(|permit| (archive::TarScan::new(), permit)),
             live: None,
             extracted: 0,
@@ -162,7 +184,7 @@ pub fn live_extractions(max_connections: usize) -> usize {
 /// Permits for extracting while the body arrives. Without one an upload is spooled whole and
 /// extracted at the end, which costs time but no descriptor while the client is slow.
 pub struct Extractions {
-    free: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub(super) free: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 pub struct ExtractionPermit(std::sync::Arc<std::sync::atomic::AtomicUsize>);
@@ -199,15 +221,16 @@ struct Job {
 
 /// An upload in progress: it travels between the async side and one blocking step at a time.
 struct Upload {
+    /// The bytes received and not yet extracted.
     spool: Spool,
-    /// Bytes spooled so far.
-    spooled: u64,
+    /// Bytes received so far.
+    received: u64,
     /// While extracting as the body arrives: how far whole entries have arrived.
     scan: Option<(archive::TarScan, ExtractionPermit)>,
     /// The staging directory and the extraction, once the first whole entries arrived (or at
     /// the end).
     live: Option<Live>,
-    /// How far the spool has been extracted.
+    /// How far the body has been extracted (the spool holds what follows).
     extracted: u64,
     job: Job,
 }
@@ -220,32 +243,51 @@ struct Live {
 }
 
 impl Upload {
-    /// One batch: spooled, then the entries it completed are extracted.
+    /// One batch. The whole entries it completes are extracted, from the spool (what came
+    /// before it) and the batch in memory; only the bytes of an entry not yet complete are
+    /// spooled, so an archive of small files is hardly written twice.
     fn take(&mut self, batch: &Batch) -> Result<(), FileError> {
-        self.spool.write(batch)?;
-        self.spooled += batch.len() as u64;
+        let start = self.received;
+        self.received += batch.len() as u64;
         let Some((scan, _)) = &mut self.scan else {
-            return Ok(());
+            return self.spool.append(batch, 0);
         };
         for part in batch.parts() {
             scan.feed(part);
         }
         let ready = scan.ready();
-        if ready > self.extracted {
-            let piece = SpoolAt::new(&self.spool.file, self.extracted, ready);
-            live(&mut self.live, &self.job)?
-                .stream
-                .feed(piece)
-                .map_err(|e| from_archive(e, &self.job.dest.abs))?;
-            self.extracted = ready;
+        if ready <= self.extracted {
+            return self.spool.append(batch, 0);
         }
-        Ok(())
+        // The scanner moves only to the end of an entry that this batch completed.
+        let Some(in_batch) = ready
+            .checked_sub(start)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0 && *n <= batch.len())
+        else {
+            return Err(FileError::from_io(
+                "extract",
+                &self.job.dest.abs,
+                io::Error::other("the archive scan lost its place"),
+            ));
+        };
+        let piece = io::Read::chain(
+            SpoolAt::new(&self.spool.file, 0, self.spool.len),
+            BatchReader::new(batch, in_batch),
+        );
+        live(&mut self.live, &self.job)?
+            .stream
+            .feed(piece)
+            .map_err(|e| from_archive(e, &self.job.dest.abs))?;
+        self.extracted = ready;
+        self.spool.clear()?;
+        self.spool.append(batch, in_batch)
     }
 
     /// The whole body arrived: the rest is extracted (all of it when nothing was yet), checked
     /// and moved into place.
     fn finish(mut self) -> Result<UploadOutcome, FileError> {
-        let rest = SpoolAt::new(&self.spool.file, self.extracted, self.spooled);
+        let rest = SpoolAt::new(&self.spool.file, 0, self.spool.len);
         let dest = self.job.dest.abs.clone();
         let live_now = live(&mut self.live, &self.job)?;
         let fed = if self.extracted > 0 {
@@ -350,8 +392,11 @@ struct SpoolAt<'a> {
 }
 
 impl<'a> SpoolAt<'a> {
-    fn new(file: &'a std::fs::File, pos: u64, end: u64) -> Self {
-        SpoolAt { file, pos, end }
+    /// The run `pos..end`, read through a buffer of up to 256 KiB (tar reads a header, the
+    /// data, the padding: three small reads an entry otherwise).
+    fn new(file: &'a std::fs::File, pos: u64, end: u64) -> io::BufReader<Self> {
+        let len = usize::try_from(end.saturating_sub(pos)).unwrap_or(usize::MAX);
+        io::BufReader::with_capacity(len.clamp(512, 256 * 1024), SpoolAt { file, pos, end })
     }
 }
 
