@@ -1,14 +1,19 @@
-//! `POST /v1/fs/upload-batch`: the body (a tar, plain or gzip) is read on the async side and
-//! spooled, batch by batch with short blocking steps, into an anonymous file (`O_TMPFILE`) under
-//! `<data-dir>/tmp`; once complete it is extracted on the blocking pool into a staging directory,
-//! checked entry by entry on disk with the rules of [`crate::archive`], then moved into the
-//! destination. Invariants: no blocking
-//! thread waits for the client, and nothing is created at the destination before the whole body
-//! arrived; no entry lands outside the destination (absolute, `..`, device nodes, fifos, links
-//! leaving it, paths crossing a symlink are refused); a refused or broken archive leaves the
-//! destination as it was, directories the upload created included (all or nothing); the spool
-//! has no name, so nothing of it survives the request, even a crash; memory stays constant
-//! whatever the archive size; no walk recurses on the archive's depth.
+//! `POST /v1/fs/upload-batch`: the body (a tar, plain or gzip) is read on the async side in
+//! batches, each taken by a short blocking step. For a plain tar that step also extracts the
+//! entries the batch completed ([`archive::TarScan`] says how far the bytes hold whole entries),
+//! reading them from the batch in memory and, for an entry begun in an earlier batch, from an
+//! anonymous spool file (`O_TMPFILE` under `<data-dir>/tmp`) that holds only the bytes not yet
+//! extracted. A gzip body, or a plain one beyond the live-extraction cap, is spooled whole and
+//! extracted at the end. Entries land in a staging directory, checked one by one on disk with the
+//! rules of [`crate::archive`]; once the whole body arrived and was extracted, the tree is moved
+//! into the destination. Invariants: no blocking thread waits for the client; nothing appears at
+//! the destination before the whole body arrived (only the hidden staging directory, and the
+//! destination's missing parents, exist meanwhile); no entry lands outside the destination
+//! (absolute, `..`, device nodes, fifos, links leaving it, paths crossing a symlink are
+//! refused); a refused, broken or abandoned upload leaves the destination as it was, directories
+//! the upload created included (all or nothing); the spool has no name, so nothing of it
+//! survives the request, even a crash; memory stays constant whatever the archive size; no walk
+//! recurses on the archive's depth.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Seek, SeekFrom};
