@@ -65,7 +65,7 @@ async fn a_link_out_of_the_root_is_refused() {
 /// (the scanner stops there and the rest is extracted at the end).
 fn sample_tar(n: usize, pax: bool) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
-    let mut add = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
+    let add = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
         h.set_mode(0o644);
