@@ -180,8 +180,14 @@ impl FileService {
     }
 }
 
+/// The most parent directories of the destination an upload may create and still extract as its
+/// body arrives: with them, a live extraction holds at most 15 descriptors between its steps
+/// (the spool, the staging directory and its holder, the target, the extraction's root, a
+/// merge's two, the created parents).
+const LIVE_MAX_CREATED: usize = 8;
+
 /// How many uploads may extract as their body arrives (`Extractions`), from the connection
-/// limit: each holds about eight descriptors between its steps.
+/// limit: each holds at most 15 descriptors between its steps (`LIVE_MAX_CREATED`).
 pub fn live_extractions(max_connections: usize) -> usize {
     (max_connections / 32).clamp(1, 64)
 }
@@ -276,6 +282,18 @@ impl Upload {
                 io::Error::other("the archive scan lost its place"),
             ));
         };
+        if self.live.is_none() {
+            let started = Live::start(&self.job)?;
+            if started.staging.created.len() > LIVE_MAX_CREATED {
+                // Each parent the upload made is held open until the end (to remove it again on
+                // failure): too many to hold while the client may stall. Undone at once (on
+                // this blocking thread); the body is spooled whole and extracted at the end.
+                drop(started);
+                self.scan = None;
+                return self.spool.append(batch, 0);
+            }
+            self.live = Some(started);
+        }
         let piece = io::Read::chain(
             SpoolAt::new(&self.spool.file, 0, self.spool.len),
             BatchReader::new(batch, in_batch),
