@@ -1043,15 +1043,12 @@ async fn websocket_upgrades_take_the_token_in_the_query_and_nothing_else_does() 
         .args(["--log-level", "debug"])
         .start();
     let c = d.client();
-    let created: Value = c
-        .post(d.url("/v1/processes"))
-        .json(&json!({"command": "bash", "args": ["--norc", "--noprofile"], "tty": true, "interactive": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = d
+        .post_json(
+            "/v1/processes",
+            &json!({"command": "bash", "args": ["--norc", "--noprofile"], "tty": true, "interactive": true}),
+        )
+        .await;
     let id = created["id"].as_str().expect("a process id").to_string();
     let ws = |path: &str| format!("ws://{}{path}", d.addr);
 

@@ -892,16 +892,12 @@ async fn agents_and_processes_start_with_no_signal_blocked() {
     let agent = start_agent(&d, "mask").await;
     assert_eq!(blocked(agent), "0000000000000000", "the agent");
     for tty in [false, true] {
-        let created: Value = d
-            .client()
-            .post(d.url("/v1/processes"))
-            .json(&json!({"command": "sleep", "args": ["30"], "tty": tty}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let created = d
+            .post_json(
+                "/v1/processes",
+                &json!({"command": "sleep", "args": ["30"], "tty": tty}),
+            )
+            .await;
         let pid = created["pid"].as_u64().expect("a pid") as u32;
         assert_eq!(blocked(pid), "0000000000000000", "a process, tty {tty}");
     }

@@ -391,6 +391,19 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("GET {path} is not JSON: {e}"))
     }
 
+    /// `POST path` with a JSON body; the answer's JSON (whatever the status).
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        self.client()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} is not JSON: {e}"))
+    }
+
     /// The rows of `GET /v1/acp`.
     pub async fn servers(&self) -> Vec<serde_json::Value> {
         self.get_json("/v1/acp").await["servers"]
