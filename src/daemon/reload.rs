@@ -279,7 +279,8 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
         version: STATE_VERSION,
         token: r.token.map(str::to_string),
         listener_fd,
-        stop_requested: r.root.is_cancelled(),
+        // Set by `reload` once the signal thread is held (no stop signal read after that).
+        stop_requested: false,
         cgroups,
         acp,
         connections,
