@@ -3,6 +3,7 @@
 //! period (stop accepting, finish in-flight requests, stop every agent) and return.
 
 pub mod init;
+mod protocol;
 pub mod reload;
 pub mod serve;
 pub mod signals;

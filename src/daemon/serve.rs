@@ -31,7 +31,6 @@ use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 use futures_util::task::AtomicWaker;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -41,6 +40,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::http::Problem;
 use crate::http::guard::LocalAddr;
+
+use super::protocol::Protocols;
 
 /// The connection-level limits (from `Config`).
 #[derive(Debug, Clone, Copy)]
@@ -55,8 +56,9 @@ pub struct Limits {
 }
 
 /// The largest request head (request line and headers) read: HTTP/1.1 answers 431 above it,
-/// HTTP/2 refuses the header list. Hyper's own default is about 400 KiB, which a few hundred
-/// connections could turn into hundreds of MB.
+/// HTTP/2 refuses the header list. Without it, hyper bounds a head only by its read buffer
+/// (about 400 KiB by default, ours `protocol::READ_BUFFER_MAX`), which a few hundred
+/// connections sending slow heads could turn into hundreds of MB.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Under pressure, how long a new connection may stay silent before it is closed.
@@ -91,21 +93,7 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let open = Arc::new(Open::default());
     let lingering = Arc::new(Semaphore::new(MAX_LINGERING));
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // Our own watcher enforces the header-read timeout for both protocols; hyper's h1 one would
-    // also cut idle keep-alives at the same deadline, and it needs a timer we do not give it.
-    builder
-        .http1()
-        .header_read_timeout(None)
-        .keep_alive(true)
-        .max_buf_size(MAX_HEAD_BYTES);
-    // RFC 8441: WebSockets over HTTP/2 are extended CONNECT requests (`:protocol websocket`),
-    // which a server must announce in its SETTINGS before a client may send one.
-    builder
-        .http2()
-        .enable_connect_protocol()
-        .max_header_list_size(MAX_HEAD_BYTES as u32);
-    let builder = Arc::new(builder);
+    let protocols = Arc::new(Protocols::new(MAX_HEAD_BYTES));
     // The graceful stop reaches every connection through its flag, so that a connection's task
     // polls no shared cancellation future on every wake-up (see `Activity::attention`).
     {
@@ -171,7 +159,7 @@ pub async fn serve(
             permit,
             Registered::new(&open, pressure),
             app.clone(),
-            builder.clone(),
+            protocols.clone(),
             limits,
             stop.clone(),
         ));
@@ -285,7 +273,7 @@ async fn connection(
     permit: OwnedSemaphorePermit,
     registered: Registered,
     app: Router,
-    builder: Arc<hyper_util::server::conn::auto::Builder<TokioExecutor>>,
+    protocols: Arc<Protocols>,
     limits: Limits,
     stop: CancellationToken,
 ) {
@@ -317,7 +305,7 @@ async fn connection(
     if stop.is_cancelled() {
         activity.stopping.store(true, Ordering::Release);
     }
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    let conn = protocols.serve(io, svc);
     tokio::pin!(conn);
     let mut draining = false;
     // Set once the connection was told to close for a timeout; it gets this long to do so.

@@ -32,9 +32,9 @@ pub type BodyStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 pub(super) const CHUNK: usize = (1 << 20) - (64 << 10);
 /// Frames smaller than `SMALL_FRAME` are copied into a shared buffer of `SMALL` bytes (so a
 /// trickle of tiny frames does not pin many of hyper's buffers); larger ones are written as they
-/// are, by a vectored write. Hyper reads a body at most 64 KiB at a time (its read buffer is
-/// capped at the head limit, `daemon/serve.rs`) and often less, so with the threshold at 64 KiB
-/// most of an upload was copied once more on its way to the disk.
+/// are, by a vectored write. Hyper reads a body at most 256 KiB at a time (its read buffer's
+/// cap, `daemon/protocol.rs`) and often less; with the threshold at 64 KiB, when its reads were
+/// capped there, most of an upload was copied once more on its way to the disk.
 const SMALL: usize = 64 << 10;
 const SMALL_FRAME: usize = 16 << 10;
 /// A body that pauses this long with data pending gets that data written out: a stalled

@@ -1,0 +1,255 @@
+//! HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one socket: the first bytes tell them apart
+//! (the HTTP/2 connection preface), then hyper serves the connection with upgrades enabled.
+//!
+//! Ours rather than hyper-util's automatic builder because that one does not expose hyper's
+//! HTTP/1 header limit: the only bound it has on a request head is the read buffer's size, and a
+//! read buffer of 64 KiB made every upload arrive 64 KiB per `recv`, ~15 % more CPU per byte than
+//! 256 KiB reads on loopback (the kernel's window updates, not the copy; docs/performance.md).
+//! Here the head is capped on its own (`MAX_HEAD_BYTES`, 431 above it) and the read buffer grows
+//! to `READ_BUFFER_MAX` only while reads keep filling it, i.e. during a bulk body.
+//!
+//! **Invariants:** bytes read while telling the protocols apart are handed to hyper first, in
+//! order; a connection asked to close before it sent enough to tell ends at once with nothing
+//! answered (it had no request in flight).
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The client's first bytes on an HTTP/2 connection with prior knowledge (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The most an HTTP/1 connection's read buffer grows to (it starts at 8 KiB and doubles only
+/// while each read fills it).
+pub const READ_BUFFER_MAX: usize = 256 << 10;
+
+/// The error a connection ends with.
+pub type ConnError = Box<dyn StdError + Send + Sync>;
+
+/// Both protocols' settings, shared by every connection.
+pub struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Protocols {
+    /// `max_head`: the largest request head (HTTP/1 request line and headers; HTTP/2 header
+    /// list).
+    pub fn new(max_head: usize) -> Self {
+        let mut http1 = http1::Builder::new();
+        // Our own watcher enforces the header-read timeout for both protocols; hyper's would
+        // also cut idle keep-alives at the same deadline, and it needs a timer we do not give it.
+        http1
+            .header_read_timeout(None)
+            .keep_alive(true)
+            .max_header_size(max_head)
+            .max_buf_size(READ_BUFFER_MAX.max(max_head));
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        // RFC 8441: WebSockets over HTTP/2 are extended CONNECT requests (`:protocol
+        // websocket`), which a server must announce in its SETTINGS before a client may send one.
+        http2
+            .enable_connect_protocol()
+            .max_header_list_size(max_head as u32);
+        Protocols { http1, http2 }
+    }
+
+    /// Serves `io` with `service` once its first bytes tell the protocol.
+    pub fn serve<I, S>(self: &std::sync::Arc<Self>, io: I, service: S) -> Served<I, S>
+    where
+        S: HttpService<Incoming>,
+    {
+        Served {
+            state: State::Sniffing {
+                io: Some(io),
+                seen: [0; H2_PREFACE.len()],
+                len: 0,
+                service: Some(service),
+                protocols: self.clone(),
+            },
+        }
+    }
+}
+
+/// One connection: first telling the protocol, then served by hyper.
+pub struct Served<I, S>
+where
+    S: HttpService<Incoming>,
+{
+    state: State<I, S>,
+}
+
+/// What hyper reads and writes: the socket with the sniffed bytes put back.
+type Io<I> = TokioIo<Replay<I>>;
+
+enum State<I, S>
+where
+    S: HttpService<Incoming>,
+{
+    Sniffing {
+        io: Option<I>,
+        seen: [u8; H2_PREFACE.len()],
+        len: usize,
+        service: Option<S>,
+        protocols: std::sync::Arc<Protocols>,
+    },
+    Http1(Pin<Box<http1::UpgradeableConnection<Io<I>, S>>>),
+    Http2(Pin<Box<http2::Connection<Io<I>, S, TokioExecutor>>>),
+    Closed,
+}
+
+impl<I, S, B> Served<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<ConnError>,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<ConnError>,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    /// Finishes the requests in flight and closes (HTTP/2 sends GOAWAY first); a connection
+    /// still being told apart closes at once.
+    pub fn graceful_shutdown(self: Pin<&mut Self>) {
+        let this = self.get_mut();
+        match &mut this.state {
+            State::Sniffing { .. } => this.state = State::Closed,
+            State::Http1(c) => c.as_mut().graceful_shutdown(),
+            State::Http2(c) => c.as_mut().graceful_shutdown(),
+            State::Closed => {}
+        }
+    }
+}
+
+impl<I, S> Unpin for Served<I, S> where S: HttpService<Incoming> {}
+
+impl<I, S, B> Future for Served<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<ConnError>,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<ConnError>,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Output = Result<(), ConnError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.state {
+                State::Sniffing {
+                    io,
+                    seen,
+                    len,
+                    service,
+                    protocols,
+                } => {
+                    let Some(stream) = io.as_mut() else {
+                        return Poll::Ready(Ok(()));
+                    };
+                    // HTTP/2 as long as every byte so far matches the preface.
+                    let mut http2 = true;
+                    while *len < H2_PREFACE.len() {
+                        let mut buf = ReadBuf::new(&mut seen[*len..]);
+                        ready!(Pin::new(&mut *stream).poll_read(cx, &mut buf))?;
+                        let n = buf.filled().len();
+                        let was = *len;
+                        *len += n;
+                        if n == 0 || seen[was..*len] != H2_PREFACE[was..*len] {
+                            http2 = false;
+                            break;
+                        }
+                    }
+                    let (Some(stream), Some(service)) = (io.take(), service.take()) else {
+                        return Poll::Ready(Ok(()));
+                    };
+                    let io = TokioIo::new(Replay {
+                        pre: seen[..*len].to_vec(),
+                        at: 0,
+                        inner: stream,
+                    });
+                    this.state = if http2 {
+                        State::Http2(Box::pin(protocols.http2.serve_connection(io, service)))
+                    } else {
+                        State::Http1(Box::pin(
+                            protocols
+                                .http1
+                                .serve_connection(io, service)
+                                .with_upgrades(),
+                        ))
+                    };
+                }
+                State::Http1(c) => return c.as_mut().poll(cx).map_err(Into::into),
+                State::Http2(c) => return c.as_mut().poll(cx).map_err(Into::into),
+                State::Closed => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+/// The socket, with the bytes already read to tell the protocol given back first.
+pub struct Replay<I> {
+    pre: Vec<u8>,
+    at: usize,
+    inner: I,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Replay<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.at < self.pre.len() {
+            let n = buf.remaining().min(self.pre.len() - self.at);
+            let from = self.at;
+            buf.put_slice(&self.pre[from..from + n]);
+            self.at += n;
+            if self.at == self.pre.len() {
+                self.pre = Vec::new();
+                self.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Replay<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
