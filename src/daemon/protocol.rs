@@ -253,3 +253,180 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Replay<I> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::body::Body as AxumBody;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::*;
+
+    type Answer = hyper::Response<AxumBody>;
+
+    async fn body_text(body: Incoming) -> String {
+        let bytes = axum::body::to_bytes(AxumBody::new(body), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// A connection served by `Protocols` on one end of an in-memory pipe; the service answers
+    /// with the request's version and the size of its body.
+    fn served(
+        protocols: &Arc<Protocols>,
+    ) -> (DuplexStream, tokio::task::JoinHandle<Result<(), ConnError>>) {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let svc = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
+            let version = format!("{:?}", req.version());
+            let body = body_text(req.into_body()).await.len();
+            Ok::<Answer, Infallible>(hyper::Response::new(AxumBody::from(format!(
+                "{version} {body}"
+            ))))
+        });
+        let conn = protocols.serve(server, svc);
+        (client, tokio::spawn(conn))
+    }
+
+    async fn read_answer(client: &mut DuplexStream) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&out).ends_with(" 0") {
+            let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// HTTP/1.1 is recognised whatever pieces its first bytes come in, including a first piece
+    /// that could still be the HTTP/2 preface ("P" of "PUT"), and nothing of it is lost.
+    #[tokio::test]
+    async fn http1_is_told_apart_however_its_first_bytes_arrive() {
+        let protocols = Arc::new(Protocols::new(64 << 10));
+        for request in [
+            "GET /a HTTP/1.1\r\nhost: x\r\n\r\n",
+            "PUT /b HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
+            "PRI /c HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            let (mut client, conn) = served(&protocols);
+            for b in request.as_bytes() {
+                client.write_all(&[*b]).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            let answer = read_answer(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{request:?}: {answer}");
+            assert!(answer.ends_with("HTTP/1.1 0"), "{request:?}: {answer}");
+            drop(client);
+            conn.await.unwrap().unwrap();
+        }
+    }
+
+    /// A request whose body exceeds the head cap many times over is served (the read buffer
+    /// is not the head limit), while a head over the cap is refused with 431.
+    #[tokio::test]
+    async fn the_head_cap_is_apart_from_the_read_buffer() {
+        let protocols = Arc::new(Protocols::new(4 << 10));
+        let (mut client, _conn) = served(&protocols);
+        let body = vec![7u8; 1 << 20];
+        client
+            .write_all(
+                format!(
+                    "PUT /big HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        client.write_all(&body).await.unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&out).ends_with(&format!(" {}", body.len())) {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+        // The same connection, its buffer grown by that body: a head over 4 KiB is refused.
+        let big = "a".repeat(8 << 10);
+        client
+            .write_all(format!("GET /h HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(rest.starts_with("HTTP/1.1 431"), "{rest}");
+    }
+
+    /// HTTP/2 with prior knowledge is recognised with its preface cut into single bytes.
+    #[tokio::test]
+    async fn http2_is_told_apart_with_its_preface_in_pieces() {
+        let protocols = Arc::new(Protocols::new(64 << 10));
+        let (client, conn) = served(&protocols);
+        // hyper's client writes into `near`; a relay passes its preface on one byte at a time,
+        // then everything as it comes, and the answers back.
+        let (near, far) = tokio::io::duplex(1 << 16);
+        let (mut client_r, mut client_w) = tokio::io::split(client);
+        let (mut far_r, mut far_w) = tokio::io::split(far);
+        let up = tokio::spawn(async move {
+            let mut first = [0u8; H2_PREFACE.len()];
+            far_r.read_exact(&mut first).await.unwrap();
+            for b in first {
+                client_w.write_all(&[b]).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            tokio::io::copy(&mut far_r, &mut client_w).await.ok();
+        });
+        let down = tokio::spawn(async move {
+            tokio::io::copy(&mut client_r, &mut far_w).await.ok();
+        });
+        let (mut sender, h2) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(near))
+                .await
+                .unwrap();
+        tokio::spawn(h2);
+        let req = hyper::Request::builder()
+            .uri("http://x/a")
+            .body(AxumBody::from("abc"))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(body_text(resp.into_body()).await, "HTTP/2.0 3");
+        drop(sender);
+        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        up.abort();
+        down.abort();
+    }
+
+    /// Asked to close before the protocol is known (nothing in flight), the connection ends at
+    /// once, and so does one whose client closes without a byte.
+    #[tokio::test]
+    async fn a_connection_closes_at_once_while_its_protocol_is_unknown() {
+        let protocols = Arc::new(Protocols::new(64 << 10));
+        let (mut client, server) = tokio::io::duplex(1024);
+        let svc = hyper::service::service_fn(|_req: hyper::Request<Incoming>| async {
+            Ok::<Answer, Infallible>(hyper::Response::new(AxumBody::empty()))
+        });
+        let mut conn = protocols.serve(server, svc);
+        client.write_all(b"PRI * HT").await.unwrap();
+        assert!(
+            futures_util::poll!(&mut conn).is_pending(),
+            "waits for the rest of the preface"
+        );
+        Pin::new(&mut conn).graceful_shutdown();
+        let r = tokio::time::timeout(Duration::from_secs(1), conn).await;
+        assert!(matches!(r, Ok(Ok(()))), "ended at once");
+
+        let (client, conn) = served(&protocols);
+        drop(client);
+        let r = tokio::time::timeout(Duration::from_secs(1), conn).await;
+        assert!(r.is_ok(), "a silent client that closes ends its connection");
+    }
+}
