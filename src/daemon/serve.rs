@@ -1,7 +1,7 @@
 //! The accept loop and the per-connection driver: HTTP/1.1 and HTTP/2 with prior knowledge (h2c)
 //! on one port, upgrades (WebSocket) enabled, served by hyper (`protocol.rs` tells the two
-//! apart) with axum's router as the service. **Invariants:** a request head not complete within `header_read_timeout` of its
-//! first byte closes the connection; a connection with no request in flight and no bytes moved
+//! apart) with axum's router as the service. **Invariants:** a request head not complete within
+//! `header_read_timeout` of its first byte closes the connection; a connection with no request in flight and no bytes moved
 //! for `idle_timeout` (a fresh one that never sent anything included) is closed; at most
 //! `max_connections` sockets are held at once. At the cap, the connection with no request in
 //! flight that has been quiet longest is closed to admit the new one (idle sockets cannot lock
