@@ -1,16 +1,16 @@
-//! The accept loop and the per-connection driver: HTTP/1.1 and HTTP/2 with prior knowledge (h2c)
-//! on one port, upgrades (WebSocket) enabled, served by hyper (`protocol.rs` tells the two
-//! apart) with axum's router as the service. **Invariants:** a request head not complete within
-//! `header_read_timeout` of its first byte closes the connection; a connection with no request in flight and no bytes moved
-//! for `idle_timeout` (a fresh one that never sent anything included) is closed; at most
-//! `max_connections` sockets are held at once. At the cap, the connection with no request in
-//! flight that has been quiet longest is closed to admit the new one (idle sockets cannot lock
-//! honest clients out); only when every held connection has a request in flight is a socket
-//! refused, with a canned 503 that is never read but always arrives whole (the close lingers
+//! The accept loop and the per-connection driver: HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on
+//! one port, upgrades (WebSocket) enabled, served by hyper (`protocol.rs` tells the two apart) with
+//! axum's router as the service. **Invariants:** a request head not complete within
+//! `header_read_timeout` of its first byte closes the connection; a connection with no request in
+//! flight and no bytes moved for `idle_timeout` (a fresh one that never sent anything included) is
+//! closed; at most `max_connections` sockets are held at once. At the cap, the connection with no
+//! request in flight that has been quiet longest is closed to admit the new one (idle sockets
+//! cannot lock honest clients out); only when every held connection has a request in flight is a
+//! socket refused, with a canned 503 that is never read but always arrives whole (the close lingers
 //! until the client's request bytes are drained, so no reset cuts the answer). Under pressure
 //! (three quarters of the cap held) a new connection that sends nothing is closed after
-//! `FRESH_UNDER_PRESSURE`. A request head is at most `MAX_HEAD_BYTES` (431 above). An accept
-//! error from descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
+//! `FRESH_UNDER_PRESSURE`. A request head is at most `MAX_HEAD_BYTES` (431 above). An accept error
+//! from descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
 //! request in flight, so SSE streams and long POSTs keep working. A panic in a handler becomes a
 //! plain 500 problem (the panic hook logged it once) and the connection goes on.
 
