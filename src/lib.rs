@@ -17,6 +17,11 @@ pub mod processes;
 pub mod state;
 pub mod supervisor;
 pub mod sys;
+#[cfg(feature = "otel")]
+pub mod telemetry;
+/// Without the `otel` feature, the same calls, making no spans.
+#[cfg(not(feature = "otel"))]
+#[path = "telemetry_off.rs"]
 pub mod telemetry;
 
 /// Installs the process-wide TLS crypto provider (ring) that reqwest needs before any client is

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -132,7 +132,11 @@ where
     Some((
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
-            .with_tracked_inactivity(false),
+            .with_tracked_inactivity(false)
+            // Source locations and thread names of the daemon's own code are noise to whoever
+            // reads a request's trace.
+            .with_location(false)
+            .with_threads(false),
         TelemetryGuard { provider },
     ))
 }
@@ -223,30 +227,114 @@ pub fn http_done(span: &Span, status: u16) {
     if span.is_none() {
         return;
     }
-    span.record("http.response.status_code", status);
+    // An integer attribute, as the semantic conventions say (a `u16` would be recorded as
+    // its `Debug` string: tracing-opentelemetry has no unsigned attributes).
+    span.record("http.response.status_code", i64::from(status));
     if status >= 500 {
         span.record("otel.status_code", "ERROR");
     }
 }
 
-/// The span of one ACP request from the POST to the agent's answer.
-pub fn acp_span(method: &str, server_id: &str, agent: Option<&str>, id: &str) -> Span {
+/// What an ACP request envelope says about itself, read for its span: the method, the id and
+/// the trace context the client put in `params._meta` (if any).
+#[derive(serde::Deserialize)]
+struct RequestHead<'a> {
+    method: String,
+    #[serde(borrow)]
+    id: &'a RawValue,
+    #[serde(default)]
+    params: Option<ParamsHead>,
+}
+
+#[derive(serde::Deserialize)]
+struct ParamsHead {
+    #[serde(default, rename = "_meta")]
+    meta: Option<MetaHead>,
+}
+
+#[derive(serde::Deserialize)]
+struct MetaHead {
+    #[serde(default)]
+    traceparent: Option<String>,
+    #[serde(default)]
+    tracestate: Option<String>,
+}
+
+/// The span of one ACP request from the POST (or the WebSocket frame) to the agent's answer,
+/// and the envelope to send instead of `line`, with the span's context as
+/// `params._meta.traceparent` (`None`: send `line` unchanged). `(None, Span::none())` while
+/// traces are off and for anything but a request.
+///
+/// The parent: the current span (the HTTP request's, itself a child of a `traceparent` header)
+/// when `header_parent`; otherwise the client's own `params._meta.traceparent` when it sent one
+/// (a client that propagates context inside the envelope, as ACP clients do), else the current
+/// span. A client's `_meta.tracestate` is kept only while the envelope stays in its trace.
+pub fn acp_request(
+    line: &[u8],
+    header_parent: bool,
+    server_id: &str,
+    agent: &str,
+) -> (Option<Bytes>, Span) {
     if !enabled() {
-        return Span::none();
+        return (None, Span::none());
     }
-    tracing::info_span!(
+    let Ok(head) = serde_json::from_slice::<RequestHead>(line) else {
+        return (None, Span::none());
+    };
+    let span = tracing::info_span!(
         target: TARGET,
         "acp request",
-        otel.name = format!("acp {method}"),
+        otel.name = format!("acp {}", head.method),
         otel.kind = "client",
         rpc.system = "jsonrpc",
-        rpc.method = method,
-        rpc.jsonrpc.request_id = id,
+        rpc.method = head.method.as_str(),
+        rpc.jsonrpc.request_id = request_id(head.id).as_str(),
         acp.server_id = server_id,
-        acp.agent = agent.unwrap_or(""),
+        acp.agent = agent,
         acp.outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-    )
+    );
+    let meta = head.params.and_then(|p| p.meta);
+    let client_tp = meta.as_ref().and_then(|m| m.traceparent.clone());
+    if !header_parent && let Some(tp) = &client_tp {
+        let mut carrier: HashMap<String, String> = HashMap::new();
+        carrier.insert("traceparent".into(), tp.clone());
+        if let Some(ts) = meta.as_ref().and_then(|m| m.tracestate.clone()) {
+            carrier.insert("tracestate".into(), ts);
+        }
+        let parent = TraceContextPropagator::new().extract(&carrier);
+        if parent.span().span_context().is_valid() {
+            let _ = span.set_parent(parent);
+        }
+    }
+    let Some(ours) = traceparent(&span) else {
+        return (None, span);
+    };
+    // The client's tracestate belongs to the client's trace: dropped when the agent is handed
+    // another one (a header's trace, or a new root).
+    let same_trace = client_tp
+        .as_deref()
+        .is_some_and(|tp| trace_id_of(tp).is_some() && trace_id_of(tp) == trace_id_of(&ours));
+    let has_state = meta.as_ref().is_some_and(|m| m.tracestate.is_some());
+    let remove: &[&str] = if has_state && !same_trace {
+        &["tracestate"]
+    } else {
+        &[]
+    };
+    (with_meta(line, &[("traceparent", &ours)], remove), span)
+}
+
+/// A JSON-RPC id as an attribute: a string id without its JSON quotes, a number as written.
+fn request_id(raw: &RawValue) -> String {
+    match serde_json::from_str::<String>(raw.get()) {
+        Ok(s) => s,
+        Err(_) => raw.get().to_string(),
+    }
+}
+
+/// The trace id of a W3C `traceparent` (`version-traceid-spanid-flags`).
+fn trace_id_of(traceparent: &str) -> Option<&str> {
+    traceparent.split('-').nth(1).filter(|t| t.len() == 32)
 }
 
 /// Records how an ACP request ended: `ok` (the agent answered), else the problem's status.
@@ -269,7 +357,7 @@ pub fn task_span(name: &'static str, what: &str) -> Span {
 }
 
 /// The W3C `traceparent` of `span` (`None` when it records nothing).
-pub fn traceparent(span: &Span) -> Option<String> {
+fn traceparent(span: &Span) -> Option<String> {
     if span.is_none() {
         return None;
     }
@@ -279,26 +367,31 @@ pub fn traceparent(span: &Span) -> Option<String> {
     carrier.remove("traceparent")
 }
 
-/// The envelope `line` with `params._meta.traceparent` set (other `_meta` members and every
-/// other member kept byte for byte), or `None` when `params` is not an object (nothing to add
-/// it to) or the line is not an object.
-pub fn with_traceparent(line: &[u8], traceparent: &str) -> Option<Bytes> {
+/// The envelope `line` with each of `set` put into `params._meta` and each of `remove` taken out
+/// of it (other `_meta` members and every other member kept byte for byte), or `None` when
+/// `params` is not an object (nothing to add it to) or the line is not an object.
+fn with_meta(line: &[u8], set: &[(&str, &str)], remove: &[&str]) -> Option<Bytes> {
     type Members = serde_json::Map<String, serde_json::Value>;
     let mut top: Vec<(String, Box<RawValue>)> = raw_members(line)?;
     let params = top.iter_mut().find(|(k, _)| k == "params")?;
     let mut inner = raw_members(params.1.get().as_bytes())?;
-    let tp = serde_json::Value::String(traceparent.to_string());
+    let mut m: Members = match inner.iter().find(|(k, _)| k == "_meta") {
+        Some((_, meta)) => serde_json::from_str(meta.get()).ok()?,
+        None => Members::new(),
+    };
+    for key in remove {
+        m.remove(*key);
+    }
+    for (key, value) in set {
+        m.insert(
+            (*key).to_string(),
+            serde_json::Value::String((*value).to_string()),
+        );
+    }
+    let meta = serde_json::value::to_raw_value(&m).ok()?;
     match inner.iter_mut().find(|(k, _)| k == "_meta") {
-        Some((_, meta)) => {
-            let mut m: Members = serde_json::from_str(meta.get()).ok()?;
-            m.insert("traceparent".into(), tp);
-            *meta = serde_json::value::to_raw_value(&m).ok()?;
-        }
-        None => {
-            let mut m = Members::new();
-            m.insert("traceparent".into(), tp);
-            inner.push(("_meta".into(), serde_json::value::to_raw_value(&m).ok()?));
-        }
+        Some((_, slot)) => *slot = meta,
+        None => inner.push(("_meta".into(), meta)),
     }
     params.1 = RawValue::from_string(write_members(&inner)).ok()?;
     Some(Bytes::from(write_members(&top)))
@@ -350,7 +443,7 @@ mod tests {
     #[test]
     fn traceparent_goes_into_params_meta_and_nothing_else_changes() {
         let line = br#"{"jsonrpc":"2.0","id":1.50,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"\u00e9"}]}}"#;
-        let out = with_traceparent(line, TP).unwrap();
+        let out = with_meta(line, &[("traceparent", TP)], &[]).unwrap();
         let text = std::str::from_utf8(&out).unwrap();
         assert!(text.contains(r#""id":1.50"#), "{text}");
         assert!(text.contains(r#""text":"\u00e9""#), "{text}");
@@ -364,14 +457,42 @@ mod tests {
     fn an_existing_meta_keeps_its_members() {
         let line = br#"{"id":"a","method":"x","params":{"_meta":{"k":1,"traceparent":"old"}}}"#;
         let v: serde_json::Value =
-            serde_json::from_slice(&with_traceparent(line, TP).unwrap()).unwrap();
+            serde_json::from_slice(&with_meta(line, &[("traceparent", TP)], &[]).unwrap()).unwrap();
         assert_eq!(v["params"]["_meta"]["k"], 1);
         assert_eq!(v["params"]["_meta"]["traceparent"], TP);
     }
 
     #[test]
     fn without_object_params_nothing_is_added() {
-        assert!(with_traceparent(br#"{"id":1,"method":"x"}"#, TP).is_none());
-        assert!(with_traceparent(br#"{"id":1,"method":"x","params":[1]}"#, TP).is_none());
+        assert!(with_meta(br#"{"id":1,"method":"x"}"#, &[("traceparent", TP)], &[]).is_none());
+        assert!(
+            with_meta(
+                br#"{"id":1,"method":"x","params":[1]}"#,
+                &[("traceparent", TP)],
+                &[]
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn a_removed_meta_member_is_gone_and_the_others_stay() {
+        let line = br#"{"id":1,"method":"x","params":{"_meta":{"tracestate":"k=v","a":2}}}"#;
+        let v: serde_json::Value = serde_json::from_slice(
+            &with_meta(line, &[("traceparent", TP)], &["tracestate"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            v["params"]["_meta"],
+            serde_json::json!({"a": 2, "traceparent": TP})
+        );
+    }
+
+    #[test]
+    fn string_ids_lose_their_quotes_and_numbers_stay_as_written() {
+        let id = |s: &str| request_id(&RawValue::from_string(s.to_string()).unwrap());
+        assert_eq!(id(r#""abc""#), "abc");
+        assert_eq!(id("7"), "7");
+        assert_eq!(id("1.50"), "1.50");
     }
 }

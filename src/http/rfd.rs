@@ -148,7 +148,10 @@ async fn post_message(
         // A POST in progress counts as a reader: the idle clock must not stop an agent that is
         // still being installed or answering `initialize`.
         let _busy = conn.hold();
-        return match st.acp.post(&conn.server_id, None, envelope, false).await {
+        let traced = headers.contains_key("traceparent");
+        let posted =
+            super::acp::post_traced(&st, &conn.server_id, None, envelope, false, traced).await;
+        return match posted {
             Ok(Delivered::Response { line, .. }) => {
                 tracing::info!(connection_id = %conn.id, server_id = %conn.server_id, %agent,
                     "ACP connection opened");
@@ -188,7 +191,8 @@ async fn post_message(
     if let Some((key, session)) = &route {
         conn.route_request(key.clone(), session.clone());
     }
-    match st.acp.post(&conn.server_id, None, envelope, true).await {
+    let traced = headers.contains_key("traceparent");
+    match super::acp::post_traced(&st, &conn.server_id, None, envelope, true, traced).await {
         Ok(_) => StatusCode::ACCEPTED.into_response(),
         Err(e) => {
             if let Some((key, _)) = &route {

@@ -659,6 +659,51 @@ async fn read_frames(
     }
 }
 
+/// While traces are on, each request of a batch gets its ACP span and the agent its context as
+/// `params._meta.traceparent` (a client's own `_meta.traceparent` is the parent: a WebSocket has
+/// no request of its own to carry one). Empty while traces are off.
+fn trace_batch(
+    st: &AppState,
+    server_id: &str,
+    envelopes: &mut Vec<acp::Envelope>,
+) -> Vec<(acp::IdKey, tracing::Span)> {
+    if !crate::telemetry::enabled() {
+        return Vec::new();
+    }
+    let mut spans = Vec::new();
+    for env in std::mem::take(envelopes) {
+        let (env, span) = super::acp::trace_request(st, env, server_id, None, false);
+        if let acp::Kind::Request { key, .. } = &env.kind
+            && !span.is_none()
+        {
+            spans.push((key.clone(), span));
+        }
+        envelopes.push(env);
+    }
+    spans
+}
+
+/// Ends a batch's spans: a WebSocket does not wait for answers, so a request's span covers its
+/// delivery (`sent`), or names why it was refused.
+fn end_spans(
+    spans: Vec<(acp::IdKey, tracing::Span)>,
+    posted: &Result<Vec<(Option<acp::IdKey>, AcpError)>, AcpError>,
+) {
+    for (key, span) in spans {
+        let refused = match posted {
+            Err(e) => Some(e),
+            Ok(refused) => refused
+                .iter()
+                .find(|(id, _)| id.as_ref() == Some(&key))
+                .map(|(_, e)| e),
+        };
+        match refused {
+            Some(e) => crate::telemetry::acp_done(&span, super::acp::failure(e), true),
+            None => crate::telemetry::acp_done(&span, "sent", false),
+        }
+    }
+}
+
 /// Delivers one batch (emptying `envelopes`); a request that could not be delivered is answered
 /// with a JSON-RPC error. False when the socket should end (the agent cannot start, or the
 /// writer is gone).
@@ -671,7 +716,12 @@ async fn deliver(
     if envelopes.is_empty() {
         return true;
     }
-    let refused = match st.acp.post_batch(server_id, envelopes).await {
+    let spans = trace_batch(st, server_id, envelopes);
+    let posted = st.acp.post_batch(server_id, envelopes).await;
+    if !spans.is_empty() {
+        end_spans(spans, &posted);
+    }
+    let refused = match posted {
         Ok(r) => r,
         Err(e) => {
             // The agent cannot start (or the serverId is gone): nothing more can happen.

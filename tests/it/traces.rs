@@ -248,3 +248,185 @@ async fn traces_are_off_by_default_and_the_envelope_is_untouched() {
     .await;
     assert_eq!(answer["result"], json!({"a": 1}));
 }
+
+/// The attribute's value as sent: to tell an integer from a string.
+fn value(span: &Span, key: &str) -> Option<AnyValue> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.clone())
+}
+
+const OTHER_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const META_SPAN: &str = "b7ad6b7169203331";
+
+/// Every face that sends envelopes (the POST route, the RFD transport, the WebSocket) makes an
+/// `acp <method>` span naming the instance's agent, and hands the agent its context; a client's
+/// own `_meta.traceparent` is the parent when no header says otherwise, and its tracestate
+/// stays only in its own trace.
+#[tokio::test]
+async fn every_face_traces_its_envelopes_and_keeps_the_clients_context() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (url, seen) = receiver().await;
+    let d = Daemon::builder()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+        .start();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}});
+    post(&d, "/v1/acp/f1?agent=mock", init.clone(), None).await;
+
+    // 1. A later POST (no `?agent=`), with a string id and the client's context in `_meta` only.
+    let meta_tp = format!("00-{OTHER_TRACE}-{META_SPAN}-01");
+    let echo = json!({"jsonrpc": "2.0", "id": "req-7", "method": "_mock/echo",
+        "params": {"_meta": {"traceparent": meta_tp, "tracestate": "vendor=1"}, "n": 1}});
+    let answer = post(&d, "/v1/acp/f1", echo, None).await;
+    let got = &answer["result"]["_meta"];
+    let tp = got["traceparent"]
+        .as_str()
+        .expect("a traceparent for the agent");
+    assert_eq!(tp.split('-').nth(1), Some(OTHER_TRACE), "{answer}");
+    assert_ne!(
+        tp.split('-').nth(2),
+        Some(META_SPAN),
+        "under the daemon's span"
+    );
+    assert_eq!(got["tracestate"], "vendor=1", "same trace: tracestate kept");
+    assert_eq!(answer["result"]["n"], 1);
+
+    // 2. A header's trace wins over `_meta`'s, and the client's tracestate is then dropped.
+    let header_tp = format!("00-{TRACE}-{CLIENT_SPAN}-01");
+    let echo = json!({"jsonrpc": "2.0", "id": 8, "method": "_mock/echo",
+        "params": {"_meta": {"traceparent": meta_tp, "tracestate": "vendor=1"}}});
+    let answer = post(&d, "/v1/acp/f1", echo, Some(&header_tp)).await;
+    let got = &answer["result"]["_meta"];
+    assert_eq!(
+        got["traceparent"]
+            .as_str()
+            .and_then(|t| t.split('-').nth(1)),
+        Some(TRACE),
+        "{answer}"
+    );
+    assert!(got.get("tracestate").is_none(), "{answer}");
+
+    // 3. The RFD transport's POST.
+    let resp = d
+        .client()
+        .post(d.url("/v1/agents/mock/acp"))
+        .header("content-type", "application/json")
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let rfd_server = d
+        .client()
+        .get(d.url("/v1/acp"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let rfd_server = rfd_server["servers"]
+        .as_array()
+        .and_then(|s| {
+            s.iter()
+                .map(|x| x["serverId"].as_str().unwrap_or_default().to_string())
+                .find(|id| id != "f1")
+        })
+        .expect("the RFD connection's instance");
+
+    // 4. The WebSocket: an echo whose `_meta.traceparent` names the client's span.
+    let ws_url = d.url("/v1/acp/f1").replacen("http://", "ws://", 1);
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
+    let echo = json!({"jsonrpc": "2.0", "id": 9, "method": "_mock/echo",
+        "params": {"_meta": {"traceparent": meta_tp}}});
+    ws.send(Message::Text(echo.to_string().into()))
+        .await
+        .unwrap();
+    let ws_answer: Value = loop {
+        let Some(Ok(Message::Text(t))) = ws.next().await else {
+            panic!("the WebSocket ended before the echo's answer");
+        };
+        let v: Value = serde_json::from_str(&t).unwrap();
+        if v["id"] == 9 {
+            break v;
+        }
+    };
+    let ws_tp = ws_answer["result"]["_meta"]["traceparent"]
+        .as_str()
+        .expect("the agent got a traceparent over the WebSocket")
+        .to_string();
+    assert_eq!(ws_tp.split('-').nth(1), Some(OTHER_TRACE));
+
+    let spans = eventually_async(Duration::from_secs(30), "the spans of every face", || {
+        let seen = seen.clone();
+        let rfd_server = rfd_server.clone();
+        async move {
+            let seen = seen.lock().unwrap();
+            let echoes: Vec<Span> = seen
+                .spans
+                .iter()
+                .filter(|s| s.name == "acp _mock/echo")
+                .cloned()
+                .collect();
+            let rfd = seen.spans.iter().find(|s| {
+                s.name == "acp initialize"
+                    && attr(s, "acp.server_id").as_deref() == Some(rfd_server.as_str())
+            })?;
+            let rfd_http = seen
+                .spans
+                .iter()
+                .find(|s| s.name == "POST /v1/agents/{agent}/acp")?;
+            (echoes.len() >= 3).then(|| (echoes, rfd.clone(), rfd_http.clone(), seen.spans.clone()))
+        }
+    })
+    .await;
+    let (echoes, rfd, rfd_http, all) = spans;
+    let by_id = |id: &str| {
+        echoes
+            .iter()
+            .find(|s| attr(s, "rpc.jsonrpc.request_id").as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no echo span with request id {id}"))
+    };
+    // The string id has no quotes; the agent is named though the POST did not name it.
+    let first = by_id("req-7");
+    assert_eq!(attr(first, "acp.agent").as_deref(), Some("mock"));
+    assert_eq!(hex(&first.trace_id), OTHER_TRACE);
+    assert_eq!(
+        hex(&first.parent_span_id),
+        META_SPAN,
+        "the client's span is the parent"
+    );
+    assert_eq!(hex(&by_id("8").trace_id), TRACE);
+    let ws_span = by_id("9");
+    assert_eq!(attr(ws_span, "acp.agent").as_deref(), Some("mock"));
+    assert_eq!(attr(ws_span, "acp.outcome").as_deref(), Some("sent"));
+    assert_eq!(
+        ws_tp.split('-').nth(2),
+        Some(hex(&ws_span.span_id).as_str())
+    );
+    // The RFD POST: its ACP span under its HTTP span, with the agent.
+    assert_eq!(rfd.parent_span_id, rfd_http.span_id);
+    assert_eq!(attr(&rfd, "acp.agent").as_deref(), Some("mock"));
+    // The status is an integer attribute, and no span carries code locations or thread names.
+    let http = all
+        .iter()
+        .find(|s| s.name == "POST /v1/acp/{serverId}")
+        .expect("an HTTP span");
+    assert_eq!(
+        value(http, "http.response.status_code"),
+        Some(AnyValue::IntValue(200))
+    );
+    for s in &all {
+        for kv in &s.attributes {
+            assert!(
+                !kv.key.starts_with("code.") && !kv.key.starts_with("thread."),
+                "span {} carries {}",
+                s.name,
+                kv.key
+            );
+        }
+    }
+}
