@@ -26,6 +26,8 @@ mod sdk;
 mod second_round;
 mod supervisor;
 mod support;
+// The in-process tier: the real router without a socket (support/app.rs).
+mod routes;
 mod traces;
 mod transports;
 mod warm_spawns;

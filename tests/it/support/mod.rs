@@ -1,8 +1,12 @@
 //! The harness: starts the real `sandbox-agent` binary on 127.0.0.1:0 with a NOTIFY_SOCKET the
 //! test owns, waits for READY=1, learns the address from STATUS=, and on drop sends SIGTERM and
-//! checks a clean exit (status 0). Every test talks HTTP to the real daemon through it.
+//! checks a clean exit (status 0). The binary-level tests talk HTTP to the real daemon through it;
+//! route tests that need no process use `app::App` instead.
 
 #![allow(dead_code)]
+
+/// The in-process tier: the real router without a socket or a process of its own.
+pub mod app;
 
 use std::ffi::OsString;
 use std::io::Read;
