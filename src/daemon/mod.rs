@@ -5,6 +5,7 @@
 pub mod init;
 mod protocol;
 pub mod reload;
+mod sampler;
 pub mod serve;
 pub mod signals;
 mod state;

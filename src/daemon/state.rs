@@ -70,7 +70,7 @@ impl AppState {
         }
         let processes = Arc::new(processes);
         // The per-instance process figures of `/metrics`, read off the runtime thread.
-        crate::metrics::spawn_sampler(acp.clone(), services.child_token());
+        super::sampler::spawn(acp.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,
             config,

@@ -7,7 +7,10 @@
 //! agent id) goes through a mutex. What is a state rather than an event (instances, processes,
 //! subscribers) is read when scraped; the per-instance process figures (memory, CPU, processes),
 //! which need procfs or cgroup reads, are sampled every few seconds on the blocking pool by
-//! `sampler` and a scrape only copies the cache. Encoding (OpenMetrics or the Prometheus text
+//! the daemon's sampler (`daemon/sampler.rs`) and a scrape only copies the cache.
+//!
+//! **Boundary:** a leaf. Every layer calls these recorders; nothing here imports a service (the
+//! sampler that reads the ACP service lives with the composition root). Encoding (OpenMetrics or the Prometheus text
 //! format) is prometheus-client's, through one `Collector` over a snapshot (`scrape.rs`).
 
 pub mod http;
@@ -291,9 +294,10 @@ pub fn agent_started(agent: &str) {
     }
 }
 
-pub fn agent_exited(agent: &str, reason: crate::supervisor::ExitReason) {
+/// An agent ended, for `reason` (the supervisor's `ExitReason::as_str`).
+pub fn agent_exited(agent: &str, reason: &'static str) {
     let mut m = crate::sys::lock(&COUNTERS.agent_exits);
-    *m.entry((agent.to_string(), reason.as_str())).or_insert(0) += 1;
+    *m.entry((agent.to_string(), reason)).or_insert(0) += 1;
 }
 
 /// Held while a WebSocket is open (the `sandbox_agent_websocket_connections` gauge).
@@ -331,42 +335,12 @@ pub struct InstanceFigures {
 /// The last sample of every live instance's figures.
 static SAMPLED: Mutex<Vec<InstanceFigures>> = Mutex::new(Vec::new());
 
-/// How often the sampler reads the instances' figures.
+/// How often the daemon's sampler reads the instances' figures.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(2);
 
-/// Samples the figures of every instance every `SAMPLE_EVERY` (`AcpService::list` reads procfs
-/// and cgroups on the blocking pool) until `stop`.
-pub fn spawn_sampler(
-    acp: std::sync::Arc<crate::acp::AcpService>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    tokio::spawn(async move {
-        loop {
-            // Nothing to read without instances (and no blocking-pool thread woken for it).
-            let rows = if acp.status_counts() == [0; 3] {
-                Vec::new()
-            } else {
-                acp.list().await
-            };
-            let figures: Vec<InstanceFigures> = rows
-                .into_iter()
-                .filter_map(|r| {
-                    Some(InstanceFigures {
-                        memory_bytes: r.rss_bytes?,
-                        cpu_seconds: r.cpu_ms? as f64 / 1000.0,
-                        processes: r.processes.unwrap_or(0),
-                        server_id: r.server_id,
-                        agent: r.agent,
-                    })
-                })
-                .collect();
-            *crate::sys::lock(&SAMPLED) = figures;
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(SAMPLE_EVERY) => {}
-            }
-        }
-    });
+/// Replaces the last sample (the daemon's sampler, `daemon/sampler.rs`, reads the instances).
+pub fn set_sampled(figures: Vec<InstanceFigures>) {
+    *crate::sys::lock(&SAMPLED) = figures;
 }
 
 /// The last sample.

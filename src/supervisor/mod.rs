@@ -560,7 +560,7 @@ impl HandleInner {
         }
         let reason = info.reason.as_str();
         if !self.agent.starts_with("process:") {
-            crate::metrics::agent_exited(&self.agent, info.reason);
+            crate::metrics::agent_exited(&self.agent, info.reason.as_str());
         }
         if unexpected_exit(&info, &self.agent) {
             // Nobody asked it to stop: the operator needs the why, which is usually in the last
