@@ -38,8 +38,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::http::Problem;
 use crate::http::guard::LocalAddr;
+use crate::http::{Problem, StreamHold};
 
 use super::protocol::Protocols;
 
@@ -726,20 +726,6 @@ impl Burst {
         if self.count > 0 {
             last(self.count);
             self.count = 0;
-        }
-    }
-}
-
-/// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket : the request carries it, the socket task holds a clone until it ends.
-#[derive(Clone)]
-pub struct StreamHold {
-    _guard: Arc<dyn Send + Sync>,
-}
-
-impl StreamHold {
-    pub fn new(guard: impl Send + Sync + 'static) -> Self {
-        StreamHold {
-            _guard: Arc::new(guard),
         }
     }
 }

@@ -441,7 +441,7 @@ async fn stream(
     method: axum::http::Method,
     headers: HeaderMap,
     uri: axum::http::Uri,
-    hold: Option<axum::Extension<crate::daemon::serve::StreamHold>>,
+    hold: Option<axum::Extension<super::StreamHold>>,
     upgrade: Result<super::ws::Upgrade, super::ws::UpgradeRejection>,
 ) -> Response {
     if let Err(e) = acp::validate_server_id(&server_id) {

@@ -69,6 +69,22 @@ pub struct Services {
     pub tasks: tokio_util::task::TaskTracker,
 }
 
+/// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket: the
+/// accept loop (`daemon/serve.rs`) puts one in the request's extensions, the socket task holds a
+/// clone until it ends. Defined here because the handlers hold it; the daemon only makes it.
+#[derive(Clone)]
+pub struct StreamHold {
+    _guard: Arc<dyn Send + Sync>,
+}
+
+impl StreamHold {
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        StreamHold {
+            _guard: Arc::new(guard),
+        }
+    }
+}
+
 /// The response of every SSE route: `body` as `text/event-stream`, never cached, and marked so
 /// that proxies in front of the sandbox do not buffer the stream.
 pub(crate) fn sse_response(body: axum::body::Body) -> Response {

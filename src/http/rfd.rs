@@ -244,7 +244,7 @@ async fn open_stream(
     Path(agent): Path<String>,
     method: axum::http::Method,
     headers: HeaderMap,
-    hold: Option<axum::Extension<crate::daemon::serve::StreamHold>>,
+    hold: Option<axum::Extension<super::StreamHold>>,
     upgrade: Result<Upgrade, UpgradeRejection>,
 ) -> Response {
     if wants_upgrade(&method, &headers) {
@@ -284,7 +284,7 @@ fn open_socket(
     st: AppState,
     agent: String,
     upgrade: Result<Upgrade, UpgradeRejection>,
-    hold: Option<crate::daemon::serve::StreamHold>,
+    hold: Option<super::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,

@@ -124,7 +124,7 @@ async fn watch(
     method: Method,
     headers: HeaderMap,
     uri: Uri,
-    hold: Option<axum::Extension<crate::daemon::serve::StreamHold>>,
+    hold: Option<axum::Extension<crate::http::StreamHold>>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     let socket = super::ws::wants_upgrade(&method, &headers);

@@ -99,7 +99,7 @@ pub async fn acp_socket(
     server_id: String,
     uri: Uri,
     upgrade: Result<Upgrade, UpgradeRejection>,
-    hold: Option<crate::daemon::serve::StreamHold>,
+    hold: Option<super::StreamHold>,
 ) -> Response {
     let upgrade = match upgrade {
         Ok(u) => u,
@@ -516,7 +516,7 @@ pub struct SocketPlan {
     /// The RFD connection this socket is the reader of (its idle clock stops while it is open).
     pub connection: Option<(Arc<Connection>, ReaderGuard)>,
     /// Over HTTP/2: its connection's in-flight mark, held until the socket ends.
-    pub hold: Option<crate::daemon::serve::StreamHold>,
+    pub hold: Option<super::StreamHold>,
 }
 
 /// Why the daemon closes a socket.
