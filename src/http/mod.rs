@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod processes;
 pub mod rfd;
+mod trace;
 pub mod ui;
 pub mod watch;
 pub mod wire;

@@ -150,7 +150,7 @@ async fn post_message(
         let _busy = conn.hold();
         let traced = headers.contains_key("traceparent");
         let posted =
-            super::acp::post_traced(&st, &conn.server_id, None, envelope, false, traced).await;
+            super::trace::post_traced(&st, &conn.server_id, None, envelope, false, traced).await;
         return match posted {
             Ok(Delivered::Response { line, .. }) => {
                 tracing::info!(connection_id = %conn.id, server_id = %conn.server_id, %agent,
@@ -192,7 +192,7 @@ async fn post_message(
         conn.route_request(key.clone(), session.clone());
     }
     let traced = headers.contains_key("traceparent");
-    match super::acp::post_traced(&st, &conn.server_id, None, envelope, true, traced).await {
+    match super::trace::post_traced(&st, &conn.server_id, None, envelope, true, traced).await {
         Ok(_) => StatusCode::ACCEPTED.into_response(),
         Err(e) => {
             if let Some((key, _)) = &route {

@@ -672,7 +672,7 @@ fn trace_batch(
     }
     let mut spans = Vec::new();
     for env in std::mem::take(envelopes) {
-        let (env, span) = super::acp::trace_request(st, env, server_id, None, false);
+        let (env, span) = super::trace::trace_request(st, env, server_id, None, false);
         if let acp::Kind::Request { key, .. } = &env.kind
             && !span.is_none()
         {
@@ -698,7 +698,7 @@ fn end_spans(
                 .map(|(_, e)| e),
         };
         match refused {
-            Some(e) => crate::telemetry::acp_done(&span, super::acp::failure(e), true),
+            Some(e) => crate::telemetry::acp_done(&span, super::trace::failure(e), true),
             None => crate::telemetry::acp_done(&span, "sent", false),
         }
     }
