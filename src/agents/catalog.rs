@@ -2,7 +2,7 @@
 //! checked once at start-up. A bad agents file is a start-up error that names the problem.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -65,21 +65,55 @@ impl AgentDef {
     }
 }
 
+/// Why the catalog (the built-in one, or it overlaid with the operator's agents file) cannot be
+/// used: the daemon refuses to start, naming the file and the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("the built-in agent catalog is invalid: {0}")]
+    Builtin(#[source] toml::de::Error),
+    #[error("cannot read the agents file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("agents file {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    /// An entry of the agents file adds more than the operator's environment to a built-in agent.
+    #[error(
+        "{origin}: agent `{agent}` is built in: only `env`, `credentials_env` and \
+         `credentials_files` can be added to it (or give `command` for an agent of your own)"
+    )]
+    BuiltinOverlay { origin: String, agent: String },
+    /// One entry breaks a rule; `origin` names the catalog or file it is in.
+    #[error("{origin}: agent `{agent}`: {why}")]
+    Entry {
+        origin: String,
+        agent: String,
+        why: String,
+    },
+}
+
 /// Environment names must be usable as such: not empty, no `=` and no NUL.
-fn check_env_names(origin: &str, def: &AgentDef) -> anyhow::Result<()> {
+fn check_env_names(origin: &str, def: &AgentDef) -> Result<(), CatalogError> {
+    let bad = |why: String| CatalogError::Entry {
+        origin: origin.to_string(),
+        agent: def.id.clone(),
+        why,
+    };
     for name in def.env.keys() {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
-            anyhow::bail!(
-                "{origin}: agent `{}`: `{name}` is not a valid environment variable name",
-                def.id
-            );
+            return Err(bad(format!(
+                "`{name}` is not a valid environment variable name"
+            )));
         }
     }
     if def.env.values().any(|v| v.contains('\0')) {
-        anyhow::bail!(
-            "{origin}: agent `{}`: an environment value contains a NUL byte",
-            def.id
-        );
+        return Err(bad("an environment value contains a NUL byte".into()));
     }
     Ok(())
 }
@@ -140,16 +174,18 @@ pub struct Catalog {
 impl Catalog {
     /// The built-in catalog, overlaid with the agents file when one is configured. An entry of the
     /// file with a built-in id replaces the built-in entry.
-    pub fn load(agents_file: Option<&Path>) -> anyhow::Result<Catalog> {
-        let builtin: File = toml::from_str(BUILTIN)
-            .map_err(|e| anyhow::anyhow!("the built-in agent catalog is invalid: {e}"))?;
+    pub fn load(agents_file: Option<&Path>) -> Result<Catalog, CatalogError> {
+        let builtin: File = toml::from_str(BUILTIN).map_err(CatalogError::Builtin)?;
         let mut agents = builtin.agents_checked("built-in catalog")?;
         if let Some(path) = agents_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!("cannot read the agents file {}: {e}", path.display())
+            let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+                path: path.to_path_buf(),
+                source,
             })?;
-            let file: File = toml::from_str(&text)
-                .map_err(|e| anyhow::anyhow!("agents file {}: {e}", path.display()))?;
+            let file: File = toml::from_str(&text).map_err(|source| CatalogError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
             let origin = format!("agents file {}", path.display());
             // An entry that names a built-in agent and nothing to run only adds to it: the
             // operator's environment for that agent (model endpoint, keys, HOME) and, if given,
@@ -167,12 +203,10 @@ impl Catalog {
                     || !overlay.platforms.is_empty()
                     || !overlay.launch_env.is_empty()
                 {
-                    anyhow::bail!(
-                        "{origin}: agent `{}` is built in: only `env`, `credentials_env` and \
-                         `credentials_files` can be added to it (or give `command` for an agent \
-                         of your own)",
-                        overlay.id
-                    );
+                    return Err(CatalogError::BuiltinOverlay {
+                        origin,
+                        agent: overlay.id,
+                    });
                 }
                 if let Some(existing) = agents.iter_mut().find(|a| a.id == overlay.id) {
                     existing.env.extend(overlay.env);
@@ -201,10 +235,14 @@ impl Catalog {
 }
 
 impl File {
-    fn agents_checked(self, origin: &str) -> anyhow::Result<Vec<AgentDef>> {
+    fn agents_checked(self, origin: &str) -> Result<Vec<AgentDef>, CatalogError> {
         let mut seen = std::collections::HashSet::new();
         for def in &self.agent {
-            let bad = |why: &str| anyhow::anyhow!("{origin}: agent `{}`: {why}", def.id);
+            let bad = |why: &str| CatalogError::Entry {
+                origin: origin.to_string(),
+                agent: def.id.clone(),
+                why: why.to_string(),
+            };
             if !valid_id(&def.id) {
                 return Err(bad(
                     "the id must be 1-64 characters of a-z, 0-9, `-`, `_` or `.`, not starting with `.`",

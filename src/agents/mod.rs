@@ -9,16 +9,16 @@ pub mod mock;
 pub mod registry;
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::{OsStr, OsString};
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::config::Config;
 use catalog::{AgentDef, Catalog, Fallback};
-use install::{Artifact, LogProgress, Manifest, Progress, Staging};
+pub use install::InstallRequest;
+use install::{Artifact, InstallError, LogProgress, Manifest, Progress};
 
 /// How to start one agent process.
 #[derive(Debug, Clone)]
@@ -37,21 +37,15 @@ pub enum AgentError {
         "agent `{agent}` is not installed and installs at run time are disabled; run `{command}`"
     )]
     PreinstallRequired { agent: String, command: String },
-    #[error("cannot install agent `{agent}`: {reason}")]
-    InstallFailed { agent: String, reason: String },
+    #[error("cannot install agent `{agent}`: {source}")]
+    InstallFailed {
+        agent: String,
+        #[source]
+        source: InstallError,
+    },
     /// The request cannot be honoured as asked (e.g. a version pin the agent has no use for).
     #[error("agent `{agent}`: {reason}")]
     InvalidRequest { agent: String, reason: String },
-}
-
-/// Options of one install (`POST /v1/agents/{id}/install`, `sandbox-agent agents install`).
-#[derive(Debug, Clone, Default)]
-pub struct InstallRequest {
-    pub reinstall: bool,
-    /// Version of the native CLI (only for agents installing one separately).
-    pub agent_version: Option<String>,
-    /// Version of the ACP agent process.
-    pub agent_process_version: Option<String>,
 }
 
 /// The answer of an install.
@@ -98,15 +92,14 @@ pub struct Agents {
     catalog: Catalog,
     /// One lock per agent id: concurrent installs of one agent wait for the first.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Built on first use: a machine without CA certificates must still start the daemon (and
-    /// run local or pre-installed agents); only a download then fails, with the reason.
-    client: std::sync::OnceLock<Result<reqwest::Client, String>>,
+    /// Built on first use (see `LazyClient`).
+    client: install::LazyClient,
 }
 
 const MOCK: &str = "mock";
 
 impl Agents {
-    pub fn new(config: Arc<Config>) -> anyhow::Result<Self> {
+    pub fn new(config: Arc<Config>) -> Result<Self, catalog::CatalogError> {
         let catalog = Catalog::load(config.agents_file.as_deref())?;
         let home = config
             .agent_base_env
@@ -118,24 +111,8 @@ impl Agents {
             home,
             catalog,
             locks: Mutex::new(HashMap::new()),
-            client: std::sync::OnceLock::new(),
+            client: install::LazyClient::default(),
         })
-    }
-
-    /// The HTTP client for registry look-ups and downloads.
-    fn http(&self) -> Result<&reqwest::Client, String> {
-        let built = self.client.get_or_init(|| {
-            crate::install_crypto_provider();
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(15))
-                // A stalled transfer fails instead of hanging an install (and the POST waiting
-                // on it).
-                .read_timeout(Duration::from_secs(60))
-                .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .map_err(|e| format!("cannot set up HTTPS (are CA certificates installed?): {e}"))
-        });
-        built.as_ref().map_err(Clone::clone)
     }
 
     /// True for every agent id the daemon knows (catalog, agents file, `mock`).
@@ -301,7 +278,9 @@ impl Agents {
             let program = install::find_on_path(cmd, &self.agent_path()).ok_or_else(|| {
                 AgentError::InstallFailed {
                     agent: agent.to_string(),
-                    reason: format!("the command `{cmd}` of this user agent was not found"),
+                    source: InstallError::UserCommandMissing {
+                        command: cmd.clone(),
+                    },
                 }
             })?;
             env.extend(def.env.clone());
@@ -322,7 +301,7 @@ impl Agents {
             let m = Manifest::read(&self.agent_dir(agent)).ok_or_else(|| {
                 AgentError::InstallFailed {
                     agent: agent.to_string(),
-                    reason: "the install finished but its program is missing".into(),
+                    source: InstallError::ProgramMissing,
                 }
             })?;
             env.extend(m.env);
@@ -403,9 +382,9 @@ impl Agents {
         req: InstallRequest,
         progress: &dyn Progress,
     ) -> Result<InstallOutcome, AgentError> {
-        let fail = |reason: String| AgentError::InstallFailed {
+        let fail = |source: InstallError| AgentError::InstallFailed {
             agent: agent.to_string(),
-            reason,
+            source,
         };
         if agent == MOCK {
             let exe = self.config.exe.clone();
@@ -426,7 +405,9 @@ impl Agents {
             agent: agent.to_string(),
         })?;
         if def.is_user() {
-            let status = self.status(agent).ok_or_else(|| fail("unknown".into()))?;
+            let status = self.status(agent).ok_or_else(|| AgentError::Unknown {
+                agent: agent.to_string(),
+            })?;
             return match status.path {
                 Some(p) => Ok(InstallOutcome {
                     already_installed: true,
@@ -440,10 +421,9 @@ impl Agents {
                         verified: None,
                     }],
                 }),
-                None => Err(fail(format!(
-                    "user agents are not installed by sandbox-agent; the command `{}` was not found",
-                    def.command.as_deref().unwrap_or_default()
-                ))),
+                None => Err(fail(InstallError::UserAgentNotInstalled {
+                    command: def.command.clone().unwrap_or_default(),
+                })),
             };
         }
         if req.agent_version.is_some() && def.native_npm.is_none() {
@@ -484,15 +464,20 @@ impl Agents {
                 });
             }
         }
-        let manifest = self
+        let installer = install::Installer {
+            config: &self.config,
+            client: &self.client,
+            agent_path: self.agent_path(),
+        };
+        let manifest = installer
             .install_fresh(def, &req, &dir, progress)
             .await
             .map_err(fail)?;
-        manifest.write_async(&dir).await.map_err(|e| {
-            fail(format!(
-                "cannot write {}: {e}",
-                Manifest::path(&dir).display()
-            ))
+        manifest.write_async(&dir).await.map_err(|source| {
+            fail(InstallError::Io {
+                what: format!("cannot write {}", Manifest::path(&dir).display()),
+                source,
+            })
         })?;
         progress.step(&format!(
             "installed {agent} {} from {} into {}",
@@ -509,422 +494,30 @@ impl Agents {
     }
 
     /// An exclusive `flock` on `<data-dir>/agents/.<id>.lock`, released on drop.
-    async fn file_lock(&self, agent: &str) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    async fn file_lock(
+        &self,
+        agent: &str,
+    ) -> Result<nix::fcntl::Flock<std::fs::File>, InstallError> {
+        let io = |what: String| move |source| InstallError::Io { what, source };
         let root = self.config.data_dir.join("agents");
-        std::fs::create_dir_all(&root)
-            .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        std::fs::create_dir_all(&root).map_err(io(format!("cannot create {}", root.display())))?;
         let path = root.join(format!(".{agent}.lock"));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            .map_err(io(format!("cannot open {}", path.display())))?;
         tokio::task::spawn_blocking(move || {
-            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-                .map_err(|(_, e)| format!("cannot lock {}: {e}", path.display()))
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| {
+                InstallError::Io {
+                    what: format!("cannot lock {}", path.display()),
+                    source: e.into(),
+                }
+            })
         })
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
     }
-
-    /// Chooses the source (registry, then fallback) and installs from it.
-    async fn install_fresh(
-        &self,
-        def: &AgentDef,
-        req: &InstallRequest,
-        dir: &Path,
-        progress: &dyn Progress,
-    ) -> Result<Manifest, String> {
-        let pin = req.agent_process_version.as_deref();
-        let mut registry_note = String::new();
-        if let Some(rid) = &def.registry_id {
-            progress.step(&format!(
-                "reading the ACP registry {}",
-                self.config.acp_registry_url
-            ));
-            let fetched = match self.http() {
-                Ok(client) => {
-                    registry::fetch(
-                        client,
-                        &self.config.acp_registry_url,
-                        self.config.registry_max_bytes,
-                    )
-                    .await
-                }
-                Err(e) => Err(e),
-            };
-            match fetched {
-                Err(e) => {
-                    tracing::warn!(agent = %def.id, error = %e, "the ACP registry is unreachable; using the pinned fallback");
-                    progress.step(&format!(
-                        "the ACP registry is unreachable ({e}); trying the pinned fallback"
-                    ));
-                    registry_note = format!("the ACP registry could not be used ({e})");
-                }
-                Ok(reg) => match reg.agents.iter().find(|a| &a.id == rid) {
-                    None => registry_note = format!("the ACP registry has no agent `{rid}`"),
-                    Some(entry) => match self.plan_registry(entry, pin) {
-                        Ok(plan) => return self.run_plan(def, plan, req, dir, progress).await,
-                        Err(why) => {
-                            tracing::info!(agent = %def.id, reason = %why, "registry entry not usable; trying the fallback");
-                            registry_note = why;
-                        }
-                    },
-                },
-            }
-        }
-        let Some(fallback) = &def.fallback else {
-            return Err(if registry_note.is_empty() {
-                "no source to install from".into()
-            } else {
-                format!("{registry_note}, and the agent has no pinned fallback")
-            });
-        };
-        let plan = match fallback {
-            Fallback::Npm {
-                package,
-                version,
-                bin,
-                args,
-                env,
-            } => {
-                let version = pin.unwrap_or(version).to_string();
-                let is_path = ["/", "./", "../", "file:", "http://", "https://"]
-                    .iter()
-                    .any(|p| package.starts_with(p));
-                Plan::Npm {
-                    spec: if is_path {
-                        package.clone()
-                    } else {
-                        format!("{package}@{version}")
-                    },
-                    package: (!is_path).then(|| package.clone()),
-                    version,
-                    bin: bin.clone(),
-                    args: args.clone(),
-                    env: env.clone(),
-                    source: "fallback",
-                }
-            }
-            Fallback::Binary {
-                url,
-                sha256,
-                cmd,
-                version,
-                args,
-                env,
-            } => {
-                if pin.is_some_and(|p| p != version) {
-                    return Err(format!(
-                        "version {} was asked for but the pinned fallback provides {version}{}",
-                        pin.unwrap_or_default(),
-                        if registry_note.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({registry_note})")
-                        }
-                    ));
-                }
-                Plan::Binary {
-                    url: url.clone(),
-                    sha256: sha256.clone(),
-                    cmd: cmd.clone(),
-                    version: version.clone(),
-                    args: args.clone(),
-                    env: env.clone(),
-                    source: "fallback",
-                }
-            }
-        };
-        self.run_plan(def, plan, req, dir, progress).await
-    }
-
-    fn plan_registry(
-        &self,
-        entry: &registry::RegistryAgent,
-        pin: Option<&str>,
-    ) -> Result<Plan, String> {
-        let dist = &entry.distribution;
-        let platform = registry::platform_key();
-        let entry_version = entry.version.clone().unwrap_or_else(|| "unknown".into());
-        if let Some(target) = dist.binary.as_ref().and_then(|b| b.get(&platform))
-            && pin.is_none_or(|p| p == entry_version)
-        {
-            return Ok(Plan::Binary {
-                url: target.archive.clone(),
-                sha256: target.sha256.clone(),
-                cmd: target.cmd.clone(),
-                version: entry_version,
-                args: target.args.clone(),
-                env: target.env.clone(),
-                source: "registry",
-            });
-        }
-        if let Some(npx) = &dist.npx {
-            let (name, version) = registry::split_package(&npx.package);
-            let version = pin
-                .map(str::to_string)
-                .or(version.map(str::to_string))
-                .unwrap_or(entry_version);
-            return Ok(Plan::Npm {
-                spec: format!("{name}@{version}"),
-                package: Some(name.to_string()),
-                version,
-                bin: npx.cmd.clone(),
-                args: npx.args.clone(),
-                env: npx.env.clone(),
-                source: "registry",
-            });
-        }
-        if dist
-            .binary
-            .as_ref()
-            .is_some_and(|b| b.contains_key(&platform))
-        {
-            return Err(format!(
-                "the registry has version {entry_version}, not the requested {}",
-                pin.unwrap_or_default()
-            ));
-        }
-        if dist.uvx.is_some() {
-            return Err(
-                "the registry distributes this agent only through uvx (Python), which is \
-                        not supported"
-                    .into(),
-            );
-        }
-        Err(format!(
-            "the registry has no build of this agent for {platform}"
-        ))
-    }
-
-    async fn run_plan(
-        &self,
-        def: &AgentDef,
-        plan: Plan,
-        req: &InstallRequest,
-        dir: &Path,
-        progress: &dyn Progress,
-    ) -> Result<Manifest, String> {
-        let mut staging = Staging::new_async(dir)
-            .await
-            .map_err(|e| format!("cannot create a staging directory: {e}"))?;
-        let res = self
-            .run_plan_in(def, plan, req, dir, progress, &mut staging)
-            .await;
-        // On failure the staging tree is gone before the failure is reported.
-        staging.discard().await;
-        res
-    }
-
-    async fn run_plan_in(
-        &self,
-        def: &AgentDef,
-        plan: Plan,
-        req: &InstallRequest,
-        dir: &Path,
-        progress: &dyn Progress,
-        staging: &mut Staging,
-    ) -> Result<Manifest, String> {
-        match plan {
-            Plan::Binary {
-                url,
-                sha256,
-                cmd,
-                version,
-                args,
-                env,
-                source,
-            } => {
-                let final_dir = dir.join(version_dir(&version));
-                let verified = sha256.is_some();
-                if !verified {
-                    if self.config.require_checksums {
-                        return Err(format!(
-                            "refused: {url} comes without a sha256 and --require-checksums is set"
-                        ));
-                    }
-                    tracing::warn!(agent = %def.id, %url, "installing a binary without a sha256 to check it against (unverified)");
-                    progress.step(&format!(
-                        "warning: {url} has no sha256; it is installed unverified"
-                    ));
-                }
-                progress.step(&format!("downloading {url}"));
-                let mut file =
-                    install::download(self.http()?, &url, sha256.as_deref(), dir, progress).await?;
-                let program_in_staging = {
-                    let staging_path = staging.path.clone();
-                    let url = url.clone();
-                    let cmd = cmd.clone();
-                    tokio::task::spawn_blocking(move || {
-                        install::unpack(&mut file.file, &url, &cmd, &staging_path)
-                    })
-                    .await
-                    .map_err(|e| format!("unpacking failed: {e}"))??
-                };
-                let rel = program_in_staging
-                    .strip_prefix(&staging.path)
-                    .map_err(|e| e.to_string())?
-                    .to_path_buf();
-                staging
-                    .commit_async(&final_dir)
-                    .await
-                    .map_err(|e| format!("cannot move the install into place: {e}"))?;
-                let program = final_dir.join(rel);
-                Ok(Manifest {
-                    agent: def.id.clone(),
-                    source: source.into(),
-                    version: version.clone(),
-                    native_version: None,
-                    dir: final_dir,
-                    program: program.clone(),
-                    args,
-                    env,
-                    path_prepend: Vec::new(),
-                    artifacts: vec![Artifact {
-                        kind: "agent_process".into(),
-                        path: program,
-                        version,
-                        source: source.into(),
-                        verified: Some(verified),
-                    }],
-                    installed_at: install::now_secs(),
-                    verified: Some(verified),
-                })
-            }
-            Plan::Npm {
-                spec,
-                package,
-                version,
-                bin,
-                args,
-                env,
-                source,
-            } => {
-                let mut specs = vec![spec];
-                let native = def.native_npm.as_ref().map(|n| {
-                    let v = req
-                        .agent_version
-                        .clone()
-                        .unwrap_or_else(|| n.version.clone());
-                    (n, v)
-                });
-                if let Some((n, v)) = &native {
-                    specs.push(format!("{}@{v}", n.package));
-                }
-                let env_for_npm: Vec<(OsString, OsString)> = self
-                    .config
-                    .agent_base_env
-                    .iter()
-                    .filter(|(k, _)| k != "PATH")
-                    .cloned()
-                    .collect();
-                install::npm_install(
-                    &specs,
-                    &staging.path,
-                    &env_for_npm,
-                    &self.agent_path(),
-                    progress,
-                )
-                .await?;
-                let package = match package {
-                    Some(p) => p,
-                    None => install::npm_first_dependency(&staging.path)
-                        .ok_or("npm installed no package")?,
-                };
-                let program_in_staging = install::npm_bin(&staging.path, &package, bin.as_deref())?;
-                let bin_name = program_in_staging
-                    .file_name()
-                    .map(|n| n.to_os_string())
-                    .unwrap_or_default();
-                let native_bin = match &native {
-                    Some((n, _)) => Some(install::npm_bin(
-                        &staging.path,
-                        &n.package,
-                        n.bin.as_deref(),
-                    )?),
-                    None => None,
-                };
-                let final_dir = dir.join(version_dir(&version));
-                staging
-                    .commit_async(&final_dir)
-                    .await
-                    .map_err(|e| format!("cannot move the install into place: {e}"))?;
-                let bin_dir = final_dir.join("node_modules/.bin");
-                let program = bin_dir.join(bin_name);
-                let mut artifacts = vec![Artifact {
-                    kind: "agent_process".into(),
-                    path: program.clone(),
-                    version: version.clone(),
-                    source: source.into(),
-                    verified: None,
-                }];
-                if let (Some((_, v)), Some(nb)) = (&native, &native_bin) {
-                    artifacts.push(Artifact {
-                        kind: "native_agent".into(),
-                        path: bin_dir.join(nb.file_name().unwrap_or(OsStr::new(""))),
-                        version: v.clone(),
-                        source: source.into(),
-                        verified: None,
-                    });
-                }
-                Ok(Manifest {
-                    agent: def.id.clone(),
-                    source: source.into(),
-                    version,
-                    native_version: native.map(|(_, v)| v),
-                    dir: final_dir,
-                    program,
-                    args,
-                    env,
-                    path_prepend: vec![bin_dir],
-                    artifacts,
-                    installed_at: install::now_secs(),
-                    verified: None,
-                })
-            }
-        }
-    }
-}
-
-/// A chosen source, ready to install.
-enum Plan {
-    Binary {
-        url: String,
-        sha256: Option<String>,
-        cmd: String,
-        version: String,
-        args: Vec<String>,
-        env: BTreeMap<String, String>,
-        source: &'static str,
-    },
-    Npm {
-        spec: String,
-        /// The package name, when `spec` is not a tarball path.
-        package: Option<String>,
-        version: String,
-        bin: Option<String>,
-        args: Vec<String>,
-        env: BTreeMap<String, String>,
-        source: &'static str,
-    },
-}
-
-/// A version as a directory name: path separators and leading dots cannot sneak in.
-fn version_dir(version: &str) -> String {
-    let s: String = version
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.+".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let s = s.trim_start_matches('.').to_string();
-    if s.is_empty() { "unknown".into() } else { s }
 }
 
 pub fn install_command(agent: &str) -> String {

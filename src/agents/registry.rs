@@ -61,25 +61,70 @@ pub fn platform_key() -> String {
     format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
 }
 
+/// Why the ACP registry could not be used (an install then tries the agent's pinned fallback,
+/// and says why in its note).
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{url} is larger than the registry limit of {max} bytes (--registry-max-bytes)")]
+    TooLarge { url: String, max: u64 },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `reason` is the whole chain of the client's error (reqwest hides it behind "error
+    /// sending request").
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("cannot read {url}: {reason}")]
+    Cut { url: String, reason: String },
+    #[error("{url} answered {status}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("{url} is not a valid ACP registry: {source}")]
+    Invalid {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The HTTP client could not be built (e.g. no CA certificates).
+    #[error("{0}")]
+    Client(String),
+    #[error("reading the registry was cut short: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Fetches and parses the registry, reading at most `max` bytes (streamed: a document over the
 /// cap is refused as soon as it passes it, never held whole). `file://` URLs are read from disk
 /// (air-gapped images) on the blocking pool.
-pub async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Registry, String> {
-    let too_big =
-        || format!("{url} is larger than the registry limit of {max} bytes (--registry-max-bytes)");
+pub async fn fetch(
+    client: &reqwest::Client,
+    url: &str,
+    max: u64,
+) -> Result<Registry, RegistryError> {
+    let too_big = || RegistryError::TooLarge {
+        url: url.to_string(),
+        max,
+    };
     let bytes = if let Some(path) = url.strip_prefix("file://") {
         let path = path.to_string();
         let read = tokio::task::spawn_blocking(move || {
             use std::io::Read;
-            let f = std::fs::File::open(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            let failed = |source| RegistryError::Read {
+                path: path.clone(),
+                source,
+            };
+            let f = std::fs::File::open(&path).map_err(failed)?;
             let mut out = Vec::new();
             f.take(max.saturating_add(1))
                 .read_to_end(&mut out)
-                .map_err(|e| format!("cannot read {path}: {e}"))?;
-            Ok::<_, String>(out)
+                .map_err(failed)?;
+            Ok::<_, RegistryError>(out)
         })
-        .await
-        .map_err(|e| e.to_string())??;
+        .await??;
         if read.len() as u64 > max {
             return Err(too_big());
         }
@@ -91,9 +136,15 @@ pub async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Regi
             .timeout(Duration::from_secs(30))
             .send()
             .await
-            .map_err(|e| format!("cannot reach {url}: {}", error_chain(&e)))?;
+            .map_err(|e| RegistryError::Unreachable {
+                url: url.to_string(),
+                reason: error_chain(&e),
+            })?;
         if !resp.status().is_success() {
-            return Err(format!("{url} answered {}", resp.status()));
+            return Err(RegistryError::Status {
+                url: url.to_string(),
+                status: resp.status(),
+            });
         }
         if resp.content_length().is_some_and(|n| n > max) {
             return Err(too_big());
@@ -101,7 +152,10 @@ pub async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Regi
         let mut out = Vec::new();
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| format!("cannot read {url}: {}", error_chain(&e)))?;
+            let chunk = chunk.map_err(|e| RegistryError::Cut {
+                url: url.to_string(),
+                reason: error_chain(&e),
+            })?;
             if (out.len() + chunk.len()) as u64 > max {
                 return Err(too_big());
             }
@@ -112,11 +166,9 @@ pub async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Regi
     // Parsing up to 16 MiB is CPU work: off the runtime thread.
     let url = url.to_string();
     tokio::task::spawn_blocking(move || {
-        serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{url} is not a valid ACP registry: {e}"))
+        serde_json::from_slice(&bytes).map_err(|source| RegistryError::Invalid { url, source })
     })
-    .await
-    .map_err(|e| e.to_string())?
+    .await?
 }
 
 /// Splits `name@version` (keeping a leading `@scope`). No version → `None`. The spec comes from

@@ -14,11 +14,13 @@ use super::registry::error_chain;
 
 mod download;
 mod npm;
+mod plan;
 mod staging;
 mod unpack;
 
 pub use download::*;
 pub use npm::*;
+pub use plan::{Installer, LazyClient};
 pub use staging::*;
 pub use unpack::*;
 
@@ -78,13 +80,42 @@ pub enum InstallError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot set up HTTPS (are CA certificates installed?): {reason}")]
+    Https { reason: String },
+    /// Neither the registry nor a pinned fallback can provide the agent; `note` says why the
+    /// registry could not (empty when the agent has no registry entry).
+    #[error("{}", if note.is_empty() { "no source to install from".to_string() } else { format!("{note}, and the agent has no pinned fallback") })]
+    NoSource { note: String },
+    #[error("version {asked} was asked for but the pinned fallback provides {provides}{}", if note.is_empty() { String::new() } else { format!(" ({note})") })]
+    PinUnavailable {
+        asked: String,
+        provides: String,
+        note: String,
+    },
+    #[error("refused: {url} comes without a sha256 and --require-checksums is set")]
+    Unverified { url: String },
+    #[error("npm installed no package")]
+    NpmNoPackage,
+    #[error("the command `{command}` of this user agent was not found")]
+    UserCommandMissing { command: String },
+    #[error(
+        "user agents are not installed by sandbox-agent; the command `{command}` was not found"
+    )]
+    UserAgentNotInstalled { command: String },
+    #[error("the install finished but its program is missing")]
+    ProgramMissing,
+    #[error("unpacking failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
-/// The agents service reports install failures as text (`AgentError::InstallFailed`).
-impl From<InstallError> for String {
-    fn from(e: InstallError) -> String {
-        e.to_string()
-    }
+/// Options of one install (`POST /v1/agents/{id}/install`, `sandbox-agent agents install`).
+#[derive(Debug, Clone, Default)]
+pub struct InstallRequest {
+    pub reinstall: bool,
+    /// Version of the native CLI (only for agents installing one separately).
+    pub agent_version: Option<String>,
+    /// Version of the ACP agent process.
+    pub agent_process_version: Option<String>,
 }
 
 /// Where progress goes: a bar on a terminal, log lines in the daemon.
