@@ -243,7 +243,7 @@ impl ConfigStore {
     }
 
     fn lock_for(&self, key: LockKey) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locks = crate::sys::lock(&self.locks);
         if let Some(l) = locks.get(&key).and_then(|w| w.upgrade()) {
             return l;
         }

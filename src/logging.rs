@@ -74,7 +74,7 @@ struct QueueState {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
         // The lock is held only to move buffers in and out; a panic cannot leave it inconsistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.state)
     }
 
     /// Queues one formatted record, or drops and counts it when the queue is full.

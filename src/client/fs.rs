@@ -208,7 +208,7 @@ async fn put(api: &Api, local: &Path, remote: &str, json: bool) -> Result<u8, Cl
         rb = rb.header(CONTENT_LENGTH, len);
     }
     let result = api.json(&format!("uploading to {remote}"), rb).await;
-    if let Some(e) = read_error.lock().expect("never poisoned").take() {
+    if let Some(e) = crate::sys::lock(&read_error).take() {
         return Err(ClientError::local(
             format!("reading {}", local.display()),
             e,
@@ -245,7 +245,7 @@ fn chunks(
                 }
                 Err(e) => {
                     let report = std::io::Error::new(e.kind(), e.to_string());
-                    *error.lock().expect("never poisoned") = Some(e);
+                    *crate::sys::lock(&error) = Some(e);
                     Some((Err(report), None))
                 }
             }

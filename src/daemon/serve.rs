@@ -208,7 +208,7 @@ struct Open {
 impl Open {
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Activity>>> {
         // Held only to insert, remove or scan; a panic cannot leave the map inconsistent.
-        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.conns)
     }
 
     /// Marks the connection with no request in flight that has been quiet longest for closing

@@ -295,7 +295,7 @@ pub struct MeterReport {
 
 impl MeterReport {
     pub fn refusal(&self) -> Option<Refusal> {
-        *self.refusal.lock().unwrap_or_else(|e| e.into_inner())
+        *crate::sys::lock(&self.refusal)
     }
 }
 

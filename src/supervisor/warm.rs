@@ -150,7 +150,7 @@ impl Pool {
     pub fn take(self: &Arc<Self>) -> Option<Stub> {
         let mut got = None;
         loop {
-            let next = self.state.lock().expect("pool lock").ready.pop_front();
+            let next = crate::sys::lock(&self.state).ready.pop_front();
             let Some(mut stub) = next else { break };
             // Back to the normal CPU weight before it execs anything (one write per group). A
             // stub stopped by someone (an agent of the same user can SIGSTOP it) would hold the
@@ -188,7 +188,7 @@ impl Pool {
             return;
         }
         let missing = {
-            let mut st = self.state.lock().expect("pool lock");
+            let mut st = crate::sys::lock(&self.state);
             if let Some(at) = st.retry_at
                 && std::time::Instant::now() < at
             {
@@ -206,7 +206,7 @@ impl Pool {
                 let made = tokio::task::spawn_blocking(move || make(&me.recipe))
                     .await
                     .unwrap_or_else(|e| Err(io::Error::other(e)));
-                let mut st = pool.state.lock().expect("pool lock");
+                let mut st = crate::sys::lock(&pool.state);
                 st.making -= 1;
                 match made {
                     Ok(stub) if !pool.closed.load(Ordering::Acquire) => {
@@ -246,7 +246,7 @@ impl Pool {
         self.tasks.spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep_until(at.into()) => {
-                    pool.state.lock().expect("pool lock").retry_pending = false;
+                    crate::sys::lock(&pool.state).retry_pending = false;
                     pool.refill();
                 }
                 _ = pool.closing.cancelled() => {}

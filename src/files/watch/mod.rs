@@ -164,7 +164,7 @@ impl Shared {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         // A panic while holding this lock leaves a consistent queue (each step is one push).
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.queue)
     }
 
     /// Queues an item without ever waiting. False when the feed must stop: the reader went
