@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::cli::ServerArgs;
+use super::ServerArgs;
 
 /// Values from the TOML file, taken key by key so that every bad key is reported.
 pub(super) struct FileValues {
