@@ -411,3 +411,51 @@ impl FromArgMatches for TopLevelServerArgs {
         self.0.update_from_arg_matches(m)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// `sandbox-agent --help` lists no daemon option (they are under `server --help`), yet
+    /// `sandbox-agent` without a subcommand takes every one of them.
+    #[test]
+    fn top_level_help_leaves_the_daemon_options_to_server_help() {
+        let help = Cli::command().render_long_help().to_string();
+        let options: Vec<&str> = help
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with('-'))
+            .collect();
+        assert_eq!(options.len(), 2, "{options:?}");
+        assert!(options[0].contains("--help") && options[1].contains("--version"));
+        let mut cmd = Cli::command();
+        let server = cmd.find_subcommand_mut("server").unwrap();
+        assert!(
+            server
+                .render_long_help()
+                .to_string()
+                .contains("--max-agents")
+        );
+
+        let cli = Cli::try_parse_from([
+            "sandbox-agent",
+            "--port",
+            "8080",
+            "--max-agents",
+            "3",
+            "--no-token",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.server.port, Some(8080));
+        assert_eq!(cli.server.max_agents.as_deref(), Some("3"));
+        assert!(cli.server.no_token);
+    }
+}

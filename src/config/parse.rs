@@ -275,6 +275,11 @@ pub(super) fn size_required(s: &str) -> Parsed<u64> {
     }
 }
 
+/// A size that must be given and above zero, for a count of bytes held in memory.
+pub(super) fn size_required_usize(s: &str) -> Parsed<usize> {
+    size_required(s).map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 /// `--body-min-rate`: a size, where 0 turns the minimum off.
 pub(super) fn min_rate(s: &str) -> Parsed<u64> {
     match parse_size(s)? {

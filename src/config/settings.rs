@@ -31,16 +31,32 @@ settings! {
             );
         /// Bearer token required on every /v1 route
         token: Option<String>, Option<String> =
-            text("TOKEN", non_empty_token).unset("none").clap(|a| a.hide_env_values(true)).docs("bearer token required on every `/v1/*` route");
+            text("TOKEN", non_empty_token)
+                .unset("none")
+                .clap(|a| a.hide_env_values(true))
+                .docs("bearer token required on every `/v1/*` route");
         /// Serve without a token (needed to bind a non-loopback address without --token)
         no_token: bool, bool =
-            switch().clap(|a| a.conflicts_with_all(["token", "token_file"])).docs("serve without a token; required to bind a non-loopback address without `--token`");
+            switch()
+                .clap(|a| a.conflicts_with_all(["token", "token_file"]))
+                .docs(
+                    "serve without a token; required to bind a non-loopback address without \
+                     `--token`",
+                );
         /// Where installed agents and state live
         data_dir: PathBuf, Option<PathBuf> =
-            path("DIR", beneath_cwd).default_from("`$STATE_DIRECTORY`, else `~/.local/share/sandbox-agent`, else `/var/lib/sandbox-agent`", default_data_dir).docs("installed agents and daemon state");
+            path("DIR", beneath_cwd)
+                .default_from(
+                    "`$STATE_DIRECTORY`, else `~/.local/share/sandbox-agent`, else \
+                     `/var/lib/sandbox-agent`",
+                    default_data_dir,
+                )
+                .docs("installed agents and daemon state");
         /// Root against which relative filesystem paths resolve
         work_dir: PathBuf, Option<PathBuf> =
-            path("DIR", work_dir).default_from("the current directory", |cx| cx.cwd.clone()).docs("root for relative filesystem paths and agents' working directory");
+            path("DIR", work_dir)
+                .default_from("the current directory", |cx| cx.cwd.clone())
+                .docs("root for relative filesystem paths and agents' working directory");
         /// Confine every /v1/fs and /v1/config path beneath this directory (symlinks included)
         fs_root: Option<PathBuf>, Option<PathBuf> =
             path("DIR", fs_root).unset("none").docs(
@@ -55,23 +71,31 @@ settings! {
             );
         /// How long shutdown waits for requests and agents before killing
         shutdown_grace: Duration, Option<String> =
-            text("DURATION", parse_duration).default("10s").docs("on SIGTERM: time to finish requests and stop agents before they are killed");
+            text("DURATION", parse_duration)
+                .default("10s")
+                .docs("on SIGTERM: time to finish requests and stop agents before they are killed");
         /// How long a stopped agent gets between SIGTERM and SIGKILL
         agent_grace: Duration, Option<String> =
-            text("DURATION", parse_duration).default("5s").docs("time a stopped agent gets between SIGTERM and SIGKILL");
+            text("DURATION", parse_duration)
+                .default("5s")
+                .docs("time a stopped agent gets between SIGTERM and SIGKILL");
         /// Events kept per serverId for SSE replay
         event_buffer: usize, Option<usize> =
-            text("COUNT", positive_count).default("4096").docs("events kept per serverId for SSE replay");
+            text("COUNT", positive_count)
+                .default("4096")
+                .docs("events kept per serverId for SSE replay");
         /// Bytes of events kept per serverId for SSE replay
         event_buffer_bytes: u64, Option<String> =
             text("SIZE", size_required).default("16M").docs("bytes of events kept per serverId");
-        /// Keep every serverId's events (and sessions, processes) on disk here, so that they survive a
-        /// daemon restart; empty: off
+        /// Keep every serverId's events (and sessions, processes) on disk here, so that they
+        /// survive a daemon restart; empty: off
         state_dir: Option<PathBuf>, Option<std::ffi::OsString> =
-            path("DIR", state_dir).unset("none (the packaged unit: `/var/lib/sandbox-agent/state`)").docs(
-                "keep every serverId's event log and sessions, and the process records, on disk, \
-                 so that they survive a restart (docs/operations.md, \"Durable state\"); empty: \
-                 memory only",
+            path("DIR", state_dir)
+                .unset("none (the packaged unit: `/var/lib/sandbox-agent/state`)")
+                .docs(
+                    "keep every serverId's event log and sessions, and the process records, on \
+                     disk, so that they survive a restart (docs/operations.md, \"Durable \
+                     state\"); empty: memory only",
             );
         /// When the state dir's writes reach the disk: every, batch:<ms> or os
         state_sync: StateSync, Option<String> =
@@ -96,9 +120,11 @@ settings! {
             );
         /// Interval of SSE keepalive comments
         keepalive: Duration, Option<String> =
-            text("DURATION", parse_duration).default("15s").docs("interval of SSE keepalive comments (and of WebSocket pings)");
-        /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open stream or
-        /// socket before its agent is stopped
+            text("DURATION", parse_duration)
+                .default("15s")
+                .docs("interval of SSE keepalive comments (and of WebSocket pings)");
+        /// How long an ACP RFD transport connection (/v1/agents/{agent}/acp) may have no open
+        /// stream or socket before its agent is stopped
         acp_connection_idle: Duration, Option<String> =
             text("DURATION", parse_duration).default("30s").docs(
                 "an ACP RFD transport connection (`/v1/agents/{agent}/acp`) with no open stream \
@@ -107,25 +133,42 @@ settings! {
             );
         /// Largest JSON request body (ACP envelopes, config entries)
         body_limit: u64, Option<String> =
-            text("SIZE", size_required).default("32M").docs("largest JSON request body (ACP envelopes, config entries); larger is 413");
+            text("SIZE", size_required)
+                .default("32M")
+                .docs("largest JSON request body (ACP envelopes, config entries); larger is 413");
         /// Largest file upload body (PUT /v1/fs/file, upload-batch); `max` for none
         upload_limit: Option<u64>, Option<String> =
-            text("SIZE", parse_size).default("64G").docs("largest file upload (`PUT /v1/fs/file`, upload-batch); `max` for none");
+            text("SIZE", parse_size)
+                .default("64G")
+                .docs("largest file upload (`PUT /v1/fs/file`, upload-batch); `max` for none");
         /// Most entries one upload-batch may extract
         upload_max_entries: u64, Option<u64> =
-            text("COUNT", whole_number).default("1000000").docs("most entries one upload-batch may extract");
+            text("COUNT", whole_number)
+                .default("1000000")
+                .docs("most entries one upload-batch may extract");
         /// Longest stdout line accepted from an agent; longer lines are dropped
         max_line: u64, Option<String> =
-            text("SIZE", size_required).default("16M").docs("longest stdout line accepted from an agent; longer lines are dropped and counted");
+            text("SIZE", size_required)
+                .default("16M")
+                .docs(
+                    "longest stdout line accepted from an agent; longer lines are dropped and \
+                     counted",
+                );
         /// Memory limit of each agent's cgroup; `max` for none
         agent_memory_max: Option<u64>, Option<String> =
-            text("SIZE", parse_size).default("4G").docs("memory limit of each agent (cgroup); `max` for none");
+            text("SIZE", parse_size)
+                .default("4G")
+                .docs("memory limit of each agent (cgroup); `max` for none");
         /// Process (task) limit of each agent's cgroup; `max` for none
         agent_pids_max: Option<u64>, Option<String> =
-            text("COUNT", parse_count_or_max).default("1024").docs("process/thread limit of each agent (cgroup); `max` for none");
+            text("COUNT", parse_count_or_max)
+                .default("1024")
+                .docs("process/thread limit of each agent (cgroup); `max` for none");
         /// CPU limit of each agent in cores, e.g. 1.5; `max` for none
         agent_cpu_max: Option<f64>, Option<String> =
-            text("CORES", parse_cpu).default("max").docs("CPU limit of each agent in cores (e.g. `1.5`)");
+            text("CORES", parse_cpu)
+                .default("max")
+                .docs("CPU limit of each agent in cores (e.g. `1.5`)");
         /// Agent cgroups: auto (v1 controllers if mounted, else v2), v1, v2, or off (rlimits only)
         agent_cgroups: AgentCgroups, Option<String> =
             text("MODE", AgentCgroups::parse).default("auto").docs(
@@ -162,14 +205,17 @@ settings! {
             );
         /// TOML file declaring in-house agents (id, command, args, env)
         agents_file: Option<PathBuf>, Option<PathBuf> =
-            path("FILE", |p, cx| Ok(Some(cx.cwd.join(p)))).unset("none").docs("TOML file declaring in-house agents (see docs/agents.md)");
+            path("FILE", |p, cx| Ok(Some(cx.cwd.join(p))))
+                .unset("none")
+                .docs("TOML file declaring in-house agents (see docs/agents.md)");
         /// Never install agents at run time; the first POST for a missing agent fails with 4xx
         require_preinstall: bool, bool =
             switch().docs(
                 "never install agents at run time; a POST for a missing agent fails with a 4xx \
                  naming the install command",
             );
-        /// Answer agent failures and timeouts on requests as 200 + JSON-RPC error instead of 502/504
+        /// Answer agent failures and timeouts on requests as 200 + JSON-RPC error instead of
+        /// 502/504
         jsonrpc_errors: bool, bool =
             switch().docs(
                 "answer agent failures and timeouts of ACP requests as 200 + JSON-RPC error \
@@ -177,7 +223,9 @@ settings! {
             );
         /// ACP registry URL
         acp_registry_url: String, Option<String> =
-            text("URL", registry_url).default(DEFAULT_ACP_REGISTRY_URL).docs("where agent distributions are looked up (`http(s)://` or `file://`)");
+            text("URL", registry_url)
+                .default(DEFAULT_ACP_REGISTRY_URL)
+                .docs("where agent distributions are looked up (`http(s)://` or `file://`)");
         /// Log format: auto (journald when stderr is the journal, else text), journald, text, json
         log_format: LogFormat, Option<String> =
             text("FORMAT", LogFormat::parse).default("auto").docs(
@@ -191,8 +239,8 @@ settings! {
                  `verbose` and the like are accepted) or a tracing filter, e.g. \
                  `info,sandbox_agent::acp=debug`",
             );
-        /// Log every request at INFO (method, path, status, latency); without it only errors, refusals
-        /// and slow requests are logged, the rest at DEBUG
+        /// Log every request at INFO (method, path, status, latency); without it only errors,
+        /// refusals and slow requests are logged, the rest at DEBUG
         access_log: bool, bool =
             switch().docs(
                 "log every request at INFO; off, only 5xx (WARN), 4xx and slow requests (INFO) \
@@ -219,13 +267,22 @@ settings! {
             );
         /// Most SSE subscribers of one serverId
         max_subscribers: usize, Option<String> =
-            text("COUNT", positive_count).default("64").docs("most SSE subscribers of one serverId; more are 503");
+            text("COUNT", positive_count)
+                .default("64")
+                .docs("most SSE subscribers of one serverId; more are 503");
         /// Most SSE subscribers of all serverIds together
         max_subscribers_total: usize, Option<String> =
-            text("COUNT", positive_count).default("1024").docs("most SSE subscribers of all serverIds together");
+            text("COUNT", positive_count)
+                .default("1024")
+                .docs("most SSE subscribers of all serverIds together");
         /// Bytes queued for one agent's stdin (it reads slower than clients POST)
         stdin_queue: u64, Option<String> =
-            text("SIZE", size_required).default("64M").docs("bytes waiting for one agent to read its stdin; a POST that does not fit is 503");
+            text("SIZE", size_required)
+                .default("64M")
+                .docs(
+                    "bytes waiting for one agent to read its stdin; a POST that does not fit is \
+                     503",
+                );
         /// Bytes queued for every agent's stdin together
         stdin_queue_total: u64, Option<String> =
             text("SIZE", size_required).default("256M").docs("the same for every agent together");
@@ -238,19 +295,27 @@ settings! {
             );
         /// Memory limit of all agents together (a parent cgroup); `max` for none
         agents_memory_max: Option<u64>, Option<String> =
-            text("SIZE", parse_size).default("max").docs("memory limit of all agents together (their parent cgroup)");
+            text("SIZE", parse_size)
+                .default("max")
+                .docs("memory limit of all agents together (their parent cgroup)");
         /// Process (task) limit of all agents together (a parent cgroup); `max` for none
         agents_pids_max: Option<u64>, Option<String> =
-            text("COUNT", parse_count_or_max).default("max").docs("process/thread limit of all agents together (their parent cgroup)");
+            text("COUNT", parse_count_or_max)
+                .default("max")
+                .docs("process/thread limit of all agents together (their parent cgroup)");
         /// Bytes of log records waiting for the log writer; more are dropped and counted
         log_queue: u64, Option<String> =
-            text("SIZE", size_required).default("8M").docs("log records waiting for the writer thread; more are dropped and counted");
+            text("SIZE", size_required)
+                .default("8M")
+                .docs("log records waiting for the writer thread; more are dropped and counted");
         /// journald's native socket, for --log-format journald
         journal_socket: PathBuf, Option<PathBuf> =
-            path("PATH", |p, _| Ok(p)).default("/run/systemd/journal/socket").docs("journald's native socket (for `--log-format journald`)");
-        /// Send traces over OTLP/HTTP (protobuf) to this collector base URL (`/v1/traces` is appended);
-        /// also OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as the full URL.
-        /// Without any of them no trace is made
+            path("PATH", |p, _| Ok(p))
+                .default("/run/systemd/journal/socket")
+                .docs("journald's native socket (for `--log-format journald`)");
+        /// Send traces over OTLP/HTTP (protobuf) to this collector base URL (`/v1/traces` is
+        /// appended); also OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as
+        /// the full URL. Without any of them no trace is made
         otlp_endpoint: Option<String>, Option<String> =
             text("URL", |s| Ok((!s.is_empty()).then(|| s.to_string()))).unset("none (off)").docs(
                 "send traces over OTLP/HTTP (protobuf) to this collector base URL (`/v1/traces` \
@@ -262,10 +327,14 @@ settings! {
             );
         /// Lines per second of one agent's stderr that reach the log; the rest are counted
         agent_stderr_lines: u64, Option<String> =
-            text("COUNT", |s| positive_count(s).map(|n| n as u64)).default("100").docs("lines per second of one agent's stderr that reach the log");
+            text("COUNT", |s| positive_count(s).map(|n| n as u64))
+                .default("100")
+                .docs("lines per second of one agent's stderr that reach the log");
         /// Bytes per second of one agent's stderr that reach the log
         agent_stderr_bytes: u64, Option<String> =
-            text("SIZE", size_required).default("64K").docs("bytes per second of one agent's stderr that reach the log");
+            text("SIZE", size_required)
+                .default("64K")
+                .docs("bytes per second of one agent's stderr that reach the log");
         /// Read the bearer token from this file (once, at start; surrounding whitespace ignored)
         token_file: Option<PathBuf>, Option<PathBuf> =
             path("FILE", |p, _| Ok(Some(p))).unset("none").clap(|a| a.conflicts_with("token")).docs(
@@ -293,8 +362,8 @@ settings! {
                 "time a client has to send a complete request head, from its first byte (on a new \
                  or a kept-alive connection); then the connection is closed",
             );
-        /// How long a connection with no request in flight (or a new one that sent nothing) may stay
-        /// silent
+        /// How long a connection with no request in flight (or a new one that sent nothing) may
+        /// stay silent
         idle_timeout: Duration, Option<String> =
             text("DURATION", positive_duration).default("60s").docs(
                 "a connection with no request in flight and no bytes moving for this long is \
@@ -305,11 +374,18 @@ settings! {
             );
         /// Open connections held at once; more are answered 503 and closed
         max_connections: usize, Option<String> =
-            text("COUNT", positive_count).default_from("half the open-file soft limit (raised to the hard limit at start), between 16 and 4096", |_| default_max_connections()).docs(
-                "open connections held at once (upgraded ones too); at the cap the quietest \
-                 connection with no request in flight is closed to admit a new one; only when all \
-                 have a request in flight is a new connection answered 503 and closed",
-            );
+            text("COUNT", positive_count)
+                .default_from(
+                    "half the open-file soft limit (raised to the hard limit at start), between \
+                     16 and 4096",
+                    |_| default_max_connections(),
+                )
+                .docs(
+                    "open connections held at once (upgraded ones too); at the cap the quietest \
+                     connection with no request in flight is closed to admit a new one; only \
+                     when all have a request in flight is a new connection answered 503 and \
+                     closed",
+                );
         /// Threads of the async runtime; `auto` picks from the CPU count (see docs/config.md)
         worker_threads: usize, Option<String> =
             text("COUNT", worker_threads).default("auto").docs(
@@ -317,8 +393,8 @@ settings! {
                  most 4 (rule and measurement: docs/performance.md). 1 is tokio's current-thread \
                  runtime",
             );
-        /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing for
-        /// this long is ended
+        /// A file transfer (PUT/GET /v1/fs/file, upload-batch) whose client sends or takes nothing
+        /// for this long is ended
         transfer_timeout: Duration, Option<String> =
             text("DURATION", positive_duration).default("30s").docs(
                 "a file transfer (`PUT`/`GET /v1/fs/file`, upload-batch) whose client sends or \
@@ -337,10 +413,10 @@ settings! {
                 "most directories (kernel inotify watches) all watch streams hold together; a \
                  tree needing more is 503 (or an `error` event when it grows later)",
             );
-        /// Bytes of changes queued for one watch stream's reader; beyond, changes are dropped and an
-        /// `overflow` event says so
+        /// Bytes of changes queued for one watch stream's reader; beyond, changes are dropped and
+        /// an `overflow` event says so
         watch_queue: usize, Option<String> =
-            text("SIZE", |s| size_required(s).map(|n| usize::try_from(n).unwrap_or(usize::MAX))).default("1M").docs(
+            text("SIZE", size_required_usize).default("1M").docs(
                 "bytes of changes queued for one watch stream's reader; beyond, changes are \
                  dropped and `event: overflow` is sent. A reader taking nothing for \
                  `--transfer-timeout` while its queue is full is cut off",
@@ -354,8 +430,8 @@ settings! {
                  its client holds none",
             );
         /// Bytes per second a request body must average once its grace has passed (uploads: PUT
-        /// /v1/fs/file and upload-batch after --transfer-timeout; POST /v1/acp after --idle-timeout); a
-        /// slower body is ended with 408. 0 turns it off
+        /// /v1/fs/file and upload-batch after --transfer-timeout; POST /v1/acp after
+        /// --idle-timeout); a slower body is ended with 408. 0 turns it off
         body_min_rate: u64, Option<String> =
             text("SIZE", min_rate).default("1K").docs(
                 "bytes per second a request body must average once its grace has passed: an \
@@ -399,13 +475,19 @@ settings! {
             text("SIZE", size_required).default("1M").docs("output a `run` keeps per stream");
         /// Timeout of a `run` that names none
         process_run_timeout: Duration, Option<String> =
-            text("DURATION", parse_duration).default("30s").docs("timeout of a `run` that names none");
+            text("DURATION", parse_duration)
+                .default("30s")
+                .docs("timeout of a `run` that names none");
         /// Longest timeout a `run` may ask for
         process_max_run_timeout: Duration, Option<String> =
-            text("DURATION", parse_duration).default("5m").docs("longest timeout a `run` may ask for (longer is clamped)");
+            text("DURATION", parse_duration)
+                .default("5m")
+                .docs("longest timeout a `run` may ask for (longer is clamped)");
         /// Largest decoded input one request may write to a process
         process_max_input_bytes: u64, Option<String> =
-            text("SIZE", size_required).default("64K").docs("largest decoded input one request writes to a process; larger is 413");
+            text("SIZE", size_required)
+                .default("64K")
+                .docs("largest decoded input one request writes to a process; larger is 413");
     }
     derived {
         /// The daemon's own binary, by the path it was started from (resolved once, at start):
