@@ -138,3 +138,77 @@ fn docs_config_md_lists_every_setting_as_declared() {
          `UPDATE_DOCS=1 cargo test --lib config::tests::docs` and commit docs/config.md"
     );
 }
+
+/// Each shape of entry (text, path, switch, list) through each source: the file's key when no
+/// flag is given, the flag over the file, and a bad value named by where it came from.
+#[test]
+fn every_shape_of_setting_comes_from_the_file_and_yields_to_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(
+        &file,
+        "keepalive = '20s'\nevent_buffer = 7\njournal_socket = 'j.sock'\nrequire_preinstall = true\n\
+         allowed_hosts = ['A.example', 'b.example']\nagent_env = 'K=v,L=w'\nport = 2469\n",
+    )
+    .unwrap();
+    let from_file = ServerArgs {
+        config: Some(file.clone()),
+        ..ServerArgs::default()
+    };
+    let c = Config::load_with_env(&from_file, Vec::new()).expect("valid");
+    assert_eq!(c.keepalive, Duration::from_secs(20));
+    assert_eq!(c.event_buffer, 7);
+    assert_eq!(c.port, 2469);
+    assert_eq!(c.journal_socket, PathBuf::from("j.sock"));
+    assert!(c.require_preinstall);
+    assert_eq!(c.allowed_hosts, ["a.example", "b.example"]);
+    assert_eq!(
+        c.agent_env,
+        [("K".into(), "v".into()), ("L".into(), "w".into())]
+    );
+
+    let flags = ServerArgs {
+        config: Some(file.clone()),
+        keepalive: Some("3s".into()),
+        event_buffer: Some(9),
+        allowed_hosts: Some(vec!["c.example".into()]),
+        ..ServerArgs::default()
+    };
+    let c = Config::load_with_env(&flags, Vec::new()).expect("valid");
+    assert_eq!(c.keepalive, Duration::from_secs(3));
+    assert_eq!(c.event_buffer, 9);
+    assert_eq!(c.allowed_hosts, ["c.example"]);
+
+    std::fs::write(&file, "keepalive = 'soon'\nagent_env = ['novalue']\n").unwrap();
+    let bad = ServerArgs {
+        config: Some(file),
+        event_buffer: Some(0),
+        ..ServerArgs::default()
+    };
+    let err = Config::load_with_env(&bad, Vec::new())
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("3 problem(s)"), "{err}");
+    assert!(err.contains("key `keepalive`: `soon`"), "{err}");
+    assert!(
+        err.contains("key `agent_env`: `novalue` is not KEY=VALUE"),
+        "{err}"
+    );
+    assert!(err.contains("--event-buffer: `0`"), "{err}");
+}
+
+/// The file accepts exactly the server's flags as keys (`--shutdown-grace`: `shutdown_grace`).
+#[test]
+fn the_file_knows_every_flag_of_the_server() {
+    use clap::Args;
+    let mut keys = sources::known_file_keys();
+    keys.sort();
+    let cmd = ServerArgs::augment_args(clap::Command::new("sandbox-agent"));
+    let mut flags: Vec<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .map(|l| l.replace('-', "_"))
+        .collect();
+    flags.sort();
+    assert_eq!(keys, flags);
+}
