@@ -47,6 +47,8 @@ pub(crate) struct Refusal {
 type Parser<T> = Box<dyn Fn(Raw, &Ctx) -> Result<T, Refusal>>;
 
 enum Fallback<T> {
+    /// The entry forgot to say (`every_default_is_valid` fails on it).
+    Missing,
     /// Parsed by the setting's own parser: the help and the docs show this very text.
     Literal(&'static str),
     /// Computed (from the machine or the environment); the text says how.
@@ -160,7 +162,7 @@ impl<T> Setting<T> {
         Setting {
             value_name,
             parse,
-            fallback: Fallback::Literal(""),
+            fallback: Fallback::Missing,
             docs: None,
             shape: same,
         }
@@ -192,6 +194,7 @@ impl<T> Setting<T> {
 
     fn default_value(&self, name: &str, cx: &Ctx) -> T {
         match &self.fallback {
+            Fallback::Missing => panic!("--{name} declares no default (nor `unset`)"),
             Fallback::Computed(_, f) => f(cx),
             Fallback::Literal(lit) => {
                 let raw = match self.value_name {
@@ -210,6 +213,7 @@ impl<T> Setting<T> {
     /// The facts docs/config.md and `--help` show.
     pub fn meta(&self, name: &'static str, help: &'static str) -> Meta {
         let (default_help, default_docs) = match &self.fallback {
+            Fallback::Missing => (None, "?".to_string()),
             Fallback::Literal(l) if self.value_name.is_none() => (None, (*l).to_string()),
             Fallback::Literal(l) => (Some((*l).to_string()), format!("`{l}`")),
             Fallback::Computed(says, _) => (Some((*says).to_string()), (*says).to_string()),
