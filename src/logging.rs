@@ -453,7 +453,7 @@ pub fn init(config: &Config) -> LogGuard {
     let shared = Arc::new(Shared {
         state: Mutex::new(QueueState::default()),
         ready: Condvar::new(),
-        max_bytes: usize::try_from(config.log_queue_bytes).unwrap_or(usize::MAX),
+        max_bytes: usize::try_from(config.log_queue).unwrap_or(usize::MAX),
     });
     let _ = WRITER.set(shared.clone());
     let mut format = resolve_format(config);

@@ -5,8 +5,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::cli::ServerArgs;
-
 /// Values from the TOML file, taken key by key so that every bad key is reported.
 pub(super) struct FileValues {
     pub(super) map: BTreeMap<String, toml::Value>,
@@ -214,13 +212,12 @@ pub(super) fn nearest_key<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a st
         .map(|(_, k)| k)
 }
 
-/// Every key the config file accepts: the server's long flags with `_` for `-`.
+/// Every key the config file accepts: the table's settings, and `config` (which it ignores).
 pub(super) fn known_file_keys() -> Vec<String> {
-    use clap::Args;
-    let cmd = ServerArgs::augment_args(clap::Command::new("sandbox-agent"));
-    cmd.get_arguments()
-        .filter_map(|a| a.get_long())
-        .map(|l| l.replace('-', "_"))
+    super::settings::table()
+        .iter()
+        .map(|m| m.name.to_string())
+        .chain(["config".to_string()])
         .collect()
 }
 

@@ -201,7 +201,7 @@ pub async fn run(
         }
     }
     systemd::notify_stopping();
-    if config.test_wedge_on_stop {
+    if crate::config::test_hooks::wedge_on_stop() {
         // The emergency stop's test: no task runs from here on, so only the signal thread can
         // end the daemon (a second stop signal).
         tracing::warn!("test hook: wedging every runtime worker");

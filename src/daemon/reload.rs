@@ -244,7 +244,7 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         release();
         return Failed::Fatal(format!("cannot write the hand-off: {e}"));
     }
-    if let Some(pause) = r.state.config.test_reload_pause {
+    if let Some(pause) = crate::config::test_hooks::reload_pause() {
         // Debug builds only: the window in which a stop signal must stay pending.
         std::thread::sleep(pause);
     }
@@ -347,7 +347,7 @@ pub fn check_main(
     };
     let mut server = match cli.command {
         Some(crate::cli::Command::Server(a)) => *a,
-        None => cli.server,
+        None => cli.server.0,
         Some(_) => {
             eprintln!("the daemon's arguments do not start a server");
             return std::process::ExitCode::from(64);

@@ -228,7 +228,7 @@ impl FileService {
                 policy.clone(),
                 config.max_watches,
                 config.watch_max_dirs,
-                config.watch_queue_bytes,
+                config.watch_queue,
                 config.transfer_timeout,
             ),
             policy,
