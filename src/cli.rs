@@ -399,6 +399,11 @@ pub struct ServerArgs {
     #[arg(long, env = "SANDBOX_AGENT_PORT", value_name = "PORT")]
     pub port: Option<u16>,
 
+    /// Once listening, write one JSON line (url, host, port, pid) to this inherited descriptor
+    /// and close it: how a parent that started the daemon on port 0 learns the address
+    #[arg(long, value_name = "FD")]
+    pub ready_fd: Option<i32>,
+
     /// Bearer token required on every /v1 route
     #[arg(
         long,

@@ -1,0 +1,195 @@
+"""Local mode: start the ``sandbox-agent`` binary on this machine and connect to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+import httpx
+
+from .client import SandboxAgentClient
+from .errors import StartError
+
+__all__ = ["start_local", "SandboxAgent"]
+
+_TAIL = 4096
+
+
+def _tail(f: IO[bytes] | None) -> str:
+    if f is None:
+        return ""
+    try:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - _TAIL))
+        return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+class SandboxAgent(SandboxAgentClient):
+    """A client of a daemon this process started; :meth:`dispose` (or leaving ``async with``)
+    stops the daemon and reaps it."""
+
+    def __init__(self, base_url: str, *, process: subprocess.Popen[bytes], stderr: IO[bytes],
+                 stop_timeout: float, **options: Any) -> None:
+        super().__init__(base_url, **options)
+        self._process = process
+        self._stderr = stderr
+        self._stop_timeout = stop_timeout
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @classmethod
+    async def start(cls, **options: Any) -> SandboxAgent:
+        """The same as :func:`start_local`."""
+        return await start_local(**options)
+
+    async def __aenter__(self) -> SandboxAgent:
+        if not self.connected:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        await self.dispose()
+
+    def stderr_tail(self) -> str:
+        return _tail(self._stderr)
+
+    async def dispose(self) -> None:
+        """Disconnects, stops the daemon (SIGTERM; SIGKILL after ``stop_timeout``) and reaps it."""
+        try:
+            await self.disconnect()
+        finally:
+            try:
+                await self.aclose()
+            finally:
+                await _stop(self._process, self._stop_timeout)
+                self._stderr.close()
+
+
+async def _stop(p: subprocess.Popen[bytes], timeout: float) -> None:
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while p.poll() is None and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if p.poll() is None:
+        p.kill()
+        await asyncio.to_thread(p.wait)
+
+
+async def start_local(
+    *,
+    binary_path: str = "sandbox-agent",
+    port: int = 0,
+    token: str | None = None,
+    agent: str = "mock",
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    start_timeout: float = 30.0,
+    stop_timeout: float = 15.0,
+    connect: bool = True,
+    **client_options: Any,
+) -> SandboxAgent:
+    """Starts ``sandbox-agent server --host 127.0.0.1 --port <port>`` and returns a connected
+    :class:`SandboxAgent`. The address comes from the daemon's ``--ready-fd`` line; the token
+    travels in the child's environment (``SANDBOX_AGENT_TOKEN``), never on its command line."""
+    read_fd, write_fd = os.pipe()
+    child_env = dict(os.environ if env is None else {**os.environ, **env})
+    child_env.pop("SANDBOX_AGENT_TOKEN", None)
+    if token:
+        child_env["SANDBOX_AGENT_TOKEN"] = token
+    child_env.pop("NOTIFY_SOCKET", None)
+    stderr = tempfile.TemporaryFile()
+    argv = [binary_path, "server", "--host", "127.0.0.1", "--port", str(port), "--ready-fd", str(write_fd), *args]
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=child_env,
+            pass_fds=(write_fd,),
+            start_new_session=False,
+        )
+    except OSError as e:
+        os.close(read_fd)
+        os.close(write_fd)
+        stderr.close()
+        raise StartError(f"cannot start {binary_path}: {e}") from e
+    os.close(write_fd)
+
+    async def fail(why: str) -> StartError:
+        await _stop(process, 1.0)
+        tail = _tail(stderr)
+        stderr.close()
+        return StartError(f"{binary_path} did not start: {why}", tail)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + start_timeout
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(_read_line, read_fd), timeout=start_timeout)
+    except asyncio.TimeoutError:
+        os.close(read_fd)
+        raise await fail(f"no address within {start_timeout} s") from None
+    if not line:
+        raise await fail(f"it exited with {process.wait()} before listening")
+    try:
+        url = str(json.loads(line)["url"])
+    except (ValueError, KeyError, TypeError):
+        raise await fail(f"unexpected ready line {line!r}") from None
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(timeout=5.0, headers=headers) as http:
+        while True:
+            try:
+                res = await http.get(f"{url}/v1/health")
+                if res.status_code == 200:
+                    break
+                if res.status_code in (401, 403):
+                    raise await fail(f"/v1/health answered {res.status_code}")
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None:
+                raise await fail(f"it exited with {process.returncode}")
+            if loop.time() > deadline:
+                raise await fail(f"/v1/health did not answer within {start_timeout} s")
+            await asyncio.sleep(0.05)
+
+    sa = SandboxAgent(url, process=process, stderr=stderr, stop_timeout=stop_timeout, agent=agent, token=token,
+                      **client_options)
+    if connect:
+        try:
+            await sa.connect()
+        except BaseException:
+            await sa.dispose()
+            raise
+    return sa
+
+
+def _read_line(fd: int) -> str:
+    """The ready line (blocking; run in a thread). Empty when the daemon exited first."""
+    out = bytearray()
+    try:
+        while not out.endswith(b"\n") and len(out) < 4096:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(fd)
+    return out.decode("utf-8", "replace").strip()
