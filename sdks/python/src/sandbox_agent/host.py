@@ -672,4 +672,3 @@ class LogStream(_Stream[ProcessLogEntry]):
         await self._drop()
 
 
-_ = (Awaitable,)
