@@ -95,3 +95,60 @@ fn ready_fd_that_is_not_open_is_refused_at_start() {
     assert_eq!(status.code(), Some(78), "{err}");
     assert!(err.contains("--ready-fd 57"), "{err}");
 }
+
+/// The whole pytest suite takes ~2 min here (packaging included); bounded generously.
+const SUITE_TIMEOUT: Duration = Duration::from_secs(900);
+
+#[test]
+fn python_sdk_pytest_passes_against_this_daemon() {
+    use std::os::unix::process::CommandExt as _;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdks/python");
+    let python = dir.join(".venv/bin/python");
+    if !python.exists() {
+        crate::support::skip("sdks/python/.venv is missing (.ci/install-python-sdk.sh makes it)");
+        return;
+    }
+    let log = std::env::temp_dir().join(format!("python-sdk-pytest-{}.log", std::process::id()));
+    let out = std::fs::File::create(&log).expect("log file");
+    let mut child = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .current_dir(&dir)
+        .env("SANDBOX_AGENT_BIN", BIN)
+        .env_remove("SANDBOX_AGENT_TOKEN")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("log file"))
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .expect("pytest starts");
+    let deadline = Instant::now() + SUITE_TIMEOUT;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for pytest") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            // pytest and the daemons it started share the process group: end them all.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let output = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    match status {
+        Some(s) if s.success() => {
+            assert!(
+                output.contains(" passed")
+                    && !output.contains(" failed")
+                    && !output.contains(" skipped"),
+                "pytest succeeded but its summary is not all passed?\n{output}"
+            );
+        }
+        Some(s) => panic!("pytest failed ({s}):\n{output}"),
+        None => panic!("pytest did not finish within {SUITE_TIMEOUT:?}:\n{output}"),
+    }
+}

@@ -34,7 +34,7 @@ from .errors import (  # noqa: E402
     UnsupportedError,
 )
 from .host import ByteStream, HostApi, LogStream, WatchStream  # noqa: E402
-from .local import SandboxAgent, start_local  # noqa: E402
+from .local import LocalStart, SandboxAgent, start_local  # noqa: E402
 from .models import (  # noqa: E402
     AgentInfo,
     FsEntry,
@@ -61,7 +61,7 @@ __all__ = [
     "__version__",
     "AgentError", "AgentInfo", "AgentTimeoutError", "AgentUnavailableError", "AlreadyConnectedError",
     "BadRequestError", "ByteStream", "ConflictError", "ForbiddenError", "FsEntry", "FsStat", "Gap", "GoneError",
-    "Health", "HostApi", "HttpError", "InMemorySessionStore", "InstanceInfo", "JsonFileSessionStore", "LogStream",
+    "Health", "HostApi", "HttpError", "InMemorySessionStore", "InstanceInfo", "JsonFileSessionStore", "LocalStart", "LogStream",
     "MoveResult", "NetworkError", "NewSessionResult", "NotConnectedError", "NotFoundError", "PathResult",
     "PayloadTooLargeError", "PermissionReply", "PermissionReplyError", "PermissionRequest", "ProcessConfig",
     "ProcessInfo", "ProcessLogEntry", "ProcessLogs", "ProcessRunResult", "SandboxAgent", "SandboxAgentClient",

@@ -243,7 +243,7 @@ class SandboxAgentClient(HostApi):
             conn = acp.connect_to_agent(_AcpClient(self), transport)  # type: ignore[arg-type]
             self._conn = conn
             try:
-                info = await self._rpc(
+                info: schema.InitializeResponse = await self._rpc(
                     conn.initialize(
                         protocol_version=acp.PROTOCOL_VERSION,
                         client_capabilities=schema.ClientCapabilities(),
@@ -256,7 +256,7 @@ class SandboxAgentClient(HostApi):
                 await self._teardown()
                 raise
             self._agent_info = info
-            return info
+            return self._agent_info
         finally:
             self._connecting = False
 

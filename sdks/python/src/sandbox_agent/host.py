@@ -532,9 +532,9 @@ class WatchStream(_Stream[WatchItem]):
                 continue
             if ev.event == "ready":
                 self._root = json.loads(ev.data).get("path")
-                reason = "reconnect" if self._connected else "start"
+                first = not self._connected
                 self._connected = True
-                return WatchRescan(reason=reason)
+                return WatchRescan(reason="start" if first else "reconnect")
             if ev.event == "change":
                 change = WatchChange.model_validate_json(ev.data)
                 if change.kind == "remove" and change.path == self._root:

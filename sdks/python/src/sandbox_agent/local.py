@@ -9,6 +9,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from collections.abc import Generator
 from typing import IO, Any
 
 import httpx
@@ -16,7 +17,7 @@ import httpx
 from .client import SandboxAgentClient
 from .errors import StartError
 
-__all__ = ["start_local", "SandboxAgent"]
+__all__ = ["start_local", "SandboxAgent", "LocalStart"]
 
 _TAIL = 4096
 
@@ -49,9 +50,9 @@ class SandboxAgent(SandboxAgentClient):
         return self._process.pid
 
     @classmethod
-    async def start(cls, **options: Any) -> SandboxAgent:
+    def start(cls, **options: Any) -> LocalStart:
         """The same as :func:`start_local`."""
-        return await start_local(**options)
+        return start_local(**options)
 
     async def __aenter__(self) -> SandboxAgent:
         if not self.connected:
@@ -92,7 +93,7 @@ async def _stop(p: subprocess.Popen[bytes], timeout: float) -> None:
         await asyncio.to_thread(p.wait)
 
 
-async def start_local(
+async def _start_local(
     *,
     binary_path: str = "sandbox-agent",
     port: int = 0,
@@ -193,3 +194,59 @@ def _read_line(fd: int) -> str:
     finally:
         os.close(fd)
     return out.decode("utf-8", "replace").strip()
+
+
+class LocalStart:
+    """What :func:`start_local` returns: ``await`` it for the :class:`SandboxAgent`, or use it
+    directly as ``async with start_local() as sa:`` (disposed on exit)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = options
+        self._sa: SandboxAgent | None = None
+
+    def __await__(self) -> Generator[Any, None, SandboxAgent]:
+        return _start_local(**self._options).__await__()
+
+    async def __aenter__(self) -> SandboxAgent:
+        self._sa = await _start_local(**self._options)
+        return self._sa
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        if self._sa is not None:
+            await self._sa.dispose()
+
+
+def start_local(
+    *,
+    binary_path: str = "sandbox-agent",
+    port: int = 0,
+    token: str | None = None,
+    agent: str = "mock",
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    start_timeout: float = 30.0,
+    stop_timeout: float = 15.0,
+    connect: bool = True,
+    **client_options: Any,
+) -> LocalStart:
+    """Starts ``sandbox-agent server --host 127.0.0.1 --port <port>`` (``await start_local()``
+    or ``async with start_local() as sa``) and gives a connected :class:`SandboxAgent`.
+
+    The address comes from the daemon's ``--ready-fd`` line (never from its log); the token
+    travels in the child's environment (``SANDBOX_AGENT_TOKEN``), never on its command line.
+    ``connect=False`` starts the daemon without starting an agent. Failure: :class:`StartError`
+    (with the daemon's ``stderr_tail``), the child killed and reaped."""
+    return LocalStart(
+        dict(
+            binary_path=binary_path,
+            port=port,
+            token=token,
+            agent=agent,
+            args=args,
+            env=env,
+            start_timeout=start_timeout,
+            stop_timeout=stop_timeout,
+            connect=connect,
+            **client_options,
+        )
+    )
