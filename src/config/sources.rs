@@ -221,6 +221,8 @@ pub(super) fn known_file_keys() -> Vec<String> {
     cmd.get_arguments()
         .filter_map(|a| a.get_long())
         .map(|l| l.replace('-', "_"))
+        // A descriptor of the process that starts the daemon: a flag only.
+        .filter(|k| k != "ready_fd")
         .collect()
 }
 

@@ -94,6 +94,24 @@ fn ready_fd_that_is_not_open_is_refused_at_start() {
         .unwrap();
     assert_eq!(status.code(), Some(78), "{err}");
     assert!(err.contains("--ready-fd 57"), "{err}");
+
+    // A flag only: a config file cannot name a descriptor of the process that starts the daemon.
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "ready_fd = 3\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["server", "--host", "127.0.0.1", "--port", "0", "--config"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env_remove("SANDBOX_AGENT_TOKEN")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("unknown key `ready_fd`"), "{err}");
+    assert!(!err.contains("did you mean `ready_fd`"), "{err}");
 }
 
 /// The whole pytest suite takes ~2 min here (packaging included); bounded generously.
