@@ -17,6 +17,6 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
 "${pip[@]}" install 'pip==24.3.1' 'setuptools==75.6.0' 'wheel==0.45.1'
-"${pip[@]}" install 'pytest==8.3.4' 'pytest-asyncio==0.25.0' 'mypy==1.13.0' 'build==1.2.2.post1' 'uv==0.5.11'
+"${pip[@]}" install 'pytest==8.3.4' 'pytest-asyncio==0.25.0' 'websockets==15.0.1' 'mypy==1.13.0' 'build==1.2.2.post1' 'uv==0.5.11'
 "${pip[@]}" install -e .
 echo "$want" >"$stamp"

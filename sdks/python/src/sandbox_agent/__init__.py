@@ -55,6 +55,7 @@ from .models import (  # noqa: E402
     WatchRescan,
     WriteFileResult,
 )
+from .terminal import ProcessTerminal  # noqa: E402
 from .session_store import InMemorySessionStore, JsonFileSessionStore, SessionRecord, SessionStore  # noqa: E402
 
 __all__ = [
@@ -64,7 +65,7 @@ __all__ = [
     "Health", "HostApi", "HttpError", "InMemorySessionStore", "InstanceInfo", "JsonFileSessionStore", "LocalStart", "LogStream",
     "MoveResult", "NetworkError", "NewSessionResult", "NotConnectedError", "NotFoundError", "PathResult",
     "PayloadTooLargeError", "PermissionReply", "PermissionReplyError", "PermissionRequest", "ProcessConfig",
-    "ProcessInfo", "ProcessLogEntry", "ProcessLogs", "ProcessRunResult", "SandboxAgent", "SandboxAgentClient",
+    "ProcessInfo", "ProcessLogEntry", "ProcessTerminal", "ProcessLogs", "ProcessRunResult", "SandboxAgent", "SandboxAgentClient",
     "SandboxAgentError", "ServiceUnavailableError", "SessionRecord", "SessionStore", "SessionUpdateEvent",
     "StartError", "TooManyRequestsError", "UnauthorizedError", "UnsupportedError", "UpdateStream",
     "UploadBatchResult", "WatchChange", "WatchItem", "WatchRescan", "WatchStream", "WriteFileResult", "start_local",

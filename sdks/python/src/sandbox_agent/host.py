@@ -10,7 +10,7 @@ import json
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -36,6 +36,9 @@ from .models import (
     WatchRescan,
     WriteFileResult,
 )
+
+if TYPE_CHECKING:
+    from .terminal import ProcessTerminal
 
 __all__ = ["HostApi", "ByteStream", "WatchStream", "LogStream", "BodySource"]
 
@@ -343,6 +346,13 @@ class HostApi:
         else:
             body = {"data": base64.b64encode(data).decode("ascii")}
         return dict(await self._json("POST", f"{_proc(id)}/input", json_body=body) or {})
+
+    def connect_process_terminal(self, id: str) -> ProcessTerminal:
+        """The process's terminal (``tty=True``) over its WebSocket: ``async with
+        host.connect_process_terminal(id) as term``. Needs the ``[terminal]`` extra."""
+        from .terminal import ProcessTerminal
+
+        return ProcessTerminal(self, id)
 
     async def resize_process_terminal(self, id: str, cols: int, rows: int) -> dict[str, Any]:
         body = {"cols": cols, "rows": rows}
