@@ -229,3 +229,25 @@ async def test_bad_server_id_is_a_typed_400(daemon: SandboxAgent) -> None:
     assert not c.connected
     await c.aclose()
     _ = json
+
+
+async def test_load_session_and_json_file_store_across_a_restart(daemon: SandboxAgent, tmp_path: Any) -> None:
+    from sandbox_agent import JsonFileSessionStore
+
+    store_path = tmp_path / "sessions.json"
+    async with SandboxAgentClient(daemon.base_url, agent="mock", session_store=JsonFileSessionStore(store_path)) as c:
+        s = await c.new_session(title="first", metadata={"ticket": 7})
+        await c.prompt(s.session_id, "remember me")
+        with pytest.raises(UnsupportedError):
+            await c.set_session_mode(s.session_id, "plan")
+    assert oct(store_path.stat().st_mode & 0o777) == "0o600"
+    # "Restart": a new client, a new agent process; the record and the agent's own history remain.
+    history: list[str] = []
+    store = JsonFileSessionStore(store_path)
+    rec = (await store.list())[0]
+    assert (rec.title, rec.metadata, rec.id) == ("first", {"ticket": 7}, s.session_id)
+    async with SandboxAgentClient(daemon.base_url, agent="mock", session_store=store,
+                                  on_session_update=lambda e: history.append(text(e))) as c2:
+        await c2.load_session(rec.id)
+        await c2.prompt(rec.id, "/history")
+    assert "remember me" in history[-1]

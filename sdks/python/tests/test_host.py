@@ -216,3 +216,23 @@ async def test_mcp_config_round_trip(daemon: SandboxAgent) -> None:
         await host.delete_mcp_config(work, "one")
         with pytest.raises(NotFoundError):
             await host.get_mcp_config(work, "one")
+
+
+async def test_agents_instances_and_process_config(daemon: SandboxAgent) -> None:
+    from sandbox_agent import ProcessConfig
+
+    async with HostApi(daemon.base_url) as host:
+        mock = await host.get_agent("mock")
+        assert mock.id == "mock" and mock.installed
+        outcome = await host.install_agent("mock")
+        assert "alreadyInstalled" in outcome
+        assert await host.list_instances() == []
+        cfg = await host.get_process_config()
+        changed = await host.set_process_config(cfg.model_copy(update={"max_output_bytes": 12345}))
+        assert isinstance(changed, ProcessConfig) and changed.max_output_bytes == 12345
+        assert (await host.get_process_config()).max_output_bytes == 12345
+        await host.set_process_config(cfg)
+        p = await host.create_process("sleep", ["30"], tty=True, cols=80, rows=24)
+        await host.resize_process_terminal(p.id, 100, 50)
+        killed = await host.kill_process(p.id, wait_ms=5000)
+        assert killed.status == "exited" and killed.exit_signal == 9

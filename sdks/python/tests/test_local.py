@@ -30,6 +30,8 @@ async def test_start_local_with_a_token_then_dispose_leaves_no_process(binary: s
         cmdline = Path(f"/proc/{sa.pid}/cmdline").read_bytes()
         assert b"tok-in-env-only" not in cmdline
         assert b"--ready-fd" in cmdline
+        # Handed over in the environment, which the daemon then clears of it.
+        assert b"tok-in-env-only" not in Path(f"/proc/{sa.pid}/environ").read_bytes()
         s = await sa.new_session()
         r = await sa.prompt(s.session_id, "hello")
         assert r.stop_reason == "end_turn"
