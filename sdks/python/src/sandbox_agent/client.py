@@ -252,7 +252,7 @@ class SandboxAgentClient(HostApi):
                     "initialize",
                 )
             except BaseException:
-                transport.delete_on_close = False
+                # An instance the first POST started is deleted again (nothing is left running).
                 await self._teardown()
                 raise
             self._agent_info = info
