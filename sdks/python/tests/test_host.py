@@ -236,3 +236,31 @@ async def test_agents_instances_and_process_config(daemon: SandboxAgent) -> None
         await host.resize_process_terminal(p.id, 100, 50)
         killed = await host.kill_process(p.id, wait_ms=5000)
         assert killed.status == "exited" and killed.exit_signal == 9
+
+
+async def test_log_follow_reports_the_output_the_daemon_dropped_as_a_gap(binary: str, tmp_path: Path) -> None:
+    from sandbox_agent import Gap
+
+    d = await start_daemon(binary, tmp_path, "--process-max-log-bytes", "16K")
+    try:
+        async with HostApi(d.base_url) as host:
+            p = await host.create_process("sh", ["-c", "yes xxxxxxx | head -c 65536"])
+            for _ in range(200):
+                if (await host.get_process(p.id)).status == "exited":
+                    break
+                await asyncio.sleep(0.05)
+            gaps: list[Gap] = []
+            got = bytearray()
+            async with host.follow_process_logs(p.id, since=0, on_gap=gaps.append) as logs:
+                async for entry in logs:
+                    got += entry.data
+            assert len(gaps) == 1 and gaps[0].from_ == 0
+            # What was lost plus what came is the whole output, each byte once.
+            assert gaps[0].to + len(got) == 65536 and set(got) <= set(b"x\n")
+            # Without on_gap the loss is a warning, never silent.
+            with pytest.warns(RuntimeWarning, match="lost"):
+                async with host.follow_process_logs(p.id, since=0) as logs:
+                    async for _ in logs:
+                        pass
+    finally:
+        await d.dispose()
