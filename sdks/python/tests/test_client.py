@@ -251,3 +251,17 @@ async def test_load_session_and_json_file_store_across_a_restart(daemon: Sandbox
         await c2.load_session(rec.id)
         await c2.prompt(rec.id, "/history")
     assert "remember me" in history[-1]
+
+
+async def test_disconnect_ends_a_prompt_in_flight_with_not_connected(daemon: SandboxAgent) -> None:
+    c = SandboxAgentClient(daemon.base_url, agent="mock")
+    await c.connect()
+    s = await c.new_session()
+    running = asyncio.ensure_future(c.prompt(s.session_id, "/hang"))
+    await asyncio.sleep(0.3)
+    await c.disconnect()
+    with pytest.raises(NotConnectedError):
+        await asyncio.wait_for(running, 10)
+    assert not c.connected and c.last_event_id is None
+    assert all(i.server_id != c.server_id for i in await c.list_instances())
+    await c.aclose()

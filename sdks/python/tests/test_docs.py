@@ -62,3 +62,14 @@ async def test_the_examples_run(binary: str, tmp_path: Path) -> None:
         assert "stdout: tick 3" in out and "exit code: 0" in out and "gone: 404" in out
     finally:
         await d.dispose()
+
+
+async def test_the_package_readme_example_runs(binary: str, tmp_path: Path) -> None:
+    text = (REPO / "sdks/python/README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S)
+    assert code
+    script = tmp_path / "readme.py"
+    script.write_text(code.group(1))
+    rc, out = await run([sys.executable, str(script)], tmp_path, env_with_binary(binary))
+    assert rc == 0, out
+    assert out == "chunk 1 of 3\nchunk 2 of 3\nchunk 3 of 3\nend_turn\n"
