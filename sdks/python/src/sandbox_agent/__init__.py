@@ -55,6 +55,7 @@ from .models import (  # noqa: E402
     WatchRescan,
     WriteFileResult,
 )
+from .sandbox import SandboxDetachedError, SandboxProvider, SandboxStartError  # noqa: E402
 from .terminal import ProcessTerminal  # noqa: E402
 from .session_store import InMemorySessionStore, JsonFileSessionStore, SessionRecord, SessionStore  # noqa: E402
 
@@ -66,7 +67,7 @@ __all__ = [
     "MoveResult", "NetworkError", "NewSessionResult", "NotConnectedError", "NotFoundError", "PathResult",
     "PayloadTooLargeError", "PermissionReply", "PermissionReplyError", "PermissionRequest", "ProcessConfig",
     "ProcessInfo", "ProcessLogEntry", "ProcessTerminal", "ProcessLogs", "ProcessRunResult", "SandboxAgent", "SandboxAgentClient",
-    "SandboxAgentError", "ServiceUnavailableError", "SessionRecord", "SessionStore", "SessionUpdateEvent",
+    "SandboxAgentError", "SandboxDetachedError", "SandboxProvider", "SandboxStartError", "ServiceUnavailableError", "SessionRecord", "SessionStore", "SessionUpdateEvent",
     "StartError", "TooManyRequestsError", "UnauthorizedError", "UnsupportedError", "UpdateStream",
     "UploadBatchResult", "WatchChange", "WatchItem", "WatchRescan", "WatchStream", "WriteFileResult", "start_local",
 ]

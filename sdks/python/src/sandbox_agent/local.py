@@ -16,6 +16,8 @@ import httpx
 
 from .client import SandboxAgentClient
 from .errors import StartError
+from .sandbox import SandboxDetachedError, SandboxProvider, start_sandbox
+from .sandbox import call as call_provider
 
 __all__ = ["start_local", "SandboxAgent", "LocalStart"]
 
@@ -38,21 +40,69 @@ class SandboxAgent(SandboxAgentClient):
     """A client of a daemon this process started; :meth:`dispose` (or leaving ``async with``)
     stops the daemon and reaps it."""
 
-    def __init__(self, base_url: str, *, process: subprocess.Popen[bytes], stderr: IO[bytes],
-                 stop_timeout: float, **options: Any) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        process: subprocess.Popen[bytes] | None = None,
+        stderr: IO[bytes] | None = None,
+        stop_timeout: float = 15.0,
+        **options: Any,
+    ) -> None:
         super().__init__(base_url, **options)
         self._process = process
         self._stderr = stderr
         self._stop_timeout = stop_timeout
+        self._provider: SandboxProvider | None = None
+        self._raw_id: str | None = None
 
     @property
-    def pid(self) -> int:
-        return self._process.pid
+    def pid(self) -> int | None:
+        """The local daemon's pid (``None`` for a daemon in a provider's sandbox)."""
+        return self._process.pid if self._process is not None else None
 
     @classmethod
-    def start(cls, **options: Any) -> LocalStart:
-        """The same as :func:`start_local`."""
+    def start(cls, **options: Any) -> Any:
+        """Without ``sandbox``: :func:`start_local` (awaitable, or ``async with``). With
+        ``sandbox=provider`` (and optionally ``sandbox_id``): a coroutine giving a client of the
+        daemon in that provider's sandbox (see ``sandbox_agent.sandbox``)."""
+        if "sandbox" in options:
+            return start_sandbox(**options)
         return start_local(**options)
+
+    def _attach(self, provider: SandboxProvider, raw_id: str) -> None:
+        self._provider, self._raw_id = provider, raw_id
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """``name/raw id`` of the provider's sandbox (give it to a later ``start(sandbox_id=…)``)."""
+        if self._provider is None or self._raw_id is None:
+            return None
+        return f"{self._provider.name}/{self._raw_id}"
+
+    async def _end_sandbox(self, method: str) -> None:
+        provider, raw = self._provider, self._raw_id
+        if provider is None or raw is None:
+            raise SandboxDetachedError("this client is not attached to a sandbox")
+        self._provider = self._raw_id = None
+        try:
+            await self.disconnect()
+        finally:
+            if getattr(provider, method, None) is None:
+                method = "destroy"
+            await call_provider(provider, method, raw)
+
+    async def destroy_sandbox(self) -> None:
+        """Disconnects, then removes the sandbox for good (``destroy``)."""
+        await self._end_sandbox("destroy")
+
+    async def pause_sandbox(self) -> None:
+        """Disconnects, then pauses the sandbox (``pause``; ``destroy`` when there is none)."""
+        await self._end_sandbox("pause")
+
+    async def kill_sandbox(self) -> None:
+        """Disconnects, then deletes the sandbox at once (``kill``; else ``destroy``)."""
+        await self._end_sandbox("kill")
 
     async def __aenter__(self) -> SandboxAgent:
         if not self.connected:
@@ -66,15 +116,18 @@ class SandboxAgent(SandboxAgentClient):
         return _tail(self._stderr)
 
     async def dispose(self) -> None:
-        """Disconnects, stops the daemon (SIGTERM; SIGKILL after ``stop_timeout``) and reaps it."""
+        """Disconnects; a local daemon is then stopped (SIGTERM; SIGKILL after ``stop_timeout``)
+        and reaped. A provider's sandbox keeps running (end it with ``destroy_sandbox()``)."""
         try:
             await self.disconnect()
         finally:
             try:
                 await self.aclose()
             finally:
-                await _stop(self._process, self._stop_timeout)
-                self._stderr.close()
+                if self._process is not None:
+                    await _stop(self._process, self._stop_timeout)
+                if self._stderr is not None:
+                    self._stderr.close()
 
 
 async def _stop(p: subprocess.Popen[bytes], timeout: float) -> None:
