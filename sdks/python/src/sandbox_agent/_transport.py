@@ -216,6 +216,9 @@ class HttpTransport:
                     await res.aclose()
         except asyncio.CancelledError:
             return
+        except Exception as e:  # never a silent, dead reader: the connection ends and says why
+            self._on_error(e)
+            self._finish()
 
     async def _end_after_inflight(self) -> None:
         # The POSTs still waiting get their own answers (a 502 with the exit code) first.
