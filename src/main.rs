@@ -92,6 +92,25 @@ fn serve(
     launch: daemon::reload::Launch,
     received: Option<daemon::reload::Received>,
 ) -> ExitCode {
+    // `--ready-fd`: taken first, before this process opens descriptors of its own (a number that
+    // was not inherited must not become one of ours). A reload's image was told nothing new.
+    let mut ready_fd = None;
+    if let (Some(n), None) = (args.ready_fd, &received) {
+        match sandbox_agent::sys::inherited_fd(n) {
+            Ok(fd) => {
+                // Not handed on to agents or processes.
+                let _ = nix::fcntl::fcntl(
+                    &fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+                );
+                ready_fd = Some(fd);
+            }
+            Err(e) => {
+                eprintln!("sandbox-agent: --ready-fd {n}: {e}");
+                return ExitCode::from(EX_CONFIG);
+            }
+        }
+    }
     // Before the config: the default --max-connections is derived from the open-file limit.
     let nofile = sandbox_agent::sys::raise_nofile_limit();
     // After a reload the token given by flag or environment comes from the hand-off (the new
@@ -160,6 +179,7 @@ fn serve(
         launch,
         token: flag_token,
         received,
+        ready_fd,
     };
     let result = runtime.block_on(daemon::run(Arc::new(config), parent_init, reloads));
     // Background tasks (SSE streams, stderr readers) must not hold up the exit.

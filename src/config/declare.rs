@@ -465,6 +465,8 @@ macro_rules! settings {
         pub struct ServerArgs {
             /// TOML file with any of these settings as keys.
             pub config: Option<std::path::PathBuf>,
+            /// `--ready-fd FD`: a descriptor of whoever started the daemon, not a setting.
+            pub ready_fd: Option<i32>,
             $( $(#[doc = $help])* pub $name: $arg, )*
         }
 
@@ -514,6 +516,9 @@ macro_rules! settings {
                 hide: bool,
             ) -> clap::Command {
                 let mut cmd = cmd.arg(config_arg().hide(hide));
+                if keep("ready_fd") {
+                    cmd = cmd.arg(ready_fd_arg().hide(hide));
+                }
                 $(
                     if keep(stringify!($name)) {
                         let meta = $spec.meta(stringify!($name), concat!($($help),*));
@@ -528,6 +533,7 @@ macro_rules! settings {
             fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
                 Ok(ServerArgs {
                     config: m.try_get_one::<std::path::PathBuf>("config").ok().flatten().cloned(),
+                    ready_fd: m.try_get_one::<i32>("ready_fd").ok().flatten().copied(),
                     $( $name: <$arg as ArgValue>::from_matches(m, stringify!($name)), )*
                 })
             }
@@ -548,6 +554,21 @@ macro_rules! settings {
     };
 }
 pub(crate) use settings;
+
+/// `--ready-fd FD`: not a setting of the table (a flag only: no variable, no file key), since it
+/// names a descriptor the process that starts the daemon hands it.
+pub(crate) fn ready_fd_arg() -> Arg {
+    Arg::new("ready_fd")
+        .long("ready-fd")
+        .value_name("FD")
+        .help(
+            "Once listening, write one JSON line (url, host, port, pid) to this inherited \
+             descriptor and close it: how a parent that started the daemon on port 0 learns the \
+             address",
+        )
+        .action(ArgAction::Set)
+        .value_parser(clap::value_parser!(i32))
+}
 
 /// `--config FILE`: not a setting of the table (the file cannot name itself).
 pub(crate) fn config_arg() -> Arg {

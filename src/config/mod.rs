@@ -150,7 +150,8 @@ pub fn server_args(cmd: clap::Command, keep: impl Fn(&str) -> bool, hide: bool) 
 pub fn docs_table() -> String {
     let mut out = String::from(
         "| flag | environment | file key | default | meaning |\n|---|---|---|---|---|\n\
-         | `--config FILE` | `SANDBOX_AGENT_CONFIG` | – | none | TOML file with any of the keys below |\n",
+         | `--config FILE` | `SANDBOX_AGENT_CONFIG` | – | none | TOML file with any of the keys below |\n\
+         | `--ready-fd FD` | – | – | none | once listening, write one JSON line `{\"url\",\"host\",\"port\",\"pid\"}` to the inherited descriptor FD and close it: how a program that started the daemon (e.g. on port `0`) learns its address without reading the log (the Python SDK's `start_local` passes a pipe); a descriptor that is not open is a usage error (exit 78); not repeated after a reload |\n",
     );
     for m in settings::table() {
         out.push_str(&m.docs_row());

@@ -26,8 +26,8 @@ settings! {
         /// TCP port; 0 picks a free one
         port: u16, Option<u16> =
             text("PORT", parse_port).default("2468").docs(
-                "TCP port; `0` picks a free one (the address is in the log and in systemd's \
-                 `STATUS=`)",
+                "TCP port; `0` picks a free one (the address is in the log, in systemd's \
+                 `STATUS=` and on `--ready-fd`)",
             );
         /// Bearer token required on every /v1 route
         token: Option<String>, Option<String> =

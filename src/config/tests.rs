@@ -197,7 +197,8 @@ fn every_shape_of_setting_comes_from_the_file_and_yields_to_the_flag() {
     assert!(err.contains("--event-buffer: `0`"), "{err}");
 }
 
-/// The file accepts exactly the server's flags as keys (`--shutdown-grace`: `shutdown_grace`).
+/// The file accepts exactly the server's flags as keys (`--shutdown-grace`: `shutdown_grace`),
+/// but for `--ready-fd`, a descriptor handed over by whoever starts the daemon.
 #[test]
 fn the_file_knows_every_flag_of_the_server() {
     use clap::Args;
@@ -208,6 +209,7 @@ fn the_file_knows_every_flag_of_the_server() {
         .get_arguments()
         .filter_map(|a| a.get_long())
         .map(|l| l.replace('-', "_"))
+        .filter(|k| k != "ready_fd")
         .collect();
     flags.sort();
     assert_eq!(keys, flags);

@@ -52,6 +52,8 @@ pub struct Reloads {
     pub launch: reload::Launch,
     pub token: Option<String>,
     pub received: Option<reload::Received>,
+    /// `--ready-fd`: told the address once listening, then closed (not after a reload).
+    pub ready_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// Runs the daemon until a stop signal; `parent_init` is our own init's pid when it forked us.
@@ -164,6 +166,17 @@ pub async fn run(
         reload::tell_waiter("ready");
     } else {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");
+    }
+    if let Some(fd) = reloads.ready_fd.take() {
+        // A pipe whose reader is slow must not hold a runtime thread: written off it.
+        let line = ready_line(addr);
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write as _;
+            let mut f = std::fs::File::from(fd);
+            if let Err(e) = f.write_all(line.as_bytes()) {
+                tracing::warn!(error = %e, "cannot write to --ready-fd");
+            }
+        });
     }
     drop(received);
     let watchdog = systemd::watchdog_interval(&config.systemd)
@@ -335,4 +348,21 @@ async fn probe(addr: SocketAddr) -> std::io::Result<()> {
             String::from_utf8_lossy(&head)
         )))
     }
+}
+
+/// The line `--ready-fd` receives: `{"url":"http://127.0.0.1:41234","host":"127.0.0.1","port":41234,"pid":42}`.
+fn ready_line(addr: std::net::SocketAddr) -> String {
+    let url = match addr {
+        std::net::SocketAddr::V4(a) => format!("http://{a}"),
+        std::net::SocketAddr::V6(a) => format!("http://[{}]:{}", a.ip(), a.port()),
+    };
+    let mut line = serde_json::json!({
+        "url": url,
+        "host": addr.ip().to_string(),
+        "port": addr.port(),
+        "pid": std::process::id(),
+    })
+    .to_string();
+    line.push('\n');
+    line
 }

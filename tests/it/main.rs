@@ -19,6 +19,7 @@ mod openapi;
 mod packaging;
 mod processes;
 mod providers;
+mod python_sdk;
 mod real_agents;
 mod reload;
 mod reload_processes;

@@ -1,0 +1,184 @@
+"""Answers of the host APIs, as pydantic models: snake_case fields (the daemon's camelCase names
+are accepted as aliases), unknown fields kept."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "Model",
+    "Health",
+    "AgentInfo",
+    "InstanceInfo",
+    "FsEntry",
+    "FsStat",
+    "WriteFileResult",
+    "PathResult",
+    "MoveResult",
+    "UploadBatchResult",
+    "WatchChange",
+    "WatchRescan",
+    "WatchItem",
+    "Gap",
+    "ProcessInfo",
+    "ProcessRunResult",
+    "ProcessLogEntry",
+    "ProcessLogs",
+    "ProcessConfig",
+]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+
+class Health(Model):
+    status: str
+
+
+class AgentInfo(Model):
+    id: str
+    installed: bool = False
+    version: str | None = None
+
+
+class InstanceInfo(Model):
+    server_id: str
+    agent: str
+    status: str
+    created_at_ms: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    exit_reason: str | None = None
+    last_event_id: int = 0
+    subscribers: int = 0
+    pending_requests: int = 0
+
+
+class FsEntry(Model):
+    name: str
+    path: str
+    entry_type: Literal["file", "directory"]
+    size: int
+    modified: str | None = None
+
+
+class FsStat(Model):
+    path: str
+    entry_type: Literal["file", "directory"]
+    size: int
+    modified: str | None = None
+
+
+class WriteFileResult(Model):
+    path: str
+    bytes_written: int
+
+
+class PathResult(Model):
+    path: str
+
+
+class MoveResult(Model):
+    from_: str = Field(alias="from")
+    to: str
+
+
+class UploadBatchResult(Model):
+    paths: list[str]
+    truncated: bool
+
+
+class WatchChange(Model):
+    kind: Literal["create", "modify", "remove", "rename"]
+    path: str
+    entry_type: Literal["file", "directory"]
+    old_path: str | None = None
+
+
+class WatchRescan(Model):
+    """Changes may have been missed before this point: re-read what you mirror."""
+
+    kind: Literal["rescan"] = "rescan"
+    reason: Literal["start", "overflow", "reconnect"]
+    cause: str | None = None
+
+
+WatchItem = WatchChange | WatchRescan
+
+
+class Gap(Model):
+    """Events (ACP) or output bytes (process logs) ``from_``..``to`` were lost."""
+
+    from_: int = Field(alias="from")
+    to: int
+
+
+class ProcessInfo(Model):
+    id: str
+    command: str
+    args: list[str] = []
+    cwd: str | None = None
+    tty: bool = False
+    interactive: bool = False
+    status: Literal["running", "exited"]
+    pid: int | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    exit_reason: str | None = None
+    created_at_ms: int | None = None
+    exited_at_ms: int | None = None
+    log_end: int = 0
+
+
+class ProcessRunResult(Model):
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: int
+
+
+class ProcessLogEntry(Model):
+    """One chunk of output; ``sequence`` is the byte offset just after it (and its SSE id)."""
+
+    sequence: int
+    stream: str
+    timestamp_ms: int
+    data: bytes
+    encoding: str = "base64"
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> ProcessLogEntry:
+        enc = raw.get("encoding", "base64")
+        text = raw.get("data", "")
+        data = base64.b64decode(text) if enc == "base64" else str(text).encode()
+        return cls.model_validate({**raw, "data": data, "encoding": "bytes"})
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+class ProcessLogs(Model):
+    process_id: str | None = None
+    entries: list[ProcessLogEntry]
+    end: int
+    gap: Gap | None = None
+
+
+class ProcessConfig(Model):
+    max_concurrent_processes: int
+    default_run_timeout_ms: int
+    max_run_timeout_ms: int
+    max_output_bytes: int
+    max_log_bytes_per_process: int
+    max_input_bytes_per_request: int
