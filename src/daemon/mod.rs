@@ -41,6 +41,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The state dir is another daemon's (locked) or not a state dir (`--state-dir`).
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -130,7 +133,10 @@ pub async fn run(
         tasks.clone(),
     )
     .await
-    .map_err(|e| StartError::Config(format!("{e:#}")))?;
+    .map_err(|e| match e.downcast::<crate::state::StateError>() {
+        Ok(e) => StartError::State(e),
+        Err(e) => StartError::Config(format!("{e:#}")),
+    })?;
     if let Some(r) = &mut received {
         let acp = std::mem::take(&mut r.handoff.acp);
         let processes = std::mem::take(&mut r.handoff.processes);

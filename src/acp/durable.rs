@@ -1,4 +1,4 @@
-//! The proxy's durable state: per serverId its meta (agent, creation time, the client's
+//! The proxy's durable state (stored through `crate::state`): per serverId its meta (agent, creation time, the client's
 //! `initialize` params, the agent's session capabilities, the sessions it answered) and its event
 //! log; recovery at start; and the restore of the sessions on the first POST after a restart.
 //!
@@ -9,9 +9,13 @@
 //! the conversation) are swallowed: the event log already holds the originals. One
 //! `_sandboxagent/restored` notification then names the sessions restored, and how, and those
 //! that were not, and why. Each step is bounded by the request timeout (at most a minute).
+//!
+//! Secrets: the values of a session's `mcpServers[].env` and `headers` are sealed
+//! (`state::seal`) before the meta is written, and put back only for the restore's
+//! `session/load`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::StateStore;
+use crate::state::{Durable, Entry, RESTART_ID_SKIP, StateStore};
 use crate::acp::jsonrpc::{AgentLine, Envelope, IdKey, Kind, classify_agent_line, parse_envelope};
 use crate::acp::{AcpError, AcpInstance, Delivered};
 
@@ -34,7 +38,8 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct AcpMeta {
     pub agent: String,
     pub created_at_ms: u64,
-    /// Ids up to here may have been issued: the next start continues beyond.
+    /// Ids up to here may have been issued: the next start continues beyond. Written when a
+    /// recovered log issues its first id past the restart's skip, never otherwise.
     #[serde(default)]
     pub id_floor: u64,
     /// The client's `initialize` params, replayed to the restarted agent.
@@ -54,8 +59,99 @@ pub struct SessionRecord {
     pub session_id: String,
     #[serde(default)]
     pub cwd: Value,
+    /// The servers as the client sent them, every env and header value blanked.
     #[serde(default)]
     pub mcp_servers: Value,
+    /// The blanked values, sealed (`state::seal`), in the order `strip_secrets` walks them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
+    /// How many values were blanked (0: the servers need none).
+    #[serde(default)]
+    pub secrets: usize,
+}
+
+impl SessionRecord {
+    /// A record of `mcp_servers` as sent, its secrets sealed (or dropped without a sealer).
+    fn new(session_id: String, cwd: Value, mut mcp_servers: Value, seal: Option<&crate::state::seal::Sealer>) -> Self {
+        let values = strip_secrets(&mut mcp_servers);
+        let sealed = match (values.is_empty(), seal) {
+            (false, Some(s)) => s.seal(&serde_json::to_vec(&values).unwrap_or_default()),
+            _ => None,
+        };
+        SessionRecord {
+            session_id,
+            cwd,
+            mcp_servers,
+            sealed,
+            secrets: values.len(),
+        }
+    }
+
+    /// The servers with their secrets back, or why not.
+    fn servers(&self, seal: Option<&crate::state::seal::Sealer>) -> Result<Value, String> {
+        let mut servers = self.mcp_servers.clone();
+        if self.secrets == 0 {
+            return Ok(servers);
+        }
+        let values: Option<Vec<String>> = self
+            .sealed
+            .as_deref()
+            .zip(seal)
+            .and_then(|(s, k)| k.open(s))
+            .and_then(|v| serde_json::from_slice(&v).ok());
+        match values {
+            Some(v) if v.len() == self.secrets => {
+                put_secrets(&mut servers, &v);
+                Ok(servers)
+            }
+            _ => Err("its MCP servers' credentials (env and header values) were not kept: the key in the data dir is missing or another one".to_string()),
+        }
+    }
+}
+
+/// The value strings of every `env` and `headers` of every server, in walk order, each
+/// replaced by "".
+fn strip_secrets(servers: &mut Value) -> Vec<String> {
+    let mut out = Vec::new();
+    walk_secrets(servers, &mut |v| out.push(std::mem::take(v)));
+    out
+}
+
+fn put_secrets(servers: &mut Value, values: &[String]) {
+    let mut it = values.iter();
+    walk_secrets(servers, &mut |v| {
+        if let Some(x) = it.next() {
+            *v = x.clone();
+        }
+    });
+}
+
+/// Calls `f` on each secret value: `env`/`headers` given as `[{name, value}]` or as a map.
+fn walk_secrets(servers: &mut Value, f: &mut dyn FnMut(&mut String)) {
+    let Some(list) = servers.as_array_mut() else {
+        return;
+    };
+    for server in list.iter_mut().filter_map(Value::as_object_mut) {
+        for field in ["env", "headers"] {
+            match server.get_mut(field) {
+                Some(Value::Array(items)) => {
+                    for item in items.iter_mut() {
+                        if let Some(Value::String(v)) = item.get_mut("value") {
+                            f(v);
+                        }
+                    }
+                }
+                Some(Value::Object(map)) => {
+                    for v in map.values_mut() {
+                        if let Value::String(v) = v {
+                            f(v);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 pub struct RecoveredInstance {
@@ -63,28 +159,27 @@ pub struct RecoveredInstance {
     pub meta: AcpMeta,
     pub events: Vec<(u64, Bytes)>,
     pub next_id: u64,
+    /// The last id on disk.
+    pub last_id: u64,
+    /// Ids that were issued but not written (the previous run stopped being durable): a reader
+    /// crossing them gets a `gap`.
+    pub lost: Option<(u64, u64)>,
 }
 
-pub(super) fn recover(
-    name: &str,
-    meta: &Value,
-    events: Vec<(u64, Bytes)>,
-    out: &mut Vec<RecoveredInstance>,
-) -> bool {
-    if crate::acp::validate_server_id(name).is_err() {
-        return false;
-    }
-    let Ok(meta) = serde_json::from_value::<AcpMeta>(meta.clone()) else {
-        return false;
-    };
-    let last = events.last().map_or(0, |e| e.0).max(meta.id_floor);
-    out.push(RecoveredInstance {
-        server_id: name.to_string(),
-        next_id: last + super::RESTART_ID_SKIP + 1,
+/// Reads one serverId back; `None` when it is not one (the caller moves it aside).
+pub fn recover(e: Entry) -> Option<RecoveredInstance> {
+    crate::acp::validate_server_id(&e.name).ok()?;
+    let meta = serde_json::from_value::<AcpMeta>(e.meta).ok()?;
+    let floor = e.last_id.max(meta.id_floor);
+    let next_id = floor + RESTART_ID_SKIP + 1;
+    Some(RecoveredInstance {
+        server_id: e.name,
+        lost: e.incomplete.then_some((e.last_id + 1, next_id - 1)),
+        next_id,
+        last_id: e.last_id,
         meta,
-        events,
-    });
-    true
+        events: e.records,
+    })
 }
 
 /// Which method a request the proxy watches is.
@@ -111,11 +206,16 @@ pub struct Restored {
 
 /// One serverId's durable state, tied to its event log.
 pub struct Tracked {
-    store: Arc<StateStore>,
-    key: Arc<str>,
-    /// Memory-only from now on (its queue overflowed, or the store is off).
-    off: AtomicBool,
+    d: Durable,
+    server_id: String,
     meta: Mutex<AcpMeta>,
+    /// A recovered log's skip (its first id minus one): recorded as the floor before the first
+    /// id past it is written; 0 once recorded, or for a log that was not recovered.
+    floor_due: AtomicU64,
+    /// The last id on disk when this state was read back (0 for a new one).
+    disk_last: u64,
+    /// For carried state: the last id on disk of the state it was carried from.
+    carried_last: AtomicU64,
     pending: Mutex<HashMap<IdKey, Pending>>,
     pending_count: AtomicUsize,
     /// Set while a restore runs: the agent's replay notifications are swallowed.
@@ -125,43 +225,114 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// The one constructor. A new serverId (`recovered` is `None`) starts an entry afresh and
+    /// writes its meta; a recovered one goes on with its files, its restore to run on the first
+    /// POST, and its meta rewritten only if an older build left secrets in clear.
     pub fn new(
-        store: Arc<StateStore>,
+        store: &Arc<StateStore>,
         server_id: &str,
         meta: AcpMeta,
-        recovered: bool,
+        recovered: Option<&RecoveredInstance>,
     ) -> Arc<Self> {
+        let fresh = recovered.is_none();
+        Self::build(store, server_id, meta, recovered, fresh, !fresh)
+    }
+
+    fn build(
+        store: &Arc<StateStore>,
+        server_id: &str,
+        mut meta: AcpMeta,
+        recovered: Option<&RecoveredInstance>,
+        fresh: bool,
+        restore: bool,
+    ) -> Arc<Self> {
+        let d = store.entry("acp", server_id, fresh);
+        // Sessions recorded in clear by an older build are sealed now.
+        let mut rewrite = fresh;
+        for s in meta.sessions.iter_mut().filter(|s| s.secrets == 0) {
+            let fresh = SessionRecord::new(
+                std::mem::take(&mut s.session_id),
+                std::mem::take(&mut s.cwd),
+                std::mem::take(&mut s.mcp_servers),
+                store.sealer(),
+            );
+            rewrite |= fresh.secrets > 0;
+            *s = fresh;
+        }
         let t = Arc::new(Tracked {
-            store,
-            key: format!("acp/{server_id}").into(),
-            off: AtomicBool::new(false),
+            d,
+            server_id: server_id.to_string(),
             meta: Mutex::new(meta),
+            floor_due: AtomicU64::new(recovered.map_or(0, |r| r.next_id - 1)),
+            disk_last: recovered.map_or(0, |r| r.last_id),
+            carried_last: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             pending_count: AtomicUsize::new(0),
             muted: AtomicBool::new(false),
-            restore: recovered.then(tokio::sync::OnceCell::new),
+            restore: restore.then(tokio::sync::OnceCell::new),
         });
-        t.write_meta();
+        if rewrite {
+            t.write_meta();
+        }
         t
     }
 
     /// The same serverId's state for its instance carried live across a reload: the sessions
     /// and the client's `initialize` it recorded, and no restore to run (the agent never went).
+    /// Its files go on; what the carried log holds past them is written by `catch_up`.
     pub fn carried(&self) -> Arc<Self> {
         let meta = crate::sys::lock(&self.meta).clone();
-        let server_id = self.key.strip_prefix("acp/").unwrap_or(&self.key);
-        Tracked::new(self.store.clone(), server_id, meta, false)
+        let t = Self::build(self.d.store(), &self.server_id, meta, None, false, false);
+        t.write_meta();
+        t.carried_last.store(self.disk_last, Ordering::Release);
+        t
+    }
+
+    /// The last id on disk that this state knows of (read back at start, or by the state it
+    /// was carried from).
+    pub fn disk_last(&self) -> u64 {
+        self.disk_last.max(self.carried_last.load(Ordering::Acquire))
+    }
+
+    /// Writes what `log` holds past `from` (events the disk does not have: pushed after the
+    /// previous image's last write, before its readers froze). Called on every adopt path.
+    pub fn catch_up(&self, log: &super::events::EventLog, from: u64) {
+        for (id, line) in log.lines_after(from) {
+            self.d.append(id, line);
+        }
     }
 
     fn write_meta(&self) {
-        let json = serde_json::to_vec(&*crate::sys::lock(&self.meta)).unwrap_or_default();
-        self.store.meta(&self.key, json);
+        let meta = crate::sys::lock(&self.meta);
+        let json = serde_json::to_vec(&*meta).unwrap_or_default();
+        self.d.meta(json);
     }
 
-    /// The instance left the registry for good (DELETE, a failed start): its state goes.
+    /// The serverId was deleted by a client: its state goes, and nothing more is written.
     pub fn forget(&self) {
-        self.off.store(true, Ordering::Release);
-        self.store.remove(&self.key);
+        self.d.forget();
+    }
+
+    /// Waits until every event appended so far is written (see `Durable::written`).
+    pub async fn written(&self) {
+        self.d.written().await
+    }
+
+    /// The id of the last event appended.
+    pub fn last_sent(&self) -> u64 {
+        self.d.last_sent()
+    }
+
+    /// A recovered serverId whose restore has not run yet (not started since the restart).
+    pub fn awaits_restore(&self) -> bool {
+        self.restore.as_ref().is_some_and(|c| !c.initialized())
+    }
+
+    /// True once any event or session was recorded (state worth keeping after a failed start).
+    pub fn has_history(&self) -> bool {
+        self.disk_last > 0
+            || self.d.last_sent() > 0
+            || !crate::sys::lock(&self.meta).sessions.is_empty()
     }
 
     /// True for an event the log must not keep: an agent's replay of a session while it is
@@ -181,15 +352,14 @@ impl Tracked {
         {
             self.observe_response(&key, line);
         }
-        if self.off.load(Ordering::Acquire) {
-            return;
+        let due = self.floor_due.load(Ordering::Acquire);
+        if due != 0 && id > due && self.floor_due.swap(0, Ordering::AcqRel) != 0 {
+            // The first id past the restart's skip: the skip is recorded before it is written,
+            // so the next restart skips on from there.
+            crate::sys::lock(&self.meta).id_floor = due;
+            self.write_meta();
         }
-        if !self
-            .store
-            .append(&self.key, id, Bytes::copy_from_slice(line))
-        {
-            self.off.store(true, Ordering::Release);
-        }
+        self.d.append(id, Bytes::copy_from_slice(line));
     }
 
     /// Notes a client request whose answer the restore will need (`initialize`, `session/new`,
@@ -276,15 +446,16 @@ impl Tracked {
                     let Some(id) = id.and_then(Value::as_str) else {
                         return;
                     };
-                    let rec = SessionRecord {
-                        session_id: id.to_string(),
-                        cwd: pending.params.get("cwd").cloned().unwrap_or(Value::Null),
-                        mcp_servers: pending
+                    let rec = SessionRecord::new(
+                        id.to_string(),
+                        pending.params.get("cwd").cloned().unwrap_or(Value::Null),
+                        pending
                             .params
                             .get("mcpServers")
                             .cloned()
                             .unwrap_or(Value::Array(Vec::new())),
-                    };
+                        self.d.store().sealer(),
+                    );
                     meta.sessions.retain(|s| s.session_id != rec.session_id);
                     meta.sessions.push(rec);
                     if meta.sessions.len() > MAX_SESSIONS {
@@ -386,10 +557,18 @@ impl Tracked {
                             .insert(s.session_id.clone(), (why, Some("loadSession")));
                         continue;
                     };
+                    let servers = match s.servers(self.d.store().sealer()) {
+                        Ok(v) => v,
+                        Err(why) => {
+                            failed.push(json!({"sessionId": s.session_id, "reason": why}));
+                            out.missing.insert(s.session_id.clone(), (why, None));
+                            continue;
+                        }
+                    };
                     let params = json!({
                         "sessionId": s.session_id,
                         "cwd": s.cwd,
-                        "mcpServers": s.mcp_servers,
+                        "mcpServers": servers,
                     });
                     let id = format!("_sandboxagent/restore-{i}");
                     match call(inst, &id, how, params, step).await {
