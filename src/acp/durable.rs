@@ -657,3 +657,36 @@ struct Full {
     #[serde(default)]
     error: Option<Value>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `session/new` whose answer arrives after the DELETE forgot the serverId writes nothing:
+    /// the serverId does not come back after a restart.
+    #[test]
+    fn an_answer_after_forget_writes_no_meta() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let mut c = crate::config::Config::defaults();
+        c.data_dir = tmp.path().join("data");
+        std::fs::create_dir_all(&c.data_dir).unwrap();
+        let (store, _) = StateStore::open(&c, &dir).unwrap();
+        let t = Tracked::new(&store, "late", AcpMeta::default(), None);
+        let req = parse_envelope(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}"#,
+        ))
+        .unwrap();
+        t.observe_request(&req);
+        assert!(store.flush_blocking(Duration::from_secs(10)));
+        assert!(dir.join("acp/late/meta.json").exists());
+        t.forget();
+        let Kind::Request { key, .. } = &req.kind else {
+            unreachable!()
+        };
+        t.observe_response(key, br#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s-1"}}"#);
+        t.append(1, br#"{"jsonrpc":"2.0","method":"x"}"#);
+        assert!(store.flush_blocking(Duration::from_secs(10)));
+        assert!(!dir.join("acp/late").exists());
+    }
+}
