@@ -366,13 +366,13 @@ async fn a_log_cut_at_a_random_byte_is_recovered_up_to_the_cut() {
     assert!((ids.len() as u64) < last, "cut at {cut} of {}", bytes.len());
     // Listed: the last event that exists, not an id the restart skipped.
     assert_eq!(kept, *ids.last().unwrap(), "lastEventId is a real event");
+    assert!(b.stderr().contains("cut a corrupt or truncated tail"));
+    assert!(std::fs::metadata(&log).unwrap().len() < cut as u64 + 1);
     // New events are numbered past every id issued before the restart.
     let (s, body) = post(&b, "/v1/acp/cut", &prompt(json!(9), &session, "after")).await;
     assert_eq!(s, 200, "{body}");
     let now = server(&b, "cut").await["lastEventId"].as_u64().unwrap();
     assert!(now > last, "numbering continues beyond every id issued before");
-    assert!(b.stderr().contains("cut a corrupt or truncated tail"));
-    assert!(std::fs::metadata(&log).unwrap().len() < cut as u64 + 1);
 }
 
 /// An agent that cannot load sessions: a POST naming an old session gets a 409 that says which
@@ -982,7 +982,14 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     let session = start_session(&a, "f", "flaky").await;
     let (s, _) = post(&a, "/v1/acp/f", &prompt(json!(2), &session, "remember me")).await;
     assert_eq!(s, 200);
-    start_session(&a, "g", "mock").await;
+    // (Only `initialize`: a session of another mock would share the sessions dir.)
+    let (s, body) = post(
+        &a,
+        "/v1/acp/g?agent=mock",
+        &request(json!(0), "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
     assert_eq!(a.stop(SECS10), 0);
 
     // The agent's program is gone: its start fails.
@@ -992,9 +999,15 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     assert!(s >= 500, "{s} {body}");
     let row = server(&b, "f").await;
     assert_eq!(row["status"], "exited", "{row}");
-    // Two recovered serverIds and --max-agents 2: a new one still gets its agent.
-    let fresh = start_session(&b, "new", "mock").await;
-    assert!(!fresh.is_empty());
+    // Two recovered serverIds and --max-agents 2: a new one still gets its agent (only
+    // `initialize`: a session of its mock would share the sessions dir of the others).
+    let (s, body) = post(
+        &b,
+        "/v1/acp/new?agent=mock",
+        &request(json!(0), "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
     assert_eq!(b.stop(SECS10), 0);
     assert!(state.join("acp/f/meta.json").exists());
 
