@@ -51,6 +51,10 @@ pub struct AcpMeta {
     pub resume_session: bool,
     #[serde(default)]
     pub sessions: Vec<SessionRecord>,
+    /// Ids (canonical JSON) of requests a reload answered 202 whose answer has not come yet: a
+    /// restart answers each with an error on the stream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub promised: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,6 +222,10 @@ pub struct Tracked {
     carried_last: AtomicU64,
     pending: Mutex<HashMap<IdKey, Pending>>,
     pending_count: AtomicUsize,
+    /// `meta.promised.len()`: the appends look for those answers only while it is not 0.
+    promised_count: AtomicUsize,
+    /// For a recovered serverId: the promised requests a restart broke (for the restore's note).
+    broken: Mutex<Vec<String>>,
     /// Set while a restore runs: the agent's replay notifications are swallowed.
     muted: AtomicBool,
     /// For a recovered instance: the restore, run once by the first POST.
@@ -259,9 +267,18 @@ impl Tracked {
             rewrite |= fresh.secrets > 0;
             *s = fresh;
         }
+        let broken = if recovered.is_some() {
+            rewrite |= !meta.promised.is_empty();
+            std::mem::take(&mut meta.promised)
+        } else {
+            Vec::new()
+        };
+        let promised = meta.promised.len();
         let t = Arc::new(Tracked {
             d,
             server_id: server_id.to_string(),
+            promised_count: AtomicUsize::new(promised),
+            broken: Mutex::new(broken),
             meta: Mutex::new(meta),
             floor_due: AtomicU64::new(recovered.map_or(0, |r| r.next_id - 1)),
             disk_last: recovered.map_or(0, |r| r.last_id),
@@ -347,10 +364,12 @@ impl Tracked {
     /// Copies one event to disk (never blocks), and notes the answer to a watched request that
     /// went to the log rather than to a waiting POST.
     pub fn append(&self, id: u64, line: &[u8]) {
-        if self.pending_count.load(Ordering::Acquire) > 0
+        if (self.pending_count.load(Ordering::Acquire) > 0
+            || self.promised_count.load(Ordering::Acquire) > 0)
             && let Ok(AgentLine::Response(key)) = classify_agent_line(line)
         {
             self.observe_response(&key, line);
+            self.kept_promise(&key);
         }
         let due = self.floor_due.load(Ordering::Acquire);
         if due != 0 && id > due && self.floor_due.swap(0, Ordering::AcqRel) != 0 {
@@ -360,6 +379,66 @@ impl Tracked {
             self.write_meta();
         }
         self.d.append(id, Bytes::copy_from_slice(line));
+    }
+
+    /// The requests a reload answered 202 (carried as pending): kept in the meta until their
+    /// answers are written, so that a crash before then is answered out loud after the restart.
+    /// The proxy's own restore requests are not the client's and are left out.
+    pub fn promise(&self, ids: &[String]) {
+        let ids: Vec<String> = ids
+            .iter()
+            .filter(|k| !k.starts_with("\"_sandboxagent/"))
+            .cloned()
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        {
+            let mut meta = crate::sys::lock(&self.meta);
+            meta.promised = ids;
+            self.promised_count
+                .store(meta.promised.len(), Ordering::Release);
+        }
+        self.write_meta();
+    }
+
+    fn kept_promise(&self, key: &IdKey) {
+        if self.promised_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let changed = {
+            let mut meta = crate::sys::lock(&self.meta);
+            let before = meta.promised.len();
+            meta.promised.retain(|k| **k != *key.0);
+            self.promised_count
+                .store(meta.promised.len(), Ordering::Release);
+            before != meta.promised.len()
+        };
+        if changed {
+            self.write_meta();
+        }
+    }
+
+    /// After a restart: answers every request a reload had promised an answer to (and the
+    /// crash cut) with a JSON-RPC error on `log`'s stream. Called once, at recovery.
+    pub fn break_promises(&self, log: &super::events::EventLog) {
+        let broken = crate::sys::lock(&self.broken).clone();
+        for k in &broken {
+            let id: Value = serde_json::from_str(k).unwrap_or(Value::String(k.clone()));
+            let line = json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {
+                    "code": -32603,
+                    "message": "the daemon restarted before the agent answered",
+                    "data": {"reason": "daemon_restart"},
+                },
+            });
+            log.push(&serde_json::to_vec(&line).unwrap_or_default());
+        }
+        if !broken.is_empty() {
+            log.wake();
+        }
     }
 
     /// Notes a client request whose answer the restore will need (`initialize`, `session/new`,
@@ -598,6 +677,10 @@ impl Tracked {
                 "sessions": restored,
                 "failed": failed,
                 "missingCapability": missing_cap,
+                "unanswered": crate::sys::lock(&self.broken)
+                    .iter()
+                    .map(|k| serde_json::from_str::<Value>(k).unwrap_or(Value::String(k.clone())))
+                    .collect::<Vec<_>>(),
             },
         });
         inst.events

@@ -230,7 +230,9 @@ impl AcpService {
                 let base = self.make_instance(&r.server_id, &r.meta.agent);
                 let log = super::events::EventLog::recovered(self.limits, events, r.next_id, r.lost);
                 let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
-                inst.events.set_durable(t);
+                inst.events.set_durable(t.clone());
+                // Requests a reload answered 202 and the crash cut: answered out loud now.
+                t.break_promises(&inst.events);
                 map.insert(r.server_id, Arc::new(inst));
             }
         }
@@ -663,6 +665,9 @@ impl AcpService {
             match adopted {
                 Ok(inst) => {
                     self.carry_durable(&inst);
+                    if let Some(t) = inst.events.durable() {
+                        t.promise(&s.pending);
+                    }
                     tracing::info!(server_id = %s.server_id, agent = %s.agent, pid = s.child.pid,
                         last_event_id = inst.events.last_id(), "agent carried across the reload");
                     self.instances().insert(s.server_id.clone(), inst);

@@ -1022,3 +1022,95 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     let h = evs.iter().find(|e| chunk_text(e).starts_with("history:")).unwrap();
     assert_eq!(chunk_text(h), "history: remember me");
 }
+
+/// Waits for a reload's `RELOADING=1` then `READY=1` (with "listening") after message `before`.
+fn wait_reloaded(d: &mut Daemon, before: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let new = &d.messages[before..];
+        if let Some(i) = new.iter().position(|m| m.lines().any(|l| l == "RELOADING=1"))
+            && let Some(ready) = new[i..].iter().find(|m| m.lines().any(|l| l == "READY=1"))
+        {
+            assert!(ready.contains("STATUS=listening on"), "{ready:?}\n{}", d.stderr());
+            return;
+        }
+        assert!(Instant::now() < deadline, "no reload within 30 s:\n{}", d.stderr());
+        d.read_notify();
+    }
+}
+
+/// A reload then a crash: the restart skips ids once past the last id written (a reload adds no
+/// skip of its own), and a prompt the reload answered 202 whose answer the crash cut is answered
+/// on the stream with an error and named in `_sandboxagent/restored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_then_a_crash_skips_ids_once_and_answers_what_was_promised() {
+    if !unshare_available() {
+        return skip("needs root and unshare --pid to crash the daemon with its agents");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let mut a = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .work_dir(&work)
+        .args(state_args(&state))
+        .expect_exit(None)
+        .start();
+    let session = start_session(&a, "r", "mock").await;
+    let (s, _) = post(&a, "/v1/acp/r", &prompt(json!(2), &session, "/stream 5")).await;
+    assert_eq!(s, 200);
+    let client = a.client();
+    let url = a.url("/v1/acp/r");
+    let hang = prompt(json!("p-hang"), &session, "/hang");
+    let hanging = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(hang.to_string())
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    crate::support::eventually_async(SECS10, "the prompt to be pending", || {
+        let a = &a;
+        async move { (server(a, "r").await["pendingRequests"] == 1).then_some(()) }
+    })
+    .await;
+    let init = namespace_init(a.pid());
+    let before = a.messages.len();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_reloaded(&mut a, before);
+    assert_eq!(hanging.await.unwrap().unwrap(), 202);
+    let (s, _) = post(&a, "/v1/acp/r", &prompt(json!(3), &session, "/stream 3")).await;
+    assert_eq!(s, 200);
+    let last = server(&a, "r").await["lastEventId"].as_u64().unwrap();
+    crash(&mut a);
+
+    let b = Daemon::builder()
+        .work_dir(&work)
+        .args(state_args(&state))
+        .start();
+    let mut sse = Sse::open(&b, "r", Some(last)).await;
+    let evs = sse.until(SECS10, |e| !e.is_empty()).await;
+    assert_eq!(evs[0].kind, "message", "{evs:?}");
+    assert_eq!(evs[0].data["id"], "p-hang", "{evs:?}");
+    assert_eq!(
+        evs[0].data["error"]["message"],
+        "the daemon restarted before the agent answered"
+    );
+    assert_eq!(evs[0].id, Some(last + 16_385 + 1), "one skip past the last id written");
+    let (s, body) = post(&b, "/v1/acp/r", &prompt(json!(4), &session, "again")).await;
+    assert_eq!(s, 200, "{body}");
+    let evs = sse
+        .until(SECS10, |e| e.iter().any(|e| e.data["method"] == "_sandboxagent/restored"))
+        .await;
+    let note = evs
+        .iter()
+        .find(|e| e.data["method"] == "_sandboxagent/restored")
+        .unwrap();
+    assert_eq!(note.data["params"]["unanswered"], json!(["p-hang"]), "{:?}", note.data);
+}
