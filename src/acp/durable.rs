@@ -23,9 +23,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::state::{Durable, Entry, RESTART_ID_SKIP, StateStore};
 use crate::acp::jsonrpc::{AgentLine, Envelope, IdKey, Kind, classify_agent_line, parse_envelope};
 use crate::acp::{AcpError, AcpInstance, Delivered};
+use crate::state::{Durable, Entry, RESTART_ID_SKIP, StateStore};
 
 /// Most sessions remembered per serverId (the oldest are forgotten first).
 pub const MAX_SESSIONS: usize = 256;
@@ -76,7 +76,12 @@ pub struct SessionRecord {
 
 impl SessionRecord {
     /// A record of `mcp_servers` as sent, its secrets sealed (or dropped without a sealer).
-    fn new(session_id: String, cwd: Value, mut mcp_servers: Value, seal: Option<&crate::state::seal::Sealer>) -> Self {
+    fn new(
+        session_id: String,
+        cwd: Value,
+        mut mcp_servers: Value,
+        seal: Option<&crate::state::seal::Sealer>,
+    ) -> Self {
         let values = strip_secrets(&mut mcp_servers);
         let sealed = match (values.is_empty(), seal) {
             (false, Some(s)) => s.seal(&serde_json::to_vec(&values).unwrap_or_default()),
@@ -308,7 +313,8 @@ impl Tracked {
     /// The last id on disk that this state knows of (read back at start, or by the state it
     /// was carried from).
     pub fn disk_last(&self) -> u64 {
-        self.disk_last.max(self.carried_last.load(Ordering::Acquire))
+        self.disk_last
+            .max(self.carried_last.load(Ordering::Acquire))
     }
 
     /// Writes what `log` holds past `from` (events the disk does not have: pushed after the
@@ -767,7 +773,10 @@ mod tests {
         let Kind::Request { key, .. } = &req.kind else {
             unreachable!()
         };
-        t.observe_response(key, br#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s-1"}}"#);
+        t.observe_response(
+            key,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s-1"}}"#,
+        );
         t.append(1, br#"{"jsonrpc":"2.0","method":"x"}"#);
         assert!(store.flush_blocking(Duration::from_secs(10)));
         assert!(!dir.join("acp/late").exists());

@@ -226,9 +226,11 @@ impl AcpService {
                     continue;
                 };
                 let events = std::mem::take(&mut r.events);
-                let t = super::durable::Tracked::new(&store, &r.server_id, r.meta.clone(), Some(&r));
+                let t =
+                    super::durable::Tracked::new(&store, &r.server_id, r.meta.clone(), Some(&r));
                 let base = self.make_instance(&r.server_id, &r.meta.agent);
-                let log = super::events::EventLog::recovered(self.limits, events, r.next_id, r.lost);
+                let log =
+                    super::events::EventLog::recovered(self.limits, events, r.next_id, r.lost);
                 let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
                 inst.events.set_durable(t.clone());
                 // Requests a reload answered 202 and the crash cut: answered out loud now.

@@ -17,12 +17,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::durable::{ProcExit, ProcMeta};
 use super::log::{LogState, LogStream, OutputLog};
 use super::{
     DRAIN_TIMEOUT, ManagedProcess, ProcessService, RunningSlot, monitor, now_ms, pty, pump,
     pump_pty,
 };
-use super::durable::{ProcExit, ProcMeta};
 use crate::supervisor::{ChildState, ExitInfo};
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]

@@ -183,7 +183,10 @@ fn check_shape(dir: &Path) -> Result<(), StateError> {
                     for f in std::fs::read_dir(&ep).map_err(io(&ep))? {
                         let f = f.map_err(io(&ep))?;
                         let is_file = f.file_type().map_err(io(&ep))?.is_file();
-                        let known = f.file_name().to_str().is_some_and(|n| ENTRY_FILES.contains(&n));
+                        let known = f
+                            .file_name()
+                            .to_str()
+                            .is_some_and(|n| ENTRY_FILES.contains(&n));
                         if !is_file || !known {
                             return refuse(f.path(), "not a file the daemon makes".into());
                         }

@@ -123,7 +123,9 @@ enum Op {
         generation: u64,
     },
     /// Move an entry a service could not read aside (never delete it).
-    Quarantine { key: Arc<str> },
+    Quarantine {
+        key: Arc<str>,
+    },
     /// Everything sent before is written and synced: answer.
     Barrier(std::sync::mpsc::Sender<()>),
 }
@@ -220,7 +222,11 @@ impl StateStore {
             for e in std::fs::read_dir(&path).map_err(io_err(&path))? {
                 let e = e.map_err(io_err(&path))?;
                 let Some(name) = e.file_name().to_str().map(str::to_string) else {
-                    set_aside(dir, &format!("{sub}/{}", e.file_name().to_string_lossy()), "not UTF-8");
+                    set_aside(
+                        dir,
+                        &format!("{sub}/{}", e.file_name().to_string_lossy()),
+                        "not UTF-8",
+                    );
                     continue;
                 };
                 let key = format!("{sub}/{name}");
@@ -382,7 +388,10 @@ fn set_aside(dir: &Path, key: &str, why: &str) {
     }
 }
 
-fn read_entry(path: &Path, keep: log::Keep) -> Result<(serde_json::Value, log::LogRead), StateError> {
+fn read_entry(
+    path: &Path,
+    keep: log::Keep,
+) -> Result<(serde_json::Value, log::LogRead), StateError> {
     let meta_path = path.join(META);
     let mut meta = Vec::new();
     dir::open_existing(&meta_path)
@@ -703,8 +712,16 @@ impl Writer {
                 // A fresh entry replaces whatever a forgotten one of the same name left.
                 k.truncate = fresh;
             }
-            Op::Meta { key, generation, json } => {
-                if !self.keys.get(&key).is_some_and(|k| k.generation == generation) {
+            Op::Meta {
+                key,
+                generation,
+                json,
+            } => {
+                if self
+                    .keys
+                    .get(&key)
+                    .is_none_or(|k| k.generation != generation)
+                {
                     return Ok(());
                 }
                 let dir = self.dir.join(&*key);
@@ -729,7 +746,11 @@ impl Writer {
                         cap: self.total_cap,
                     });
                 }
-                let Some(k) = self.keys.get_mut(&key).filter(|k| k.generation == generation) else {
+                let Some(k) = self
+                    .keys
+                    .get_mut(&key)
+                    .filter(|k| k.generation == generation)
+                else {
                     return Ok(());
                 };
                 log::encode(&mut k.pending, id, &payload);
@@ -741,7 +762,11 @@ impl Writer {
                 }
             }
             Op::Remove { key, generation } => {
-                if !self.keys.get(&key).is_some_and(|k| k.generation == generation) {
+                if self
+                    .keys
+                    .get(&key)
+                    .is_none_or(|k| k.generation != generation)
+                {
                     return Ok(());
                 }
                 if let Some(k) = self.keys.remove(&key) {
@@ -862,8 +887,7 @@ mod tests {
             assert!(d.append(id, Bytes::from(format!("{{\"n\":{id}}}"))));
         }
         assert!(store.flush_blocking(Duration::from_secs(10)));
-        let on_disk =
-            log::read_and_repair(&dir.join("acp/s1/events.log"), log::Keep::ALL).unwrap();
+        let on_disk = log::read_and_repair(&dir.join("acp/s1/events.log"), log::Keep::ALL).unwrap();
         assert!(on_disk.records.len() <= 20, "{}", on_disk.records.len());
         assert_eq!(on_disk.records.last().unwrap().0, 105);
         drop(d);
@@ -894,8 +918,7 @@ mod tests {
         store.flush_blocking(Duration::from_secs(10));
         assert!(!store.is_durable());
         assert!(store.problem().unwrap().contains("--state-total-bytes"));
-        let size = std::fs::metadata(dir.join("acp/big/events.log"))
-            .map_or(0, |m| m.len());
+        let size = std::fs::metadata(dir.join("acp/big/events.log")).map_or(0, |m| m.len());
         assert!(size <= 4096, "{size}");
         assert!(!d.append(11, line));
         assert!(!dir.join(dir::DURABLE).exists());

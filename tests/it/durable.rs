@@ -372,7 +372,10 @@ async fn a_log_cut_at_a_random_byte_is_recovered_up_to_the_cut() {
     let (s, body) = post(&b, "/v1/acp/cut", &prompt(json!(9), &session, "after")).await;
     assert_eq!(s, 200, "{body}");
     let now = server(&b, "cut").await["lastEventId"].as_u64().unwrap();
-    assert!(now > last, "numbering continues beyond every id issued before");
+    assert!(
+        now > last,
+        "numbering continues beyond every id issued before"
+    );
 }
 
 /// An agent that cannot load sessions: a POST naming an old session gets a 409 that says which
@@ -665,7 +668,12 @@ fn run_server(args: &[&str]) -> (Option<i32>, String) {
     };
     let mut err = String::new();
     use std::io::Read;
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     (code, err)
 }
 
@@ -680,7 +688,12 @@ async fn one_state_dir_one_daemon_and_nothing_that_is_not_ours() {
     let data_s = data.display().to_string();
     let mut a = Daemon::builder().args(state_args(&state)).start();
     start_session(&a, "held", "mock").await;
-    let (code, err) = run_server(&["--data-dir", &data_s, "--state-dir", &state.display().to_string()]);
+    let (code, err) = run_server(&[
+        "--data-dir",
+        &data_s,
+        "--state-dir",
+        &state.display().to_string(),
+    ]);
     assert_eq!(code, Some(75), "{err}");
     assert!(err.contains("in use by another sandbox-agent"), "{err}");
     assert!(err.contains(&format!("pid {}", a.pid())), "{err}");
@@ -693,10 +706,18 @@ async fn one_state_dir_one_daemon_and_nothing_that_is_not_ours() {
     let src = project.join("processes/billing/src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("main.py"), b"print('billing')\n").unwrap();
-    let (code, err) = run_server(&["--data-dir", &data_s, "--state-dir", &project.display().to_string()]);
+    let (code, err) = run_server(&[
+        "--data-dir",
+        &data_s,
+        "--state-dir",
+        &project.display().to_string(),
+    ]);
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("refusing"), "{err}");
-    assert_eq!(std::fs::read(src.join("main.py")).unwrap(), b"print('billing')\n");
+    assert_eq!(
+        std::fs::read(src.join("main.py")).unwrap(),
+        b"print('billing')\n"
+    );
     let names: Vec<String> = std::fs::read_dir(&project)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -710,7 +731,12 @@ async fn one_state_dir_one_daemon_and_nothing_that_is_not_ours() {
     let moved = tmp.path().join("acp-old");
     std::fs::rename(state.join("acp"), &moved).unwrap();
     std::os::unix::fs::symlink(&victim, state.join("acp")).unwrap();
-    let (code, err) = run_server(&["--data-dir", &data_s, "--state-dir", &state.display().to_string()]);
+    let (code, err) = run_server(&[
+        "--data-dir",
+        &data_s,
+        "--state-dir",
+        &state.display().to_string(),
+    ]);
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("not a directory"), "{err}");
     assert_eq!(std::fs::read(victim.join("x/keep.txt")).unwrap(), b"keep");
@@ -755,7 +781,11 @@ async fn state_is_private_and_mcp_credentials_are_sealed() {
     let (s, b) = post(
         &a,
         "/v1/acp/sec?agent=mock",
-        &request(json!(0), "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{b}");
@@ -768,7 +798,11 @@ async fn state_is_private_and_mcp_credentials_are_sealed() {
     let (s, b) = post(
         &a,
         "/v1/acp/sec",
-        &request(json!(1), "session/new", json!({"cwd": "/", "mcpServers": servers})),
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": servers}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{b}");
@@ -819,8 +853,9 @@ async fn state_is_private_and_mcp_credentials_are_sealed() {
     let b = build(Daemon::builder()).start();
     let (s, body) = post(&b, "/v1/acp/sec", &prompt(json!(3), &session, "/history")).await;
     assert_eq!(s, 200, "{body}");
-    let loaded = std::fs::read_to_string(work.join(format!(".mock-agent-sessions/{session}.mcp.json")))
-        .expect("the mock recorded its session/load");
+    let loaded =
+        std::fs::read_to_string(work.join(format!(".mock-agent-sessions/{session}.mcp.json")))
+            .expect("the mock recorded its session/load");
     let loaded: Value = serde_json::from_str(&loaded).unwrap();
     assert_eq!(loaded, servers);
 }
@@ -874,7 +909,12 @@ async fn a_burst_of_200000_updates_survives_kill_9_whole() {
         .expect_exit(None)
         .start();
     let session = start_session(&a, "burst", "mock").await;
-    let (s, b) = post(&a, "/v1/acp/burst", &prompt(json!(2), &session, &format!("/stream {N}"))).await;
+    let (s, b) = post(
+        &a,
+        "/v1/acp/burst",
+        &prompt(json!(2), &session, &format!("/stream {N}")),
+    )
+    .await;
     assert_eq!(s, 200, "{b}");
     let listed = server(&a, "burst").await["lastEventId"].as_u64().unwrap();
     crash(&mut a);
@@ -891,14 +931,21 @@ async fn a_burst_of_200000_updates_survives_kill_9_whole() {
     }
     let missing = seen[1..].iter().filter(|s| !**s).count();
     assert_eq!(missing, 0, "updates missing from the disk after kill -9");
-    assert_eq!(records.last().unwrap().0, listed, "the last event the client could see");
+    assert_eq!(
+        records.last().unwrap().0,
+        listed,
+        "the last event the client could see"
+    );
 
     let b = Daemon::builder()
         .work_dir(&work)
         .args(state_args(&state))
         .args(big)
         .start();
-    assert_eq!(server(&b, "burst").await["lastEventId"].as_u64(), Some(listed));
+    assert_eq!(
+        server(&b, "burst").await["lastEventId"].as_u64(),
+        Some(listed)
+    );
     let mut tail = Sse::open(&b, "burst", Some(listed - 5)).await;
     let evs = tail.until(SECS10, |e| e.len() >= 5).await;
     assert!(evs.iter().all(|e| e.kind == "message"), "{evs:?}");
@@ -916,7 +963,12 @@ async fn restarts_skip_ids_once_and_show_no_false_gap() {
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state");
     let work = tmp.path().join("work");
-    let start = || Daemon::builder().work_dir(&work).args(state_args(&state)).start();
+    let start = || {
+        Daemon::builder()
+            .work_dir(&work)
+            .args(state_args(&state))
+            .start()
+    };
     let mut a = start();
     let session = start_session(&a, "n", "mock").await;
     start_session(&a, "empty", "mock").await;
@@ -938,7 +990,11 @@ async fn restarts_skip_ids_once_and_show_no_false_gap() {
     let (s, body) = post(
         &c,
         "/v1/acp/empty",
-        &request(json!(7), "session/new", json!({"cwd": "/", "mcpServers": []})),
+        &request(
+            json!(7),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{body}");
@@ -949,7 +1005,10 @@ async fn restarts_skip_ids_once_and_show_no_false_gap() {
     let (s, body) = post(&c, "/v1/acp/n", &prompt(json!(3), &session, "hi")).await;
     assert_eq!(s, 200, "{body}");
     let evs = sse.until(SECS10, |e| !e.is_empty()).await;
-    assert_eq!(evs[0].kind, "message", "no gap where nothing was lost: {evs:?}");
+    assert_eq!(
+        evs[0].kind, "message",
+        "no gap where nothing was lost: {evs:?}"
+    );
     assert_eq!(evs[0].id, Some(last + 16_385 + 1), "{evs:?}");
 }
 
@@ -964,7 +1023,9 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     let write_agents = |command: &str| {
         std::fs::write(
             &agents,
-            format!("[[agent]]\nid = \"flaky\"\ncommand = \"{command}\"\nargs = [\"mock-agent\"]\n"),
+            format!(
+                "[[agent]]\nid = \"flaky\"\ncommand = \"{command}\"\nargs = [\"mock-agent\"]\n"
+            ),
         )
         .unwrap();
     };
@@ -986,7 +1047,11 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     let (s, body) = post(
         &a,
         "/v1/acp/g?agent=mock",
-        &request(json!(0), "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{body}");
@@ -1004,7 +1069,11 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     let (s, body) = post(
         &b,
         "/v1/acp/new?agent=mock",
-        &request(json!(0), "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
     )
     .await;
     assert_eq!(s, 200, "{body}");
@@ -1017,9 +1086,14 @@ async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
     assert_eq!(s, 200, "{body}");
     let mut sse = Sse::open(&c, "f", None).await;
     let evs = sse
-        .until(SECS10, |e| e.iter().any(|e| chunk_text(e).starts_with("history:")))
+        .until(SECS10, |e| {
+            e.iter().any(|e| chunk_text(e).starts_with("history:"))
+        })
         .await;
-    let h = evs.iter().find(|e| chunk_text(e).starts_with("history:")).unwrap();
+    let h = evs
+        .iter()
+        .find(|e| chunk_text(e).starts_with("history:"))
+        .unwrap();
     assert_eq!(chunk_text(h), "history: remember me");
 }
 
@@ -1028,13 +1102,23 @@ fn wait_reloaded(d: &mut Daemon, before: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let new = &d.messages[before..];
-        if let Some(i) = new.iter().position(|m| m.lines().any(|l| l == "RELOADING=1"))
+        if let Some(i) = new
+            .iter()
+            .position(|m| m.lines().any(|l| l == "RELOADING=1"))
             && let Some(ready) = new[i..].iter().find(|m| m.lines().any(|l| l == "READY=1"))
         {
-            assert!(ready.contains("STATUS=listening on"), "{ready:?}\n{}", d.stderr());
+            assert!(
+                ready.contains("STATUS=listening on"),
+                "{ready:?}\n{}",
+                d.stderr()
+            );
             return;
         }
-        assert!(Instant::now() < deadline, "no reload within 30 s:\n{}", d.stderr());
+        assert!(
+            Instant::now() < deadline,
+            "no reload within 30 s:\n{}",
+            d.stderr()
+        );
         d.read_notify();
     }
 }
@@ -1102,15 +1186,27 @@ async fn a_reload_then_a_crash_skips_ids_once_and_answers_what_was_promised() {
         evs[0].data["error"]["message"],
         "the daemon restarted before the agent answered"
     );
-    assert_eq!(evs[0].id, Some(last + 16_385 + 1), "one skip past the last id written");
+    assert_eq!(
+        evs[0].id,
+        Some(last + 16_385 + 1),
+        "one skip past the last id written"
+    );
     let (s, body) = post(&b, "/v1/acp/r", &prompt(json!(4), &session, "again")).await;
     assert_eq!(s, 200, "{body}");
     let evs = sse
-        .until(SECS10, |e| e.iter().any(|e| e.data["method"] == "_sandboxagent/restored"))
+        .until(SECS10, |e| {
+            e.iter()
+                .any(|e| e.data["method"] == "_sandboxagent/restored")
+        })
         .await;
     let note = evs
         .iter()
         .find(|e| e.data["method"] == "_sandboxagent/restored")
         .unwrap();
-    assert_eq!(note.data["params"]["unanswered"], json!(["p-hang"]), "{:?}", note.data);
+    assert_eq!(
+        note.data["params"]["unanswered"],
+        json!(["p-hang"]),
+        "{:?}",
+        note.data
+    );
 }
