@@ -207,6 +207,36 @@ mod tests {
         }
     }
 
+    /// A read keeps only the newest records within its bounds (the file is streamed), yet
+    /// counts and checks them all.
+    #[test]
+    fn a_read_keeps_only_the_newest_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("events.log");
+        write(&p, 500);
+        let r = read_and_repair(
+            &p,
+            Keep {
+                records: 5,
+                bytes: u64::MAX,
+            },
+        )
+        .unwrap();
+        assert_eq!((r.count, r.last_id, r.records.len()), (500, 500, 5));
+        assert_eq!(r.records[0].0, 496);
+        let r = read_and_repair(
+            &p,
+            Keep {
+                records: usize::MAX,
+                bytes: 20,
+            },
+        )
+        .unwrap();
+        // The last payloads are 9 bytes each: two fit in 20.
+        assert_eq!(r.records.len(), 2);
+        assert_eq!(r.records[1].0, 500);
+    }
+
     #[test]
     fn a_flipped_byte_ends_the_log_there() {
         let dir = tempfile::tempdir().unwrap();
