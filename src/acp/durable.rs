@@ -231,6 +231,8 @@ pub struct Tracked {
     promised_count: AtomicUsize,
     /// For a recovered serverId: the promised requests a restart broke (for the restore's note).
     broken: Mutex<Vec<String>>,
+    /// `break_promises` ran.
+    answered: AtomicBool,
     /// Set while a restore runs: the agent's replay notifications are swallowed.
     muted: AtomicBool,
     /// For a recovered instance: the restore, run once by the first POST.
@@ -284,6 +286,7 @@ impl Tracked {
             server_id: server_id.to_string(),
             promised_count: AtomicUsize::new(promised),
             broken: Mutex::new(broken),
+            answered: AtomicBool::new(false),
             meta: Mutex::new(meta),
             floor_due: AtomicU64::new(recovered.map_or(0, |r| r.next_id - 1)),
             disk_last: recovered.map_or(0, |r| r.last_id),
@@ -302,9 +305,10 @@ impl Tracked {
     /// The same serverId's state for its instance carried live across a reload: the sessions
     /// and the client's `initialize` it recorded, and no restore to run (the agent never went).
     /// Its files go on; what the carried log holds past them is written by `catch_up`.
-    pub fn carried(&self) -> Arc<Self> {
+    /// `restore`: an exited serverId still waiting for its restore after a restart keeps it.
+    pub fn carried(&self, restore: bool) -> Arc<Self> {
         let meta = crate::sys::lock(&self.meta).clone();
-        let t = Self::build(self.d.store(), &self.server_id, meta, None, false, false);
+        let t = Self::build(self.d.store(), &self.server_id, meta, None, false, restore);
         t.write_meta();
         t.carried_last.store(self.disk_last, Ordering::Release);
         t
@@ -428,6 +432,9 @@ impl Tracked {
     /// After a restart: answers every request a reload had promised an answer to (and the
     /// crash cut) with a JSON-RPC error on `log`'s stream. Called once, at recovery.
     pub fn break_promises(&self, log: &super::events::EventLog) {
+        if self.answered.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let broken = crate::sys::lock(&self.broken).clone();
         for k in &broken {
             let id: Value = serde_json::from_str(k).unwrap_or(Value::String(k.clone()));

@@ -232,14 +232,24 @@ impl AcpService {
                 let log =
                     super::events::EventLog::recovered(self.limits, events, r.next_id, r.lost);
                 let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
-                inst.events.set_durable(t.clone());
-                // Requests a reload answered 202 and the crash cut: answered out loud now.
-                t.break_promises(&inst.events);
+                inst.events.set_durable(t);
                 map.insert(r.server_id, Arc::new(inst));
             }
         }
         self.state = Some(store);
         self
+    }
+
+    /// Once the instances of a reload's hand-off (if any) are adopted: every serverId still as
+    /// recovered from the state dir answers the requests a reload had promised an answer to
+    /// (and a crash cut) with an error on its stream. Not before the adoption: a carried
+    /// instance's promises are still running.
+    pub fn answer_broken_promises(&self) {
+        for inst in self.instances().values() {
+            if let Some(t) = inst.events.durable() {
+                t.break_promises(&inst.events);
+            }
+        }
     }
 
     /// Gives a new instance its durable state, when there is a state dir.
@@ -648,7 +658,12 @@ impl AcpService {
             inst.created_at_ms = e.created_at_ms;
             let inst = Arc::new(inst);
             inst.adopt_exited(e);
-            self.carry_durable(&inst);
+            // One still waiting for its restore after a restart keeps waiting for it.
+            let restore = e
+                .exit
+                .as_ref()
+                .is_some_and(|x| x.reason == ExitReason::DaemonRestart);
+            self.carry_durable(&inst, restore);
             self.instances().insert(e.server_id.clone(), inst);
         }
         for s in &state.instances {
@@ -666,7 +681,7 @@ impl AcpService {
             })();
             match adopted {
                 Ok(inst) => {
-                    self.carry_durable(&inst);
+                    self.carry_durable(&inst, false);
                     if let Some(t) = inst.events.durable() {
                         t.promise(&s.pending);
                     }
@@ -684,12 +699,12 @@ impl AcpService {
 impl AcpService {
     /// With a state dir, the serverId's durable state goes on with an instance carried across a
     /// reload (the new image read it back from the disk as a restarted one).
-    fn carry_durable(&self, inst: &AcpInstance) {
+    fn carry_durable(&self, inst: &AcpInstance, restore: bool) {
         let Some(store) = &self.state else { return };
         let earlier = self
             .instances()
             .get(&inst.server_id)
-            .and_then(|i| i.events.durable().map(|t| t.carried()));
+            .and_then(|i| i.events.durable().map(|t| t.carried(restore)));
         let tracked = earlier.unwrap_or_else(|| {
             let meta = super::durable::AcpMeta {
                 agent: inst.agent.clone(),

@@ -148,6 +148,8 @@ pub async fn run(
             root.cancel();
         }
     }
+    // After any adoption: what a crash cut of a reload's 202s is answered (durable state).
+    state.acp.answer_broken_promises();
     let app = http::router(state.clone());
 
     let limits = serve::Limits {

@@ -1210,3 +1210,50 @@ async fn a_reload_then_a_crash_skips_ids_once_and_answers_what_was_promised() {
         note.data
     );
 }
+
+/// A serverId recovered after a restart and not used yet keeps its pending restore across a
+/// reload: its first POST after the reload still loads its sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_server_id_keeps_its_restore_across_a_reload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let start = || {
+        Daemon::builder()
+            .work_dir(&work)
+            .args(state_args(&state))
+            .start()
+    };
+    let mut a = start();
+    let session = start_session(&a, "k", "mock").await;
+    let (s, _) = post(
+        &a,
+        "/v1/acp/k",
+        &prompt(json!(2), &session, "remember this"),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(a.stop(SECS10), 0);
+    let mut b = start();
+    let before = b.messages.len();
+    b.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_reloaded(&mut b, before);
+    let mut sse = Sse::open(&b, "k", None).await;
+    let (s, body) = post(&b, "/v1/acp/k", &prompt(json!(3), &session, "/history")).await;
+    assert_eq!(s, 200, "{body}");
+    let evs = sse
+        .until(SECS10, |e| {
+            e.iter().any(|e| chunk_text(e).starts_with("history:"))
+        })
+        .await;
+    assert!(
+        evs.iter()
+            .any(|e| e.data["method"] == "_sandboxagent/restored"),
+        "{evs:?}"
+    );
+    let h = evs
+        .iter()
+        .find(|e| chunk_text(e).starts_with("history:"))
+        .unwrap();
+    assert_eq!(chunk_text(h), "history: remember this");
+}
