@@ -197,17 +197,16 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         );
     }
     r.state.supervisor.close_warm().await;
+    // With a state dir, what its writer still holds reaches the disk before the exec ends the
+    // writer thread (the new image appends after it).
+    if let Some(store) = r.state.state.clone() {
+        crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
+    }
     let mut keep: Vec<OwnedFd> = Vec::new();
     let handoff = match export(&r, &mut keep).await {
         Ok(h) => h,
         Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
     };
-    // With a state dir, what its writer still holds reaches the disk before the exec ends the
-    // writer thread (the new image appends after it). After the export: the stdout readers are
-    // frozen, nothing more is pushed. (The new image also catches up from the carried logs.)
-    if let Some(store) = r.state.state.clone() {
-        crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
-    }
     let carried = (
         handoff.acp.instances.len(),
         handoff.processes.processes.len(),
