@@ -504,6 +504,12 @@ impl Durable {
     }
 }
 
+/// Lets every producer waiting on `mark` go: its entry is not written any more.
+fn release(mark: &Arc<Mark>) {
+    mark.written.store(u64::MAX, Ordering::Release);
+    mark.notify.notify_waiters();
+}
+
 /// The writer's view of one entry.
 struct KeyState {
     /// The generation whose ops are applied (0: recovered, not yet taken by a service).
@@ -705,7 +711,10 @@ impl Writer {
                     .entry(key)
                     .or_insert_with(|| KeyState::on_disk(0, 0));
                 k.generation = generation;
-                k.mark = Some(mark);
+                // A handle this one supersedes is written no more: its waiter must not hang.
+                if let Some(old) = k.mark.replace(mark) {
+                    release(&old);
+                }
                 k.file = None;
                 k.pending.clear();
                 k.pending_n = 0;
@@ -772,6 +781,7 @@ impl Writer {
                 if let Some(k) = self.keys.remove(&key) {
                     self.total = self.total.saturating_sub(k.bytes);
                     self.pending_total = self.pending_total.saturating_sub(k.pending.len() as u64);
+                    k.mark.iter().for_each(release);
                 }
                 let dir = self.dir.join(&*key);
                 match std::fs::remove_dir_all(&dir) {
@@ -783,6 +793,7 @@ impl Writer {
             Op::Quarantine { key } => {
                 if let Some(k) = self.keys.remove(&key) {
                     self.total = self.total.saturating_sub(k.bytes);
+                    k.mark.iter().for_each(release);
                 }
                 set_aside(&self.dir, &key, "its service could not read it");
             }
