@@ -113,7 +113,8 @@ pub enum Command {
 const MOCK_AGENT_COMMANDS: &str = "\
 It answers initialize, session/new, session/load, session/prompt, session/cancel and _mock/echo
 (which returns its params as its result). Its sessions are kept in .mock-agent-sessions/ under
-its working directory, so that session/load works in a later process. A prompt's text is echoed
+its working directory, so that session/load works in a later process (a session/load also writes
+the mcpServers it was given to <session id>.mcp.json there). A prompt's text is echoed
 back as one agent_message_chunk, unless it starts with one of these commands:
 
   /stream N        send N chunks (\"chunk i of N\"), then end the turn

@@ -15,6 +15,8 @@ const EX_USAGE: u8 = 64;
 const EX_UNAVAILABLE: u8 = 69;
 /// sysexits: cannot create a (user) output file, here the data directory.
 const EX_CANTCREAT: u8 = 73;
+/// sysexits: temporary failure, try again later (the state dir is locked by another daemon).
+const EX_TEMPFAIL: u8 = 75;
 /// sysexits: configuration error.
 const EX_CONFIG: u8 = 78;
 
@@ -193,6 +195,13 @@ fn serve(
         Err(e @ StartError::DataDir { .. }) => {
             tracing::error!(error = %e, "cannot start");
             ExitCode::from(EX_CANTCREAT)
+        }
+        Err(StartError::State(e)) => {
+            tracing::error!(error = %e, "cannot start");
+            match e {
+                sandbox_agent::state::StateError::Locked { .. } => ExitCode::from(EX_TEMPFAIL),
+                _ => ExitCode::from(EX_CONFIG),
+            }
         }
         Err(e @ StartError::Config(_)) => {
             tracing::error!(error = %e, "cannot start");

@@ -39,6 +39,13 @@ struct LogState {
     ring: VecDeque<Retained>,
     ring_bytes: usize,
     next_id: u64,
+    /// The id of the last event this log holds or held (0 for none): after a restart the next
+    /// id is further on (the restart's skip), but no event has the ids in between.
+    last_event: u64,
+    /// The newest id evicted from the ring (0 for none): a reader from before it gets a `gap`.
+    evicted: u64,
+    /// Ids that may have been issued but were lost (the previous run stopped being durable).
+    lost: Option<(u64, u64)>,
     closed: bool,
     subscribers: Vec<Arc<Queue>>,
 }
@@ -48,7 +55,7 @@ pub struct EventLog {
     limits: LogLimits,
     state: Mutex<LogState>,
     /// Its copy on disk (`--state-dir`), set once when the instance is created or recovered.
-    durable: std::sync::OnceLock<Arc<crate::state::acp::Tracked>>,
+    durable: std::sync::OnceLock<Arc<super::durable::Tracked>>,
 }
 
 /// What `subscribe` found.
@@ -72,6 +79,9 @@ impl EventLog {
                 ring: VecDeque::new(),
                 ring_bytes: 0,
                 next_id: 1,
+                last_event: 0,
+                evicted: 0,
+                lost: None,
                 closed: false,
                 subscribers: Vec::new(),
             }),
@@ -79,12 +89,22 @@ impl EventLog {
         }
     }
 
-    /// A log recovered from the state dir: its retained events (ids increasing) and the next id
-    /// to issue. Open, so that subscribers wait for the instance to be used again.
-    pub fn recovered(limits: LogLimits, events: Vec<(u64, Bytes)>, next_id: u64) -> Self {
+    /// A log recovered from the state dir: its retained events (ids increasing), the next id
+    /// to issue, and the ids lost by the previous run, if it lost any. Open, so that
+    /// subscribers wait for the instance to be used again.
+    pub fn recovered(
+        limits: LogLimits,
+        events: Vec<(u64, Bytes)>,
+        next_id: u64,
+        lost: Option<(u64, u64)>,
+    ) -> Self {
         let log = EventLog::new(limits);
         {
             let mut st = log.lock();
+            // What the disk kept no longer (compacted away) is a gap like an eviction.
+            st.evicted = events.first().map_or(0, |e| e.0.saturating_sub(1));
+            st.last_event = events.last().map_or(0, |e| e.0);
+            st.lost = lost;
             for (id, line) in events {
                 let frame = message_frame(id, &line);
                 st.ring_bytes += frame.len();
@@ -94,6 +114,7 @@ impl EventLog {
                 {
                     let old = st.ring.pop_front().expect("ring is not empty");
                     st.ring_bytes -= old.frame.len();
+                    st.evicted = old.id;
                 }
             }
             st.next_id = next_id.max(st.ring.back().map_or(1, |r| r.id + 1));
@@ -102,11 +123,11 @@ impl EventLog {
     }
 
     /// Ties the log to its copy on disk (once).
-    pub fn set_durable(&self, t: Arc<crate::state::acp::Tracked>) {
+    pub fn set_durable(&self, t: Arc<super::durable::Tracked>) {
         let _ = self.durable.set(t);
     }
 
-    pub fn durable(&self) -> Option<&Arc<crate::state::acp::Tracked>> {
+    pub fn durable(&self) -> Option<&Arc<super::durable::Tracked>> {
         self.durable.get()
     }
 
@@ -130,6 +151,7 @@ impl EventLog {
         }
         let id = st.next_id;
         st.next_id += 1;
+        st.last_event = id;
         if let Some(d) = durable {
             // Under the lock, so the disk sees the events in id order.
             d.append(id, json_line);
@@ -147,6 +169,7 @@ impl EventLog {
         {
             let old = st.ring.pop_front().expect("ring is not empty");
             st.ring_bytes -= old.frame.len();
+            st.evicted = old.id;
         }
         let limits = self.limits;
         st.subscribers.retain(|q| q.offer(&frame, limits));
@@ -159,6 +182,53 @@ impl EventLog {
         let st = self.lock();
         for q in &st.subscribers {
             q.wake();
+        }
+    }
+
+    /// A new open log holding what this one holds (its ring, numbering and gaps, its durable
+    /// state): the same serverId listed again after a failed start.
+    pub fn reopened(&self) -> EventLog {
+        let st = self.lock();
+        let log = EventLog::new(self.limits);
+        {
+            let mut n = log.lock();
+            n.ring = st
+                .ring
+                .iter()
+                .map(|r| Retained {
+                    id: r.id,
+                    frame: r.frame.clone(),
+                })
+                .collect();
+            n.ring_bytes = st.ring_bytes;
+            n.next_id = st.next_id;
+            n.last_event = st.last_event;
+            n.evicted = st.evicted;
+            n.lost = st.lost;
+        }
+        log
+    }
+
+    /// The JSON lines of the retained events after `from` (for the state dir's catch-up after a
+    /// reload).
+    pub fn lines_after(&self, from: u64) -> Vec<(u64, Bytes)> {
+        let st = self.lock();
+        st.ring
+            .iter()
+            .filter(|r| r.id > from && r.frame.starts_with(b"event: message\n"))
+            .filter_map(|r| {
+                let start = memchr::memmem::find(&r.frame, b"\ndata: ")? + 7;
+                let end = r.frame.len().checked_sub(2)?;
+                (start <= end).then(|| (r.id, r.frame.slice(start..end)))
+            })
+            .collect()
+    }
+
+    /// Waits until every event pushed so far is in the state dir (at once without one): what
+    /// the stdout reader awaits before it wakes the streams or reads on.
+    pub async fn written(&self) {
+        if let Some(d) = self.durable.get() {
+            d.written().await;
         }
     }
 
@@ -188,17 +258,23 @@ impl EventLog {
             st.ring_bytes += frame.len();
             st.ring.push_back(Retained { id: *id, frame });
         }
+        st.last_event = st.ring.back().map_or(st.next_id - 1, |r| r.id);
         while st.ring.len() > 1
             && (st.ring.len() > self.limits.max_events || st.ring_bytes > self.limits.max_bytes)
         {
             let old = st.ring.pop_front().expect("ring is not empty");
             st.ring_bytes -= old.frame.len();
+            st.evicted = old.id;
+        }
+        if st.evicted == 0 {
+            st.evicted = st.ring.front().map_or(0, |r| r.id.saturating_sub(1));
         }
     }
 
-    /// The id of the last event pushed (0 before the first).
+    /// The id of the last event this log holds or held (0 before the first): a real event, also
+    /// after a restart's skip.
     pub fn last_id(&self) -> u64 {
-        self.lock().next_id - 1
+        self.lock().last_event
     }
 
     pub fn subscriber_count(&self) -> usize {
@@ -228,17 +304,34 @@ impl EventLog {
             // neither a gap nor "nothing missed" would be true.
             return Subscribe::Ahead { last };
         }
-        let first_kept = st.ring.front().map_or(st.next_id, |r| r.id);
         let mut replay = VecDeque::new();
         let mut bytes = 0;
-        if after + 1 < first_kept {
-            let gap = gap_frame(after + 1, first_kept - 1);
+        // Only ids that held an event and are gone are a gap: the ids a restart skipped never
+        // held one, unless the previous run lost them (`lost`).
+        if after < st.evicted {
+            let gap = gap_frame(after + 1, st.evicted);
             bytes += gap.len();
             replay.push_back(gap);
         }
+        let mut lost = st.lost.filter(|l| after < l.1);
         for r in st.ring.iter().filter(|r| r.id > after) {
+            if let Some((from, to)) = lost
+                && r.id > to
+            {
+                let gap = gap_frame(from.max(after + 1), to);
+                bytes += gap.len();
+                replay.push_back(gap);
+                lost = None;
+            }
             bytes += r.frame.len();
             replay.push_back(r.frame.clone());
+        }
+        if let Some((from, to)) = lost
+            && st.next_id > to
+        {
+            let gap = gap_frame(from.max(after + 1), to);
+            bytes += gap.len();
+            replay.push_back(gap);
         }
         if st.closed && replay.is_empty() {
             return Subscribe::NothingLeft;

@@ -5,6 +5,7 @@
 
 pub mod caps;
 pub mod connection;
+pub mod durable;
 pub mod events;
 pub mod frames;
 pub mod instance;

@@ -173,7 +173,9 @@ impl AcpService {
             return check_agent(inst.clone(), Some(agent));
         }
         // Exited instances count until they are deleted: their event logs still hold memory.
-        if map.len() >= self.deps.config.max_agents {
+        // Recovered ones count only once they are started again (their logs are bounded by the
+        // state dir's retention, read back at start).
+        if counted(&map) >= self.deps.config.max_agents {
             return Err(AcpError::Capacity {
                 what: "agent instances",
                 limit: self.deps.config.max_agents as u64,
@@ -212,17 +214,24 @@ impl AcpService {
     pub fn with_state(
         mut self,
         store: Arc<crate::state::StateStore>,
-        recovered: Vec<crate::state::acp::RecoveredInstance>,
+        recovered: Vec<crate::state::Entry>,
     ) -> Self {
         {
             let mut map = self.instances();
-            for r in recovered {
+            for e in recovered {
+                let name = e.name.clone();
+                let Some(mut r) = super::durable::recover(e) else {
+                    // Not a serverId of ours: moved aside, never deleted.
+                    store.quarantine("acp", &name);
+                    continue;
+                };
+                let events = std::mem::take(&mut r.events);
+                let t =
+                    super::durable::Tracked::new(&store, &r.server_id, r.meta.clone(), Some(&r));
                 let base = self.make_instance(&r.server_id, &r.meta.agent);
-                let log = super::events::EventLog::recovered(self.limits, r.events, r.next_id);
+                let log =
+                    super::events::EventLog::recovered(self.limits, events, r.next_id, r.lost);
                 let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
-                let mut meta = r.meta;
-                meta.id_floor = r.next_id - 1;
-                let t = crate::state::acp::Tracked::new(store.clone(), &r.server_id, meta, true);
                 inst.events.set_durable(t);
                 map.insert(r.server_id, Arc::new(inst));
             }
@@ -231,15 +240,27 @@ impl AcpService {
         self
     }
 
+    /// Once the instances of a reload's hand-off (if any) are adopted: every serverId still as
+    /// recovered from the state dir answers the requests a reload had promised an answer to
+    /// (and a crash cut) with an error on its stream. Not before the adoption: a carried
+    /// instance's promises are still running.
+    pub fn answer_broken_promises(&self) {
+        for inst in self.instances().values() {
+            if let Some(t) = inst.events.durable() {
+                t.break_promises(&inst.events);
+            }
+        }
+    }
+
     /// Gives a new instance its durable state, when there is a state dir.
     fn track_new(&self, inst: &AcpInstance) {
         if let Some(store) = &self.state {
-            let meta = crate::state::acp::AcpMeta {
+            let meta = super::durable::AcpMeta {
                 agent: inst.agent.clone(),
                 created_at_ms: inst.created_at_ms,
                 ..Default::default()
             };
-            let t = crate::state::acp::Tracked::new(store.clone(), &inst.server_id, meta, false);
+            let t = super::durable::Tracked::new(store, &inst.server_id, meta, None);
             inst.events.set_durable(t);
         }
     }
@@ -268,6 +289,7 @@ impl AcpService {
         let started = std::time::Instant::now();
         let inst = self.find_or_create(server_id, agent)?;
         if !inst.is_started() {
+            self.check_wake(&inst)?;
             // Boxed: the start is rare and its future large; inline it would make every POST's
             // future (which axum moves into a box several times per request) that large too.
             Box::pin(self.start(&inst)).await?;
@@ -308,6 +330,7 @@ impl AcpService {
     ) -> Result<Vec<(Option<IdKey>, AcpError)>, AcpError> {
         let inst = self.find_or_create(server_id, None)?;
         if !inst.is_started() {
+            self.check_wake(&inst)?;
             // Boxed: the start is rare and its future large; inline it would make every POST's
             // future (which axum moves into a box several times per request) that large too.
             Box::pin(self.start(&inst)).await?;
@@ -449,13 +472,30 @@ impl AcpService {
         {
             map.remove(&inst.server_id);
         }
-        if why != Retirement::Shutdown
-            && let Some(t) = inst.events.durable()
-        {
-            // Gone for good; a shutdown keeps it for the next start.
-            t.forget();
+        // Durable state is forgotten by a client's DELETE only. A failed start of a serverId
+        // with history (recovered, or with events or sessions) keeps it listed as it was, its
+        // log and sessions with it, for the next POST to try again; one without any leaves
+        // nothing to keep. A shutdown keeps everything for the next start.
+        let mut keep = None;
+        if let Some(t) = inst.events.durable() {
+            match why {
+                Retirement::Deleted => t.forget(),
+                Retirement::StartFailed if t.has_history() => keep = Some(t.clone()),
+                Retirement::Shutdown => {}
+                _ => t.forget(),
+            }
         }
-        let Some(handle) = inst.retire() else { return };
+        let handle = inst.retire();
+        if let Some(t) = keep
+            && !map.contains_key(&inst.server_id)
+        {
+            let base = self.make_instance(&inst.server_id, &inst.agent);
+            let log = inst.events.reopened();
+            let again = AcpInstance::recovered(base, inst.created_at_ms, log);
+            again.events.set_durable(t);
+            map.insert(inst.server_id.clone(), Arc::new(again));
+        }
+        let Some(handle) = handle else { return };
         // DEBUG: the stop it starts is logged once, as "agent ended" with the exit's reason.
         tracing::debug!(server_id = %inst.server_id, agent = %inst.agent, cause = why.as_str(),
             "ACP server retired");
@@ -618,7 +658,12 @@ impl AcpService {
             inst.created_at_ms = e.created_at_ms;
             let inst = Arc::new(inst);
             inst.adopt_exited(e);
-            self.carry_durable(&inst);
+            // One still waiting for its restore after a restart keeps waiting for it.
+            let restore = e
+                .exit
+                .as_ref()
+                .is_some_and(|x| x.reason == ExitReason::DaemonRestart);
+            self.carry_durable(&inst, restore);
             self.instances().insert(e.server_id.clone(), inst);
         }
         for s in &state.instances {
@@ -636,7 +681,10 @@ impl AcpService {
             })();
             match adopted {
                 Ok(inst) => {
-                    self.carry_durable(&inst);
+                    self.carry_durable(&inst, false);
+                    if let Some(t) = inst.events.durable() {
+                        t.promise(&s.pending);
+                    }
                     tracing::info!(server_id = %s.server_id, agent = %s.agent, pid = s.child.pid,
                         last_event_id = inst.events.last_id(), "agent carried across the reload");
                     self.instances().insert(s.server_id.clone(), inst);
@@ -651,21 +699,53 @@ impl AcpService {
 impl AcpService {
     /// With a state dir, the serverId's durable state goes on with an instance carried across a
     /// reload (the new image read it back from the disk as a restarted one).
-    fn carry_durable(&self, inst: &AcpInstance) {
+    fn carry_durable(&self, inst: &AcpInstance, restore: bool) {
         let Some(store) = &self.state else { return };
         let earlier = self
             .instances()
             .get(&inst.server_id)
-            .and_then(|i| i.events.durable().map(|t| t.carried()));
+            .and_then(|i| i.events.durable().map(|t| t.carried(restore)));
         let tracked = earlier.unwrap_or_else(|| {
-            let meta = crate::state::acp::AcpMeta {
+            let meta = super::durable::AcpMeta {
                 agent: inst.agent.clone(),
                 created_at_ms: inst.created_at_ms,
                 ..Default::default()
             };
-            crate::state::acp::Tracked::new(store.clone(), &inst.server_id, meta, false)
+            super::durable::Tracked::new(store, &inst.server_id, meta, None)
         });
+        // What the carried log holds that the disk does not (pushed after the previous image's
+        // last write): every adopt path catches up.
+        tracked.catch_up(&inst.events, tracked.disk_last());
         inst.events.set_durable(tracked);
+    }
+}
+
+/// A serverId recovered from the state dir and not started since: it does not count against
+/// `--max-agents`.
+fn dormant(inst: &AcpInstance) -> bool {
+    !inst.is_started() && inst.events.durable().is_some_and(|t| t.awaits_restore())
+}
+
+/// Instances that count against `--max-agents`.
+fn counted(map: &Instances) -> usize {
+    map.values().filter(|i| !dormant(i)).count()
+}
+
+impl AcpService {
+    /// A dormant serverId is started again only within `--max-agents`.
+    fn check_wake(&self, inst: &AcpInstance) -> Result<(), AcpError> {
+        if !dormant(inst) {
+            return Ok(());
+        }
+        let max = self.deps.config.max_agents;
+        if counted(&self.instances()) >= max {
+            return Err(AcpError::Capacity {
+                what: "agent instances",
+                limit: max as u64,
+                server_id: Some(inst.server_id.clone()),
+            });
+        }
+        Ok(())
     }
 }
 

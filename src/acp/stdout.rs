@@ -53,9 +53,15 @@ pub(super) async fn read_loop_from(
     let mut exit: Option<ExitInfo> = None;
     let mut drain_until = tokio::time::Instant::now();
     let mut detail = String::new();
+    // Lines pushed since the reader last waited for the state dir's writer.
+    let mut ahead = 0u64;
     loop {
         if !reader.has_line() {
-            // About to wait for the agent: let the subscribers have what this burst produced.
+            // About to wait for the agent: let the subscribers have what this burst produced,
+            // once it is in the state dir (when there is one): no client sees an event a crash
+            // could lose, and an agent faster than the disk waits on its pipe.
+            inst.events.written().await;
+            ahead = 0;
             inst.events.wake();
         }
         tokio::select! {
@@ -73,7 +79,16 @@ pub(super) async fn read_loop_from(
             line = reader.next_line() => match line {
                 Ok(Some(Line::Data(l))) => {
                     let class = classify(&l).await;
+                    // A response is handed to its POST only once what came before is written;
+                    // a long burst waits for the writer every `PRODUCER_AHEAD` lines.
+                    if ahead >= crate::state::PRODUCER_AHEAD
+                        || matches!(class, Ok(AgentLine::Response(_)))
+                    {
+                        inst.events.written().await;
+                        ahead = 0;
+                    }
                     inst.on_line(l, class);
+                    ahead += 1;
                 }
                 Ok(Some(Line::TooLong(prefix))) => inst.invalid_line(&prefix, "longer than the maximum line length"),
                 Ok(None) => break,

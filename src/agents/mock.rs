@@ -107,6 +107,12 @@ impl Mock {
         let Some(history) = history else {
             return self.error(id, -32602, &format!("unknown session `{sid}`"));
         };
+        // What the client (or the daemon's restore) passed as MCP servers, for tests to read
+        // (`<sessions dir>/<id>.mcp.json`).
+        if let Some(p) = session_file(sid) {
+            let servers = params.get("mcpServers").cloned().unwrap_or(Value::Null);
+            let _ = std::fs::write(p.with_extension("mcp.json"), servers.to_string());
+        }
         for text in &history {
             self.update(sid, "user_message_chunk", text);
             self.update(sid, "agent_message_chunk", text);

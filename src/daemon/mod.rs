@@ -42,6 +42,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The state dir is another daemon's (locked) or not a state dir (`--state-dir`).
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -133,7 +136,10 @@ pub async fn run(
         tasks.clone(),
     )
     .await
-    .map_err(|e| StartError::Config(format!("{e:#}")))?;
+    .map_err(|e| match e.downcast::<crate::state::StateError>() {
+        Ok(e) => StartError::State(e),
+        Err(e) => StartError::Config(format!("{e:#}")),
+    })?;
     if let Some(r) = &mut received {
         let acp = std::mem::take(&mut r.handoff.acp);
         let processes = std::mem::take(&mut r.handoff.processes);
@@ -145,6 +151,8 @@ pub async fn run(
             root.cancel();
         }
     }
+    // After any adoption: what a crash cut of a reload's 202s is answered (durable state).
+    state.acp.answer_broken_promises();
     let app = http::router(state.clone());
 
     let limits = serve::Limits {

@@ -32,6 +32,8 @@ impl AppState {
                 let (c, d) = (config.clone(), dir.clone());
                 match crate::sys::blocking(move || crate::state::StateStore::open(&c, &d)).await {
                     Ok(s) => Some(s),
+                    // Another daemon's dir, or not a state dir at all: refuse to start.
+                    Err(e) if e.is_refusal() => return Err(e.into()),
                     // The API never stops for the state dir: memory only, and health says so.
                     Err(e) => {
                         tracing::warn!(error = %format!("{e:#}"),

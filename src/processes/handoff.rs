@@ -17,12 +17,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::durable::{ProcExit, ProcMeta};
 use super::log::{LogState, LogStream, OutputLog};
 use super::{
     DRAIN_TIMEOUT, ManagedProcess, ProcessService, RunningSlot, monitor, now_ms, pty, pump,
     pump_pty,
 };
-use crate::state::processes::{ProcExit, ProcMeta};
 use crate::supervisor::{ChildState, ExitInfo};
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -213,8 +213,8 @@ impl ProcessService {
         let log = Arc::new(OutputLog::restore(&s.log));
         if let Some(store) = &self.state {
             // Its record on disk goes on: later output and its end are written as before.
-            let track = crate::state::processes::ProcTrack::new(
-                store.clone(),
+            let track = super::durable::ProcTrack::new(
+                store,
                 ProcMeta {
                     id: s.id.clone(),
                     command: s.command.clone(),
@@ -225,6 +225,7 @@ impl ProcessService {
                     created_at_ms: s.created_at_ms,
                     exit: None,
                 },
+                false,
             );
             track.catch_up(&log, self.on_disk(s.n));
             log.set_durable(track);

@@ -112,6 +112,11 @@ pub(super) async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => log.append(stream, Bytes::copy_from_slice(&buf[..n]), now_ms()),
         }
+        // With a state dir, the next read waits until this one is written: a program faster
+        // than the disk waits on its pipe, and at most one read per pump is queued.
+        if let Some(t) = log.durable() {
+            t.written().await;
+        }
     }
 }
 
@@ -126,6 +131,9 @@ pub(super) async fn pump_pty(pty: Arc<pty::Pty>, log: Arc<OutputLog>, freeze: Ca
         match read {
             Ok(0) | Err(_) => return,
             Ok(n) => log.append(LogStream::Pty, Bytes::copy_from_slice(&buf[..n]), now_ms()),
+        }
+        if let Some(t) = log.durable() {
+            t.written().await;
         }
     }
 }

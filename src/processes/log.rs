@@ -93,7 +93,7 @@ pub struct OutputLog {
     cap: u64,
     inner: Mutex<Inner>,
     /// Its copy on disk (`--state-dir`).
-    durable: std::sync::OnceLock<std::sync::Arc<crate::state::processes::ProcTrack>>,
+    durable: std::sync::OnceLock<std::sync::Arc<super::durable::ProcTrack>>,
     /// Bumped on every append and on close, for followers.
     version: watch::Sender<u64>,
 }
@@ -140,12 +140,12 @@ impl OutputLog {
         log
     }
 
-    pub fn durable(&self) -> Option<&std::sync::Arc<crate::state::processes::ProcTrack>> {
+    pub fn durable(&self) -> Option<&std::sync::Arc<super::durable::ProcTrack>> {
         self.durable.get()
     }
 
     /// Ties the log to its copy on disk (once).
-    pub fn set_durable(&self, t: std::sync::Arc<crate::state::processes::ProcTrack>) {
+    pub fn set_durable(&self, t: std::sync::Arc<super::durable::ProcTrack>) {
         let _ = self.durable.set(t);
     }
 

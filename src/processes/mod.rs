@@ -11,6 +11,7 @@
 //! total log budget while it runs and keeps only the bytes it holds once it has exited, until it
 //! is deleted; a `run` whose caller goes away is killed.
 
+pub mod durable;
 mod error;
 mod handoff;
 mod io;
@@ -202,7 +203,7 @@ pub struct ProcessService {
     running: Arc<AtomicUsize>,
     budget: Arc<Budget>,
     shutdown: CancellationToken,
-    /// `--state-dir`: records and output kept across restarts (see `crate::state::processes`).
+    /// `--state-dir`: records and output kept across restarts (see `durable`).
     state: Option<Arc<crate::state::StateStore>>,
 }
 
@@ -269,7 +270,7 @@ impl ProcessService {
     pub fn with_state(
         mut self,
         store: Arc<crate::state::StateStore>,
-        recovered: Vec<crate::state::processes::RecoveredProcess>,
+        recovered: Vec<crate::state::Entry>,
     ) -> Self {
         let cap = self
             .config()
@@ -277,8 +278,17 @@ impl ProcessService {
             .max(log::CHUNK_OVERHEAD + 1);
         self.state = Some(store);
         let mut records = crate::sys::lock(&self.records);
-        for r in recovered {
-            let Some(n) = r.meta.id.strip_prefix("proc_").and_then(|n| n.parse().ok()) else {
+        for e in recovered {
+            let name = e.name.clone();
+            let r = durable::recover(e);
+            let Some((n, r)) = r.and_then(|r| {
+                let n = r.meta.id.strip_prefix("proc_")?.parse().ok()?;
+                Some((n, r))
+            }) else {
+                // Not a record of ours: moved aside, never deleted.
+                if let Some(store) = &self.state {
+                    store.quarantine("processes", &name);
+                }
                 continue;
             };
             let log = OutputLog::recovered(cap, r.chunks);
@@ -300,7 +310,7 @@ impl ProcessService {
     fn exited_record(
         &self,
         n: u64,
-        meta: crate::state::processes::ProcMeta,
+        meta: durable::ProcMeta,
         exit: (ExitInfo, u64),
         log: OutputLog,
         on_disk: u64,
@@ -313,7 +323,7 @@ impl ProcessService {
         log.close();
         let log = Arc::new(log);
         if let Some(store) = &self.state {
-            let track = crate::state::processes::ProcTrack::new(store.clone(), meta.clone());
+            let track = durable::ProcTrack::new(store, meta.clone(), false);
             track.catch_up(&log, on_disk);
             if meta.exit.is_none() {
                 track.ended(&exit.0, exit.1);
@@ -511,9 +521,9 @@ impl ProcessService {
         let log = Arc::new(OutputLog::new(cap));
         let freeze = CancellationToken::new();
         if let Some(store) = &self.state {
-            log.set_durable(crate::state::processes::ProcTrack::new(
-                store.clone(),
-                crate::state::processes::ProcMeta {
+            log.set_durable(durable::ProcTrack::new(
+                store,
+                durable::ProcMeta {
                     id: id.clone(),
                     command: req.command.clone(),
                     args: req.args.clone(),
@@ -523,6 +533,7 @@ impl ProcessService {
                     created_at_ms: now_ms(),
                     exit: None,
                 },
+                true,
             ));
         }
         let mut readers = Vec::new();

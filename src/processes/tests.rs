@@ -159,8 +159,21 @@ async fn a_record_recovered_from_the_state_dir_is_carried_by_a_reload() {
     p.wait_ended().await;
     assert!(store.flush_blocking(Duration::from_secs(10)));
 
-    // The next start reads it back: an exited record with no process.
-    let (store2, recovered) = StateStore::open(&config, &state).unwrap();
+    // The next start reads it back: an exited record with no process. The first store lets
+    // go of the dir's lock once nothing holds it any more.
+    drop((p, a, store));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (store2, recovered) = loop {
+        match StateStore::open(&config, &state) {
+            Ok(s) => break s,
+            Err(crate::state::StateError::Locked { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
     let b = ProcessService::new(&config, s.supervisor.clone(), CancellationToken::new())
         .with_state(store2, recovered.processes);
     let before = b.get(&id).unwrap().info().await;

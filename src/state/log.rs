@@ -4,7 +4,6 @@
 //! in the middle of an append, a torn page after a power failure, a cut file), and the file is
 //! truncated there: what follows a bad record cannot be trusted either.
 
-use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
@@ -28,30 +27,53 @@ pub fn encode(out: &mut Vec<u8>, id: u64, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
+/// How much of a log a read keeps in memory: the newest records within both bounds (the newest
+/// one always). The file is streamed, never held whole.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    pub records: usize,
+    pub bytes: u64,
+}
+
+impl Keep {
+    pub const ALL: Keep = Keep {
+        records: usize::MAX,
+        bytes: u64::MAX,
+    };
+}
+
 /// What `read` found in a log file.
 #[derive(Debug, Default)]
 pub struct LogRead {
-    /// The good records, in file order.
+    /// The newest good records within the `Keep` bounds, in file order.
     pub records: Vec<(u64, Bytes)>,
+    /// Good records in the file (kept or not).
+    pub count: u64,
+    /// The id of the last good record (0 for none).
+    pub last_id: u64,
     /// Bytes of the good records (the length the file is cut to).
     pub good_len: u64,
     /// Bytes after them that were cut (0 for a clean file).
     pub cut: u64,
 }
 
-/// Reads every good record of `path` and truncates the file after the last one. A missing file
-/// reads as empty. Ids must strictly increase: a record whose id does not is corruption too.
-pub fn read_and_repair(path: &Path) -> std::io::Result<LogRead> {
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-    {
+/// Reads the good records of `path` (keeping the newest within `keep`) and truncates the file
+/// after the last one. A missing file reads as empty; a symlink is not followed (an error).
+/// Ids must strictly increase: a record whose id does not is corruption too.
+pub fn read_and_repair(path: &Path, keep: Keep) -> std::io::Result<LogRead> {
+    use std::os::unix::fs::PermissionsExt;
+    let file = match super::dir::open_existing(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogRead::default()),
         Err(e) => return Err(e),
     };
-    let total = file.metadata()?.len();
+    let meta = file.metadata()?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    let total = meta.len();
+    let mut kept = std::collections::VecDeque::new();
+    let mut kept_bytes = 0u64;
     let mut r = BufReader::with_capacity(64 * 1024, &file);
     let mut out = LogRead::default();
     let mut header = [0u8; HEADER];
@@ -78,9 +100,17 @@ pub fn read_and_repair(path: &Path) -> std::io::Result<LogRead> {
         }
         last_id = id;
         out.good_len += (HEADER + len) as u64;
-        out.records.push((id, Bytes::from(payload)));
+        out.count += 1;
+        kept_bytes += len as u64;
+        kept.push_back((id, Bytes::from(payload)));
+        while kept.len() > 1 && (kept.len() > keep.records || kept_bytes > keep.bytes) {
+            let (_, old) = kept.pop_front().expect("not empty");
+            kept_bytes -= old.len() as u64;
+        }
     }
     drop(r);
+    out.last_id = last_id;
+    out.records = kept.into();
     out.cut = total - out.good_len;
     if out.cut > 0 {
         file.set_len(out.good_len)?;
@@ -111,7 +141,7 @@ pub fn rewrite(path: &Path, records: &[(u64, Bytes)]) -> std::io::Result<u64> {
     for (id, p) in records {
         encode(&mut buf, *id, p);
     }
-    let mut f = File::create(&tmp)?;
+    let mut f = super::dir::create_file(&tmp).map_err(std::io::Error::other)?;
     f.write_all(&buf)?;
     f.sync_data()?;
     drop(f);
@@ -137,13 +167,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("events.log");
         let buf = write(&p, 50);
-        let r = read_and_repair(&p).unwrap();
+        let r = read_and_repair(&p, Keep::ALL).unwrap();
         assert_eq!(r.records.len(), 50);
         assert_eq!(r.cut, 0);
         assert_eq!(r.good_len, buf.len() as u64);
         assert_eq!(&r.records[49].1[..], b"{\"n\":50}");
         assert!(
-            read_and_repair(&dir.path().join("none"))
+            read_and_repair(&dir.path().join("none"), Keep::ALL)
                 .unwrap()
                 .records
                 .is_empty()
@@ -162,7 +192,7 @@ mod tests {
             .collect();
         for cut in 0..full.len() {
             std::fs::write(&p, &full[..cut]).unwrap();
-            let r = read_and_repair(&p).unwrap();
+            let r = read_and_repair(&p, Keep::ALL).unwrap();
             let mut whole = 0;
             let mut acc = 0;
             for s in &sizes {
@@ -173,8 +203,38 @@ mod tests {
             }
             assert_eq!(r.records.len(), whole, "cut at {cut}");
             assert_eq!(std::fs::metadata(&p).unwrap().len(), acc as u64);
-            assert_eq!(read_and_repair(&p).unwrap().cut, 0);
+            assert_eq!(read_and_repair(&p, Keep::ALL).unwrap().cut, 0);
         }
+    }
+
+    /// A read keeps only the newest records within its bounds (the file is streamed), yet
+    /// counts and checks them all.
+    #[test]
+    fn a_read_keeps_only_the_newest_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("events.log");
+        write(&p, 500);
+        let r = read_and_repair(
+            &p,
+            Keep {
+                records: 5,
+                bytes: u64::MAX,
+            },
+        )
+        .unwrap();
+        assert_eq!((r.count, r.last_id, r.records.len()), (500, 500, 5));
+        assert_eq!(r.records[0].0, 496);
+        let r = read_and_repair(
+            &p,
+            Keep {
+                records: usize::MAX,
+                bytes: 20,
+            },
+        )
+        .unwrap();
+        // The last payloads are 9 bytes each: two fit in 20.
+        assert_eq!(r.records.len(), 2);
+        assert_eq!(r.records[1].0, 500);
     }
 
     #[test]
@@ -185,13 +245,13 @@ mod tests {
         let third = 2 * (HEADER + 7) + HEADER + 2;
         full[third] ^= 0x40;
         std::fs::write(&p, &full).unwrap();
-        let r = read_and_repair(&p).unwrap();
+        let r = read_and_repair(&p, Keep::ALL).unwrap();
         assert_eq!(r.records.len(), 2);
         // A huge length field is refused without allocating it.
         let mut huge = Vec::new();
         encode(&mut huge, 1, b"{}");
         huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(&p, &huge).unwrap();
-        assert!(read_and_repair(&p).unwrap().records.is_empty());
+        assert!(read_and_repair(&p, Keep::ALL).unwrap().records.is_empty());
     }
 }

@@ -1,31 +1,40 @@
-//! Durable state (`--state-dir`): what the daemon must still know after it was restarted,
-//! crashed or was restored from a snapshot — every serverId's event log and sessions, every
-//! process record and its final output.
+//! Durable state (`--state-dir`), storage only: the dir (its lock, its ownership, its
+//! permissions: `dir.rs`), the record log (`log.rs`), the sealing of secrets (`seal.rs`) and the
+//! store, whose one writer thread appends records and replaces `meta.json` files. What is stored
+//! and what it means belongs to the services: the proxy's serverIds (`acp::durable`) and the
+//! process API's records (`processes::durable`); each holds one `Durable` per entry.
 //!
-//! Layout: `DIR/acp/<serverId>/{meta.json,events.log}` and `DIR/processes/<id>/{meta.json,
-//! output.log}`. A *log* is an append-only file of CRC-checked records (`log.rs`); a *meta* is
-//! a small JSON document replaced atomically (temporary + rename).
+//! Layout: `DIR/acp/<serverId>/{meta.json,events.log}`, `DIR/processes/<id>/{meta.json,
+//! events.log}`, `DIR/lock`, `DIR/sandbox-agent-state` (the marker), `DIR/durable` (the flag),
+//! `DIR/quarantine/` (what did not read back). A *log* is an append-only file of CRC-checked
+//! records; a *meta* is a small JSON document replaced atomically (temporary + rename).
 //!
-//! **Invariant:** nothing on the request path waits for the disk. Appends and meta updates go
-//! to one writer thread through a bounded queue with `try_send`; when the queue is full the
-//! entry's owner (one serverId) stops being durable (its files are removed, a WARN says so),
-//! and any write error (a full disk, `--state-total-bytes`) turns the whole store to memory-only
-//! with a WARN; `GET /v1/health` then says `"durable": false`. The API never stops for it.
+//! **Invariants:** no request waits for the disk: appends and meta updates go to the writer
+//! through a queue and never block their caller. The producers of records (an agent's stdout
+//! reader, a process's output pump) wait for the writer instead (`Durable::written`) before they
+//! read more from their child, so the queue holds at most about one read per producer and a
+//! serverId never stops being durable because the disk is slow. The writer batches: every record
+//! that arrived while it wrote the previous batch goes out in one `write` per entry (group
+//! commit) and one `fdatasync` per entry and batch. Any write error (a full disk,
+//! `--state-total-bytes`) turns the whole store memory-only with a WARN, removes the `durable`
+//! flag, and `GET /v1/health` then says `"durable": false`; after the next start a reader gets a
+//! `gap` for the ids that were not written.
 //!
-//! What a crash can lose: the entries still in the queue (not yet written) and, on a power
-//! failure, what was written but not yet synced (`--state-sync`). Ids issued but lost are
-//! skipped after the restart (`RESTART_ID_SKIP`), never reused.
+//! What a crash of the daemon can lose: nothing a client saw (an agent's events are written
+//! before the reader wakes the streams or hands a response to its POST); on a power failure,
+//! what was written but not yet synced (`--state-sync`). Ids issued but not written are skipped
+//! after the restart (`RESTART_ID_SKIP`), never reused.
 
-pub mod acp;
+pub mod dir;
 pub mod log;
-pub mod processes;
+pub mod seal;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,68 +42,141 @@ use bytes::Bytes;
 
 use crate::config::{Config, StateSync};
 
-/// Entries the writer queue holds; a full queue makes the entry's owner memory-only.
-pub const QUEUE: usize = 16 * 1024;
+/// After a restart the numbering of a recovered log resumes this far beyond the last id written
+/// (or the floor its meta records): every id that may have been issued but not yet written at
+/// the crash lies in between. A producer waits for the writer at least every `PRODUCER_AHEAD`
+/// records, so fewer than this are ever outstanding.
+pub const RESTART_ID_SKIP: u64 = 16 * 1024 + 1;
 
-/// After a restart the numbering of a recovered log resumes this far beyond its last record on
-/// disk: every id that may have been issued (and seen by a client) but was still in the queue at
-/// the crash lies in between, so none is ever issued twice. Larger than `QUEUE`.
-pub const RESTART_ID_SKIP: u64 = QUEUE as u64 + 1;
+/// Most records a producer (a stdout reader) pushes before it waits for the writer.
+pub const PRODUCER_AHEAD: u64 = 4096;
 
-/// One thing for the writer to do.
+/// Records of one entry gathered in memory before the writer writes them out, within a batch.
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// The file names under an entry's directory.
+const META: &str = "meta.json";
+const LOG: &str = "events.log";
+
+/// Why the state dir cannot be used, or stopped being written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the state dir holds --state-total-bytes ({cap} bytes)")]
+    TotalCap { cap: u64 },
+    #[error("the state dir {} is in use by another sandbox-agent (pid {holder}); one dir, one daemon", dir.display())]
+    Locked { dir: PathBuf, holder: String },
+    #[error("refusing {} as (part of) the state dir: {why}", path.display())]
+    NotOurs { path: PathBuf, why: String },
+    #[error("the state writer thread is gone")]
+    WriterGone,
+}
+
+impl StateError {
+    /// True for the errors that must stop the daemon from starting (the dir is someone else's).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, StateError::Locked { .. } | StateError::NotOurs { .. })
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// How far an entry's log is written: a producer waits on it.
+#[derive(Default)]
+struct Mark {
+    written: AtomicU64,
+    notify: tokio::sync::Notify,
+}
+
+/// One thing for the writer to do. `generation` names the `Durable` that sent it: an entry forgotten
+/// (or made afresh under the same key) ignores whatever an older one still sends.
 enum Op {
-    /// Replace `key`'s meta.json.
-    Meta { key: Arc<str>, json: Vec<u8> },
-    /// Append a record to `key`'s log.
+    Open {
+        key: Arc<str>,
+        generation: u64,
+        mark: Arc<Mark>,
+        fresh: bool,
+    },
+    Meta {
+        key: Arc<str>,
+        generation: u64,
+        json: Vec<u8>,
+    },
     Append {
         key: Arc<str>,
+        generation: u64,
         id: u64,
         payload: Bytes,
     },
-    /// Remove `key`'s directory.
-    Remove { key: Arc<str> },
+    Remove {
+        key: Arc<str>,
+        generation: u64,
+    },
+    /// Move an entry a service could not read aside (never delete it).
+    Quarantine {
+        key: Arc<str>,
+    },
     /// Everything sent before is written and synced: answer.
     Barrier(std::sync::mpsc::Sender<()>),
 }
-
-/// The file names under a key's directory.
-const META: &str = "meta.json";
-const LOG: &str = "events.log";
 
 /// Shared between the handles and the writer.
 struct Shared {
     durable: AtomicBool,
     /// Why the store went memory-only (the first reason).
     problem: Mutex<Option<String>>,
-    /// Keys whose queue overflowed: the writer removes their files and ignores them.
-    abandoned: Mutex<HashSet<Arc<str>>>,
-    abandon_pending: AtomicBool,
     /// The daemon is stopping: what ends now ends because of it.
     stopping: AtomicBool,
 }
 
 impl Shared {
-    fn degrade(&self, why: String) {
+    fn degrade(&self, dir: &Path, why: &StateError) {
         if self.durable.swap(false, Ordering::AcqRel) {
             tracing::warn!(problem = %why,
                 "the state dir is no longer written: state is kept in memory only from now on");
-            *crate::sys::lock(&self.problem) = Some(why);
+            *crate::sys::lock(&self.problem) = Some(why.to_string());
+            dir::clear_durable_flag(dir);
         }
     }
 }
 
-/// The store: a handle to the writer thread plus what was recovered at start.
+/// The store: a handle to the writer thread.
 pub struct StateStore {
     dir: PathBuf,
-    tx: SyncSender<Op>,
+    tx: Sender<Op>,
     shared: Arc<Shared>,
+    gens: AtomicU64,
+    seal: Option<seal::Sealer>,
+}
+
+/// One entry found in the state dir at start, for its service to read.
+pub struct Entry {
+    /// The entry's name (serverId, process id).
+    pub name: String,
+    pub meta: serde_json::Value,
+    /// The newest records within the retention, oldest first.
+    pub records: Vec<(u64, Bytes)>,
+    /// The id of the last record on disk.
+    pub last_id: u64,
+    /// The previous run stopped being durable: records after `last_id` may have been lost.
+    pub incomplete: bool,
 }
 
 /// Everything found in the state dir at start.
 #[derive(Default)]
 pub struct Recovered {
-    pub acp: Vec<acp::RecoveredInstance>,
-    pub processes: Vec<processes::RecoveredProcess>,
+    pub acp: Vec<Entry>,
+    pub processes: Vec<Entry>,
 }
 
 /// How a key's log is retained on disk.
@@ -108,60 +190,21 @@ pub struct Retention {
     pub max_file: u64,
 }
 
+impl Retention {
+    fn keep(&self) -> log::Keep {
+        log::Keep {
+            records: self.events,
+            bytes: self.bytes,
+        }
+    }
+}
+
 impl StateStore {
-    /// Opens (creating) the state dir, reads back what it holds (cutting corrupt tails) and
+    /// Claims the state dir (refusing one that is not ours or is locked by another daemon),
+    /// reads back what it holds (cutting corrupt tails, moving unreadable entries aside) and
     /// starts the writer thread. Blocking: call it on the blocking pool.
-    pub fn open(config: &Config, dir: &Path) -> anyhow::Result<(Arc<StateStore>, Recovered)> {
-        use anyhow::Context as _;
-        for sub in ["acp", "processes"] {
-            std::fs::create_dir_all(dir.join(sub))
-                .with_context(|| format!("cannot create the state dir {}", dir.display()))?;
-        }
-        let mut sizes = HashMap::new();
-        let mut recovered = Recovered::default();
-        for (sub, is_acp) in [("acp", true), ("processes", false)] {
-            let entries = std::fs::read_dir(dir.join(sub))
-                .with_context(|| format!("cannot read {}", dir.join(sub).display()))?;
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let path = e.path();
-                if !path.is_dir() {
-                    continue;
-                }
-                let key: Arc<str> = format!("{sub}/{name}").into();
-                match read_entry(&path) {
-                    Ok((meta, log)) => {
-                        if log.cut > 0 {
-                            tracing::warn!(key = %key, bytes = log.cut,
-                                "cut a corrupt or truncated tail off a state log");
-                        }
-                        sizes.insert(key.clone(), (log.good_len, log.records.len() as u64));
-                        let ok = if is_acp {
-                            acp::recover(&name, &meta, log.records, &mut recovered.acp)
-                        } else {
-                            processes::recover(&name, &meta, log.records, &mut recovered.processes)
-                        };
-                        if !ok {
-                            tracing::warn!(key = %key, "dropped unreadable state");
-                            let _ = std::fs::remove_dir_all(&path);
-                            sizes.remove(&key);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(key = %key, error = %e, "dropped unreadable state");
-                        let _ = std::fs::remove_dir_all(&path);
-                    }
-                }
-            }
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let shared = Arc::new(Shared {
-            durable: AtomicBool::new(true),
-            problem: Mutex::new(None),
-            abandoned: Mutex::new(HashSet::new()),
-            abandon_pending: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
-        });
+    pub fn open(config: &Config, dir: &Path) -> Result<(Arc<StateStore>, Recovered), StateError> {
+        let (lock, was_durable) = dir::claim(dir)?;
         let retention = Retention {
             events: config.event_buffer.max(1),
             bytes: config
@@ -172,29 +215,85 @@ impl StateStore {
                 .state_max_bytes
                 .min(config.event_buffer_bytes.saturating_mul(2)),
         };
-        let mut writer = Writer {
+        let mut keys = HashMap::new();
+        let mut recovered = Recovered::default();
+        for sub in dir::SUBDIRS {
+            let path = dir.join(sub);
+            for e in std::fs::read_dir(&path).map_err(io_err(&path))? {
+                let e = e.map_err(io_err(&path))?;
+                let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                    set_aside(
+                        dir,
+                        &format!("{sub}/{}", e.file_name().to_string_lossy()),
+                        "not UTF-8",
+                    );
+                    continue;
+                };
+                let key = format!("{sub}/{name}");
+                // `file_type` does not follow a symlink: a symlink is not an entry.
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    set_aside(dir, &key, "not a directory");
+                    continue;
+                }
+                match read_entry(&e.path(), retention.keep()) {
+                    Ok((meta, log)) => {
+                        if log.cut > 0 {
+                            tracing::warn!(key = %key, bytes = log.cut,
+                                "cut a corrupt or truncated tail off a state log");
+                        }
+                        keys.insert(
+                            Arc::<str>::from(key.as_str()),
+                            KeyState::on_disk(log.good_len, log.count),
+                        );
+                        let entry = Entry {
+                            name,
+                            meta,
+                            records: log.records,
+                            last_id: log.last_id,
+                            incomplete: !was_durable,
+                        };
+                        if sub == "acp" {
+                            recovered.acp.push(entry);
+                        } else {
+                            recovered.processes.push(entry);
+                        }
+                    }
+                    Err(why) => set_aside(dir, &key, &why.to_string()),
+                }
+            }
+        }
+        dir::set_durable_flag(dir)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared {
+            durable: AtomicBool::new(true),
+            problem: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+        });
+        let total = keys.values().map(|k| k.bytes).sum();
+        let writer = Writer {
             dir: dir.to_path_buf(),
-            open: HashMap::new(),
-            sizes,
-            total: 0,
+            keys,
+            total,
+            pending_total: 0,
             total_cap: config.state_total_bytes,
             retention,
             sync: config.state_sync,
             shared: shared.clone(),
-            abandoned: HashSet::new(),
             dirty_since: None,
-            buf: Vec::with_capacity(64 * 1024),
+            _lock: lock,
         };
-        writer.total = writer.sizes.values().map(|s| s.0).sum();
         std::thread::Builder::new()
             .name("state-writer".into())
             .spawn(move || writer.run(rx))
-            .context("cannot start the state writer thread")?;
+            .map_err(io_err(dir))?;
+        let seal = seal::Sealer::for_state(&config.data_dir, dir);
         Ok((
             Arc::new(StateStore {
                 dir: dir.to_path_buf(),
                 tx,
                 shared,
+                gens: AtomicU64::new(1),
+                seal,
             }),
             recovered,
         ))
@@ -202,6 +301,11 @@ impl StateStore {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The sealer of secrets (`None` when no key can be kept outside the state dir).
+    pub fn sealer(&self) -> Option<&seal::Sealer> {
+        self.seal.as_ref()
     }
 
     /// False once the store went memory-only (a full disk, the total cap, a write error).
@@ -223,136 +327,244 @@ impl StateStore {
         crate::sys::lock(&self.shared.problem).clone()
     }
 
-    fn send(&self, key: &Arc<str>, op: Op) -> bool {
+    fn send(&self, op: Op) -> bool {
         if !self.is_durable() {
             return false;
         }
-        match self.tx.try_send(op) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) => {
-                self.abandon(
-                    key,
-                    "the state writer's queue is full (the disk is too slow)",
-                );
-                false
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                self.shared
-                    .degrade("the state writer thread is gone".to_string());
-                false
-            }
+        if self.tx.send(op).is_err() {
+            self.shared.degrade(&self.dir, &StateError::WriterGone);
+            return false;
         }
+        true
     }
 
-    /// `key` stops being durable: its files are removed (a log with a hole would replay as if
-    /// complete), and it is kept in memory only.
-    fn abandon(&self, key: &Arc<str>, why: &str) {
-        let first = crate::sys::lock(&self.shared.abandoned).insert(key.clone());
-        self.shared.abandon_pending.store(true, Ordering::Release);
-        if first {
-            tracing::warn!(key = %key, problem = why,
-                "no longer written to the state dir: kept in memory only");
-            *crate::sys::lock(&self.shared.problem) = Some(format!("{key}: {why}"));
-        }
-    }
-
-    /// True when `key` was abandoned (its queue overflowed).
-    fn is_abandoned(&self, key: &Arc<str>) -> bool {
-        self.shared.abandon_pending.load(Ordering::Acquire)
-            && crate::sys::lock(&self.shared.abandoned).contains(key)
-    }
-
-    pub(crate) fn meta(&self, key: &Arc<str>, json: Vec<u8>) {
-        if !self.is_abandoned(key) {
-            self.send(
-                key,
-                Op::Meta {
-                    key: key.clone(),
-                    json,
-                },
-            );
-        }
-    }
-
-    /// Never blocks (see the module doc).
-    pub(crate) fn append(&self, key: &Arc<str>, id: u64, payload: Bytes) -> bool {
-        self.send(
+    /// The durable handle of entry `sub/name`. `fresh`: a new entry (whatever an older one of
+    /// the same name left is replaced); otherwise one recovered at start, whose files go on.
+    pub fn entry(self: &Arc<Self>, sub: &str, name: &str, fresh: bool) -> Durable {
+        let key: Arc<str> = format!("{sub}/{name}").into();
+        let generation = self.gens.fetch_add(1, Ordering::Relaxed);
+        let mark = Arc::new(Mark::default());
+        self.send(Op::Open {
+            key: key.clone(),
+            generation,
+            mark: mark.clone(),
+            fresh,
+        });
+        Durable {
+            store: self.clone(),
             key,
-            Op::Append {
-                key: key.clone(),
-                id,
-                payload,
-            },
-        )
+            generation,
+            forgotten: Mutex::new(false),
+            off: AtomicBool::new(false),
+            mark,
+            sent: AtomicU64::new(0),
+        }
     }
 
-    pub(crate) fn remove(&self, key: &Arc<str>) {
-        // Removal must not be lost to a full queue: it waits for room on the blocking pool
-        // when it has to (rare: only DELETEs do this).
-        match self.tx.try_send(Op::Remove { key: key.clone() }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(op)) => {
-                let tx = self.tx.clone();
-                tokio::task::spawn_blocking(move || {
-                    let _ = tx.send(op);
-                });
-            }
-            Err(TrySendError::Disconnected(_)) => {}
-        }
+    /// Moves an entry its service could not read aside (into `quarantine/`), never deleting it.
+    pub fn quarantine(&self, sub: &str, name: &str) {
+        self.send(Op::Quarantine {
+            key: format!("{sub}/{name}").into(),
+        });
     }
 
     /// Waits (blocking) until everything queued so far is written and synced, or `timeout`.
     pub fn flush_blocking(&self, timeout: Duration) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
-        let deadline = Instant::now() + timeout;
-        let mut op = Op::Barrier(tx);
-        loop {
-            match self.tx.try_send(op) {
-                Ok(()) => break,
-                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
-                    op = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(_) => return false,
-            }
+        if self.tx.send(Op::Barrier(tx)).is_err() {
+            return false;
         }
-        rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .is_ok()
+        rx.recv_timeout(timeout).is_ok()
     }
 }
 
-fn read_entry(path: &Path) -> anyhow::Result<(serde_json::Value, log::LogRead)> {
-    let meta = std::fs::read(path.join(META))?;
-    let meta: serde_json::Value = serde_json::from_slice(&meta)?;
-    let log = log::read_and_repair(&path.join(LOG))?;
+/// Moves an entry that does not read back aside at open (reported, never deleted).
+fn set_aside(dir: &Path, key: &str, why: &str) {
+    match dir::quarantine(dir, key) {
+        Ok(to) => tracing::warn!(key, problem = why, moved_to = %to.display(),
+            "moved an unreadable state entry aside"),
+        Err(e) => tracing::warn!(key, problem = why, error = %e,
+            "skipped an unreadable state entry (it could not be moved aside)"),
+    }
+}
+
+fn read_entry(
+    path: &Path,
+    keep: log::Keep,
+) -> Result<(serde_json::Value, log::LogRead), StateError> {
+    let meta_path = path.join(META);
+    let mut meta = Vec::new();
+    dir::open_existing(&meta_path)
+        .and_then(|mut f| f.read_to_end(&mut meta))
+        .map_err(io_err(&meta_path))?;
+    let meta: serde_json::Value =
+        serde_json::from_slice(&meta).map_err(|e| io_err(&meta_path)(e.into()))?;
+    let log_path = path.join(LOG);
+    let log = log::read_and_repair(&log_path, keep).map_err(io_err(&log_path))?;
     Ok((meta, log))
 }
 
-struct OpenLog {
-    file: File,
+/// One entry's durable handle: its meta, its log, and its forgetting. **Invariant:** after
+/// `forget` nothing more of it reaches the disk (the writer drops what this handle still sends,
+/// by its generation), so a deleted entry never comes back after a restart.
+pub struct Durable {
+    store: Arc<StateStore>,
+    key: Arc<str>,
+    generation: u64,
+    /// The gate: meta writes and the forgetting take it, so a meta is never sent after the
+    /// removal.
+    forgotten: Mutex<bool>,
+    /// Appends stop (forgotten, or the store is off).
+    off: AtomicBool,
+    mark: Arc<Mark>,
+    /// The id of the last record sent.
+    sent: AtomicU64,
+}
+
+impl Durable {
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+
+    /// Replaces the entry's meta (never blocks).
+    pub fn meta(&self, json: Vec<u8>) {
+        let gone = crate::sys::lock(&self.forgotten);
+        if !*gone {
+            self.store.send(Op::Meta {
+                key: self.key.clone(),
+                generation: self.generation,
+                json,
+            });
+        }
+    }
+
+    /// Appends one record (never blocks); false once the entry is not written any more.
+    pub fn append(&self, id: u64, payload: Bytes) -> bool {
+        if self.off.load(Ordering::Acquire) {
+            return false;
+        }
+        self.sent.store(id, Ordering::Release);
+        let ok = self.store.send(Op::Append {
+            key: self.key.clone(),
+            generation: self.generation,
+            id,
+            payload,
+        });
+        if !ok {
+            self.off.store(true, Ordering::Release);
+        }
+        ok
+    }
+
+    /// The id of the last record sent (0 for none).
+    pub fn last_sent(&self) -> u64 {
+        self.sent.load(Ordering::Acquire)
+    }
+
+    /// The id of the last record written (0 for none in this run).
+    pub fn last_written(&self) -> u64 {
+        self.mark.written.load(Ordering::Acquire)
+    }
+
+    /// Waits until every record sent so far is written (or the entry or the store stopped being
+    /// written). What a producer awaits before it reads more from its child.
+    pub async fn written(&self) {
+        let want = self.last_sent();
+        loop {
+            let notified = self.mark.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.mark.written.load(Ordering::Acquire) >= want
+                || self.off.load(Ordering::Acquire)
+                || !self.store.is_durable()
+            {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The entry is gone for good (a client's DELETE): its files are removed, and nothing this
+    /// handle sends afterwards is written.
+    pub fn forget(&self) {
+        let mut gone = crate::sys::lock(&self.forgotten);
+        if std::mem::replace(&mut *gone, true) {
+            return;
+        }
+        self.off.store(true, Ordering::Release);
+        self.store.send(Op::Remove {
+            key: self.key.clone(),
+            generation: self.generation,
+        });
+        self.mark.notify.notify_waiters();
+    }
+
+    pub fn is_forgotten(&self) -> bool {
+        *crate::sys::lock(&self.forgotten)
+    }
+}
+
+/// Lets every producer waiting on `mark` go: its entry is not written any more.
+fn release(mark: &Arc<Mark>) {
+    mark.written.store(u64::MAX, Ordering::Release);
+    mark.notify.notify_waiters();
+}
+
+/// The writer's view of one entry.
+struct KeyState {
+    /// The generation whose ops are applied (0: recovered, not yet taken by a service).
+    generation: u64,
+    mark: Option<Arc<Mark>>,
+    file: Option<File>,
+    /// The log holds only stale records (a fresh entry of an old name): cut it at first use.
+    truncate: bool,
     bytes: u64,
     records: u64,
     dirty: bool,
+    pending: Vec<u8>,
+    pending_n: u64,
+    pending_last: u64,
+    /// Written since the marks were last told.
+    unannounced: Option<u64>,
+}
+
+impl KeyState {
+    fn on_disk(bytes: u64, records: u64) -> Self {
+        KeyState {
+            generation: 0,
+            mark: None,
+            file: None,
+            truncate: false,
+            bytes,
+            records,
+            dirty: false,
+            pending: Vec::new(),
+            pending_n: 0,
+            pending_last: 0,
+            unannounced: None,
+        }
+    }
 }
 
 struct Writer {
     dir: PathBuf,
-    open: HashMap<Arc<str>, OpenLog>,
-    /// (bytes, records) of each key's log on disk, also for logs not open.
-    sizes: HashMap<Arc<str>, (u64, u64)>,
+    keys: HashMap<Arc<str>, KeyState>,
+    /// Bytes of every log on disk.
     total: u64,
+    /// Bytes gathered but not yet written.
+    pending_total: u64,
     total_cap: u64,
     retention: Retention,
     sync: StateSync,
     shared: Arc<Shared>,
-    abandoned: HashSet<Arc<str>>,
     dirty_since: Option<Instant>,
-    buf: Vec<u8>,
+    /// Held for the writer's life: released once the last record is written.
+    _lock: dir::Lock,
 }
 
 impl Writer {
     fn run(mut self, rx: Receiver<Op>) {
-        let mut batch = Vec::with_capacity(1024);
+        let mut batch = Vec::with_capacity(4096);
         loop {
             let wait = match (self.sync, self.dirty_since) {
                 (StateSync::Batch(d), Some(t)) => d.saturating_sub(t.elapsed()),
@@ -362,18 +574,18 @@ impl Writer {
                 Ok(op) => batch.push(op),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
+                    self.flush_pending();
                     self.sync_all();
+                    self.announce();
                     return;
                 }
             }
-            while batch.len() < 1024 {
+            // Group commit: everything that arrived meanwhile goes out together.
+            while batch.len() < 65536 {
                 match rx.try_recv() {
                     Ok(op) => batch.push(op),
                     Err(_) => break,
                 }
-            }
-            if self.shared.abandon_pending.load(Ordering::Acquire) {
-                self.take_abandoned();
             }
             let mut barriers = Vec::new();
             for op in batch.drain(..) {
@@ -381,12 +593,13 @@ impl Writer {
                     Op::Barrier(tx) => barriers.push(tx),
                     op if self.shared.durable.load(Ordering::Acquire) => {
                         if let Err(e) = self.apply(op) {
-                            self.shared.degrade(e);
+                            self.fail(&e);
                         }
                     }
                     _ => {}
                 }
             }
+            self.flush_pending();
             let due = match self.sync {
                 StateSync::Every => true,
                 StateSync::Batch(d) => self.dirty_since.is_some_and(|t| t.elapsed() >= d),
@@ -395,108 +608,194 @@ impl Writer {
             if due || !barriers.is_empty() {
                 self.sync_all();
             }
+            self.announce();
             for b in barriers {
                 let _ = b.send(());
             }
         }
     }
 
-    fn take_abandoned(&mut self) {
-        let keys: Vec<Arc<str>> = crate::sys::lock(&self.shared.abandoned)
-            .iter()
-            .cloned()
-            .collect();
-        for k in keys {
-            if self.abandoned.insert(k.clone()) {
-                self.drop_key(&k);
+    fn fail(&mut self, e: &StateError) {
+        self.shared.degrade(&self.dir, e);
+        for k in self.keys.values_mut() {
+            k.pending.clear();
+            k.pending_n = 0;
+            if let Some(m) = &k.mark {
+                m.notify.notify_waiters();
+            }
+        }
+        self.pending_total = 0;
+    }
+
+    /// Tells every waiting producer how far its entry is written.
+    fn announce(&mut self) {
+        for k in self.keys.values_mut() {
+            if let (Some(upto), Some(m)) = (k.unannounced.take(), &k.mark) {
+                m.written.fetch_max(upto, Ordering::AcqRel);
+                m.notify.notify_waiters();
             }
         }
     }
 
-    fn drop_key(&mut self, key: &Arc<str>) {
-        self.open.remove(key);
-        if let Some((b, _)) = self.sizes.remove(key) {
-            self.total = self.total.saturating_sub(b);
+    fn flush_pending(&mut self) {
+        let pending: Vec<Arc<str>> = self
+            .keys
+            .iter()
+            .filter(|(_, k)| !k.pending.is_empty())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in pending {
+            if !self.shared.durable.load(Ordering::Acquire) {
+                return;
+            }
+            if let Err(e) = self.flush_key(&key) {
+                self.fail(&e);
+            }
         }
-        let _ = std::fs::remove_dir_all(self.dir.join(&**key));
     }
 
-    fn apply(&mut self, op: Op) -> Result<(), String> {
-        let key = match &op {
-            Op::Meta { key, .. } | Op::Append { key, .. } | Op::Remove { key } => key.clone(),
-            Op::Barrier(_) => return Ok(()),
+    /// Writes `key`'s gathered records in one `write`, then compacts the log if it outgrew its
+    /// window.
+    fn flush_key(&mut self, key: &Arc<str>) -> Result<(), StateError> {
+        let dir = self.dir.join(&**key);
+        let Some(k) = self.keys.get_mut(key) else {
+            return Ok(());
         };
-        if self.abandoned.contains(&key) {
+        if k.pending.is_empty() {
             return Ok(());
         }
-        let dir = self.dir.join(&*key);
+        let path = dir.join(LOG);
+        if k.file.is_none() {
+            dir::make_dir(&dir)?;
+            if std::mem::take(&mut k.truncate) {
+                dir::create_file(&path)?;
+                self.total = self.total.saturating_sub(k.bytes);
+                k.bytes = 0;
+                k.records = 0;
+            }
+            k.file = Some(dir::open_append(&path)?);
+        }
+        let f = k.file.as_mut().expect("opened above");
+        let len = k.pending.len() as u64;
+        self.pending_total = self.pending_total.saturating_sub(len);
+        if let Err(e) = f.write_all(&k.pending) {
+            // Leave no half record behind for the next start to cut.
+            let _ = f.set_len(k.bytes);
+            k.pending.clear();
+            return Err(io_err(&path)(e));
+        }
+        k.pending.clear();
+        k.bytes += len;
+        k.records += std::mem::take(&mut k.pending_n);
+        k.dirty = true;
+        k.unannounced = Some(k.pending_last);
+        self.total += len;
+        self.dirty_since.get_or_insert_with(Instant::now);
+        let r = self.retention;
+        if k.bytes > r.max_file || k.records > 2 * r.events as u64 {
+            self.compact(key)?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, op: Op) -> Result<(), StateError> {
         match op {
-            Op::Meta { json, .. } => {
-                std::fs::create_dir_all(&dir).map_err(|e| io_problem(&dir, &e))?;
+            Op::Open {
+                key,
+                generation,
+                mark,
+                fresh,
+            } => {
+                let k = self
+                    .keys
+                    .entry(key)
+                    .or_insert_with(|| KeyState::on_disk(0, 0));
+                k.generation = generation;
+                // A handle this one supersedes is written no more: its waiter must not hang.
+                if let Some(old) = k.mark.replace(mark) {
+                    release(&old);
+                }
+                k.file = None;
+                k.pending.clear();
+                k.pending_n = 0;
+                // A fresh entry replaces whatever a forgotten one of the same name left.
+                k.truncate = fresh;
+            }
+            Op::Meta {
+                key,
+                generation,
+                json,
+            } => {
+                if self
+                    .keys
+                    .get(&key)
+                    .is_none_or(|k| k.generation != generation)
+                {
+                    return Ok(());
+                }
+                let dir = self.dir.join(&*key);
+                dir::make_dir(&dir)?;
                 let tmp = dir.join("meta.json.tmp");
-                let mut f = File::create(&tmp).map_err(|e| io_problem(&tmp, &e))?;
-                f.write_all(&json).map_err(|e| io_problem(&tmp, &e))?;
+                let mut f = dir::create_file(&tmp)?;
+                f.write_all(&json).map_err(io_err(&tmp))?;
                 if self.sync != StateSync::Os {
-                    f.sync_data().map_err(|e| io_problem(&tmp, &e))?;
+                    f.sync_data().map_err(io_err(&tmp))?;
                 }
-                std::fs::rename(&tmp, dir.join(META)).map_err(|e| io_problem(&tmp, &e))?;
+                std::fs::rename(&tmp, dir.join(META)).map_err(io_err(&tmp))?;
             }
-            Op::Append { id, payload, .. } => {
+            Op::Append {
+                key,
+                generation,
+                id,
+                payload,
+            } => {
                 let need = (log::HEADER + payload.len()) as u64;
-                if self.total + need > self.total_cap {
-                    return Err(format!(
-                        "the state dir holds --state-total-bytes ({} bytes)",
-                        self.total_cap
-                    ));
+                if self.total + self.pending_total + need > self.total_cap {
+                    return Err(StateError::TotalCap {
+                        cap: self.total_cap,
+                    });
                 }
-                if !self.open.contains_key(&key) {
-                    std::fs::create_dir_all(&dir).map_err(|e| io_problem(&dir, &e))?;
-                    let path = dir.join(LOG);
-                    let file = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                        .map_err(|e| io_problem(&path, &e))?;
-                    let (bytes, records) = self.sizes.get(&key).copied().unwrap_or((0, 0));
-                    self.open.insert(
-                        key.clone(),
-                        OpenLog {
-                            file,
-                            bytes,
-                            records,
-                            dirty: false,
-                        },
-                    );
-                }
-                self.buf.clear();
-                log::encode(&mut self.buf, id, &payload);
-                let o = self.open.get_mut(&key).expect("opened above");
-                if let Err(e) = o.file.write_all(&self.buf) {
-                    // Leave no half record behind for the next start to cut.
-                    let _ = o.file.set_len(o.bytes);
-                    return Err(io_problem(&dir.join(LOG), &e));
-                }
-                o.bytes += need;
-                o.records += 1;
-                o.dirty = true;
-                self.total += need;
-                self.sizes.insert(key.clone(), (o.bytes, o.records));
-                self.dirty_since.get_or_insert_with(Instant::now);
-                let r = self.retention;
-                if o.bytes > r.max_file || o.records > 2 * r.events as u64 {
-                    self.compact(&key)?;
+                let Some(k) = self
+                    .keys
+                    .get_mut(&key)
+                    .filter(|k| k.generation == generation)
+                else {
+                    return Ok(());
+                };
+                log::encode(&mut k.pending, id, &payload);
+                k.pending_n += 1;
+                k.pending_last = id;
+                self.pending_total += need;
+                if k.pending.len() >= WRITE_CHUNK {
+                    self.flush_key(&key)?;
                 }
             }
-            Op::Remove { .. } => {
-                self.open.remove(&key);
-                if let Some((b, _)) = self.sizes.remove(&key) {
-                    self.total = self.total.saturating_sub(b);
+            Op::Remove { key, generation } => {
+                if self
+                    .keys
+                    .get(&key)
+                    .is_none_or(|k| k.generation != generation)
+                {
+                    return Ok(());
                 }
+                if let Some(k) = self.keys.remove(&key) {
+                    self.total = self.total.saturating_sub(k.bytes);
+                    self.pending_total = self.pending_total.saturating_sub(k.pending.len() as u64);
+                    k.mark.iter().for_each(release);
+                }
+                let dir = self.dir.join(&*key);
                 match std::fs::remove_dir_all(&dir) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_problem(&dir, &e)),
+                    Err(e) => return Err(io_err(&dir)(e)),
                 }
+            }
+            Op::Quarantine { key } => {
+                if let Some(k) = self.keys.remove(&key) {
+                    self.total = self.total.saturating_sub(k.bytes);
+                    k.mark.iter().for_each(release);
+                }
+                set_aside(&self.dir, &key, "its service could not read it");
             }
             Op::Barrier(_) => {}
         }
@@ -504,59 +803,62 @@ impl Writer {
     }
 
     /// Rewrites `key`'s log with the newest records within the retention (the newest always).
-    fn compact(&mut self, key: &Arc<str>) -> Result<(), String> {
+    fn compact(&mut self, key: &Arc<str>) -> Result<(), StateError> {
         let path = self.dir.join(&**key).join(LOG);
-        self.open.remove(key);
-        let read = log::read_and_repair(&path).map_err(|e| io_problem(&path, &e))?;
-        let r = self.retention;
-        let mut kept = 0usize;
-        let mut bytes = 0u64;
-        let mut start = read.records.len();
-        for (i, (_, p)) in read.records.iter().enumerate().rev() {
-            let size = p.len() as u64;
-            if kept > 0 && (kept >= r.events || bytes + size > r.bytes) {
-                break;
-            }
-            kept += 1;
-            bytes += size;
-            start = i;
-        }
-        let new_len =
-            log::rewrite(&path, &read.records[start..]).map_err(|e| io_problem(&path, &e))?;
-        let old = self.sizes.get(key).map_or(0, |s| s.0);
-        self.total = self.total.saturating_sub(old) + new_len;
-        self.sizes.insert(key.clone(), (new_len, kept as u64));
+        let Some(k) = self.keys.get_mut(key) else {
+            return Ok(());
+        };
+        k.file = None;
+        let read = log::read_and_repair(&path, self.retention.keep()).map_err(io_err(&path))?;
+        let new_len = log::rewrite(&path, &read.records).map_err(io_err(&path))?;
+        self.total = self.total.saturating_sub(k.bytes) + new_len;
+        k.bytes = new_len;
+        k.records = read.records.len() as u64;
+        k.dirty = false;
         Ok(())
     }
 
     fn sync_all(&mut self) {
         let mut failed = None;
-        for (k, o) in self.open.iter_mut() {
-            if o.dirty {
-                o.dirty = false;
-                if let Err(e) = o.file.sync_data() {
-                    failed = Some(io_problem(&self.dir.join(&**k), &e));
+        for (key, k) in self.keys.iter_mut() {
+            if k.dirty {
+                k.dirty = false;
+                if let Some(f) = &k.file
+                    && let Err(e) = f.sync_data()
+                {
+                    failed = Some(io_err(&self.dir.join(&**key))(e));
                 }
             }
         }
         self.dirty_since = None;
         if let Some(f) = failed {
-            self.shared.degrade(f);
+            self.fail(&f);
         }
     }
 }
 
-fn io_problem(path: &Path, e: &std::io::Error) -> String {
-    format!("{}: {e}", path.display())
+impl Drop for Writer {
+    /// Even a writer that panicked leaves no producer waiting.
+    fn drop(&mut self) {
+        self.shared.durable.store(false, Ordering::Release);
+        for k in self.keys.values() {
+            if let Some(m) = &k.mark {
+                m.notify.notify_waiters();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn config(dir: &Path, events: usize, max_bytes: u64, total: u64) -> Config {
         let mut c = Config::defaults();
         c.state_dir = Some(dir.to_path_buf());
+        c.data_dir = dir.parent().unwrap().join("data");
+        std::fs::create_dir_all(&c.data_dir).unwrap();
         c.state_sync = StateSync::Every;
         c.event_buffer = events;
         c.state_max_bytes = max_bytes;
@@ -564,116 +866,195 @@ mod tests {
         c
     }
 
-    fn meta(store: &StateStore, key: &Arc<str>) {
-        let m = acp::AcpMeta {
-            agent: "mock".into(),
-            ..Default::default()
-        };
-        store.meta(key, serde_json::to_vec(&m).unwrap());
+    fn open(c: &Config, dir: &Path) -> (Arc<StateStore>, Recovered) {
+        StateStore::open(c, dir).unwrap()
+    }
+
+    /// Drops the store and waits for its writer to end (which releases the lock).
+    fn close(store: Arc<StateStore>) {
+        let dir = store.dir().to_path_buf();
+        drop(store);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::File::open(dir.join(dir::LOCK)).is_ok_and(|f| {
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
+        }) {
+            assert!(Instant::now() < deadline, "the writer did not end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// A log is compacted to the retained window (the newest events) once it outgrows twice
-    /// that, so the disk holds what memory would, and the restart numbers on past every id.
+    /// that, and the start reads back only that window.
     #[test]
-    fn compaction_keeps_the_newest_window_and_recovery_skips_ahead() {
+    fn compaction_keeps_the_newest_window() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("state");
         let c = config(&dir, 10, 1 << 20, 1 << 30);
-        let (store, rec) = StateStore::open(&c, &dir).unwrap();
+        let (store, rec) = open(&c, &dir);
         assert!(rec.acp.is_empty());
-        let key: Arc<str> = "acp/s1".into();
-        meta(&store, &key);
+        let d = store.entry("acp", "s1", true);
+        d.meta(b"{\"agent\":\"mock\"}".to_vec());
         for id in 1..=105u64 {
-            assert!(store.append(&key, id, Bytes::from(format!("{{\"n\":{id}}}"))));
+            assert!(d.append(id, Bytes::from(format!("{{\"n\":{id}}}"))));
         }
         assert!(store.flush_blocking(Duration::from_secs(10)));
-        let on_disk = log::read_and_repair(&dir.join("acp/s1/events.log")).unwrap();
+        let on_disk = log::read_and_repair(&dir.join("acp/s1/events.log"), log::Keep::ALL).unwrap();
         assert!(on_disk.records.len() <= 20, "{}", on_disk.records.len());
         assert_eq!(on_disk.records.last().unwrap().0, 105);
-        drop(store);
-        let (_store, rec) = StateStore::open(&c, &dir).unwrap();
+        drop(d);
+        close(store);
+        let (_store, rec) = open(&c, &dir);
         let r = &rec.acp[0];
-        assert_eq!(r.server_id, "s1");
-        assert_eq!(r.meta.agent, "mock");
-        assert_eq!(r.events.last().unwrap().0, 105);
-        assert_eq!(r.next_id, 105 + RESTART_ID_SKIP + 1);
+        assert_eq!(r.name, "s1");
+        assert_eq!(r.meta["agent"], "mock");
+        assert_eq!(r.last_id, 105);
+        assert!(r.records.len() <= 10);
+        assert!(!r.incomplete);
     }
 
-    /// Over `--state-total-bytes` the store turns memory-only and says why; nothing more is
-    /// written.
+    /// Over `--state-total-bytes` the store turns memory-only, says why, and removes the
+    /// durable flag: the next start knows records were lost.
     #[test]
     fn the_total_cap_turns_the_store_memory_only() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("state");
         let c = config(&dir, 4096, 1 << 20, 4096);
-        let (store, _) = StateStore::open(&c, &dir).unwrap();
-        let key: Arc<str> = "acp/big".into();
-        meta(&store, &key);
+        let (store, _) = open(&c, &dir);
+        let d = store.entry("acp", "big", true);
+        d.meta(b"{}".to_vec());
         let line = Bytes::from(vec![b'x'; 1000]);
         for id in 1..=10u64 {
-            store.append(&key, id, line.clone());
+            d.append(id, line.clone());
         }
         store.flush_blocking(Duration::from_secs(10));
         assert!(!store.is_durable());
         assert!(store.problem().unwrap().contains("--state-total-bytes"));
-        let size = std::fs::metadata(dir.join("acp/big/events.log"))
-            .unwrap()
-            .len();
+        let size = std::fs::metadata(dir.join("acp/big/events.log")).map_or(0, |m| m.len());
         assert!(size <= 4096, "{size}");
-        assert!(!store.append(&key, 11, line));
+        assert!(!d.append(11, line));
+        assert!(!dir.join(dir::DURABLE).exists());
+        drop(d);
+        close(store);
+        let (_s, rec) = open(&c, &dir);
+        assert!(rec.acp[0].incomplete);
     }
 
-    /// A key whose queue overflowed is abandoned: its files are removed, later entries are
-    /// ignored, the reason is reported, and the rest of the store stays durable.
+    /// After `forget` nothing of the entry reaches the disk, even what its handle sends later;
+    /// a fresh entry of the same name starts a new log.
     #[test]
-    fn an_abandoned_key_is_removed_and_ignored() {
+    fn a_forgotten_entry_stays_gone() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("state");
         let c = config(&dir, 100, 1 << 20, 1 << 30);
-        let (store, _) = StateStore::open(&c, &dir).unwrap();
-        let (slow, other): (Arc<str>, Arc<str>) = ("acp/slow".into(), "acp/other".into());
-        meta(&store, &slow);
-        meta(&store, &other);
-        store.append(&slow, 1, Bytes::from_static(b"{}"));
-        store.flush_blocking(Duration::from_secs(10));
-        assert!(dir.join("acp/slow/events.log").exists());
-        store.abandon(
-            &slow,
-            "the state writer's queue is full (the disk is too slow)",
-        );
-        store.append(&slow, 2, Bytes::from_static(b"{}"));
-        store.meta(&slow, b"{}".to_vec());
-        store.append(&other, 1, Bytes::from_static(b"{}"));
-        store.flush_blocking(Duration::from_secs(10));
-        assert!(!dir.join("acp/slow").exists());
-        assert!(dir.join("acp/other/events.log").exists());
-        assert!(store.is_durable());
-        assert!(store.problem().unwrap().starts_with("acp/slow: "));
-    }
-
-    /// A removed key's files are gone, and unreadable entries are dropped at open.
-    #[test]
-    fn remove_and_unreadable_entries() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("state");
-        let c = config(&dir, 100, 1 << 20, 1 << 30);
-        let (store, _) = StateStore::open(&c, &dir).unwrap();
-        let key: Arc<str> = "acp/gone".into();
-        meta(&store, &key);
-        store.append(&key, 1, Bytes::from_static(b"{}"));
+        let (store, _) = open(&c, &dir);
+        let d = store.entry("acp", "gone", true);
+        d.meta(b"{}".to_vec());
+        d.append(1, Bytes::from_static(b"{}"));
         store.flush_blocking(Duration::from_secs(10));
         assert!(dir.join("acp/gone/events.log").exists());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async { store.remove(&key) });
+        d.forget();
+        d.meta(b"{\"late\":true}".to_vec());
+        d.append(2, Bytes::from_static(b"{}"));
         store.flush_blocking(Duration::from_secs(10));
         assert!(!dir.join("acp/gone").exists());
+        let again = store.entry("acp", "gone", true);
+        again.meta(b"{}".to_vec());
+        again.append(1, Bytes::from_static(b"{\"new\":1}"));
+        store.flush_blocking(Duration::from_secs(10));
+        let r = log::read_and_repair(&dir.join("acp/gone/events.log"), log::Keep::ALL).unwrap();
+        assert_eq!(r.records.len(), 1);
+        assert_eq!(&r.records[0].1[..], b"{\"new\":1}");
+    }
+
+    /// A producer's wait returns once its records are written: the marks follow the writer.
+    #[test]
+    fn written_waits_for_the_writer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 100_000, 1 << 30, 1 << 30);
+        let (store, _) = open(&c, &dir);
+        let d = store.entry("acp", "w", true);
+        d.meta(b"{}".to_vec());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for id in 1..=20_000u64 {
+            d.append(id, Bytes::from_static(b"{\"x\":1}"));
+        }
+        rt.block_on(d.written());
+        assert_eq!(d.last_written(), 20_000);
+        let r = log::read_and_repair(&dir.join("acp/w/events.log"), log::Keep::ALL).unwrap();
+        assert_eq!(r.count, 20_000);
+    }
+
+    /// Files 0600, directories 0700 whatever the umask; unreadable entries and symlinks are
+    /// moved aside, never deleted or followed.
+    #[test]
+    fn permissions_quarantine_and_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 100, 1 << 20, 1 << 30);
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let (store, _) = open(&c, &dir);
+        let d = store.entry("acp", "p", true);
+        d.meta(b"{}".to_vec());
+        d.append(1, Bytes::from_static(b"{}"));
+        store.flush_blocking(Duration::from_secs(10));
+        nix::sys::stat::umask(old);
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("acp")), 0o700);
+        assert_eq!(mode(&dir.join("acp/p")), 0o700);
+        assert_eq!(mode(&dir.join("acp/p/meta.json")), 0o600);
+        assert_eq!(mode(&dir.join("acp/p/events.log")), 0o600);
+        assert_eq!(mode(&dir.join(dir::LOCK)), 0o600);
+        drop(d);
+        close(store);
+        // An unreadable entry and a symlink to a tree outside.
         std::fs::create_dir_all(dir.join("acp/bad")).unwrap();
         std::fs::write(dir.join("acp/bad/meta.json"), b"not json").unwrap();
-        drop(store);
-        let (_s, rec) = StateStore::open(&c, &dir).unwrap();
-        assert!(rec.acp.is_empty());
-        assert!(!dir.join("acp/bad").exists());
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep.txt"), b"mine").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("acp/link")).unwrap();
+        let (_s, rec) = open(&c, &dir);
+        assert_eq!(rec.acp.len(), 1);
+        assert!(!dir.join("acp/bad").exists() && !dir.join("acp/link").exists());
+        let moved: Vec<String> = std::fs::read_dir(dir.join(dir::QUARANTINE))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(moved.len(), 2, "{moved:?}");
+        assert_eq!(std::fs::read(outside.join("keep.txt")).unwrap(), b"mine");
+    }
+
+    /// A second store on the same dir is refused while the first holds it; a dir that is not
+    /// a state dir is refused before anything is written into it.
+    #[test]
+    fn one_dir_one_daemon_and_only_our_own_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let c = config(&dir, 100, 1 << 20, 1 << 30);
+        let (store, _) = open(&c, &dir);
+        let second = StateStore::open(&c, &dir).err().expect("refused");
+        assert!(matches!(second, StateError::Locked { .. }), "{second}");
+        assert!(second.to_string().contains(&std::process::id().to_string()));
+        close(store);
+        assert!(StateStore::open(&c, &dir).is_ok());
+
+        let project = tmp.path().join("project");
+        std::fs::create_dir_all(project.join("processes/billing/src")).unwrap();
+        std::fs::write(project.join("processes/billing/src/main.py"), b"print(1)").unwrap();
+        let e = StateStore::open(&c, &project).err().expect("refused");
+        assert!(matches!(e, StateError::NotOurs { .. }), "{e}");
+        assert!(project.join("processes/billing/src/main.py").exists());
+        assert!(!project.join(dir::LOCK).exists() && !project.join(dir::MARKER).exists());
+
+        let linked = tmp.path().join("linked");
+        std::fs::create_dir_all(&linked).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("project"), linked.join("acp")).unwrap();
+        let e = StateStore::open(&c, &linked).err().expect("refused");
+        assert!(matches!(e, StateError::NotOurs { .. }), "{e}");
     }
 }

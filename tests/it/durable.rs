@@ -364,12 +364,18 @@ async fn a_log_cut_at_a_random_byte_is_recovered_up_to_the_cut() {
     let ids: Vec<u64> = evs.iter().filter_map(|e| e.id).collect();
     assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
     assert!((ids.len() as u64) < last, "cut at {cut} of {}", bytes.len());
-    assert!(
-        kept > last,
-        "numbering continues beyond every id issued before"
-    );
+    // Listed: the last event that exists, not an id the restart skipped.
+    assert_eq!(kept, *ids.last().unwrap(), "lastEventId is a real event");
     assert!(b.stderr().contains("cut a corrupt or truncated tail"));
     assert!(std::fs::metadata(&log).unwrap().len() < cut as u64 + 1);
+    // New events are numbered past every id issued before the restart.
+    let (s, body) = post(&b, "/v1/acp/cut", &prompt(json!(9), &session, "after")).await;
+    assert_eq!(s, 200, "{body}");
+    let now = server(&b, "cut").await["lastEventId"].as_u64().unwrap();
+    assert!(
+        now > last,
+        "numbering continues beyond every id issued before"
+    );
 }
 
 /// An agent that cannot load sessions: a POST naming an old session gets a 409 that says which
@@ -634,4 +640,620 @@ async fn state_flags_empty_dir_is_off_and_a_bad_policy_is_refused() {
         err.contains("--state-sync") && err.contains("sometimes"),
         "{err}"
     );
+}
+
+/// Runs `sandbox-agent server` with `args` outside the harness: its exit code (`None` if it
+/// still ran after 10 s, then it is killed) and its stderr.
+fn run_server(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .arg("server")
+        .args(["--port", "0"])
+        .args(args)
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + SECS10;
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (code, err)
+}
+
+/// The state dir is one daemon's: a second daemon on it refuses to start (75, naming the
+/// holder); a dir that is not a state dir (a project tree, a symlinked `acp/`) is refused (78)
+/// and left exactly as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_state_dir_one_daemon_and_nothing_that_is_not_ours() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let data = tmp.path().join("data2");
+    let data_s = data.display().to_string();
+    let mut a = Daemon::builder().args(state_args(&state)).start();
+    start_session(&a, "held", "mock").await;
+    let (code, err) = run_server(&[
+        "--data-dir",
+        &data_s,
+        "--state-dir",
+        &state.display().to_string(),
+    ]);
+    assert_eq!(code, Some(75), "{err}");
+    assert!(err.contains("in use by another sandbox-agent"), "{err}");
+    assert!(err.contains(&format!("pid {}", a.pid())), "{err}");
+    // The first one was not disturbed.
+    assert_eq!(server(&a, "held").await["status"], "running");
+    assert_eq!(a.stop(SECS10), 0);
+
+    // A project tree: refused, nothing in it touched, nothing added.
+    let project = tmp.path().join("project");
+    let src = project.join("processes/billing/src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("main.py"), b"print('billing')\n").unwrap();
+    let (code, err) = run_server(&[
+        "--data-dir",
+        &data_s,
+        "--state-dir",
+        &project.display().to_string(),
+    ]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("refusing"), "{err}");
+    assert_eq!(
+        std::fs::read(src.join("main.py")).unwrap(),
+        b"print('billing')\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(&project)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["processes".to_string()]);
+
+    // Our own dir whose `acp/` was replaced by a symlink: refused, the tree behind it intact.
+    let victim = tmp.path().join("victim");
+    std::fs::create_dir_all(victim.join("x")).unwrap();
+    std::fs::write(victim.join("x/keep.txt"), b"keep").unwrap();
+    let moved = tmp.path().join("acp-old");
+    std::fs::rename(state.join("acp"), &moved).unwrap();
+    std::os::unix::fs::symlink(&victim, state.join("acp")).unwrap();
+    let (code, err) = run_server(&[
+        "--data-dir",
+        &data_s,
+        "--state-dir",
+        &state.display().to_string(),
+    ]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("not a directory"), "{err}");
+    assert_eq!(std::fs::read(victim.join("x/keep.txt")).unwrap(), b"keep");
+    // An entry that does not read back is moved aside, not deleted.
+    std::fs::remove_file(state.join("acp")).unwrap();
+    std::fs::rename(&moved, state.join("acp")).unwrap();
+    std::fs::create_dir_all(state.join("acp/junk")).unwrap();
+    std::fs::write(state.join("acp/junk/notes.txt"), b"mine").unwrap();
+    let b = Daemon::builder().args(state_args(&state)).start();
+    assert_eq!(server(&b, "held").await["status"], "exited");
+    let q: Vec<PathBuf> = std::fs::read_dir(state.join("quarantine"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(std::fs::read(q[0].join("notes.txt")).unwrap(), b"mine");
+    assert!(b.stderr().contains("moved an unreadable state entry aside"));
+}
+
+/// Every file of the state dir is 0600 and every directory 0700 even under umask 000, so the
+/// user `nobody` reads nothing of it; the MCP credentials a client passed (`env`, `headers`) are
+/// nowhere on disk in clear, and still reach the agent's `session/load` after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_is_private_and_mcp_credentials_are_sealed() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
+        return skip("needs root and setpriv to read the state dir as nobody");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // Only the state dir's own modes may keep `nobody` out.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = tmp.path().join("state");
+    let data = tmp.path().join("data");
+    let work = tmp.path().join("work");
+    let build = |b: crate::support::DaemonBuilder| {
+        b.wrapper(["sh", "-c", "umask 000; exec \"$@\"", "sh"])
+            .data_dir(&data)
+            .work_dir(&work)
+            .args(state_args(&state))
+    };
+    let mut a = build(Daemon::builder()).start();
+    let (s, b) = post(
+        &a,
+        "/v1/acp/sec?agent=mock",
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let servers = json!([
+        {"name": "gh", "command": "/bin/true", "args": [],
+         "env": [{"name": "GITHUB_TOKEN", "value": "ghp_SEKRET1"}]},
+        {"type": "http", "name": "web", "url": "http://127.0.0.1:9/",
+         "headers": [{"name": "Authorization", "value": "Bearer SEKRET2"}]}
+    ]);
+    let (s, b) = post(
+        &a,
+        "/v1/acp/sec",
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": servers}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let session = b["result"]["sessionId"].as_str().unwrap().to_string();
+    let (s, _) = post(&a, "/v1/acp/sec", &prompt(json!(2), &session, "/stream 3")).await;
+    assert_eq!(s, 200);
+    assert_eq!(a.stop(SECS10), 0);
+
+    // Modes, and no secret in clear, in every file.
+    let mut stack = vec![state.clone()];
+    let mut files = 0;
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let mode = m.permissions().mode() & 0o777;
+        if m.is_dir() {
+            assert_eq!(mode, 0o700, "{}", p.display());
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        } else {
+            assert_eq!(mode, 0o600, "{}", p.display());
+            let bytes = std::fs::read(&p).unwrap();
+            for secret in ["ghp_SEKRET1", "SEKRET2"] {
+                assert!(
+                    memchr_find(&bytes, secret.as_bytes()).is_none(),
+                    "{secret} in {}",
+                    p.display()
+                );
+            }
+            files += 1;
+        }
+    }
+    assert!(files >= 4, "{files}");
+    let meta = state.join("acp/sec/meta.json");
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = as_nobody(&["cat", &meta.display().to_string()]);
+    assert!(!out.status.success(), "nobody read the meta");
+    let out = as_nobody(&["ls", &state.join("acp").display().to_string()]);
+    assert!(!out.status.success(), "nobody listed the entries");
+
+    // After a restart the agent's session/load gets the credentials back.
+    let b = build(Daemon::builder()).start();
+    let (s, body) = post(&b, "/v1/acp/sec", &prompt(json!(3), &session, "/history")).await;
+    assert_eq!(s, 200, "{body}");
+    let loaded =
+        std::fs::read_to_string(work.join(format!(".mock-agent-sessions/{session}.mcp.json")))
+            .expect("the mock recorded its session/load");
+    let loaded: Value = serde_json::from_str(&loaded).unwrap();
+    assert_eq!(loaded, servers);
+}
+
+fn memchr_find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The records of an `events.log` (length, CRC, id, payload), read by the test itself.
+fn read_log(path: &Path) -> Vec<(u64, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 16 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let id = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap());
+        if at + 16 + len > bytes.len() {
+            break;
+        }
+        out.push((id, bytes[at + 16..at + 16 + len].to_vec()));
+        at += 16 + len;
+    }
+    out
+}
+
+/// A burst of 200,000 updates from the agent (far more than any queue) stays durable: the
+/// daemon, killed outright as PID 1 of its own PID namespace the moment the turn is answered,
+/// has every update on disk, and the restart replays them with their ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_200000_updates_survives_kill_9_whole() {
+    if !unshare_available() {
+        return skip("needs root and unshare --pid to crash the daemon with its agents");
+    }
+    const N: usize = 200_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let big = [
+        "--event-buffer",
+        "300000",
+        "--event-buffer-bytes",
+        "256MiB",
+        "--state-max-bytes",
+        "1GiB",
+    ];
+    let mut a = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .work_dir(&work)
+        .args(state_args(&state))
+        .args(big)
+        .expect_exit(None)
+        .start();
+    let session = start_session(&a, "burst", "mock").await;
+    let (s, b) = post(
+        &a,
+        "/v1/acp/burst",
+        &prompt(json!(2), &session, &format!("/stream {N}")),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let listed = server(&a, "burst").await["lastEventId"].as_u64().unwrap();
+    crash(&mut a);
+
+    let records = read_log(&state.join("acp/burst/events.log"));
+    let mut seen = vec![false; N + 1];
+    for (_, p) in &records {
+        let v: Value = serde_json::from_slice(p).unwrap();
+        if let Some(t) = v["params"]["update"]["content"]["text"].as_str()
+            && let Some(n) = t.strip_prefix("chunk ").and_then(|r| r.split(' ').next())
+        {
+            seen[n.parse::<usize>().unwrap()] = true;
+        }
+    }
+    let missing = seen[1..].iter().filter(|s| !**s).count();
+    assert_eq!(missing, 0, "updates missing from the disk after kill -9");
+    assert_eq!(
+        records.last().unwrap().0,
+        listed,
+        "the last event the client could see"
+    );
+
+    let b = Daemon::builder()
+        .work_dir(&work)
+        .args(state_args(&state))
+        .args(big)
+        .start();
+    assert_eq!(
+        server(&b, "burst").await["lastEventId"].as_u64(),
+        Some(listed)
+    );
+    let mut tail = Sse::open(&b, "burst", Some(listed - 5)).await;
+    let evs = tail.until(SECS10, |e| e.len() >= 5).await;
+    assert!(evs.iter().all(|e| e.kind == "message"), "{evs:?}");
+    assert_eq!(
+        evs.iter().filter_map(|e| e.id).collect::<Vec<_>>(),
+        (listed - 4..=listed).collect::<Vec<_>>()
+    );
+}
+
+/// After restarts the numbering skips once past the last id written, however many restarts
+/// came before; the listed `lastEventId` is a real event; a serverId with an empty log gets no
+/// gap frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_skip_ids_once_and_show_no_false_gap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let start = || {
+        Daemon::builder()
+            .work_dir(&work)
+            .args(state_args(&state))
+            .start()
+    };
+    let mut a = start();
+    let session = start_session(&a, "n", "mock").await;
+    start_session(&a, "empty", "mock").await;
+    let (s, _) = post(&a, "/v1/acp/n", &prompt(json!(2), &session, "/stream 5")).await;
+    assert_eq!(s, 200);
+    let last = server(&a, "n").await["lastEventId"].as_u64().unwrap();
+    assert_eq!(server(&a, "empty").await["lastEventId"], 0);
+    assert_eq!(a.stop(SECS10), 0);
+    // Two restarts in which nothing happened.
+    for _ in 0..2 {
+        let mut b = start();
+        assert_eq!(server(&b, "n").await["lastEventId"].as_u64(), Some(last));
+        assert_eq!(server(&b, "empty").await["lastEventId"], 0);
+        assert_eq!(b.stop(SECS10), 0);
+    }
+    let c = start();
+    // The empty log: its first event after the restart comes without a gap before it.
+    let mut sse = Sse::open(&c, "empty", None).await;
+    let (s, body) = post(
+        &c,
+        "/v1/acp/empty",
+        &request(
+            json!(7),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let evs = sse.until(SECS10, |e| !e.is_empty()).await;
+    assert_eq!(evs[0].kind, "message", "{evs:?}");
+    // The other: its first new id is one skip past the last id written, not two or three.
+    let mut sse = Sse::open(&c, "n", Some(last)).await;
+    let (s, body) = post(&c, "/v1/acp/n", &prompt(json!(3), &session, "hi")).await;
+    assert_eq!(s, 200, "{body}");
+    let evs = sse.until(SECS10, |e| !e.is_empty()).await;
+    assert_eq!(
+        evs[0].kind, "message",
+        "no gap where nothing was lost: {evs:?}"
+    );
+    assert_eq!(evs[0].id, Some(last + 16_385 + 1), "{evs:?}");
+}
+
+/// A recovered serverId whose agent cannot be started keeps its state (events and sessions)
+/// for a later start; recovered serverIds do not count against `--max-agents` until started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_forgets_nothing_and_recovered_ids_do_not_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let agents = tmp.path().join("agents.toml");
+    let write_agents = |command: &str| {
+        std::fs::write(
+            &agents,
+            format!(
+                "[[agent]]\nid = \"flaky\"\ncommand = \"{command}\"\nargs = [\"mock-agent\"]\n"
+            ),
+        )
+        .unwrap();
+    };
+    write_agents(env!("CARGO_BIN_EXE_sandbox-agent"));
+    let start = |max: &str| {
+        Daemon::builder()
+            .work_dir(&work)
+            .args(state_args(&state))
+            .args(["--max-agents", max])
+            .arg("--agents-file")
+            .arg(&agents)
+            .start()
+    };
+    let mut a = start("2");
+    let session = start_session(&a, "f", "flaky").await;
+    let (s, _) = post(&a, "/v1/acp/f", &prompt(json!(2), &session, "remember me")).await;
+    assert_eq!(s, 200);
+    // (Only `initialize`: a session of another mock would share the sessions dir.)
+    let (s, body) = post(
+        &a,
+        "/v1/acp/g?agent=mock",
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(a.stop(SECS10), 0);
+
+    // The agent's program is gone: its start fails.
+    write_agents(&tmp.path().join("no-such-program").display().to_string());
+    let mut b = start("2");
+    let (s, body) = post(&b, "/v1/acp/f", &prompt(json!(3), &session, "/history")).await;
+    assert!(s >= 500, "{s} {body}");
+    let row = server(&b, "f").await;
+    assert_eq!(row["status"], "exited", "{row}");
+    // Two recovered serverIds and --max-agents 2: a new one still gets its agent (only
+    // `initialize`: a session of its mock would share the sessions dir of the others).
+    let (s, body) = post(
+        &b,
+        "/v1/acp/new?agent=mock",
+        &request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(b.stop(SECS10), 0);
+    assert!(state.join("acp/f/meta.json").exists());
+
+    write_agents(env!("CARGO_BIN_EXE_sandbox-agent"));
+    let c = start("4");
+    let (s, body) = post(&c, "/v1/acp/f", &prompt(json!(4), &session, "/history")).await;
+    assert_eq!(s, 200, "{body}");
+    let mut sse = Sse::open(&c, "f", None).await;
+    let evs = sse
+        .until(SECS10, |e| {
+            e.iter().any(|e| chunk_text(e).starts_with("history:"))
+        })
+        .await;
+    let h = evs
+        .iter()
+        .find(|e| chunk_text(e).starts_with("history:"))
+        .unwrap();
+    assert_eq!(chunk_text(h), "history: remember me");
+}
+
+/// Waits for a reload's `RELOADING=1` then `READY=1` (with "listening") after message `before`.
+fn wait_reloaded(d: &mut Daemon, before: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let new = &d.messages[before..];
+        if let Some(i) = new
+            .iter()
+            .position(|m| m.lines().any(|l| l == "RELOADING=1"))
+            && let Some(ready) = new[i..].iter().find(|m| m.lines().any(|l| l == "READY=1"))
+        {
+            assert!(
+                ready.contains("STATUS=listening on"),
+                "{ready:?}\n{}",
+                d.stderr()
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reload within 30 s:\n{}",
+            d.stderr()
+        );
+        d.read_notify();
+    }
+}
+
+/// A reload then a crash: the restart skips ids once past the last id written (a reload adds no
+/// skip of its own), and a prompt the reload answered 202 whose answer the crash cut is answered
+/// on the stream with an error and named in `_sandboxagent/restored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_then_a_crash_skips_ids_once_and_answers_what_was_promised() {
+    if !unshare_available() {
+        return skip("needs root and unshare --pid to crash the daemon with its agents");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let mut a = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .work_dir(&work)
+        .args(state_args(&state))
+        .expect_exit(None)
+        .start();
+    let session = start_session(&a, "r", "mock").await;
+    let (s, _) = post(&a, "/v1/acp/r", &prompt(json!(2), &session, "/stream 5")).await;
+    assert_eq!(s, 200);
+    let client = a.client();
+    let url = a.url("/v1/acp/r");
+    let hang = prompt(json!("p-hang"), &session, "/hang");
+    let hanging = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(hang.to_string())
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    crate::support::eventually_async(SECS10, "the prompt to be pending", || {
+        let a = &a;
+        async move { (server(a, "r").await["pendingRequests"] == 1).then_some(()) }
+    })
+    .await;
+    let init = namespace_init(a.pid());
+    let before = a.messages.len();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_reloaded(&mut a, before);
+    assert_eq!(hanging.await.unwrap().unwrap(), 202);
+    let (s, _) = post(&a, "/v1/acp/r", &prompt(json!(3), &session, "/stream 3")).await;
+    assert_eq!(s, 200);
+    let last = server(&a, "r").await["lastEventId"].as_u64().unwrap();
+    crash(&mut a);
+
+    let b = Daemon::builder()
+        .work_dir(&work)
+        .args(state_args(&state))
+        .start();
+    let mut sse = Sse::open(&b, "r", Some(last)).await;
+    let evs = sse.until(SECS10, |e| !e.is_empty()).await;
+    assert_eq!(evs[0].kind, "message", "{evs:?}");
+    assert_eq!(evs[0].data["id"], "p-hang", "{evs:?}");
+    assert_eq!(
+        evs[0].data["error"]["message"],
+        "the daemon restarted before the agent answered"
+    );
+    assert_eq!(
+        evs[0].id,
+        Some(last + 16_385 + 1),
+        "one skip past the last id written"
+    );
+    let (s, body) = post(&b, "/v1/acp/r", &prompt(json!(4), &session, "again")).await;
+    assert_eq!(s, 200, "{body}");
+    let evs = sse
+        .until(SECS10, |e| {
+            e.iter()
+                .any(|e| e.data["method"] == "_sandboxagent/restored")
+        })
+        .await;
+    let note = evs
+        .iter()
+        .find(|e| e.data["method"] == "_sandboxagent/restored")
+        .unwrap();
+    assert_eq!(
+        note.data["params"]["unanswered"],
+        json!(["p-hang"]),
+        "{:?}",
+        note.data
+    );
+}
+
+/// A serverId recovered after a restart and not used yet keeps its pending restore across a
+/// reload: its first POST after the reload still loads its sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_server_id_keeps_its_restore_across_a_reload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let start = || {
+        Daemon::builder()
+            .work_dir(&work)
+            .args(state_args(&state))
+            .start()
+    };
+    let mut a = start();
+    let session = start_session(&a, "k", "mock").await;
+    let (s, _) = post(
+        &a,
+        "/v1/acp/k",
+        &prompt(json!(2), &session, "remember this"),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(a.stop(SECS10), 0);
+    let mut b = start();
+    let before = b.messages.len();
+    b.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_reloaded(&mut b, before);
+    let mut sse = Sse::open(&b, "k", None).await;
+    let (s, body) = post(&b, "/v1/acp/k", &prompt(json!(3), &session, "/history")).await;
+    assert_eq!(s, 200, "{body}");
+    let evs = sse
+        .until(SECS10, |e| {
+            e.iter().any(|e| chunk_text(e).starts_with("history:"))
+        })
+        .await;
+    assert!(
+        evs.iter()
+            .any(|e| e.data["method"] == "_sandboxagent/restored"),
+        "{evs:?}"
+    );
+    let h = evs
+        .iter()
+        .find(|e| chunk_text(e).starts_with("history:"))
+        .unwrap();
+    assert_eq!(chunk_text(h), "history: remember this");
 }

@@ -1,4 +1,4 @@
-//! The proxy's durable state: per serverId its meta (agent, creation time, the client's
+//! The proxy's durable state (stored through `crate::state`): per serverId its meta (agent, creation time, the client's
 //! `initialize` params, the agent's session capabilities, the sessions it answered) and its event
 //! log; recovery at start; and the restore of the sessions on the first POST after a restart.
 //!
@@ -9,9 +9,13 @@
 //! the conversation) are swallowed: the event log already holds the originals. One
 //! `_sandboxagent/restored` notification then names the sessions restored, and how, and those
 //! that were not, and why. Each step is bounded by the request timeout (at most a minute).
+//!
+//! Secrets: the values of a session's `mcpServers[].env` and `headers` are sealed
+//! (`state::seal`) before the meta is written, and put back only for the restore's
+//! `session/load`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,9 +23,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::StateStore;
 use crate::acp::jsonrpc::{AgentLine, Envelope, IdKey, Kind, classify_agent_line, parse_envelope};
 use crate::acp::{AcpError, AcpInstance, Delivered};
+use crate::state::{Durable, Entry, RESTART_ID_SKIP, StateStore};
 
 /// Most sessions remembered per serverId (the oldest are forgotten first).
 pub const MAX_SESSIONS: usize = 256;
@@ -34,7 +38,8 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct AcpMeta {
     pub agent: String,
     pub created_at_ms: u64,
-    /// Ids up to here may have been issued: the next start continues beyond.
+    /// Ids up to here may have been issued: the next start continues beyond. Written when a
+    /// recovered log issues its first id past the restart's skip, never otherwise.
     #[serde(default)]
     pub id_floor: u64,
     /// The client's `initialize` params, replayed to the restarted agent.
@@ -46,6 +51,10 @@ pub struct AcpMeta {
     pub resume_session: bool,
     #[serde(default)]
     pub sessions: Vec<SessionRecord>,
+    /// Ids (canonical JSON) of requests a reload answered 202 whose answer has not come yet: a
+    /// restart answers each with an error on the stream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub promised: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,8 +63,104 @@ pub struct SessionRecord {
     pub session_id: String,
     #[serde(default)]
     pub cwd: Value,
+    /// The servers as the client sent them, every env and header value blanked.
     #[serde(default)]
     pub mcp_servers: Value,
+    /// The blanked values, sealed (`state::seal`), in the order `strip_secrets` walks them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
+    /// How many values were blanked (0: the servers need none).
+    #[serde(default)]
+    pub secrets: usize,
+}
+
+impl SessionRecord {
+    /// A record of `mcp_servers` as sent, its secrets sealed (or dropped without a sealer).
+    fn new(
+        session_id: String,
+        cwd: Value,
+        mut mcp_servers: Value,
+        seal: Option<&crate::state::seal::Sealer>,
+    ) -> Self {
+        let values = strip_secrets(&mut mcp_servers);
+        let sealed = match (values.is_empty(), seal) {
+            (false, Some(s)) => s.seal(&serde_json::to_vec(&values).unwrap_or_default()),
+            _ => None,
+        };
+        SessionRecord {
+            session_id,
+            cwd,
+            mcp_servers,
+            sealed,
+            secrets: values.len(),
+        }
+    }
+
+    /// The servers with their secrets back, or why not.
+    fn servers(&self, seal: Option<&crate::state::seal::Sealer>) -> Result<Value, String> {
+        let mut servers = self.mcp_servers.clone();
+        if self.secrets == 0 {
+            return Ok(servers);
+        }
+        let values: Option<Vec<String>> = self
+            .sealed
+            .as_deref()
+            .zip(seal)
+            .and_then(|(s, k)| k.open(s))
+            .and_then(|v| serde_json::from_slice(&v).ok());
+        match values {
+            Some(v) if v.len() == self.secrets => {
+                put_secrets(&mut servers, &v);
+                Ok(servers)
+            }
+            _ => Err("its MCP servers' credentials (env and header values) were not kept: the key in the data dir is missing or another one".to_string()),
+        }
+    }
+}
+
+/// The value strings of every `env` and `headers` of every server, in walk order, each
+/// replaced by "".
+fn strip_secrets(servers: &mut Value) -> Vec<String> {
+    let mut out = Vec::new();
+    walk_secrets(servers, &mut |v| out.push(std::mem::take(v)));
+    out
+}
+
+fn put_secrets(servers: &mut Value, values: &[String]) {
+    let mut it = values.iter();
+    walk_secrets(servers, &mut |v| {
+        if let Some(x) = it.next() {
+            *v = x.clone();
+        }
+    });
+}
+
+/// Calls `f` on each secret value: `env`/`headers` given as `[{name, value}]` or as a map.
+fn walk_secrets(servers: &mut Value, f: &mut dyn FnMut(&mut String)) {
+    let Some(list) = servers.as_array_mut() else {
+        return;
+    };
+    for server in list.iter_mut().filter_map(Value::as_object_mut) {
+        for field in ["env", "headers"] {
+            match server.get_mut(field) {
+                Some(Value::Array(items)) => {
+                    for item in items.iter_mut() {
+                        if let Some(Value::String(v)) = item.get_mut("value") {
+                            f(v);
+                        }
+                    }
+                }
+                Some(Value::Object(map)) => {
+                    for v in map.values_mut() {
+                        if let Value::String(v) = v {
+                            f(v);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 pub struct RecoveredInstance {
@@ -63,28 +168,27 @@ pub struct RecoveredInstance {
     pub meta: AcpMeta,
     pub events: Vec<(u64, Bytes)>,
     pub next_id: u64,
+    /// The last id on disk.
+    pub last_id: u64,
+    /// Ids that were issued but not written (the previous run stopped being durable): a reader
+    /// crossing them gets a `gap`.
+    pub lost: Option<(u64, u64)>,
 }
 
-pub(super) fn recover(
-    name: &str,
-    meta: &Value,
-    events: Vec<(u64, Bytes)>,
-    out: &mut Vec<RecoveredInstance>,
-) -> bool {
-    if crate::acp::validate_server_id(name).is_err() {
-        return false;
-    }
-    let Ok(meta) = serde_json::from_value::<AcpMeta>(meta.clone()) else {
-        return false;
-    };
-    let last = events.last().map_or(0, |e| e.0).max(meta.id_floor);
-    out.push(RecoveredInstance {
-        server_id: name.to_string(),
-        next_id: last + super::RESTART_ID_SKIP + 1,
+/// Reads one serverId back; `None` when it is not one (the caller moves it aside).
+pub fn recover(e: Entry) -> Option<RecoveredInstance> {
+    crate::acp::validate_server_id(&e.name).ok()?;
+    let meta = serde_json::from_value::<AcpMeta>(e.meta).ok()?;
+    let floor = e.last_id.max(meta.id_floor);
+    let next_id = floor + RESTART_ID_SKIP + 1;
+    Some(RecoveredInstance {
+        server_id: e.name,
+        lost: e.incomplete.then_some((e.last_id + 1, next_id - 1)),
+        next_id,
+        last_id: e.last_id,
         meta,
-        events,
-    });
-    true
+        events: e.records,
+    })
 }
 
 /// Which method a request the proxy watches is.
@@ -111,13 +215,24 @@ pub struct Restored {
 
 /// One serverId's durable state, tied to its event log.
 pub struct Tracked {
-    store: Arc<StateStore>,
-    key: Arc<str>,
-    /// Memory-only from now on (its queue overflowed, or the store is off).
-    off: AtomicBool,
+    d: Durable,
+    server_id: String,
     meta: Mutex<AcpMeta>,
+    /// A recovered log's skip (its first id minus one): recorded as the floor before the first
+    /// id past it is written; 0 once recorded, or for a log that was not recovered.
+    floor_due: AtomicU64,
+    /// The last id on disk when this state was read back (0 for a new one).
+    disk_last: u64,
+    /// For carried state: the last id on disk of the state it was carried from.
+    carried_last: AtomicU64,
     pending: Mutex<HashMap<IdKey, Pending>>,
     pending_count: AtomicUsize,
+    /// `meta.promised.len()`: the appends look for those answers only while it is not 0.
+    promised_count: AtomicUsize,
+    /// For a recovered serverId: the promised requests a restart broke (for the restore's note).
+    broken: Mutex<Vec<String>>,
+    /// `break_promises` ran.
+    answered: AtomicBool,
     /// Set while a restore runs: the agent's replay notifications are swallowed.
     muted: AtomicBool,
     /// For a recovered instance: the restore, run once by the first POST.
@@ -125,43 +240,126 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// The one constructor. A new serverId (`recovered` is `None`) starts an entry afresh and
+    /// writes its meta; a recovered one goes on with its files, its restore to run on the first
+    /// POST, and its meta rewritten only if an older build left secrets in clear.
     pub fn new(
-        store: Arc<StateStore>,
+        store: &Arc<StateStore>,
         server_id: &str,
         meta: AcpMeta,
-        recovered: bool,
+        recovered: Option<&RecoveredInstance>,
     ) -> Arc<Self> {
+        let fresh = recovered.is_none();
+        Self::build(store, server_id, meta, recovered, fresh, !fresh)
+    }
+
+    fn build(
+        store: &Arc<StateStore>,
+        server_id: &str,
+        mut meta: AcpMeta,
+        recovered: Option<&RecoveredInstance>,
+        fresh: bool,
+        restore: bool,
+    ) -> Arc<Self> {
+        let d = store.entry("acp", server_id, fresh);
+        // Sessions recorded in clear by an older build are sealed now.
+        let mut rewrite = fresh;
+        for s in meta.sessions.iter_mut().filter(|s| s.secrets == 0) {
+            let fresh = SessionRecord::new(
+                std::mem::take(&mut s.session_id),
+                std::mem::take(&mut s.cwd),
+                std::mem::take(&mut s.mcp_servers),
+                store.sealer(),
+            );
+            rewrite |= fresh.secrets > 0;
+            *s = fresh;
+        }
+        let broken = if recovered.is_some() {
+            rewrite |= !meta.promised.is_empty();
+            std::mem::take(&mut meta.promised)
+        } else {
+            Vec::new()
+        };
+        let promised = meta.promised.len();
         let t = Arc::new(Tracked {
-            store,
-            key: format!("acp/{server_id}").into(),
-            off: AtomicBool::new(false),
+            d,
+            server_id: server_id.to_string(),
+            promised_count: AtomicUsize::new(promised),
+            broken: Mutex::new(broken),
+            answered: AtomicBool::new(false),
             meta: Mutex::new(meta),
+            floor_due: AtomicU64::new(recovered.map_or(0, |r| r.next_id - 1)),
+            disk_last: recovered.map_or(0, |r| r.last_id),
+            carried_last: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             pending_count: AtomicUsize::new(0),
             muted: AtomicBool::new(false),
-            restore: recovered.then(tokio::sync::OnceCell::new),
+            restore: restore.then(tokio::sync::OnceCell::new),
         });
-        t.write_meta();
+        if rewrite {
+            t.write_meta();
+        }
         t
     }
 
     /// The same serverId's state for its instance carried live across a reload: the sessions
     /// and the client's `initialize` it recorded, and no restore to run (the agent never went).
-    pub fn carried(&self) -> Arc<Self> {
+    /// Its files go on; what the carried log holds past them is written by `catch_up`.
+    /// `restore`: an exited serverId still waiting for its restore after a restart keeps it.
+    pub fn carried(&self, restore: bool) -> Arc<Self> {
         let meta = crate::sys::lock(&self.meta).clone();
-        let server_id = self.key.strip_prefix("acp/").unwrap_or(&self.key);
-        Tracked::new(self.store.clone(), server_id, meta, false)
+        let t = Self::build(self.d.store(), &self.server_id, meta, None, false, restore);
+        t.write_meta();
+        t.carried_last.store(self.disk_last, Ordering::Release);
+        t
+    }
+
+    /// The last id on disk that this state knows of (read back at start, or by the state it
+    /// was carried from).
+    pub fn disk_last(&self) -> u64 {
+        self.disk_last
+            .max(self.carried_last.load(Ordering::Acquire))
+    }
+
+    /// Writes what `log` holds past `from` (events the disk does not have: pushed after the
+    /// previous image's last write, before its readers froze). Called on every adopt path.
+    pub fn catch_up(&self, log: &super::events::EventLog, from: u64) {
+        for (id, line) in log.lines_after(from) {
+            self.d.append(id, line);
+        }
     }
 
     fn write_meta(&self) {
-        let json = serde_json::to_vec(&*crate::sys::lock(&self.meta)).unwrap_or_default();
-        self.store.meta(&self.key, json);
+        let meta = crate::sys::lock(&self.meta);
+        let json = serde_json::to_vec(&*meta).unwrap_or_default();
+        self.d.meta(json);
     }
 
-    /// The instance left the registry for good (DELETE, a failed start): its state goes.
+    /// The serverId was deleted by a client: its state goes, and nothing more is written.
     pub fn forget(&self) {
-        self.off.store(true, Ordering::Release);
-        self.store.remove(&self.key);
+        self.d.forget();
+    }
+
+    /// Waits until every event appended so far is written (see `Durable::written`).
+    pub async fn written(&self) {
+        self.d.written().await
+    }
+
+    /// The id of the last event appended.
+    pub fn last_sent(&self) -> u64 {
+        self.d.last_sent()
+    }
+
+    /// A recovered serverId whose restore has not run yet (not started since the restart).
+    pub fn awaits_restore(&self) -> bool {
+        self.restore.as_ref().is_some_and(|c| !c.initialized())
+    }
+
+    /// True once any event or session was recorded (state worth keeping after a failed start).
+    pub fn has_history(&self) -> bool {
+        self.disk_last > 0
+            || self.d.last_sent() > 0
+            || !crate::sys::lock(&self.meta).sessions.is_empty()
     }
 
     /// True for an event the log must not keep: an agent's replay of a session while it is
@@ -176,19 +374,83 @@ impl Tracked {
     /// Copies one event to disk (never blocks), and notes the answer to a watched request that
     /// went to the log rather than to a waiting POST.
     pub fn append(&self, id: u64, line: &[u8]) {
-        if self.pending_count.load(Ordering::Acquire) > 0
+        if (self.pending_count.load(Ordering::Acquire) > 0
+            || self.promised_count.load(Ordering::Acquire) > 0)
             && let Ok(AgentLine::Response(key)) = classify_agent_line(line)
         {
             self.observe_response(&key, line);
+            self.kept_promise(&key);
         }
-        if self.off.load(Ordering::Acquire) {
+        let due = self.floor_due.load(Ordering::Acquire);
+        if due != 0 && id > due && self.floor_due.swap(0, Ordering::AcqRel) != 0 {
+            // The first id past the restart's skip: the skip is recorded before it is written,
+            // so the next restart skips on from there.
+            crate::sys::lock(&self.meta).id_floor = due;
+            self.write_meta();
+        }
+        self.d.append(id, Bytes::copy_from_slice(line));
+    }
+
+    /// The requests a reload answered 202 (carried as pending): kept in the meta until their
+    /// answers are written, so that a crash before then is answered out loud after the restart.
+    /// The proxy's own restore requests are not the client's and are left out.
+    pub fn promise(&self, ids: &[String]) {
+        let ids: Vec<String> = ids
+            .iter()
+            .filter(|k| !k.starts_with("\"_sandboxagent/"))
+            .cloned()
+            .collect();
+        if ids.is_empty() {
             return;
         }
-        if !self
-            .store
-            .append(&self.key, id, Bytes::copy_from_slice(line))
         {
-            self.off.store(true, Ordering::Release);
+            let mut meta = crate::sys::lock(&self.meta);
+            meta.promised = ids;
+            self.promised_count
+                .store(meta.promised.len(), Ordering::Release);
+        }
+        self.write_meta();
+    }
+
+    fn kept_promise(&self, key: &IdKey) {
+        if self.promised_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let changed = {
+            let mut meta = crate::sys::lock(&self.meta);
+            let before = meta.promised.len();
+            meta.promised.retain(|k| **k != *key.0);
+            self.promised_count
+                .store(meta.promised.len(), Ordering::Release);
+            before != meta.promised.len()
+        };
+        if changed {
+            self.write_meta();
+        }
+    }
+
+    /// After a restart: answers every request a reload had promised an answer to (and the
+    /// crash cut) with a JSON-RPC error on `log`'s stream. Called once, at recovery.
+    pub fn break_promises(&self, log: &super::events::EventLog) {
+        if self.answered.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let broken = crate::sys::lock(&self.broken).clone();
+        for k in &broken {
+            let id: Value = serde_json::from_str(k).unwrap_or(Value::String(k.clone()));
+            let line = json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {
+                    "code": -32603,
+                    "message": "the daemon restarted before the agent answered",
+                    "data": {"reason": "daemon_restart"},
+                },
+            });
+            log.push(&serde_json::to_vec(&line).unwrap_or_default());
+        }
+        if !broken.is_empty() {
+            log.wake();
         }
     }
 
@@ -276,15 +538,16 @@ impl Tracked {
                     let Some(id) = id.and_then(Value::as_str) else {
                         return;
                     };
-                    let rec = SessionRecord {
-                        session_id: id.to_string(),
-                        cwd: pending.params.get("cwd").cloned().unwrap_or(Value::Null),
-                        mcp_servers: pending
+                    let rec = SessionRecord::new(
+                        id.to_string(),
+                        pending.params.get("cwd").cloned().unwrap_or(Value::Null),
+                        pending
                             .params
                             .get("mcpServers")
                             .cloned()
                             .unwrap_or(Value::Array(Vec::new())),
-                    };
+                        self.d.store().sealer(),
+                    );
                     meta.sessions.retain(|s| s.session_id != rec.session_id);
                     meta.sessions.push(rec);
                     if meta.sessions.len() > MAX_SESSIONS {
@@ -386,10 +649,18 @@ impl Tracked {
                             .insert(s.session_id.clone(), (why, Some("loadSession")));
                         continue;
                     };
+                    let servers = match s.servers(self.d.store().sealer()) {
+                        Ok(v) => v,
+                        Err(why) => {
+                            failed.push(json!({"sessionId": s.session_id, "reason": why}));
+                            out.missing.insert(s.session_id.clone(), (why, None));
+                            continue;
+                        }
+                    };
                     let params = json!({
                         "sessionId": s.session_id,
                         "cwd": s.cwd,
-                        "mcpServers": s.mcp_servers,
+                        "mcpServers": servers,
                     });
                     let id = format!("_sandboxagent/restore-{i}");
                     match call(inst, &id, how, params, step).await {
@@ -419,6 +690,10 @@ impl Tracked {
                 "sessions": restored,
                 "failed": failed,
                 "missingCapability": missing_cap,
+                "unanswered": crate::sys::lock(&self.broken)
+                    .iter()
+                    .map(|k| serde_json::from_str::<Value>(k).unwrap_or(Value::String(k.clone())))
+                    .collect::<Vec<_>>(),
             },
         });
         inst.events
@@ -477,4 +752,40 @@ struct Full {
     result: Option<Value>,
     #[serde(default)]
     error: Option<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `session/new` whose answer arrives after the DELETE forgot the serverId writes nothing:
+    /// the serverId does not come back after a restart.
+    #[test]
+    fn an_answer_after_forget_writes_no_meta() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let mut c = crate::config::Config::defaults();
+        c.data_dir = tmp.path().join("data");
+        std::fs::create_dir_all(&c.data_dir).unwrap();
+        let (store, _) = StateStore::open(&c, &dir).unwrap();
+        let t = Tracked::new(&store, "late", AcpMeta::default(), None);
+        let req = parse_envelope(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}"#,
+        ))
+        .unwrap();
+        t.observe_request(&req);
+        assert!(store.flush_blocking(Duration::from_secs(10)));
+        assert!(dir.join("acp/late/meta.json").exists());
+        t.forget();
+        let Kind::Request { key, .. } = &req.kind else {
+            unreachable!()
+        };
+        t.observe_response(
+            key,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s-1"}}"#,
+        );
+        t.append(1, br#"{"jsonrpc":"2.0","method":"x"}"#);
+        assert!(store.flush_blocking(Duration::from_secs(10)));
+        assert!(!dir.join("acp/late").exists());
+    }
 }

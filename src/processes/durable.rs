@@ -1,18 +1,16 @@
-//! The process API's durable state: per process its record (`meta.json`: command, arguments,
+//! The process API's durable state (stored through `crate::state`): per process its record (`meta.json`: command, arguments,
 //! creation, and how it ended) and its output as it is written (`events.log`, one record per
 //! chunk: the chunk's start offset + 1 as the id, then its stream, time and bytes). After a
 //! restart every process is listed again with that output (within the log cap); one that was
 //! still running at the crash is `exited` with the reason `daemon_restart`. None is restarted.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::StateStore;
 use crate::processes::log::{Chunk, LogStream};
+use crate::state::{Durable, Entry, StateStore};
 use crate::supervisor::{ExitInfo, ExitReason};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,22 +44,16 @@ pub struct RecoveredProcess {
     pub chunks: Vec<Chunk>,
 }
 
-pub(super) fn recover(
-    name: &str,
-    meta: &Value,
-    records: Vec<(u64, Bytes)>,
-    out: &mut Vec<RecoveredProcess>,
-) -> bool {
-    let Ok(meta) = serde_json::from_value::<ProcMeta>(meta.clone()) else {
-        return false;
-    };
-    if meta.id != name {
-        return false;
+/// Reads one process record back; `None` when it is not one (the caller moves it aside).
+pub fn recover(e: Entry) -> Option<RecoveredProcess> {
+    let meta = serde_json::from_value::<ProcMeta>(e.meta).ok()?;
+    if meta.id != e.name {
+        return None;
     }
-    let mut chunks = Vec::with_capacity(records.len());
-    for (id, payload) in records {
-        if payload.len() < 9 {
-            return false;
+    let mut chunks = Vec::with_capacity(e.records.len());
+    for (id, payload) in e.records {
+        if payload.len() < 9 || id == 0 {
+            return None;
         }
         let stream = match payload[0] {
             0 => LogStream::Stdout,
@@ -95,24 +87,21 @@ pub(super) fn recover(
             last_at,
         ),
     };
-    out.push(RecoveredProcess { meta, exit, chunks });
-    true
+    Some(RecoveredProcess { meta, exit, chunks })
 }
 
 /// One process's durable state.
 pub struct ProcTrack {
-    store: Arc<StateStore>,
-    key: Arc<str>,
-    off: AtomicBool,
+    d: Durable,
     meta: Mutex<ProcMeta>,
 }
 
 impl ProcTrack {
-    pub fn new(store: Arc<StateStore>, meta: ProcMeta) -> Arc<Self> {
+    /// The one constructor: `fresh` for a new process (its entry starts afresh), otherwise the
+    /// record goes on with the files it has (recovered at start, or carried by a reload).
+    pub fn new(store: &Arc<StateStore>, meta: ProcMeta, fresh: bool) -> Arc<Self> {
         let t = Arc::new(ProcTrack {
-            store,
-            key: format!("processes/{}", meta.id).into(),
-            off: AtomicBool::new(false),
+            d: store.entry("processes", &meta.id, fresh),
             meta: Mutex::new(meta),
         });
         t.write_meta();
@@ -120,15 +109,17 @@ impl ProcTrack {
     }
 
     fn write_meta(&self) {
-        let json = serde_json::to_vec(&*crate::sys::lock(&self.meta)).unwrap_or_default();
-        self.store.meta(&self.key, json);
+        let meta = crate::sys::lock(&self.meta);
+        self.d.meta(serde_json::to_vec(&*meta).unwrap_or_default());
+    }
+
+    /// Waits until the output appended so far is written (see `Durable::written`).
+    pub async fn written(&self) {
+        self.d.written().await
     }
 
     /// One chunk of output (never blocks).
     pub fn output(&self, start: u64, stream: LogStream, at_ms: u64, data: &[u8]) {
-        if self.off.load(Ordering::Acquire) {
-            return;
-        }
         let mut p = Vec::with_capacity(9 + data.len());
         p.push(match stream {
             LogStream::Stdout => 0,
@@ -137,9 +128,7 @@ impl ProcTrack {
         });
         p.extend_from_slice(&at_ms.to_le_bytes());
         p.extend_from_slice(data);
-        if !self.store.append(&self.key, start + 1, Bytes::from(p)) {
-            self.off.store(true, Ordering::Release);
-        }
+        self.d.append(start + 1, Bytes::from(p));
     }
 
     /// Writes the chunks of `log` that start at `from` or later: what a log carried across a
@@ -155,7 +144,7 @@ impl ProcTrack {
     /// The process ended: its record says how, for the next start.
     /// One stopped by the daemon's own shutdown is recorded as ended by the restart.
     pub fn ended(&self, exit: &ExitInfo, at_ms: u64) {
-        let reason = if self.store.is_stopping() {
+        let reason = if self.d.store().is_stopping() {
             ExitReason::DaemonRestart
         } else {
             exit.reason
@@ -169,9 +158,8 @@ impl ProcTrack {
         self.write_meta();
     }
 
-    /// The record was deleted (or forgotten): its state goes too.
+    /// The record was deleted (or forgotten): its state goes, and nothing more is written.
     pub fn forget(&self) {
-        self.off.store(true, Ordering::Release);
-        self.store.remove(&self.key);
+        self.d.forget();
     }
 }
