@@ -73,14 +73,20 @@ where
 {
     let endpoint = config.otlp_traces_endpoint.as_deref()?;
     crate::install_crypto_provider();
-    let client = match reqwest::blocking::Client::builder()
+    // A plain `http://` collector needs no CA certificates (a minimal image has none).
+    let mut builder = reqwest::blocking::Client::builder()
         .timeout(EXPORT_TIMEOUT)
-        .no_proxy()
-        .build()
-    {
+        .no_proxy();
+    if crate::http_client::is_plain_http(endpoint) {
+        builder = crate::http_client::plain_http_blocking(builder);
+    }
+    let client = match builder.build() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("sandbox-agent: traces are off: cannot build the OTLP client: {e}");
+            eprintln!(
+                "sandbox-agent: traces are off: cannot build the OTLP client: {}",
+                crate::http_client::build_error(&e)
+            );
             return None;
         }
     };

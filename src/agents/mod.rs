@@ -99,8 +99,10 @@ pub struct Agents {
     /// One lock per agent id: concurrent installs of one agent wait for the first.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Built on first use: a machine without CA certificates must still start the daemon (and
-    /// run local or pre-installed agents); only a download then fails, with the reason.
+    /// run local or pre-installed agents); only an `https://` download then fails, with the
+    /// reason. `plain_client` serves `http://` (and `file://`) URLs and needs no CA roots.
     client: std::sync::OnceLock<Result<reqwest::Client, String>>,
+    plain_client: std::sync::OnceLock<Result<reqwest::Client, String>>,
 }
 
 const MOCK: &str = "mock";
@@ -119,21 +121,37 @@ impl Agents {
             catalog,
             locks: Mutex::new(HashMap::new()),
             client: std::sync::OnceLock::new(),
+            plain_client: std::sync::OnceLock::new(),
         })
     }
 
-    /// The HTTP client for registry look-ups and downloads.
-    fn http(&self) -> Result<&reqwest::Client, String> {
-        let built = self.client.get_or_init(|| {
+    /// The HTTP client for registry look-ups and downloads of `url`.
+    fn http(&self, url: &str) -> Result<&reqwest::Client, String> {
+        let https = !crate::http_client::is_plain_http(url) && !url.starts_with("file:");
+        let cell = if https {
+            &self.client
+        } else {
+            &self.plain_client
+        };
+        let built = cell.get_or_init(|| {
             crate::install_crypto_provider();
-            reqwest::Client::builder()
+            let builder = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(15))
                 // A stalled transfer fails instead of hanging an install (and the POST waiting
                 // on it).
                 .read_timeout(Duration::from_secs(60))
-                .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .map_err(|e| format!("cannot set up HTTPS (are CA certificates installed?): {e}"))
+                .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")));
+            let builder = if https {
+                builder
+            } else {
+                crate::http_client::plain_http(builder)
+            };
+            builder.build().map_err(|e| {
+                format!(
+                    "cannot set up the HTTP client: {}",
+                    crate::http_client::build_error(&e)
+                )
+            })
         });
         built.as_ref().map_err(Clone::clone)
     }
@@ -543,7 +561,7 @@ impl Agents {
                 "reading the ACP registry {}",
                 self.config.acp_registry_url
             ));
-            let fetched = match self.http() {
+            let fetched = match self.http(&self.config.acp_registry_url) {
                 Ok(client) => {
                     registry::fetch(
                         client,
@@ -752,7 +770,8 @@ impl Agents {
                 }
                 progress.step(&format!("downloading {url}"));
                 let mut file =
-                    install::download(self.http()?, &url, sha256.as_deref(), dir, progress).await?;
+                    install::download(self.http(&url)?, &url, sha256.as_deref(), dir, progress)
+                        .await?;
                 let program_in_staging = {
                     let staging_path = staging.path.clone();
                     let url = url.clone();
