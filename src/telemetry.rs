@@ -1,4 +1,4 @@
-//! OpenTelemetry traces (docs/operations.md, "Traces"): off unless an OTLP endpoint is configured.
+//! OpenTelemetry traces (docs/observability.md, "Traces"): off unless an OTLP endpoint is configured.
 //!
 //! The spans are ordinary `tracing` spans of the target `sandbox_agent::trace`, made only while
 //! tracing is on (`enabled()`, one relaxed load otherwise), and turned into OpenTelemetry spans

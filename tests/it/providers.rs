@@ -73,7 +73,7 @@ fn ready_for_podman() -> bool {
 }
 
 /// Our image, built once per set of inputs (binary, Dockerfile, base tree).
-fn image() -> String {
+pub(crate) fn image() -> String {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE
         .get_or_init(|| {
