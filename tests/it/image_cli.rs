@@ -55,7 +55,7 @@ fn the_cli_works_inside_the_image_over_http_and_for_reload() {
         skip("podman: needs root");
         return;
     }
-    for tool in ["podman", "debootstrap", "node", "npm", "objcopy"] {
+    for tool in ["podman", "debootstrap", "node", "npm"] {
         if !on_path(tool) {
             skip(&format!(
                 "image cli: `{tool}` is not installed (.ci/install-pkg.sh installs it)"
