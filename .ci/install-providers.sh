@@ -2,8 +2,8 @@
 # What the SDK provider tests (tests/it/providers.rs) need: podman with runc (rootful; its
 # `podman system service` is the Docker-compatible engine the `docker` provider talks to),
 # debootstrap (the image's base tree: nothing can be pulled), util-linux's unshare and flock, and
-# the npm packages: `dockerode` and `@kubernetes/client-node` in sdks/typescript (its lockfile,
-# installed by .ci/install-sdk.sh) and the published `sandbox-agent` 0.4.2 SDK with `dockerode`
+# the npm packages: `@kubernetes/client-node` in sdks/typescript (its lockfile, installed by
+# .ci/install-sdk.sh; the `docker` provider needs no engine client package) and the published `sandbox-agent` 0.4.2 SDK with `dockerode`
 # and `get-port` in tests/compat (pinned in its package-lock.json; its .npmrc omits optional packages, so the
 # published SDK's own daemon binaries are not downloaded). No cluster is installed: the Kubernetes
 # provider's test runs only where KUBECONFIG names one. Idempotent and quiet.

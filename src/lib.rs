@@ -11,6 +11,7 @@ pub mod config_store;
 pub mod daemon;
 pub mod files;
 pub mod http;
+pub mod http_client;
 pub mod logging;
 pub mod metrics;
 pub mod processes;

@@ -1,5 +1,5 @@
 //! Entry point: parse the command line, then hand over to the subcommand. Exit codes are
-//! documented in docs/operations.md (sysexits style).
+//! documented in docs/install-systemd.md, "Exit codes" (sysexits style).
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! OpenTelemetry traces (docs/operations.md, "Traces"): off unless an OTLP endpoint is configured.
+//! OpenTelemetry traces (docs/observability.md, "Traces"): off unless an OTLP endpoint is configured.
 //!
 //! The spans are ordinary `tracing` spans of the target `sandbox_agent::trace`, made only while
 //! tracing is on (`enabled()`, one relaxed load otherwise), and turned into OpenTelemetry spans
@@ -73,14 +73,20 @@ where
 {
     let endpoint = config.otlp_traces_endpoint.as_deref()?;
     crate::install_crypto_provider();
-    let client = match reqwest::blocking::Client::builder()
+    // A plain `http://` collector needs no CA certificates (a minimal image has none).
+    let mut builder = reqwest::blocking::Client::builder()
         .timeout(EXPORT_TIMEOUT)
-        .no_proxy()
-        .build()
-    {
+        .no_proxy();
+    if crate::http_client::is_plain_http(endpoint) {
+        builder = crate::http_client::plain_http_blocking(builder);
+    }
+    let client = match builder.build() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("sandbox-agent: traces are off: cannot build the OTLP client: {e}");
+            eprintln!(
+                "sandbox-agent: traces are off: cannot build the OTLP client: {}",
+                crate::http_client::build_error(&e)
+            );
             return None;
         }
     };

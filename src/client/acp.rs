@@ -65,7 +65,17 @@ async fn send(
         .header(ACCEPT, "application/json")
         .body(text);
     let what = format!("sending to {server_id}");
-    let resp = api.send(&what, rb).await?;
+    let resp = match api.send(&what, rb).await {
+        Ok(resp) => resp,
+        // The daemon's words are for HTTP clients (`?agent=<id>`); say it with our flag.
+        Err(e) if agent.is_none() && is_missing_agent(&e) => {
+            return Err(e.with_hint(format!(
+                "there is no instance `{server_id}` yet: pass --agent <id> to start one \
+                 (`sandbox-agent agents list` shows the ids; `mock` is built in)"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| api.transport(e))?;
     if status == reqwest::StatusCode::ACCEPTED || body.is_empty() {
@@ -143,7 +153,28 @@ async fn stream(api: &Api, server_id: &str, from: Option<u64>) -> Result<u8, Cli
     }
 }
 
+/// The daemon's 400 for a POST without `?agent=` to a serverId it does not have.
+fn is_missing_agent(e: &ClientError) -> bool {
+    e.status() == Some(400)
+        && e.problem().is_some_and(|p| {
+            p.get("serverId").is_some()
+                && p["detail"].as_str().is_some_and(|d| d.contains("?agent="))
+        })
+}
+
+/// The API's DELETE is idempotent (204 whether or not the instance existed), so the command
+/// looks first: stopping an id the daemon does not have is "not found" (exit 66), as a typo
+/// should be, and nothing is sent.
 async fn stop(api: &Api, server_id: &str, json: bool) -> Result<u8, ClientError> {
+    let list = api.get_json("instances", &["v1", "acp"], &[]).await?;
+    let servers = list["servers"]
+        .as_array()
+        .ok_or_else(|| ClientError::Protocol("instances: no `servers` list".into()))?;
+    if !servers.iter().any(|s| s["serverId"] == server_id) {
+        return Err(ClientError::NotFound(format!(
+            "no instance `{server_id}` (`sandbox-agent instances` lists them)"
+        )));
+    }
     let rb = api.request(Method::DELETE, api.url(&["v1", "acp", server_id], &[]));
     api.send(&format!("stopping {server_id}"), rb).await?;
     if json {

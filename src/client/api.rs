@@ -29,14 +29,23 @@ pub enum ClientError {
     /// Nothing answers at the address, or the connection broke before or during the answer.
     #[error("cannot reach the daemon at {url}: {cause}")]
     Connect { url: String, cause: String },
-    /// The daemon answered with an error status; `problem` is its problem+json body.
-    #[error("{what}: {status}{}", detail(*.status, .problem, .body))]
+    /// The daemon answered with an error status; `problem` is its problem+json body. `hint`,
+    /// when set, says the same in the command line's terms (its flags, not the HTTP request
+    /// the daemon saw) and is shown instead of the daemon's detail.
+    #[error("{what}: {status}{}", match hint {
+        Some(h) => format!(": {h}"),
+        None => detail(*.status, .problem, .body),
+    })]
     Http {
         what: String,
         status: StatusCode,
         problem: Option<serde_json::Value>,
         body: String,
+        hint: Option<String>,
     },
+    /// What the command names does not exist (checked by the client before acting).
+    #[error("{0}")]
+    NotFound(String),
     /// The daemon answered something this client does not understand.
     #[error("unexpected answer from the daemon: {0}")]
     Protocol(String),
@@ -101,6 +110,7 @@ impl ClientError {
                 400..=499 => EX_DATAERR,
                 _ => EX_SOFTWARE,
             },
+            ClientError::NotFound(_) => EX_NOINPUT,
             ClientError::Protocol(_) => EX_PROTOCOL,
             ClientError::Local { .. } | ClientError::Stdout(_) => EX_IOERR,
             ClientError::Runtime(_) => EX_OSERR,
@@ -144,6 +154,26 @@ impl ClientError {
         matches!(self, ClientError::Stdout(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 
+    /// The same error, said in the command line's terms (see `Http::hint`).
+    pub fn with_hint(self, text: impl Into<String>) -> Self {
+        match self {
+            ClientError::Http {
+                what,
+                status,
+                problem,
+                body,
+                ..
+            } => ClientError::Http {
+                what,
+                status,
+                problem,
+                body,
+                hint: Some(text.into()),
+            },
+            other => other,
+        }
+    }
+
     pub fn local(what: impl Into<String>, source: std::io::Error) -> Self {
         ClientError::Local {
             what: what.into(),
@@ -165,12 +195,21 @@ impl Api {
             .map_err(|e| ClientError::Config(format!("`{}` is not a URL: {e}", target.base_url)))?;
         // No proxy: the daemon is on loopback (or a port-forward to it), and a proxy from the
         // environment would only be in the way. No overall timeout: streams and prompts are long.
-        let http = reqwest::Client::builder()
+        // A plain `http://` address needs no CA certificates (a minimal image has none).
+        let mut builder = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(std::time::Duration::from_secs(10))
-            .user_agent(concat!("sandbox-agent-cli/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ClientError::Config(format!("cannot build the HTTP client: {e}")))?;
+            .user_agent(concat!("sandbox-agent-cli/", env!("CARGO_PKG_VERSION")));
+        if base.scheme() == "http" {
+            builder = crate::http_client::plain_http(builder);
+        }
+        let http = builder.build().map_err(|e| {
+            ClientError::Config(format!(
+                "cannot build the HTTP client for {}: {}",
+                target.base_url,
+                crate::http_client::build_error(&e)
+            ))
+        })?;
         Ok(Api {
             http,
             base,
@@ -221,11 +260,22 @@ impl Api {
         let problem = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .filter(|v| v.is_object());
+        // A token refused is a flag to fix, not a header to add.
+        let hint = (status == StatusCode::UNAUTHORIZED).then(|| match &self.token {
+            None => "the daemon needs a token: pass --token <token> or --token-file <file>, \
+                     or set SANDBOX_AGENT_TOKEN"
+                .to_string(),
+            Some(_) => "the daemon refused the token given (--token, --token-file, \
+                        SANDBOX_AGENT_TOKEN or the config file's `token`): it is not the \
+                        daemon's token"
+                .to_string(),
+        });
         Err(ClientError::Http {
             what: what.to_string(),
             status,
             problem,
             body,
+            hint,
         })
     }
 
@@ -254,15 +304,10 @@ impl Api {
 
     /// A transport error (connect, or the connection breaking mid-answer) as `Connect`.
     pub fn transport(&self, e: reqwest::Error) -> ClientError {
-        // The innermost cause says what happened ("Connection refused (os error 111)"); the
-        // layers above it only repeat the URL.
-        use std::error::Error;
-        let mut cause = e.to_string();
-        let mut source = e.source();
-        while let Some(s) = source {
-            cause = s.to_string();
-            source = s.source();
-        }
+        // Every cause in the chain: reqwest's own layer says only "error sending request for
+        // url (…)", the one below what happened ("Connection refused (os error 111)", an
+        // untrusted certificate, …). The URL is said once, by `Connect`.
+        let cause = crate::http_client::chain(&e.without_url());
         ClientError::Connect {
             url: self.base().to_string(),
             cause,

@@ -40,7 +40,7 @@ pub async fn status(api: &Api, json: bool) -> Result<u8, ClientError> {
     // Whatever else the health answer reports (durable state, …), one line per member.
     if let Some(members) = health.as_object() {
         for (k, v) in members.iter().filter(|(k, _)| k.as_str() != "status") {
-            rows.push(vec![k.clone(), table::cell(v)]);
+            rows.push(vec![k.clone(), table::words(v)]);
         }
     }
     rows.push(vec!["instances".to_string(), counts_line(&instances)]);
@@ -80,6 +80,11 @@ pub async fn instances(api: &Api, json: bool) -> Result<u8, ClientError> {
             ]
         })
         .collect();
+    if rows.is_empty() {
+        // A header with nothing under it reads like a failure: say it.
+        return out(b"no instances (`sandbox-agent acp send <serverId> --agent <id> <message>` starts one)\n")
+            .map(|()| 0);
+    }
     let header = [
         "SERVER ID",
         "AGENT",

@@ -87,6 +87,35 @@ pub fn cell(v: &serde_json::Value) -> String {
     }
 }
 
+/// A JSON value in words, for a two-column listing: an object as its `path` (when it has one)
+/// then its other members as `name: value` in parentheses, `true`/`false` as yes/no, null
+/// members left out — never raw JSON.
+pub fn words(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "-".to_string(),
+        Value::Bool(b) => if *b { "yes" } else { "no" }.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.is_empty() => "none".to_string(),
+        Value::Array(items) => items.iter().map(words).collect::<Vec<_>>().join(", "),
+        Value::Object(members) => {
+            let head = members.get("path").and_then(Value::as_str);
+            let rest: Vec<String> = members
+                .iter()
+                .filter(|(k, v)| !(v.is_null() || (head.is_some() && k.as_str() == "path")))
+                .map(|(k, v)| format!("{k}: {}", words(v)))
+                .collect();
+            match (head, rest.is_empty()) {
+                (Some(p), true) => p.to_string(),
+                (Some(p), false) => format!("{p} ({})", rest.join(", ")),
+                (None, true) => "-".to_string(),
+                (None, false) => rest.join(", "),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +137,23 @@ mod tests {
         );
         check(&["NAME"], &[&["\u{1b}[31mred"]], "NAME\n\\u{1b}[31mred\n");
         check(&["A", "B"], &[], "A  B\n");
+    }
+
+    #[test]
+    fn values_in_words() {
+        use serde_json::json;
+        assert_eq!(
+            words(&json!({"path": "/d", "writable": true, "problem": null})),
+            "/d (writable: yes)"
+        );
+        assert_eq!(
+            words(&json!({"path": "/d", "writable": false, "problem": "denied"})),
+            "/d (problem: denied, writable: no)"
+        );
+        assert_eq!(words(&json!({"bytes": 3, "ok": true})), "bytes: 3, ok: yes");
+        assert_eq!(words(&json!(false)), "no");
+        assert_eq!(words(&json!(null)), "-");
+        assert_eq!(words(&json!(["a", 1])), "a, 1");
     }
 
     #[test]

@@ -112,7 +112,7 @@ fn traces_url(base: &str) -> String {
 }
 
 /// The variable through which a daemon that re-executes itself for a reload tells its new image
-/// which descriptor holds the hand-off (docs/operations.md, "Reload"). Never set by operators.
+/// which descriptor holds the hand-off (docs/upgrades.md, "Reload"). Never set by operators.
 pub const HANDOFF_FD_VAR: &str = "SANDBOX_AGENT_HANDOFF_FD";
 
 /// Reads and removes `HANDOFF_FD_VAR`, so that nothing started later (agents, tools) sees it.

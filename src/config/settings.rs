@@ -94,8 +94,8 @@ settings! {
                 .unset("none (the packaged unit: `/var/lib/sandbox-agent/state`)")
                 .docs(
                     "keep every serverId's event log and sessions, and the process records, on \
-                     disk, so that they survive a restart (docs/operations.md, \"Durable \
-                     state\"); empty: memory only",
+                     disk, so that they survive a restart (docs/durable-state.md); empty: memory \
+                     only",
             );
         /// When the state dir's writes reach the disk: every, batch:<ms> or os
         state_sync: StateSync, Option<String> =
@@ -103,7 +103,7 @@ settings! {
                 "when the state dir's appends are made durable: `every` (each batch the writer \
                  takes is `fdatasync`ed), `batch:<ms>` (1–60000: at most that long after an \
                  append), `os` (never by us: the kernel's writeback); what each loses on a power \
-                 failure is in docs/operations.md",
+                 failure is in docs/durable-state.md",
             );
         /// Most bytes of one serverId's event log on disk
         state_max_bytes: u64, Option<String> =
@@ -211,8 +211,9 @@ settings! {
         /// Never install agents at run time; the first POST for a missing agent fails with 4xx
         require_preinstall: bool, bool =
             switch().docs(
-                "never install agents at run time; a POST for a missing agent fails with a 4xx \
-                 naming the install command",
+                "never install agents at run time; a POST for a missing agent fails with 409 \
+                 naming the install command (the reference implementation answers 404; why \
+                 409: docs/agents.md)",
             );
         /// Answer agent failures and timeouts on requests as 200 + JSON-RPC error instead of
         /// 502/504
@@ -244,7 +245,7 @@ settings! {
         access_log: bool, bool =
             switch().docs(
                 "log every request at INFO; off, only 5xx (WARN), 4xx and slow requests (INFO) \
-                 are logged, the rest at DEBUG (docs/operations.md, \"Logs\")",
+                 are logged, the rest at DEBUG (docs/observability.md, \"Logs\")",
             );
         /// A request whose answer head takes longer than this is logged at INFO even without
         /// --access-log
@@ -323,7 +324,7 @@ settings! {
                  full URL) or `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL) is used; with none of \
                  them no trace is made. `OTEL_SERVICE_NAME` (default `sandbox-agent`), \
                  `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` (default \
-                 `parentbased_always_on`) are read as well; see docs/operations.md, \"Traces\"",
+                 `parentbased_always_on`) are read as well; see docs/observability.md, \"Traces\"",
             );
         /// Lines per second of one agent's stderr that reach the log; the rest are counted
         agent_stderr_lines: u64, Option<String> =
@@ -347,7 +348,7 @@ settings! {
             list("HOSTS", |s| Ok(s.trim().to_ascii_lowercase())).unset("none").docs(
                 "without a token, `Host` names served besides loopback and the address the \
                  connection arrived on: `name` (any port) or `name:port`, comma-separated (a list \
-                 in TOML); `*` for any. See docs/operations.md, \"Browsers\"",
+                 in TOML); `*` for any. See docs/security.md, \"Browsers\"",
             );
         /// Browser origins (scheme://host[:port]) allowed besides the daemon's own; `*` allows any
         /// (comma-separated)

@@ -7,7 +7,7 @@
 //! SDK sends it that way). A URL may end up in a proxy's or a browser's history, so the query
 //! form is refused (401) on every other request, even one that also has a valid header; the
 //! edge removes the parameter from the URI before routing, so no handler (and no error message)
-//! ever sees it. Why: docs/operations.md, "Tokens in URLs".
+//! ever sees it. Why: docs/security.md, "Tokens in URLs".
 
 use axum::extract::Request;
 use axum::http::uri::PathAndQuery;

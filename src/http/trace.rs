@@ -1,6 +1,6 @@
 //! Traces of the ACP envelopes every face sends (`POST /v1/acp/{serverId}`, the RFD transport's
 //! POST, the ACP WebSocket): the request's `acp <method>` span and the context handed to the
-//! agent in `params._meta.traceparent` (docs/operations.md, "Traces"). Nothing is made while
+//! agent in `params._meta.traceparent` (docs/observability.md, "Traces"). Nothing is made while
 //! traces are off.
 
 use crate::acp::{self, AcpError, Delivered, Kind};

@@ -1,4 +1,4 @@
-//! The daemon's figures for operators (`GET /metrics`, docs/operations.md "Metrics").
+//! The daemon's figures for operators (`GET /metrics`, docs/observability.md "Metrics").
 //!
 //! Counting is split by cost. What happens per request or per message (HTTP requests, ACP
 //! messages, ACP request durations, refusals, transfer bytes) is a relaxed atomic add into a
@@ -120,7 +120,7 @@ pub fn acp_method_index(raw: &str) -> u8 {
         .unwrap_or(ACP_METHODS.len() - 1) as u8
 }
 
-/// Every cap of docs/operations.md's limits table that refuses something, as its `limit` label.
+/// Every cap of docs/limits.md's limits table that refuses something, as its `limit` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Limit {

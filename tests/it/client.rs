@@ -1017,3 +1017,138 @@ fn fs_put_over_the_upload_limit_is_refused() {
     assert_eq!(e["problem"]["limit"], 1024);
     assert!(!d.path("big.bin").exists());
 }
+
+// The messages a person meets first, each in the terms of the command typed (its flags and
+// variables), never in those of the HTTP request the daemon saw.
+
+#[test]
+fn acp_send_without_agent_says_to_pass_the_agent_flag() {
+    let d = Daemon::start();
+    let o = cli(&d, &["acp", "send", "fresh", INIT]);
+    assert_code(&o, 65);
+    let e = stderr(&o);
+    assert!(e.contains("pass --agent <id>"), "{e}");
+    assert!(e.contains("`fresh`"), "{e}");
+    assert!(!e.contains("?agent="), "the HTTP query shows through: {e}");
+    // With --json the daemon's own problem is still there for scripts.
+    let o = cli(&d, &["acp", "send", "fresh", INIT, "--json"]);
+    assert_code(&o, 65);
+    let line: Value = serde_json::from_str(stderr(&o).trim()).unwrap();
+    assert_eq!(line["status"], 400);
+    assert!(line["message"].as_str().unwrap().contains("--agent"));
+    assert_eq!(line["problem"]["serverId"], "fresh");
+}
+
+#[test]
+fn a_missing_or_wrong_token_names_the_flag_and_the_variable() {
+    let d = Daemon::builder().token("the-token").start();
+    let url = d.url("");
+    let o = run_to_end(command(&["instances", "--url", &url]));
+    assert_code(&o, 77);
+    let e = stderr(&o);
+    assert!(e.contains("--token"), "{e}");
+    assert!(e.contains("SANDBOX_AGENT_TOKEN"), "{e}");
+    assert!(
+        !e.contains("Authorization"),
+        "the HTTP header shows through: {e}"
+    );
+    let o = run_to_end(command(&["status", "--url", &url, "--token", "wrong"]));
+    assert_code(&o, 77);
+    let e = stderr(&o);
+    assert!(e.contains("refused the token"), "{e}");
+    assert!(!e.contains("Authorization"), "{e}");
+}
+
+#[test]
+fn acp_stop_of_an_unknown_instance_is_not_found_while_the_api_delete_stays_idempotent() {
+    let d = Daemon::start();
+    let o = cli(&d, &["acp", "stop", "never-existed"]);
+    assert_code(&o, 66);
+    assert!(
+        stderr(&o).contains("no instance `never-existed`"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o), "");
+    let o = cli(&d, &["acp", "stop", "never-existed", "--json"]);
+    assert_code(&o, 66);
+    let line: Value = serde_json::from_str(stderr(&o).trim()).unwrap();
+    assert_eq!(line["error"], "not-found");
+    // The API itself: 204 whether or not the instance existed.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = rt.block_on(async {
+        d.client()
+            .delete(d.url("/v1/acp/never-existed"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    assert_eq!(status, 204);
+    // One that exists is stopped (and a second stop is then not found).
+    start_instance(&d, "real");
+    let o = cli(&d, &["acp", "stop", "real"]);
+    assert_code(&o, 0);
+    assert_eq!(stdout(&o), "stopped real\n");
+    let o = cli(&d, &["acp", "stop", "real"]);
+    assert_code(&o, 66);
+}
+
+#[test]
+fn status_prints_words_not_json_and_instances_says_when_there_are_none() {
+    let d = Daemon::start();
+    let o = cli(&d, &["status"]);
+    assert_code(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        !text.contains(['{', '}', '"']),
+        "raw JSON in the status table: {text}"
+    );
+    let data_dir = text
+        .lines()
+        .find(|l| l.starts_with("dataDir"))
+        .unwrap_or_else(|| panic!("no dataDir line: {text}"));
+    assert!(
+        data_dir.contains(&format!("{} (writable: yes", d.data_dir().display())),
+        "{data_dir}"
+    );
+    let o = cli(&d, &["instances"]);
+    assert_code(&o, 0);
+    assert!(stdout(&o).starts_with("no instances"), "{}", stdout(&o));
+    // --json stays the daemon's document.
+    let o = cli(&d, &["instances", "--json"]);
+    assert_code(&o, 0);
+    assert_eq!(json_of(&o)["servers"], serde_json::json!([]));
+}
+
+/// A machine (or image) without CA certificates: plain HTTP works all the same; an https://
+/// address fails saying the certificates are missing and where they were looked for.
+#[test]
+fn without_ca_certificates_plain_http_works_and_https_says_why_not() {
+    let d = Daemon::start();
+    let nowhere = tempfile::tempdir().unwrap();
+    let file = nowhere.path().join("no-bundle.pem");
+    let dir = nowhere.path().join("no-certs");
+    let no_ca = |args: &[&str]| {
+        let mut cmd = command(args);
+        cmd.env("SSL_CERT_FILE", &file).env("SSL_CERT_DIR", &dir);
+        run_to_end(cmd)
+    };
+    let url = d.url("");
+    for args in [
+        vec!["status", "--url", &url],
+        vec!["instances", "--url", &url],
+    ] {
+        let o = no_ca(&args);
+        assert_code(&o, 0);
+    }
+    let https = url.replacen("http://", "https://", 1);
+    let o = no_ca(&["status", "--url", &https]);
+    assert_code(&o, 78);
+    let e = stderr(&o);
+    assert!(e.contains("no CA certificates were found"), "{e}");
+    assert!(e.contains(&*file.to_string_lossy()), "{e}");
+    assert!(e.contains(&*dir.to_string_lossy()), "{e}");
+    assert!(e.contains("ca-certificates"), "{e}");
+    assert!(!e.trim_end().ends_with("builder error"), "{e}");
+}

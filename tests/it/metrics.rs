@@ -571,15 +571,18 @@ async fn prometheus_scrapes_with_the_token_and_promql_sees_the_figures() {
     }
 }
 
-/// The alert rules of docs/operations.md ("Dashboards and alerts") pass `promtool check rules`.
+/// The alert rules of docs/observability.md ("Dashboards and alerts") pass `promtool check rules`.
 #[test]
 fn documented_alert_rules_are_valid() {
     if !support::on_path("promtool") {
         support::skip("promtool is not installed (.ci/install-metrics.sh)");
         return;
     }
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
-        .unwrap();
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/observability.md"
+    ))
+    .unwrap();
     let section = doc
         .split("## Dashboards and alerts")
         .nth(1)

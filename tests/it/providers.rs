@@ -56,7 +56,7 @@ fn ready_for_podman() -> bool {
         }
     }
     for (dir, what) in [
-        (sdk_dir().join("node_modules/dockerode"), "sdks/typescript"),
+        (sdk_dir().join("node_modules/typescript"), "sdks/typescript"),
         (
             Path::new(REPO).join("tests/compat/node_modules/sandbox-agent"),
             "tests/compat",
@@ -73,7 +73,7 @@ fn ready_for_podman() -> bool {
 }
 
 /// Our image, built once per set of inputs (binary, Dockerfile, base tree).
-fn image() -> String {
+pub(crate) fn image() -> String {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE
         .get_or_init(|| {

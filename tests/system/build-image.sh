@@ -9,7 +9,10 @@
 set -euo pipefail
 root=${1:?ROOT} bin=${2:?BINARY}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-pm() { podman --runtime runc "$@"; }
+# The OCI runtime: runc when installed (crun, podman's usual default, fails on hosts with hybrid
+# cgroups v1/v2 like the CI machine), else podman's own default. PODMAN_RUNTIME overrides.
+runtime=${PODMAN_RUNTIME-$(command -v runc >/dev/null 2>&1 && echo runc)}
+pm() { podman ${runtime:+--runtime "$runtime"} "$@"; }
 node=$(readlink -f "$(command -v node)")
 npm_dir=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
 base_sum=$({ sha256sum "$node" | cut -d' ' -f1; echo "$npm_dir"; stat -c %Y "$root/.complete"; } |

@@ -17,7 +17,10 @@ TOKEN=image-token-456
 failures=0
 ok() { echo "ok: $1"; }
 fail() { echo "FAIL: $1: $2"; failures=$((failures + 1)); }
-pm() { podman --runtime runc "$@"; }
+# The OCI runtime: runc when installed (crun, podman's usual default, fails on hosts with hybrid
+# cgroups v1/v2 like the CI machine), else podman's own default. PODMAN_RUNTIME overrides.
+runtime=${PODMAN_RUNTIME-$(command -v runc >/dev/null 2>&1 && echo runc)}
+pm() { podman ${runtime:+--runtime "$runtime"} "$@"; }
 mkdir -p "$out"
 
 cleanup() {

@@ -219,7 +219,7 @@ test("the docker and kubernetes providers load their engine clients; an unreacha
   assert.ok(e1 instanceof SandboxStartError, String(e1));
   assert.equal(e1.step, "create");
   assert.equal(e1.provider, "docker");
-  assert.equal(e1.cause.code, "ENOENT", `dockerode's own error: ${e1.cause}`);
+  assert.equal(e1.cause.code, "ENOENT", `the socket's own error: ${e1.cause}`);
 
   const k8s = await import("@kubernetes/client-node");
   const { kubernetes } = await import("sandbox-agent/kubernetes");

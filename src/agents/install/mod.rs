@@ -80,8 +80,10 @@ pub enum InstallError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot set up HTTPS (are CA certificates installed?): {reason}")]
-    Https { reason: String },
+    /// The HTTP client could not be built (`reason` names the cause: for `https://`, typically
+    /// that no CA certificates were found, and where they were looked for).
+    #[error("cannot set up the HTTP client: {reason}")]
+    Client { reason: String },
     /// Neither the registry nor a pinned fallback can provide the agent; `note` says why the
     /// registry could not (empty when the agent has no registry entry).
     #[error("{}", if note.is_empty() { "no source to install from".to_string() } else { format!("{note}, and the agent has no pinned fallback") })]

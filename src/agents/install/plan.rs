@@ -16,26 +16,39 @@ use crate::config::Config;
 
 use super::{Artifact, InstallError, InstallRequest, Manifest, Progress, Staging};
 
-/// The HTTP client for registry look-ups and downloads, built on first use: a machine without CA
-/// certificates must still start the daemon (and run local or pre-installed agents); only a
-/// download then fails, with the reason.
+/// The HTTP clients for registry look-ups and downloads, each built on first use: a machine
+/// without CA certificates must still start the daemon (and run local or pre-installed agents);
+/// only an `https://` download then fails, with the reason. The plain client serves `http://`
+/// (and `file://`) URLs and needs no CA roots.
 #[derive(Default)]
-pub struct LazyClient(std::sync::OnceLock<Result<reqwest::Client, String>>);
+pub struct LazyClient {
+    https: std::sync::OnceLock<Result<reqwest::Client, String>>,
+    plain: std::sync::OnceLock<Result<reqwest::Client, String>>,
+}
 
 impl LazyClient {
-    pub fn get(&self) -> Result<&reqwest::Client, InstallError> {
-        let built = self.0.get_or_init(|| {
+    /// The client for `url`.
+    pub fn get(&self, url: &str) -> Result<&reqwest::Client, InstallError> {
+        let https = !crate::http_client::is_plain_http(url) && !url.starts_with("file:");
+        let cell = if https { &self.https } else { &self.plain };
+        let built = cell.get_or_init(|| {
             crate::install_crypto_provider();
-            reqwest::Client::builder()
+            let builder = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(15))
                 // A stalled transfer fails instead of hanging an install (and the POST waiting
                 // on it).
                 .read_timeout(Duration::from_secs(60))
-                .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")))
+                .user_agent(concat!("sandbox-agent/", env!("CARGO_PKG_VERSION")));
+            let builder = if https {
+                builder
+            } else {
+                crate::http_client::plain_http(builder)
+            };
+            builder
                 .build()
-                .map_err(|e| registry::error_chain(&e))
+                .map_err(|e| crate::http_client::build_error(&e))
         });
-        built.as_ref().map_err(|reason| InstallError::Https {
+        built.as_ref().map_err(|reason| InstallError::Client {
             reason: reason.clone(),
         })
     }
@@ -65,7 +78,7 @@ impl Installer<'_> {
                 "reading the ACP registry {}",
                 self.config.acp_registry_url
             ));
-            let fetched = match self.client.get() {
+            let fetched = match self.client.get(&self.config.acp_registry_url) {
                 Ok(client) => {
                     registry::fetch(
                         client,
@@ -268,9 +281,14 @@ impl Installer<'_> {
                     ));
                 }
                 progress.step(&format!("downloading {url}"));
-                let mut file =
-                    super::download(self.client.get()?, &url, sha256.as_deref(), dir, progress)
-                        .await?;
+                let mut file = super::download(
+                    self.client.get(&url)?,
+                    &url,
+                    sha256.as_deref(),
+                    dir,
+                    progress,
+                )
+                .await?;
                 let program_in_staging = {
                     let staging_path = staging.path.clone();
                     let url = url.clone();

@@ -8,14 +8,13 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, writeFileSync, chmodSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import Docker from "dockerode";
 import { SandboxAgent, SandboxStartError, SandboxDetachedError, HttpError } from "sandbox-agent";
-import { docker, SANDBOX_LABEL } from "sandbox-agent/docker";
+import { docker, dockerEngine, SANDBOX_LABEL } from "sandbox-agent/docker";
 import { chunkTexts, skipOrFail } from "../support.mjs";
 
 const socketPath = process.env.SANDBOX_AGENT_TEST_DOCKER_SOCKET;
 const image = process.env.SANDBOX_AGENT_TEST_IMAGE;
-const engine = socketPath ? new Docker({ socketPath }) : null;
+const engine = socketPath ? dockerEngine({ socketPath }) : null;
 // Every container of this run carries this label, so the checks below see only this run's.
 const RUN = `docker-test-${process.pid}`;
 const TEST_LABEL = "dev.sandbox-agent.test-run";

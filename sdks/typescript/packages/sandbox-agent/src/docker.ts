@@ -1,7 +1,11 @@
 /**
- * The `docker` sandbox provider (Node only; import `sandbox-agent/docker`, needs the `dockerode`
- * package): each sandbox is one container of the Sandbox Agent image, the daemon its PID 1, on a
- * Docker engine or on Podman's Docker-compatible API (`podman system service`).
+ * The `docker` sandbox provider (Node only; import `sandbox-agent/docker`): each sandbox is one
+ * container of the Sandbox Agent image, the daemon its PID 1, on a Docker engine or on Podman's
+ * Docker-compatible API (`podman system service`). It talks to the engine's API itself, over its
+ * Unix socket with `node:http` (`dockerEngine`), so no engine client package is needed — in
+ * particular none of `dockerode`'s native modules (`ssh2`, `cpu-features`) with their install
+ * scripts. A `dockerode` client (or any object of the same shape) can still be passed as `docker`,
+ * e.g. for an engine over TLS or SSH.
  *
  * Invariants: the token is generated per sandbox and reaches the daemon only through the
  * container's environment (never its command line); the daemon's port is published on a loopback
@@ -9,6 +13,7 @@
  * `dev.sandbox-agent.sandbox=docker` label, and `destroy`, `pause`, `kill` and `reconnect` refuse
  * a container without it; a container whose start fails is removed before the error is thrown.
  */
+import { request } from "node:http";
 import type { SandboxProvider } from "./sandbox.js";
 
 /** The label every container of this provider carries (value `docker`). */
@@ -36,11 +41,11 @@ export interface DockerLike {
 export interface DockerProviderOptions {
   /** Image to run (default `sandbox-agent:latest`, built from the repository's docker/Dockerfile). */
   image?: string;
-  /** A `dockerode` client of your own (default: a new one for `socketPath`). */
+  /** An engine client of your own, e.g. a `dockerode` client (default: `dockerEngine({ socketPath })`). */
   docker?: DockerLike;
   /**
-   * The engine's socket; default: what `dockerode` picks (`DOCKER_HOST`, else
-   * `/var/run/docker.sock`). For Podman: the socket `podman system service` listens on.
+   * The engine's socket; default: `DOCKER_HOST` when it is a `unix://` address, else
+   * `/var/run/docker.sock`. For Podman: the socket `podman system service` listens on.
    */
   socketPath?: string;
   /** Loopback address the daemon's port is published on (default `127.0.0.1`; `::1` also works). */
@@ -92,7 +97,7 @@ export function docker(options: DockerProviderOptions = {}): SandboxProvider & {
   const engine = (): Promise<DockerLike> =>
     (client ??= options.docker
       ? Promise.resolve(options.docker)
-      : loadDockerode().then((Docker) => new Docker(options.socketPath ? { socketPath: options.socketPath } : undefined)));
+      : Promise.resolve(dockerEngine({ socketPath: options.socketPath })));
 
   /** Inspects a container and checks it is one of ours. */
   async function ours(id: string): Promise<{ container: DockerContainerLike; info: any }> {
@@ -216,14 +221,114 @@ async function ignoring<T>(codes: number[], call: () => Promise<T>): Promise<T |
   }
 }
 
-type DockerodeConstructor = new (options?: { socketPath?: string }) => DockerLike;
-
-async function loadDockerode(): Promise<DockerodeConstructor> {
-  const name = "dockerode";
-  try {
-    const mod = (await import(name)) as { default: DockerodeConstructor };
-    return mod.default;
-  } catch (error) {
-    throw new Error("the docker provider needs the `dockerode` package: npm install dockerode", { cause: error });
+/** An error answer of the engine's API; `statusCode` is the HTTP status (as `dockerode`'s errors). */
+export class DockerEngineError extends Error {
+  constructor(
+    message: string,
+    readonly statusCode: number,
+    readonly json?: unknown,
+  ) {
+    super(message);
+    this.name = "DockerEngineError";
   }
+}
+
+/** A container of `dockerEngine`, by id. */
+export interface DockerEngineContainer extends DockerContainerLike {}
+
+/** The Docker Engine API client the provider uses by default. */
+export interface DockerEngine extends DockerLike {
+  getContainer(id: string): DockerEngineContainer;
+  /** `GET /containers/json` (`all`, `filters` as the engine takes them). */
+  listContainers(options?: { all?: boolean; filters?: Record<string, string[]> }): Promise<any[]>;
+}
+
+/**
+ * A minimal client of the Docker Engine API (Docker, or Podman's compatible API) over its Unix
+ * socket, with `node:http`: the calls the provider makes and `listContainers`. The socket:
+ * `socketPath`, else `DOCKER_HOST` when it is `unix://…`, else `/var/run/docker.sock`. Other
+ * `DOCKER_HOST` schemes (tcp with TLS, ssh) are refused with a message: pass a `dockerode` client
+ * as the provider's `docker` option for those.
+ */
+export function dockerEngine(options: { socketPath?: string } = {}): DockerEngine {
+  let socketPath = options.socketPath;
+  if (!socketPath) {
+    const env = globalThis.process?.env?.DOCKER_HOST;
+    if (env && !env.startsWith("unix://")) {
+      throw new Error(
+        `DOCKER_HOST=${env}: the built-in engine client speaks only to a Unix socket; pass a dockerode client as \`docker\``,
+      );
+    }
+    socketPath = env ? env.slice("unix://".length) : "/var/run/docker.sock";
+  }
+  const path = socketPath;
+
+  async function call(method: string, url: string, body?: unknown, okEmpty = false): Promise<any> {
+    const payload = body === undefined ? undefined : JSON.stringify(body);
+    return await new Promise((resolve, reject) => {
+      const req = request(
+        {
+          socketPath: path,
+          method,
+          path: url,
+          headers: payload
+            ? { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(payload) }
+            : {},
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (c: Buffer) => chunks.push(c));
+          res.on("error", reject);
+          res.on("end", () => {
+            const text = Buffer.concat(chunks).toString("utf8");
+            let json: any;
+            try {
+              json = text ? JSON.parse(text) : undefined;
+            } catch {
+              json = undefined;
+            }
+            const status = res.statusCode ?? 0;
+            if (status >= 200 && status < 300) return resolve(okEmpty ? undefined : json);
+            const reason = (json && typeof json.message === "string" && json.message) || text.trim() || res.statusMessage;
+            reject(new DockerEngineError(`(HTTP code ${status}) ${method} ${url}: ${reason}`, status, json));
+          });
+        },
+      );
+      req.on("error", reject);
+      if (payload) req.write(payload);
+      req.end();
+    });
+  }
+
+  const query = (params: Record<string, unknown> | undefined): string => {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params ?? {})) {
+      if (v !== undefined) q.set(k, typeof v === "object" ? JSON.stringify(v) : String(v));
+    }
+    const s = q.toString();
+    return s ? `?${s}` : "";
+  };
+
+  const container = (id: string): DockerEngineContainer => {
+    const base = `/containers/${encodeURIComponent(id)}`;
+    return {
+      id,
+      start: (o) => call("POST", `${base}/start${query(o)}`, undefined, true),
+      stop: (o) => call("POST", `${base}/stop${query(o)}`, undefined, true),
+      remove: (o) => call("DELETE", `${base}${query(o)}`, undefined, true),
+      kill: (o) => call("POST", `${base}/kill${query(o)}`, undefined, true),
+      unpause: (o) => call("POST", `${base}/unpause${query(o)}`, undefined, true),
+      inspect: (o) => call("GET", `${base}/json${query(o)}`),
+    };
+  };
+
+  return {
+    async createContainer(opts) {
+      const { name, ...body } = opts as { name?: string } & Record<string, unknown>;
+      const made = await call("POST", `/containers/create${query({ name })}`, body);
+      return container(made.Id);
+    },
+    getContainer: container,
+    listContainers: (o) => call("GET", `/containers/json${query(o)}`),
+  };
 }
