@@ -18,6 +18,7 @@ pub mod state;
 pub mod supervisor;
 pub mod sys;
 pub mod telemetry;
+pub mod workspace;
 
 /// Installs the process-wide TLS crypto provider (ring) that reqwest needs before any client is
 /// built. Idempotent.
