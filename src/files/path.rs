@@ -140,7 +140,9 @@ impl PathPolicy {
         let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
         let real = std::fs::read_link(&link).map_err(|e| FileError::from_io("open", &p.abs, e))?;
         if !self.contains(&real) {
-            return Err(FileError::OutsideRoot { path: p.abs.clone() });
+            return Err(FileError::OutsideRoot {
+                path: p.abs.clone(),
+            });
         }
         Ok(real)
     }

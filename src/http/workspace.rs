@@ -127,7 +127,6 @@ pub struct GitStatus {
     files: Vec<GitFileStatus>,
 }
 
-
 /// The work tree's state: branch, HEAD and every changed file.
 #[utoipa::path(
     get,
@@ -891,7 +890,13 @@ fn target_of(uri: &axum::http::Uri, prefix: &str) -> String {
     }
 }
 
-async fn proxy_to(s: &AppState, port: u16, prefix: String, strip_auth: bool, req: Request) -> Response {
+async fn proxy_to(
+    s: &AppState,
+    port: u16,
+    prefix: String,
+    strip_auth: bool,
+    req: Request,
+) -> Response {
     if port == 0 {
         return Problem::bad_request("port 0 is not a port").into_response();
     }
@@ -1034,22 +1039,26 @@ async fn create_preview(
 
 // ---------------------------------------------------------------- preview links
 
-fn preview_port(s: &AppState, opaque: &str) -> Result<u16, Response> {
+fn preview_port(s: &AppState, opaque: &str) -> Result<u16, Box<Response>> {
     s.workspace.previews.verify(opaque).map_err(|e| {
-        match e {
-            PreviewError::Invalid => Problem::new(
-                StatusCode::FORBIDDEN,
-                "this preview link is not valid (altered, or made before the daemon restarted)",
-            ),
-            PreviewError::Expired => Problem::new(StatusCode::GONE, "this preview link expired"),
-        }
-        .into_response()
+        Box::new(
+            match e {
+                PreviewError::Invalid => Problem::new(
+                    StatusCode::FORBIDDEN,
+                    "this preview link is not valid (altered, or made before the daemon restarted)",
+                ),
+                PreviewError::Expired => {
+                    Problem::new(StatusCode::GONE, "this preview link expired")
+                }
+            }
+            .into_response(),
+        )
     })
 }
 
 async fn preview_bare(State(s): State<AppState>, Path(opaque): Path<String>) -> Response {
     if let Err(r) = preview_port(&s, &opaque) {
-        return r;
+        return *r;
     }
     Redirect::permanent(&format!("/preview/{opaque}/")).into_response()
 }
@@ -1073,7 +1082,7 @@ async fn preview_path(
 async fn preview(s: AppState, opaque: String, req: Request) -> Response {
     let port = match preview_port(&s, &opaque) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let prefix = format!("/preview/{opaque}");
     let mut resp = proxy_to(&s, port, prefix, false, req).await;

@@ -233,7 +233,9 @@ pub fn branch_name(v: &str) -> Result<(), GitError> {
             c.is_ascii_control() || matches!(c, ' ' | '~' | '^' | ':' | '?' | '*' | '[' | '\\')
         });
     if bad {
-        return Err(GitError::Invalid(format!("{v:?} is not a valid branch name")));
+        return Err(GitError::Invalid(format!(
+            "{v:?} is not a valid branch name"
+        )));
     }
     Ok(())
 }
@@ -384,7 +386,10 @@ impl Git {
         repo.common_dir = PathBuf::from(l.next().unwrap_or_default());
         let bare = l.next() == Some("true");
         if !bare {
-            let top = self.runner.ok(&repo, &["rev-parse", "--show-toplevel"]).await;
+            let top = self
+                .runner
+                .ok(&repo, &["rev-parse", "--show-toplevel"])
+                .await;
             match top {
                 Ok(t) => repo.top = Some(PathBuf::from(trimmed(&t))),
                 // Inside the git dir itself, say.
@@ -397,9 +402,13 @@ impl Git {
                 p.abs.display()
             )));
         }
-        for d in [Some(&repo.git_dir), Some(&repo.common_dir), repo.top.as_ref()]
-            .into_iter()
-            .flatten()
+        for d in [
+            Some(&repo.git_dir),
+            Some(&repo.common_dir),
+            repo.top.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
         {
             if !self.policy.contains(d) || d.as_os_str().is_empty() {
                 return Err(GitError::RepositoryOutsideRoot { path: p.abs });
@@ -417,7 +426,13 @@ impl Git {
             .runner
             .raw(
                 repo,
-                &["rev-parse", "--verify", "--quiet", "--end-of-options", &spec],
+                &[
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    "--end-of-options",
+                    &spec,
+                ],
                 &[],
             )
             .await?;
@@ -487,13 +502,7 @@ impl Git {
         if !add.status.success() {
             return Err(GitError::Failed(message(&add)));
         }
-        let common = [
-            "diff",
-            "--no-ext-diff",
-            "--no-textconv",
-            "--no-color",
-            "-M",
-        ];
+        let common = ["diff", "--no-ext-diff", "--no-textconv", "--no-color", "-M"];
         let mut a: Vec<&str> = common.to_vec();
         a.extend(["--raw", "--numstat", "-z", "--end-of-options", &base, "--"]);
         let raw = self.runner.raw(&repo, &a, &env).await?;
@@ -567,7 +576,9 @@ impl Git {
             return Err(GitError::Invalid("the commit message is empty".into()));
         }
         if message_text.contains('\0') {
-            return Err(GitError::Invalid("the commit message contains a NUL byte".into()));
+            return Err(GitError::Invalid(
+                "the commit message contains a NUL byte".into(),
+            ));
         }
         let mut env: Vec<(&str, OsString)> = Vec::new();
         if let Some((name, email)) = &author {
@@ -612,7 +623,11 @@ impl Git {
         }
         let staged = self
             .runner
-            .raw(&repo, &["diff", "--cached", "--quiet", "--no-ext-diff"], &[])
+            .raw(
+                &repo,
+                &["diff", "--cached", "--quiet", "--no-ext-diff"],
+                &[],
+            )
             .await?;
         match staged.status.code() {
             Some(0) => {
@@ -868,11 +883,17 @@ impl Git {
             let token = base64::engine::general_purpose::STANDARD.encode(pair);
             cmd.env("GIT_CONFIG_COUNT", "1")
                 .env("GIT_CONFIG_KEY_0", "http.extraHeader")
-                .env("GIT_CONFIG_VALUE_0", format!("Authorization: Basic {token}"));
+                .env(
+                    "GIT_CONFIG_VALUE_0",
+                    format!("Authorization: Basic {token}"),
+                );
         } else if let Some(token) = &req.password {
             cmd.env("GIT_CONFIG_COUNT", "1")
                 .env("GIT_CONFIG_KEY_0", "http.extraHeader")
-                .env("GIT_CONFIG_VALUE_0", format!("Authorization: Bearer {token}"));
+                .env(
+                    "GIT_CONFIG_VALUE_0",
+                    format!("Authorization: Bearer {token}"),
+                );
         }
         cmd.args(["clone", "--quiet", "--no-local", "--template="]);
         if let Some(d) = req.depth {
@@ -1002,9 +1023,10 @@ struct TempIndex {
 
 impl TempIndex {
     async fn new(repo: &Repo) -> Result<Self, GitError> {
-        let path = repo
-            .git_dir
-            .join(format!("sandbox-agent-index-{}", crate::sys::random_hex::<8>()));
+        let path = repo.git_dir.join(format!(
+            "sandbox-agent-index-{}",
+            crate::sys::random_hex::<8>()
+        ));
         let src = repo.git_dir.join("index");
         let dst = path.clone();
         tokio::task::spawn_blocking(move || match std::fs::copy(&src, &dst) {
@@ -1048,8 +1070,12 @@ pub fn parse_status(out: &[u8]) -> Status {
                 st.upstream = Some(v.to_string());
             } else if let Some(v) = h.strip_prefix("branch.ab ") {
                 let mut it = v.split_whitespace();
-                st.ahead = it.next().and_then(|a| a.trim_start_matches('+').parse().ok());
-                st.behind = it.next().and_then(|b| b.trim_start_matches('-').parse().ok());
+                st.ahead = it
+                    .next()
+                    .and_then(|a| a.trim_start_matches('+').parse().ok());
+                st.behind = it
+                    .next()
+                    .and_then(|b| b.trim_start_matches('-').parse().ok());
             }
             continue;
         }
@@ -1119,7 +1145,13 @@ pub fn parse_raw_numstat(out: &[u8]) -> Vec<DiffFile> {
             break;
         }
         let r = text(it.next().unwrap_or_default());
-        let code = r.rsplit(' ').next().unwrap_or("M").as_bytes().first().copied();
+        let code = r
+            .rsplit(' ')
+            .next()
+            .unwrap_or("M")
+            .as_bytes()
+            .first()
+            .copied();
         let first = it.next().map(text).unwrap_or_default();
         let (path, old_path) = if matches!(code, Some(b'R') | Some(b'C')) {
             (it.next().map(text).unwrap_or_default(), Some(first))
@@ -1230,8 +1262,14 @@ mod tests {
 1\t1\t\0old\0new\0-\t-\tbin\0";
         let f = parse_raw_numstat(out);
         assert_eq!(f.len(), 3);
-        assert_eq!((f[0].path.as_str(), f[0].additions, f[0].deletions), ("x.txt", 3, 1));
-        assert_eq!((f[1].path.as_str(), f[1].old_path.as_deref()), ("new", Some("old")));
+        assert_eq!(
+            (f[0].path.as_str(), f[0].additions, f[0].deletions),
+            ("x.txt", 3, 1)
+        );
+        assert_eq!(
+            (f[1].path.as_str(), f[1].old_path.as_deref()),
+            ("new", Some("old"))
+        );
         assert_eq!(f[1].status, "renamed");
         assert!(f[2].binary);
         assert_eq!(f[2].status, "added");

@@ -313,9 +313,7 @@ impl Ports {
 
     /// The listeners now and a feed of the changes after them. The first subscriber starts the
     /// poller; it ends by itself once nobody subscribes.
-    pub async fn subscribe(
-        self: &Arc<Self>,
-    ) -> (Vec<Listener>, broadcast::Receiver<PortEvent>) {
+    pub async fn subscribe(self: &Arc<Self>) -> (Vec<Listener>, broadcast::Receiver<PortEvent>) {
         let mut w = self.watch.lock().await;
         let rx = self.tx.subscribe();
         if !w.running {

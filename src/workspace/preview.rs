@@ -36,7 +36,10 @@ fn hmac(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
         ipad[i] ^= k[i];
         opad[i] ^= k[i];
     }
-    let inner = Sha256::new().chain_update(ipad).chain_update(msg).finalize();
+    let inner = Sha256::new()
+        .chain_update(ipad)
+        .chain_update(msg)
+        .finalize();
     let outer = Sha256::new()
         .chain_update(opad)
         .chain_update(inner)

@@ -100,9 +100,7 @@ pub async fn forward(f: Forward<'_>, mut req: Request<Body>) -> Result<Response<
     });
 
     let upgrade = req.headers().get(header::UPGRADE).cloned();
-    let client_upgrade = upgrade
-        .as_ref()
-        .map(|_| hyper::upgrade::on(&mut req));
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let original_host = parts.headers.get(header::HOST).cloned();
     strip_hop_by_hop(&mut parts.headers);
