@@ -276,9 +276,11 @@ pub struct GitLog {
     params(LogQuery),
     responses(
         (status = 200, description = "The commits", body = GitLog),
+        (status = 400, description = "Missing or invalid parameter"),
         (status = 403, description = "Outside the fs root"),
         (status = 404, description = "Not in a git repository"),
         (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn git_log(
@@ -342,6 +344,7 @@ pub struct GitSha {
         (status = 404, description = "Not in a git repository"),
         (status = 409, description = "Nothing to commit"),
         (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn git_commit(
@@ -384,8 +387,11 @@ pub struct GitBranches {
     params(RepoQuery),
     responses(
         (status = 200, description = "The branches", body = GitBranches),
+        (status = 400, description = "Missing or invalid parameter"),
         (status = 403, description = "Outside the fs root"),
         (status = 404, description = "Not in a git repository"),
+        (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn git_branches(
@@ -434,6 +440,8 @@ pub struct GitCheckedOut {
         (status = 404, description = "Not in a git repository, or no such branch"),
         (status = 409, description = "Local changes would be overwritten, the branch exists \
             (create), or it is checked out in another worktree"),
+        (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn git_checkout(
@@ -492,8 +500,11 @@ pub struct GitWorktreeRequest {
     params(RepoQuery),
     responses(
         (status = 200, description = "The worktrees", body = GitWorktrees),
+        (status = 400, description = "Missing or invalid parameter"),
         (status = 403, description = "Outside the fs root"),
         (status = 404, description = "Not in a git repository"),
+        (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn list_worktrees(
@@ -519,6 +530,8 @@ async fn list_worktrees(
         (status = 403, description = "Outside the fs root"),
         (status = 404, description = "Not in a git repository"),
         (status = 409, description = "The branch or a non-empty destination exists"),
+        (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn add_worktree(
@@ -557,6 +570,8 @@ struct RemoveWorktreeQuery {
         (status = 403, description = "Outside the fs root"),
         (status = 404, description = "Not a worktree"),
         (status = 409, description = "It has changes and force is not set"),
+        (status = 500, description = "git failed"),
+        (status = 504, description = "git did not finish in time"),
     )
 )]
 async fn remove_worktree(

@@ -8,6 +8,7 @@ pub mod ports;
 pub mod preview;
 pub mod proxy;
 pub mod search;
+pub mod sessions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,8 @@ pub struct Workspace {
     pub git: git::Git,
     pub ports: Arc<ports::Ports>,
     pub previews: preview::PreviewKeys,
+    /// `gitBase` of each ACP session (`GET /v1/acp`).
+    pub sessions: sessions::SessionBases,
 }
 
 impl Workspace {
@@ -43,6 +46,7 @@ impl Workspace {
             },
             ports: Arc::new(ports::Ports::new(processes, acp, shutdown)),
             previews: preview::PreviewKeys::generate()?,
+            sessions: sessions::SessionBases::default(),
         })
     }
 

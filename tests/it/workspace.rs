@@ -1003,3 +1003,44 @@ async fn preview_links_work_without_the_token_and_refuse_tampering_and_expiry() 
     .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn a_session_records_its_git_base_and_the_diff_against_it_survives_a_commit() {
+    if !have_git() {
+        return;
+    }
+    let d = Daemon::start();
+    let r = repo(&d.work_dir().join("repo"));
+    let base = git(&r, &["rev-parse", "HEAD"]);
+    let sub = r.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let post_rpc = |body: Value| {
+        let c = d.client();
+        let u = d.url("/v1/acp/gb-1?agent=mock");
+        async move {
+            let r = c.post(u).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    post_rpc(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}))
+        .await;
+    let a = post_rpc(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd": s(&sub),"mcpServers":[]}})).await;
+    let sid = a["result"]["sessionId"].as_str().unwrap().to_string();
+    // Outside any repository: no entry.
+    post_rpc(json!({"jsonrpc":"2.0","id":3,"method":"session/new","params":{"cwd": "/","mcpServers":[]}})).await;
+    let servers = d.servers().await;
+    let row = servers.iter().find(|s| s["serverId"] == "gb-1").unwrap();
+    assert_eq!(
+        row["sessions"],
+        json!([{"sessionId": sid, "cwd": s(&sub), "gitBase": base}])
+    );
+
+    // The agent changes and commits; the session's diff still shows its whole change.
+    std::fs::write(r.join("a.txt"), "agent\n").unwrap();
+    git(&r, &["commit", "-qam", "agent"]);
+    let (_, diff) = get(&d, "/v1/git/diff", &[("path", &s(&r)), ("base", &base)]).await;
+    assert_eq!(diff["files"][0]["path"], "a.txt", "{diff}");
+    let (_, now) = get(&d, "/v1/git/diff", &[("path", &s(&r))]).await;
+    assert_eq!(now["files"].as_array().unwrap().len(), 0);
+}
