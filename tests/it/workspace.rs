@@ -1044,3 +1044,65 @@ async fn a_session_records_its_git_base_and_the_diff_against_it_survives_a_commi
     let (_, now) = get(&d, "/v1/git/diff", &[("path", &s(&r))]).await;
     assert_eq!(now["files"].as_array().unwrap().len(), 0);
 }
+
+/// The command line client over the same routes.
+fn cli(d: &Daemon, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"));
+    cmd.args(args).env("SANDBOX_AGENT_URL", d.url(""));
+    if let Some(t) = &d.token {
+        cmd.env("SANDBOX_AGENT_TOKEN", t);
+    }
+    cmd.stdin(Stdio::null()).output().expect("the client runs")
+}
+
+#[test]
+fn the_cli_prints_git_status_diff_grep_and_ports() {
+    if !have_git() {
+        return;
+    }
+    let d = Daemon::builder().token("cli-token").start();
+    let r = repo(&d.work_dir().join("repo"));
+    std::fs::write(r.join("a.txt"), "one\nchanged \x1b[31mred\n").unwrap();
+    let p = s(&r);
+    let d2 = &d;
+    let run = move |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cli(d2, &args)
+    };
+    let o = run(vec!["git".into(), "status".into(), p.clone()]);
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("branch main") && text.contains("modified") && text.contains("a.txt"),
+        "{text}"
+    );
+    let o = run(vec!["git".into(), "diff".into(), p.clone()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("+changed \\x1b[31mred"),
+        "control characters escaped: {text}"
+    );
+    let o = run(vec![
+        "grep".into(),
+        "-i".into(),
+        "CHANGED".into(),
+        p.clone(),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .starts_with(&format!("{}:2:1:changed", s(&r.join("a.txt"))))
+    );
+    let o = run(vec!["grep".into(), "nothing-like-this".into(), p.clone()]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = run(vec!["ports".into(), "--json".into()]);
+    assert!(o.status.success(), "{o:?}");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["ports"].is_array());
+    let o = run(vec![
+        "git".into(),
+        "status".into(),
+        "/nonexistent-dir".into(),
+    ]);
+    assert!(!o.status.success());
+}
