@@ -37,8 +37,30 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(fs_grep))
         .routes(routes!(list_ports))
         .routes(routes!(port_events))
-        .routes(routes!(proxy_port).layer(DefaultBodyLimit::disable()))
-        .routes(routes!(proxy_port_root).layer(DefaultBodyLimit::disable()))
+        .routes(
+            routes!(
+                proxy_get,
+                proxy_post,
+                proxy_put,
+                proxy_patch,
+                proxy_delete,
+                proxy_head,
+                proxy_options
+            )
+            .layer(DefaultBodyLimit::disable()),
+        )
+        .routes(
+            routes!(
+                proxy_root_get,
+                proxy_root_post,
+                proxy_root_put,
+                proxy_root_patch,
+                proxy_root_delete,
+                proxy_root_head,
+                proxy_root_options
+            )
+            .layer(DefaultBodyLimit::disable()),
+        )
         .routes(routes!(create_preview))
 }
 
@@ -938,55 +960,71 @@ struct ProxyPath {
     path: String,
 }
 
-/// Reverse proxy to `127.0.0.1:{port}/{path}?query`: bodies streamed both ways, WebSocket
-/// upgrades passed through, the token never forwarded.
-#[utoipa::path(
-    method(get, post, put, patch, delete, head, options),
-    path = "/v1/ports/{port}/proxy/{path}",
-    operation_id = "proxyPort",
-    tag = "ports",
-    params(ProxyPath),
-    responses(
-        (status = 200, description = "Whatever the app answers, passed on as it is"),
-        (status = 502, description = "Nothing listens on the port, or the app failed"),
-    )
-)]
-async fn proxy_port(
-    State(s): State<AppState>,
-    Path((port, _path)): Path<(u16, String)>,
-    req: Request,
-) -> Response {
-    let prefix = format!("/v1/ports/{port}/proxy");
-    let strip = s.config.token.is_some();
-    proxy_to(&s, port, prefix, strip, req).await
-}
-
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 struct PortPath {
     port: u16,
 }
 
-/// The app's root (`/`) through the proxy.
-#[utoipa::path(
-    method(get, post, put, patch, delete, head, options),
-    path = "/v1/ports/{port}/proxy/",
-    operation_id = "proxyPortRoot",
-    tag = "ports",
-    params(PortPath),
-    responses(
-        (status = 200, description = "Whatever the app answers, passed on as it is"),
-        (status = 502, description = "Nothing listens on the port, or the app failed"),
-    )
-)]
-async fn proxy_port_root(
-    State(s): State<AppState>,
-    Path(p): Path<PortPath>,
-    req: Request,
-) -> Response {
-    let prefix = format!("/v1/ports/{}/proxy", p.port);
+async fn proxy_port(s: AppState, port: u16, req: Request) -> Response {
+    let prefix = format!("/v1/ports/{port}/proxy");
     let strip = s.config.token.is_some();
-    proxy_to(&s, p.port, prefix, strip, req).await
+    proxy_to(&s, port, prefix, strip, req).await
+}
+
+/// One documented operation per method (an operation id is unique per method), for the path
+/// below the port and for the app's root.
+macro_rules! proxy_operations {
+    ($($method:ident: $with_path:ident $id:literal, $root:ident $root_id:literal;)*) => {$(
+        /// Reverse proxy to `127.0.0.1:{port}/{path}?query`: bodies streamed both ways,
+        /// WebSocket upgrades passed through, the token never forwarded.
+        #[utoipa::path(
+            $method,
+            path = "/v1/ports/{port}/proxy/{path}",
+            operation_id = $id,
+            tag = "ports",
+            params(ProxyPath),
+            responses(
+                (status = 200, description = "Whatever the app answers, passed on as it is"),
+                (status = 400, description = "Invalid port"),
+                (status = 502, description = "Nothing listens on the port, or the app failed"),
+            )
+        )]
+        async fn $with_path(
+            State(s): State<AppState>,
+            Path((port, _path)): Path<(u16, String)>,
+            req: Request,
+        ) -> Response {
+            proxy_port(s, port, req).await
+        }
+
+        /// The app's root (`/`) through the proxy.
+        #[utoipa::path(
+            $method,
+            path = "/v1/ports/{port}/proxy/",
+            operation_id = $root_id,
+            tag = "ports",
+            params(PortPath),
+            responses(
+                (status = 200, description = "Whatever the app answers, passed on as it is"),
+                (status = 400, description = "Invalid port"),
+                (status = 502, description = "Nothing listens on the port, or the app failed"),
+            )
+        )]
+        async fn $root(State(s): State<AppState>, Path(p): Path<PortPath>, req: Request) -> Response {
+            proxy_port(s, p.port, req).await
+        }
+    )*};
+}
+
+proxy_operations! {
+    get: proxy_get "proxyPortGet", proxy_root_get "proxyPortRootGet";
+    post: proxy_post "proxyPortPost", proxy_root_post "proxyPortRootPost";
+    put: proxy_put "proxyPortPut", proxy_root_put "proxyPortRootPut";
+    patch: proxy_patch "proxyPortPatch", proxy_root_patch "proxyPortRootPatch";
+    delete: proxy_delete "proxyPortDelete", proxy_root_delete "proxyPortRootDelete";
+    head: proxy_head "proxyPortHead", proxy_root_head "proxyPortRootHead";
+    options: proxy_options "proxyPortOptions", proxy_root_options "proxyPortRootOptions";
 }
 
 #[derive(Deserialize, ToSchema, Default)]

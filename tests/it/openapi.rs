@@ -392,14 +392,10 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
             "streamAcpEvents",
             "--exclude-operation-id",
             "watchFs",
-            // The ports' change feed is endless too (tests/it/workspace.rs), and the proxy would
-            // send the fuzzer's requests to whatever else listens on this machine's loopback.
-            "--exclude-operation-id",
-            "portEvents",
-            "--exclude-operation-id",
-            "proxyPort",
-            "--exclude-operation-id",
-            "proxyPortRoot",
+            // The ports' change feed is endless too, and the proxy would send the fuzzer's
+            // requests to whatever else listens on this machine's loopback (tests/it/workspace.rs).
+            "--exclude-tag",
+            "ports",
         ],
     )
     .await;
