@@ -702,6 +702,12 @@ async fn run_search<T: Send + 'static>(
     path: Option<String>,
     f: impl FnOnce(&std::path::Path, &Cancel) -> Result<T, git::GitError> + Send + 'static,
 ) -> Result<T, Problem> {
+    let _slot = s
+        .workspace
+        .search_slots
+        .acquire()
+        .await
+        .map_err(|_| Problem::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
     let policy = s.workspace.policy().clone();
     let cancel = Cancel::default();
     let _guard = CancelOnDrop(cancel.clone());

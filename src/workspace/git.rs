@@ -85,10 +85,15 @@ pub const OUTPUT_CAP: usize = 64 << 20;
 /// without commits.
 const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
+/// At most this many git processes run at once; further calls wait for a slot (each request
+/// holds its connection, so the wait is bounded by `--max-connections`).
+pub const MAX_CONCURRENT: usize = 8;
+
 #[derive(Clone)]
 pub struct GitRunner {
     pub timeout: Duration,
     pub clone_timeout: Duration,
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl GitRunner {
@@ -133,6 +138,11 @@ impl GitRunner {
     ) -> Result<Output, GitError> {
         // Nothing that reads from a terminal or stdin.
         cmd.stdin(std::process::Stdio::null());
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| GitError::Spawn("shutting down".into()))?;
         match crate::supervisor::run_capped(cmd, timeout, OUTPUT_CAP).await {
             Ok(o) => Ok(o),
             Err(ToolError::Timeout { timeout, .. }) => Err(GitError::Timeout(timeout)),

@@ -27,6 +27,8 @@ pub struct Workspace {
     pub previews: preview::PreviewKeys,
     /// `gitBase` of each ACP session (`GET /v1/acp`).
     pub sessions: sessions::SessionBases,
+    /// Searches walking at once (each walk uses a thread per CPU).
+    pub search_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Workspace {
@@ -42,11 +44,13 @@ impl Workspace {
                 runner: git::GitRunner {
                     timeout: GIT_TIMEOUT,
                     clone_timeout: CLONE_TIMEOUT,
+                    slots: Arc::new(tokio::sync::Semaphore::new(git::MAX_CONCURRENT)),
                 },
             },
             ports: Arc::new(ports::Ports::new(processes, acp, shutdown)),
             previews: preview::PreviewKeys::generate()?,
             sessions: sessions::SessionBases::default(),
+            search_slots: Arc::new(tokio::sync::Semaphore::new(search::MAX_CONCURRENT)),
         })
     }
 

@@ -20,6 +20,8 @@ use super::git::GitError;
 /// The default number of results, and the largest a request may ask for.
 pub const DEFAULT_LIMIT: usize = 1000;
 pub const MAX_LIMIT: usize = 100_000;
+/// At most this many searches walk at once; further ones wait for a slot.
+pub const MAX_CONCURRENT: usize = 4;
 /// A matching line longer than this is cut (at a character boundary).
 pub const LINE_CAP: usize = 1024;
 /// A search that has not finished by then stops and answers what it found, `truncated`.
