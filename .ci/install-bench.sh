@@ -9,3 +9,8 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends nginx-light >/dev/null
 fi
+# benches/workspace_grep.sh compares the daemon's grep with ripgrep's `rg`.
+if ! command -v rg >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends ripgrep >/dev/null
+fi

@@ -78,6 +78,38 @@ pub enum Command {
         #[command(subcommand)]
         command: FsCommand,
     },
+    /// Git status and diff of a repository through a running daemon (`/v1/git/*`)
+    Git {
+        #[command(subcommand)]
+        command: GitCommand,
+    },
+    /// Search file contents through a running daemon (`/v1/fs/grep`: gitignore-aware, binary
+    /// files skipped)
+    Grep {
+        /// A regular expression (ripgrep's syntax)
+        pattern: String,
+        /// The directory searched [default: the daemon's work dir]
+        #[arg(value_name = "PATH")]
+        path: Option<String>,
+        /// Only files matching this gitignore-style glob
+        #[arg(long, short = 'g')]
+        glob: Option<String>,
+        #[arg(long, short = 'i')]
+        ignore_case: bool,
+        /// Include dotfiles
+        #[arg(long)]
+        hidden: bool,
+        /// At most this many matching lines
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The TCP listeners inside the sandbox (`/v1/ports`)
+    Ports {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Reload a running daemon in place and wait for the outcome (the unit's ExecReload=):
     /// sends SIGHUP to PID, then exits 0 once the new image serves, or 1 with the reason when
     /// the reload was refused (a broken config or binary: the old image serves on), failed, or
@@ -315,6 +347,29 @@ pub enum ProcessesCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum GitCommand {
+    /// Branch, HEAD and changed files
+    Status {
+        /// A directory in the repository [default: the daemon's work dir]
+        #[arg(value_name = "PATH")]
+        path: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The work tree (untracked files included) against a revision, as a unified diff
+    Diff {
+        /// A directory in the repository [default: the daemon's work dir]
+        #[arg(value_name = "PATH")]
+        path: Option<String>,
+        /// The revision compared with [default: HEAD]
+        #[arg(long)]
+        base: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum FsCommand {
     /// List a directory
     Ls {

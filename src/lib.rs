@@ -24,6 +24,7 @@ pub mod telemetry;
 #[cfg(not(feature = "otel"))]
 #[path = "telemetry_off.rs"]
 pub mod telemetry;
+pub mod workspace;
 
 /// Installs the process-wide TLS crypto provider (ring) that reqwest needs before any client is
 /// built. Idempotent.

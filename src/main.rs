@@ -67,6 +67,9 @@ fn main() -> ExitCode {
             | Command::Instances { .. }
             | Command::Acp { .. }
             | Command::Processes { .. }
+            | Command::Git { .. }
+            | Command::Grep { .. }
+            | Command::Ports { .. }
             | Command::Fs { .. }),
         ) => sandbox_agent::client::run(command),
         None => serve(&cli.server, launch, received),

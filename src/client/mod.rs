@@ -10,6 +10,7 @@ mod processes;
 mod sse;
 mod status;
 mod table;
+mod workspace;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -71,6 +72,11 @@ fn client_args(command: &Command) -> Option<&ClientArgs> {
         Command::Fs { command } => match command {
             F::Ls { client, .. } | F::Get { client, .. } | F::Put { client, .. } => client,
         },
+        Command::Git { command } => match command {
+            crate::cli::GitCommand::Status { client, .. }
+            | crate::cli::GitCommand::Diff { client, .. } => client,
+        },
+        Command::Grep { client, .. } | Command::Ports { client } => client,
         _ => return None,
     })
 }
@@ -91,6 +97,9 @@ fn execute(command: Command, target: ClientTarget, json: bool) -> Result<u8, Cli
                 Command::Acp { command } => acp::run(&api, command, json).await,
                 Command::Processes { command } => processes::run(&api, command, json).await,
                 Command::Fs { command } => fs::run(&api, command, json).await,
+                Command::Git { command } => workspace::git(&api, command, json).await,
+                c @ Command::Grep { .. } => workspace::grep(&api, c, json).await,
+                Command::Ports { .. } => workspace::ports(&api, json).await,
                 _ => Err(ClientError::Usage("not a client command".into())),
             }
         };

@@ -71,6 +71,12 @@ impl AppState {
                 processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
         }
         let processes = Arc::new(processes);
+        let workspace = Arc::new(crate::workspace::Workspace::new(
+            files.policy().clone(),
+            processes.clone(),
+            acp.clone(),
+            services.child_token(),
+        )?);
         // The per-instance process figures of `/metrics`, read off the runtime thread.
         super::sampler::spawn(acp.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
@@ -84,6 +90,7 @@ impl AppState {
             files,
             config_store,
             processes,
+            workspace,
             state: state.map(|(s, _)| s),
             tasks,
         })))

@@ -126,6 +126,27 @@ impl PathPolicy {
         openat2(self.root_fd.as_fd(), dot(rel), how)
     }
 
+    /// Whether a real (symlink-free, absolute) path lies beneath the root: for paths another
+    /// program reports (git's top level or its git dir), checked after the fact.
+    pub fn contains(&self, real: &Path) -> bool {
+        !self.confined || real.starts_with(&self.root)
+    }
+
+    /// The real path of an existing directory, opened beneath the root (so `..` and symlinks
+    /// are resolved by the kernel and cannot leave it): what is handed to a program that takes
+    /// path strings (git). The name is read back from `/proc/self/fd`.
+    pub fn real_dir(&self, p: &SandboxPath) -> Result<PathBuf, FileError> {
+        let fd = self.open(p, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+        let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let real = std::fs::read_link(&link).map_err(|e| FileError::from_io("open", &p.abs, e))?;
+        if !self.contains(&real) {
+            return Err(FileError::OutsideRoot {
+                path: p.abs.clone(),
+            });
+        }
+        Ok(real)
+    }
+
     /// Opens a path for reading metadata or contents; errors name the request path.
     pub fn open(&self, p: &SandboxPath, flags: OFlag) -> Result<OwnedFd, FileError> {
         self.open_rel(&p.rel, flags)

@@ -61,10 +61,25 @@ pub(super) struct JsonRpcMessage {
     responses((status = 200, description = "Every instance, sorted by serverId", body = ServerList)),
 )]
 async fn list(State(st): State<AppState>) -> Response {
-    axum::Json(ServerList {
-        servers: st.acp.list().await.into_iter().map(Into::into).collect(),
-    })
-    .into_response()
+    let mut servers: Vec<super::wire::acp::ServerInfo> =
+        st.acp.list().await.into_iter().map(Into::into).collect();
+    let mut bases = st
+        .workspace
+        .sessions
+        .of_listed(servers.iter().map(|s| s.server_id.as_str()));
+    for s in servers.iter_mut() {
+        if let Some(list) = bases.remove(&s.server_id) {
+            s.sessions = list
+                .into_iter()
+                .map(|b| super::wire::acp::SessionGitBase {
+                    session_id: b.session_id,
+                    cwd: b.cwd,
+                    git_base: b.git_base,
+                })
+                .collect();
+        }
+    }
+    axum::Json(ServerList { servers }).into_response()
 }
 
 /// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).
@@ -189,6 +204,15 @@ async fn post_message(
         _ => None,
     };
     let agent = query.agent.as_deref().filter(|a| !a.is_empty());
+    // `gitBase`: a session/new or session/load whose cwd is in a repository records its HEAD as
+    // of now, before the agent can change anything.
+    let session_base = match &envelope.kind {
+        Kind::Request { .. } => match crate::workspace::sessions::watch(&envelope.line) {
+            Some(w) => st.workspace.git.head_of(&w.cwd).await.map(|head| (w, head)),
+            None => None,
+        },
+        _ => None,
+    };
     let header_parent = headers.contains_key("traceparent");
     let posted = super::trace::post_traced(
         &st,
@@ -204,6 +228,23 @@ async fn post_message(
             line,
             last_event_id,
         }) => {
+            if let Some((w, head)) = session_base {
+                let id = match w.session_id {
+                    // A load that failed answers an error, not a result.
+                    Some(id) => memchr::memmem::find(&line, b"\"result\"").map(|_| id),
+                    None => crate::workspace::sessions::new_session_id(&line),
+                };
+                if let Some(session_id) = id {
+                    st.workspace.sessions.record(
+                        &server_id,
+                        crate::workspace::sessions::SessionBase {
+                            session_id,
+                            cwd: w.cwd,
+                            git_base: head,
+                        },
+                    );
+                }
+            }
             let mut resp = Response::new(Body::from(line));
             let h = resp.headers_mut();
             h.insert(

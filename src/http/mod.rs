@@ -17,6 +17,7 @@ mod trace;
 pub mod ui;
 pub mod watch;
 pub mod wire;
+pub mod workspace;
 pub mod ws;
 
 use std::sync::Arc;
@@ -60,6 +61,8 @@ pub struct Services {
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
+    /// git, search, ports, the proxy and preview links (`http/workspace.rs`).
+    pub workspace: Arc<crate::workspace::Workspace>,
     /// `--state-dir`'s store, when there is one.
     pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
@@ -122,6 +125,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(config::routes())
         .merge(processes::routes())
         .merge(metrics::routes())
+        .merge(workspace::routes())
 }
 
 pub fn router(state: AppState) -> Router {
@@ -137,6 +141,8 @@ pub fn router(state: AppState) -> Router {
     routes
         // The inspector's static files: not API routes, so not in the document (src/http/ui.rs).
         .merge(ui::routes())
+        // Preview links: an app's pages, not API routes (src/http/workspace.rs).
+        .merge(workspace::preview_routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit as usize))
@@ -311,6 +317,14 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
 async fn problem_safety_net(state: &AppState, resp: Response) -> Response {
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    // An app's own answer through the port proxy is passed on as it is.
+    if resp
+        .extensions()
+        .get::<crate::workspace::proxy::Passthrough>()
+        .is_some()
+    {
         return resp;
     }
     let is_problem = resp

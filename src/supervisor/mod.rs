@@ -37,7 +37,7 @@ pub use adopt::{CgroupDirState, CgroupsState, ChildState};
 pub use limits::Limits;
 pub use stats::{GroupScan, read_stat};
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;
-pub use tool::{ToolError, run_to_completion};
+pub use tool::{ToolError, run_capped, run_to_completion};
 pub use warm::stub_main;
 
 /// What to run, and the labels its log lines carry.

@@ -20,6 +20,8 @@ pub enum ToolError {
     },
     #[error("{program} did not finish within {timeout:?}")]
     Timeout { program: String, timeout: Duration },
+    #[error("{program} wrote more than {limit} bytes of output")]
+    OutputTooLarge { program: String, limit: usize },
     #[error("{program} failed: {source}")]
     Wait {
         program: String,
@@ -40,11 +42,16 @@ impl Drop for GroupGuard {
     }
 }
 
-/// Reads a pipe to its end.
-async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> io::Result<Vec<u8>> {
+/// Reads a pipe to its end, or fails once more than `cap` bytes came (the pipe is then closed,
+/// so a writer still going gets EPIPE rather than blocking).
+async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>, cap: usize) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
-    if let Some(mut p) = pipe {
-        p.read_to_end(&mut out).await?;
+    if let Some(p) = pipe {
+        let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
+        p.take(limit).read_to_end(&mut out).await?;
+        if out.len() > cap {
+            return Err(io::Error::new(io::ErrorKind::FileTooLarge, "output cap"));
+        }
     }
     Ok(out)
 }
@@ -55,8 +62,18 @@ async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> io::Result<Ve
 /// the group id cannot name a stranger's group when it is signalled; without pidfds the members
 /// a `/proc` scan finds after the reap are killed instead.
 pub async fn run_to_completion(
+    cmd: tokio::process::Command,
+    timeout: Duration,
+) -> Result<Output, ToolError> {
+    run_capped(cmd, timeout, usize::MAX).await
+}
+
+/// [`run_to_completion`] with at most `cap` bytes read from each of stdout and stderr: past
+/// that the whole group is killed and the answer is [`ToolError::OutputTooLarge`].
+pub async fn run_capped(
     mut cmd: tokio::process::Command,
     timeout: Duration,
+    cap: usize,
 ) -> Result<Output, ToolError> {
     let program = cmd.as_std().get_program().to_string_lossy().into_owned();
     cmd.process_group(0)
@@ -74,14 +91,14 @@ pub async fn run_to_completion(
     let mut guard = GroupGuard(pgid);
     let pidfd = pid.and_then(|p| crate::sys::pidfd(p).ok());
     let Some(pidfd) = pidfd else {
-        return run_reaped(child, guard, timeout, program).await;
+        return run_reaped(child, guard, timeout, program, cap).await;
     };
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let pid = pid.unwrap_or(0);
     let result = tokio::time::timeout(timeout, async {
         let (out, err, status) = tokio::join!(
-            drain(stdout),
-            drain(stderr),
+            drain(stdout, cap),
+            drain(stderr, cap),
             super::spawn::exited_unreaped(&pidfd, pid)
         );
         Ok::<_, io::Error>((out?, err?, status))
@@ -103,6 +120,12 @@ pub async fn run_to_completion(
             }),
             Err(source) => Err(ToolError::Wait { program, source }),
         },
+        Ok(Err(source)) if source.kind() == io::ErrorKind::FileTooLarge => {
+            Err(ToolError::OutputTooLarge {
+                program,
+                limit: cap,
+            })
+        }
         Ok(Err(source)) => Err(ToolError::Wait { program, source }),
         Err(_) => Err(ToolError::Timeout { program, timeout }),
     }
@@ -115,8 +138,21 @@ async fn run_reaped(
     mut guard: GroupGuard,
     timeout: Duration,
     program: String,
+    cap: usize,
 ) -> Result<Output, ToolError> {
-    let result = tokio::time::timeout(timeout, child.wait_with_output()).await;
+    let mut child = child;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let result = tokio::time::timeout(timeout, async {
+        let (out, err) = tokio::join!(drain(stdout, cap), drain(stderr, cap));
+        let (out, err) = (out?, err?);
+        let status = child.wait().await?;
+        Ok::<_, io::Error>(Output {
+            status,
+            stdout: out,
+            stderr: err,
+        })
+    })
+    .await;
     if let Some(pgid) = guard.0.take() {
         let _ = tokio::task::spawn_blocking(move || {
             for p in super::stats::group_members(pgid.as_raw()) {
@@ -127,6 +163,12 @@ async fn run_reaped(
     }
     match result {
         Ok(Ok(out)) => Ok(out),
+        Ok(Err(source)) if source.kind() == io::ErrorKind::FileTooLarge => {
+            Err(ToolError::OutputTooLarge {
+                program,
+                limit: cap,
+            })
+        }
         Ok(Err(source)) => Err(ToolError::Wait { program, source }),
         Err(_) => Err(ToolError::Timeout { program, timeout }),
     }

@@ -35,3 +35,4 @@ mod traces;
 mod transports;
 mod warm_spawns;
 mod watch;
+mod workspace;

@@ -128,7 +128,16 @@ async fn every_documented_operation_is_routed() {
             }
             let r = req.send().await.unwrap();
             let status = r.status();
-            let body = r.text().await.unwrap_or_default();
+            // A stream (the ports' change feed) never ends: its head is the answer.
+            let streaming = r
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            let body = if streaming {
+                String::new()
+            } else {
+                r.text().await.unwrap_or_default()
+            };
             assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
             assert!(
                 !(status == StatusCode::NOT_FOUND && body.contains("no route for")),
@@ -383,6 +392,10 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
             "streamAcpEvents",
             "--exclude-operation-id",
             "watchFs",
+            // The ports' change feed is endless too, and the proxy would send the fuzzer's
+            // requests to whatever else listens on this machine's loopback (tests/it/workspace.rs).
+            "--exclude-tag",
+            "ports",
         ],
     )
     .await;

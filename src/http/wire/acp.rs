@@ -44,6 +44,19 @@ pub struct ServerInfo {
     pub cpu_ms: Option<u64>,
     pub processes: Option<u64>,
     pub open_fds: Option<u64>,
+    /// The sessions created or loaded through the daemon with a `cwd` inside a git repository,
+    /// each with the HEAD at that moment (`gitBase`; docs/workspace.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<SessionGitBase>,
+}
+
+/// A session's working directory and the commit its repository was at when it began.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionGitBase {
+    pub session_id: String,
+    pub cwd: String,
+    pub git_base: String,
 }
 
 impl From<Info> for ServerInfo {
@@ -65,6 +78,7 @@ impl From<Info> for ServerInfo {
             cpu_ms: i.cpu_ms,
             processes: i.processes,
             open_fds: i.open_fds,
+            sessions: Vec::new(),
         }
     }
 }

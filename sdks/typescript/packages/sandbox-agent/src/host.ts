@@ -51,6 +51,21 @@ import type {
   SkillsEntry,
   UploadBatchResult,
   WriteFileResult,
+  GitBranches,
+  GitCheckoutRequest,
+  GitCloneRequest,
+  GitCommitRequest,
+  GitDiff,
+  GitLog,
+  GitStatus,
+  GitWorktree,
+  GitWorktreeRequest,
+  GlobQuery,
+  GlobResult,
+  GrepQuery,
+  GrepResult,
+  PortInfo,
+  Preview,
 } from "./types.js";
 
 export interface HostOptions {
@@ -275,6 +290,72 @@ export class HostApi {
   connectProcessTerminal(id: string, options: ProcessTerminalConnectOptions = {}): ProcessTerminalSession {
     const ctx = this.processContext();
     return new ProcessTerminalSession(openTerminalSocket(ctx, id, options), () => explainTerminalRefusal(ctx, id));
+  }
+
+  // The workspace API (docs/workspace.md): git, search, ports, the proxy and preview links.
+
+  /** Branch, HEAD and changed files of the repository `path` is in. */
+  gitStatus(path: string): Promise<GitStatus> {
+    return this.json("GET", "/v1/git/status", { query: { path } });
+  }
+  /** The work tree (untracked files included) against `base` (default HEAD). */
+  gitDiff(path: string, base?: string): Promise<GitDiff> {
+    return this.json("GET", "/v1/git/diff", { query: { path, base } });
+  }
+  gitLog(path: string, limit?: number): Promise<GitLog> {
+    return this.json("GET", "/v1/git/log", { query: { path, limit } });
+  }
+  /** Commits what is staged (everything with `all`); 409 when there is nothing to commit. */
+  gitCommit(request: GitCommitRequest): Promise<{ sha: string }> {
+    return this.json("POST", "/v1/git/commit", { body: request });
+  }
+  gitBranches(path: string): Promise<GitBranches> {
+    return this.json("GET", "/v1/git/branches", { query: { path } });
+  }
+  /** Switches branch (creating it with `create`); 409 when local changes would be overwritten. */
+  gitCheckout(request: GitCheckoutRequest): Promise<{ branch: string }> {
+    return this.json("POST", "/v1/git/checkout", { body: request });
+  }
+  async listWorktrees(path: string): Promise<GitWorktree[]> {
+    const r = await this.json<{ worktrees: GitWorktree[] }>("GET", "/v1/git/worktrees", { query: { path } });
+    return r.worktrees;
+  }
+  /** A new worktree on a new branch: a work tree of its own for one agent. */
+  addWorktree(request: GitWorktreeRequest): Promise<GitWorktree> {
+    return this.json("POST", "/v1/git/worktrees", { body: request });
+  }
+  /** Removes a worktree; one with changes needs `force` (else 409). */
+  async removeWorktree(path: string, options: { force?: boolean } = {}): Promise<void> {
+    await this.send("DELETE", "/v1/git/worktrees", { query: { path, force: options.force } });
+  }
+  /** Clones into `dest`; credentials are used for this clone only, never stored. */
+  gitClone(request: GitCloneRequest): Promise<GitWorktree> {
+    return this.json("POST", "/v1/git/clone", { body: request });
+  }
+  /** Files whose path matches a gitignore-style glob. */
+  glob(query: GlobQuery): Promise<GlobResult> {
+    return this.json("GET", "/v1/fs/glob", { query: { ...query } });
+  }
+  /** Lines matching a regular expression (gitignore-aware, binary files skipped). */
+  grep(query: GrepQuery): Promise<GrepResult> {
+    return this.json("GET", "/v1/fs/grep", { query: { ...query } });
+  }
+  /** The TCP listeners inside the sandbox. */
+  async listPorts(): Promise<PortInfo[]> {
+    const r = await this.json<{ ports: PortInfo[] }>("GET", "/v1/ports");
+    return r.ports;
+  }
+  /** The URL of `path` on `port` through the daemon's proxy (needs the token). */
+  portProxyUrl(port: number, path = "/"): string {
+    return `${this.baseUrl}/v1/ports/${port}/proxy/${path.replace(/^\/+/, "")}`;
+  }
+  /**
+   * A signed link to `port` that works without the token until it expires (`ttl`: `10m`, `2h`;
+   * default 1h). `url` is absolute here (the daemon answers it relative to its address).
+   */
+  async createPreview(port: number, options: { ttl?: string } = {}): Promise<Preview> {
+    const p = await this.json<Preview>("POST", `/v1/ports/${port}/preview`, { body: { ...options } });
+    return { ...p, url: this.baseUrl + p.url };
   }
 
   private processContext(): ProcessContext {

@@ -58,3 +58,33 @@ export type ProcessSignalQuery = QueryOf<"stopProcess">;
 export type ProcessTerminalResizeRequest = Schemas["TerminalSize"];
 export type ProcessTerminalResizeResponse = Schemas["TerminalSize"];
 export type { components as OpenApiComponents, paths as OpenApiPaths } from "./generated/openapi.js";
+
+// The workspace API (`/v1/git/*`, `/v1/fs/glob`, `/v1/fs/grep`, `/v1/ports*`; docs/workspace.md).
+export type GitStatus = Schemas["GitStatus"];
+export type GitFileStatus = Schemas["GitFileStatus"];
+export type GitDiff = Schemas["GitDiff"];
+export type GitDiffFile = Schemas["GitDiffFile"];
+export type GitLog = Schemas["GitLog"];
+export type GitCommit = Schemas["GitCommit"];
+export type GitCommitRequest = Schemas["GitCommitRequest"];
+export type GitBranches = Schemas["GitBranches"];
+export type GitCheckoutRequest = Schemas["GitCheckoutRequest"];
+export type GitWorktree = Schemas["GitWorktree"];
+export type GitWorktreeRequest = Schemas["GitWorktreeRequest"];
+export type GitCloneRequest = Schemas["GitCloneRequest"];
+export type GlobResult = Schemas["GlobResult"];
+export type GrepResult = Schemas["GrepResult"];
+export type GrepMatch = Schemas["GrepMatch"];
+export type PortInfo = Schemas["PortInfo"];
+export type Preview = Schemas["Preview"];
+/** A session's `gitBase` as `GET /v1/acp` lists it. */
+export type SessionGitBase = Schemas["SessionGitBase"];
+export type GlobQuery = { path?: string; pattern: string; hidden?: boolean; limit?: number };
+export type GrepQuery = {
+  path?: string;
+  pattern: string;
+  glob?: string;
+  ignoreCase?: boolean;
+  hidden?: boolean;
+  limit?: number;
+};
