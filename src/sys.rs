@@ -590,6 +590,21 @@ pub fn memfd(name: &str) -> io::Result<std::fs::File> {
     Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
+/// Sends `sig` to `pid` with `value` as the signal's value (`sigqueue(3)`): a reload's waiter
+/// names its answer socket this way, and the init forwards it unchanged.
+pub fn sigqueue(pid: i32, sig: nix::sys::signal::Signal, value: u64) -> io::Result<()> {
+    let v = libc::sigval {
+        sival_ptr: value as usize as *mut libc::c_void,
+    };
+    // SAFETY: sigqueue takes a pid, a signal number and a value passed by copy; no pointer is
+    // dereferenced (the value is an opaque word for the receiver).
+    let r = unsafe { libc::sigqueue(pid, sig as libc::c_int, v) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Takes ownership of descriptor `n`, which a previous image of this process kept open across
 /// its exec for us (a reload's hand-off). The caller makes sure each number is taken once.
 pub fn inherited_fd(n: RawFd) -> io::Result<std::os::fd::OwnedFd> {

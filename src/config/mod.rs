@@ -959,8 +959,16 @@ impl Config {
 /// which descriptor holds the hand-off (docs/operations.md, "Reload"). Never set by operators.
 pub const HANDOFF_FD_VAR: &str = "SANDBOX_AGENT_HANDOFF_FD";
 
+/// Whether `name` is a setting's name (a file key, `port`, or a flag, `--port`): what a reload's
+/// refusal may quote of a configuration error, unlike a value.
+pub fn is_setting_name(name: &str) -> bool {
+    let key = name.trim_start_matches("--").replace('-', "_");
+    !key.is_empty() && sources::known_file_keys().contains(&key)
+}
+
 /// Reads and removes `HANDOFF_FD_VAR`, so that nothing started later (agents, tools) sees it.
 /// Call first thing in `main`, while the process has one thread.
+
 pub fn take_handoff_fd() -> Option<String> {
     let value = std::env::var(HANDOFF_FD_VAR).ok();
     if value.is_some() {

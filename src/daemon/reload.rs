@@ -31,6 +31,9 @@ use crate::http::AppState;
 use crate::processes::ProcessesState;
 use crate::supervisor::CgroupsState;
 
+mod waiter;
+pub use waiter::{INIT_COMM, Outcome, Waiters, tell, wait_main};
+
 /// The version of the hand-off this binary writes. 2: RFD connections are carried
 /// (`connections`); a version-1 hand-off (none) is still read.
 pub const STATE_VERSION: u32 = 2;
@@ -63,6 +66,10 @@ pub struct Handoff {
     pub processes: ProcessesState,
     /// Every descriptor kept across the exec (the new image closes what it does not take).
     pub fds: Vec<i32>,
+    /// The tickets of the `sandbox-agent reload` commands waiting for the outcome (the new
+    /// image tells them `ready`).
+    #[serde(default)]
+    pub waiters: Vec<u64>,
 }
 
 impl Handoff {
@@ -104,21 +111,52 @@ impl Launch {
     /// Captures argv and the environment; call at the top of `main`, before the token is
     /// overwritten in the process's memory.
     pub fn capture() -> Launch {
-        let exe = std::env::current_exe()
-            .map(|p| {
-                use std::os::unix::ffi::OsStrExt;
-                match p.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
-                    Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
-                    None => p,
-                }
-            })
-            .unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+        let argv: Vec<OsString> = std::env::args_os().collect();
         Launch {
-            exe,
-            argv: strip_token(std::env::args_os().collect()),
+            exe: started_as(argv.first()),
+            argv: strip_token(argv),
             env: crate::config::launch_env(),
         }
     }
+}
+
+/// The path the binary was started as: `argv[0]` (made absolute; looked up in `PATH` when it has
+/// no slash) when that path is, at this moment, the file running — so that a symlink a package
+/// repoints (`/usr/bin/sandbox-agent` → `…/v2`) is followed again at the next reload. Otherwise
+/// (an `argv[0]` that names something else) the resolved `/proc/self/exe`.
+fn started_as(argv0: Option<&OsString>) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let resolved = std::env::current_exe()
+        .map(
+            |p| match p.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
+                Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
+                None => p,
+            },
+        )
+        .unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    let Some(argv0) = argv0.map(PathBuf::from) else {
+        return resolved;
+    };
+    let candidates: Vec<PathBuf> = if argv0.as_os_str().as_bytes().contains(&b'/') {
+        match std::env::current_dir() {
+            Ok(cwd) => vec![cwd.join(&argv0)],
+            Err(_) => vec![argv0],
+        }
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(&argv0)).collect())
+            .unwrap_or_default()
+    };
+    let Ok(running) = std::fs::metadata("/proc/self/exe") else {
+        return resolved;
+    };
+    candidates
+        .into_iter()
+        .filter(|c| c.is_absolute())
+        .find(|c| {
+            std::fs::metadata(c).is_ok_and(|m| m.dev() == running.dev() && m.ino() == running.ino())
+        })
+        .unwrap_or(resolved)
 }
 
 fn strip_token(argv: Vec<OsString>) -> Vec<OsString> {
@@ -157,6 +195,8 @@ pub struct Reloading<'a> {
     pub root: &'a CancellationToken,
     /// Held from the last check of `root` to the exec, so that no stop signal is lost between.
     pub signals: &'a crate::daemon::signals::Gate,
+    /// The `sandbox-agent reload` commands waiting for the outcome.
+    pub waiters: &'a Waiters,
 }
 
 /// Why a reload did not happen.
@@ -240,6 +280,8 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     };
     let mut handoff = handoff;
     handoff.stop_requested = r.root.is_cancelled();
+    // No SIGHUP is read from here on: every waiter registered so far is told by the new image.
+    handoff.waiters = r.waiters.take();
     if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
         release();
         return Failed::Fatal(format!("cannot write the hand-off: {e}"));
@@ -286,6 +328,7 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
         connections,
         processes,
         fds: keep.iter().map(|f| f.as_raw_fd()).collect(),
+        waiters: Vec::new(),
     })
 }
 
@@ -309,18 +352,73 @@ async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stderr = stderr.trim();
+    // The check's stderr is never forwarded: a binary that quotes the configuration (an older
+    // one quoted the offending TOML line, `token = "…` included) would leak it to the waiter and
+    // the log. Only the problems it lists on stdout, already without values, are said.
+    let problems = serde_json::from_slice::<CheckReport>(&out.stdout)
+        .map(|r| r.problems)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| redact_values(&p))
+        .collect::<Vec<_>>();
     let why = match out.status.code() {
-        Some(65) => format!("the new binary does not read this state: {stderr}"),
-        Some(78) => format!("the configuration is not valid: {stderr}"),
+        Some(65) => format!(
+            "the new binary {} does not read this state (version {STATE_VERSION})",
+            launch.exe.display()
+        ),
+        Some(78) if !problems.is_empty() => {
+            format!("the configuration is not valid: {}", problems.join("; "))
+        }
+        Some(78) => format!(
+            "the configuration is not valid (run `{} reload-check -- <the daemon's arguments>` \
+             as the daemon's user to see why)",
+            launch.exe.display()
+        ),
         _ => format!(
-            "the new binary's check failed ({}): {}",
-            out.status,
-            stderr.chars().take(2000).collect::<String>()
+            "the new binary {}'s check failed ({})",
+            launch.exe.display(),
+            out.status
         ),
     };
     Err(why)
+}
+
+/// What `reload-check` prints on stdout when the configuration is refused.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckReport {
+    problems: Vec<String>,
+}
+
+/// A configuration error as a refusal may say it: every `quoted` piece that is not a setting's
+/// name (a value, a piece of the file) becomes `…`; the file, line and column stay.
+fn redact_values(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut parts = msg.split('`');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    let rest: Vec<&str> = parts.collect();
+    // Pieces alternate: inside a quote, outside, inside, …; an unpaired last quote is dropped.
+    let mut i = 0;
+    while i < rest.len() {
+        let inside = rest[i];
+        if i + 1 < rest.len() {
+            out.push('`');
+            out.push_str(if crate::config::is_setting_name(inside) {
+                inside
+            } else {
+                "…"
+            });
+            out.push('`');
+            out.push_str(rest[i + 1]);
+        }
+        i += 2;
+    }
+    // Controls (a newline could start a line of the file) are dropped; long output is cut.
+    out.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(600)
+        .collect()
 }
 
 /// `sandbox-agent reload-check`: loads the configuration from `args` as the daemon would and
@@ -366,7 +464,14 @@ pub fn check_main(
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
+            // The full text for a person running the check; the daemon reads only stdout.
             eprint!("{e}");
+            let report = CheckReport {
+                problems: e.0.iter().map(|p| redact_values(p)).collect(),
+            };
+            if let Ok(json) = serde_json::to_string(&report) {
+                println!("{json}");
+            }
             std::process::ExitCode::from(78)
         }
     }
@@ -464,149 +569,6 @@ pub fn receive(value: &str) -> Result<Received, String> {
     Ok(Received { handoff, open })
 }
 
-/// The abstract socket name a `sandbox-agent reload --pid PID` waits on for daemon `pid`'s
-/// outcome (abstract: nothing on disk, gone with the waiter, and a send with no waiter fails).
-fn waiter_name(pid: u32) -> String {
-    format!("sandbox-agent/reload/{pid}")
-}
-
-/// Tells a waiting `sandbox-agent reload` how the reload ended: `ready`, or `refused`/`failed`
-/// with the reason on the next line. Sent for this pid and for the parent's (a container's
-/// init, which forwards the SIGHUP it was sent); with no waiter the send fails, silently.
-pub fn tell_waiter(outcome: &str) {
-    use std::os::linux::net::SocketAddrExt;
-    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
-        return;
-    };
-    let _ = sock.set_nonblocking(true);
-    let msg = outcome.as_bytes();
-    let msg = &msg[..msg.len().min(4000)];
-    for pid in [std::process::id(), std::os::unix::process::parent_id()] {
-        if let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid)) {
-            let _ = sock.send_to_addr(msg, &addr);
-        }
-    }
-}
-
-/// `sandbox-agent reload --pid PID`: sends SIGHUP to the daemon and waits until the reload
-/// has ended (the `ExecReload=` of the unit, so that `systemctl reload` returns when the new
-/// image serves and fails when the reload was refused). Exit 0: the new image serves; 1: the
-/// reload was refused or failed (the reason on stderr), or no answer within `timeout` (a daemon
-/// from before this notification, or one that is stopping); 64: usage.
-pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
-    use std::os::linux::net::SocketAddrExt;
-    use std::process::ExitCode;
-    let timeout = match humantime::parse_duration(timeout) {
-        Ok(t) if !t.is_zero() => t,
-        _ => {
-            eprintln!("sandbox-agent reload: --timeout {timeout:?} is not a duration like 25s");
-            return ExitCode::from(64);
-        }
-    };
-    let Ok(target) = i32::try_from(pid) else {
-        eprintln!("sandbox-agent reload: --pid {pid} is not a process id");
-        return ExitCode::from(64);
-    };
-    let sock = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid))
-        .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a));
-    let sock = sock.and_then(|s| {
-        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::PassCred, &true)?;
-        Ok(s)
-    });
-    let sock = match sock {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            eprintln!("sandbox-agent reload: another reload of pid {pid} is already waiting");
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("sandbox-agent reload: cannot open the answer socket: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(target),
-        nix::sys::signal::Signal::SIGHUP,
-    ) {
-        eprintln!("sandbox-agent reload: cannot signal pid {pid}: {e}");
-        return ExitCode::FAILURE;
-    }
-    let deadline = std::time::Instant::now() + timeout;
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
-            eprintln!(
-                "sandbox-agent reload: no answer from pid {pid} within {}: the daemon may be \
-                 too old to answer, stopping, or still reloading",
-                humantime::format_duration(timeout)
-            );
-            return ExitCode::FAILURE;
-        }
-        let (n, sender) = match recv_with_sender(&sock, &mut buf) {
-            Ok(got) => got,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue;
-            }
-            Err(e) => {
-                eprintln!("sandbox-agent reload: waiting for the answer: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        // Only the daemon (or, through a container's init, its child) may answer: any local
-        // process can send to an abstract name, and a forged "ready" would end the wait early.
-        if !sender.is_some_and(|s| s == pid || parent_of(s) == Some(pid)) {
-            continue;
-        }
-        let text = String::from_utf8_lossy(&buf[..n]);
-        let (outcome, why) = text.split_once('\n').unwrap_or((&text, ""));
-        match outcome {
-            "ready" => return ExitCode::SUCCESS,
-            "refused" | "failed" => {
-                eprintln!("sandbox-agent reload: {outcome}: {why}");
-                return ExitCode::FAILURE;
-            }
-            // Not an answer of ours: keep waiting.
-            _ => continue,
-        }
-    }
-}
-
-/// One datagram and the pid of the process that sent it (the kernel's `SCM_CREDENTIALS`, which
-/// a sender cannot forge without privileges).
-fn recv_with_sender(
-    sock: &std::os::unix::net::UnixDatagram,
-    buf: &mut [u8],
-) -> std::io::Result<(usize, Option<u32>)> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, UnixCredentials, recvmsg};
-    let mut iov = [std::io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!(UnixCredentials);
-    let msg = recvmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::empty(),
-    )?;
-    let sender = msg.cmsgs()?.find_map(|c| match c {
-        ControlMessageOwned::ScmCredentials(cred) => u32::try_from(cred.pid()).ok(),
-        _ => None,
-    });
-    Ok((msg.bytes, sender))
-}
-
-/// The parent pid of `pid`, if its `/proc` entry can be read.
-fn parent_of(pid: u32) -> Option<u32> {
-    let st = crate::supervisor::read_stat(i32::try_from(pid).ok()?)?;
-    u32::try_from(st.ppid).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,6 +586,7 @@ mod tests {
             connections: Vec::new(),
             processes: ProcessesState::default(),
             fds: vec![7, 8, 9],
+            waiters: vec![42],
         }
     }
 
@@ -680,6 +643,22 @@ mod tests {
             assert_eq!(h.acp.exited.len(), ended, "version {v}");
             assert_eq!(h.processes.exited.len(), ended, "version {v}");
         }
+    }
+
+    #[test]
+    fn a_refusal_quotes_setting_names_and_never_values() {
+        let check = |msg: &str, want: &str| assert_eq!(redact_values(msg), want);
+        check(
+            "config file /c.toml: unknown key `tokn`; did you mean `token`?",
+            "config file /c.toml: unknown key `…`; did you mean `token`?",
+        );
+        check(
+            "--port: `s3cr3t` is not a port",
+            "--port: `…` is not a port",
+        );
+        check("a `--max-agents` b", "a `--max-agents` b");
+        check("line one\ntoken = \"x", "line one token = \"x");
+        check("unpaired `s3cr3t", "unpaired ");
     }
 
     #[test]
