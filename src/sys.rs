@@ -637,15 +637,3 @@ pub fn hex(bytes: &[u8]) -> String {
     }
     s
 }
-
-/// The bytes of `hex`'s text; pairs that are not hex digits are skipped.
-pub fn unhex(s: &str) -> Vec<u8> {
-    s.as_bytes()
-        .chunks(2)
-        .filter_map(|p| {
-            std::str::from_utf8(p)
-                .ok()
-                .and_then(|p| u8::from_str_radix(p, 16).ok())
-        })
-        .collect()
-}

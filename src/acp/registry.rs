@@ -551,6 +551,15 @@ pub struct AcpState {
 }
 
 impl AcpService {
+    /// What a reload's hand-off would carry of the event logs, in bytes (checked against the
+    /// memory the daemon may use before the reload begins).
+    pub fn handoff_bytes(&self) -> u64 {
+        let logs: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
+        logs.iter()
+            .map(|i| i.events.retained_bytes() as u64 + 16 * 1024)
+            .sum()
+    }
+
     /// A reload begins: a POST waiting for its agent's answer is answered 202 from now on, its
     /// answer going to the event log (as with `Prefer: respond-async`).
     pub fn begin_handoff(&self) {

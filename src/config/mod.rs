@@ -968,7 +968,6 @@ pub fn is_setting_name(name: &str) -> bool {
 
 /// Reads and removes `HANDOFF_FD_VAR`, so that nothing started later (agents, tools) sees it.
 /// Call first thing in `main`, while the process has one thread.
-
 pub fn take_handoff_fd() -> Option<String> {
     let value = std::env::var(HANDOFF_FD_VAR).ok();
     if value.is_some() {

@@ -13,7 +13,6 @@
 
 use std::collections::BTreeSet;
 use std::ffi::{CString, OsString};
-use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -31,12 +30,16 @@ use crate::http::AppState;
 use crate::processes::ProcessesState;
 use crate::supervisor::CgroupsState;
 
+mod memory;
 mod waiter;
+mod wire;
 pub use waiter::{INIT_COMM, Outcome, Waiters, tell, wait_main};
+pub use wire::{HandoffError, HexPayload, Payload};
 
-/// The version of the hand-off this binary writes. 2: RFD connections are carried
-/// (`connections`); a version-1 hand-off (none) is still read.
-pub const STATE_VERSION: u32 = 2;
+/// The version of the hand-off this binary writes. 3: the bulk (events, output) travels as raw
+/// records beside a small JSON head (`wire.rs`); 2: RFD connections are carried
+/// (`connections`); versions 1 and 2 (one JSON document) are still read.
+pub const STATE_VERSION: u32 = 3;
 /// The oldest version this binary reads (a newer binary must read the previous one's state).
 pub const OLDEST_ACCEPTED: u32 = 1;
 
@@ -70,28 +73,28 @@ pub struct Handoff {
     /// image tells them `ready`).
     #[serde(default)]
     pub waiters: Vec<u64>,
+    /// How many payload records are beside the head (version 3).
+    #[serde(default)]
+    pub payloads: u64,
 }
 
 impl Handoff {
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// Parses a hand-off, refusing a version this binary does not read.
-    pub fn from_json(bytes: &[u8]) -> Result<Handoff, String> {
+    /// Parses a JSON hand-off (a version-3 head, or a whole version-1/2 document), refusing a
+    /// version this binary does not read.
+    pub fn from_json(bytes: &[u8]) -> Result<Handoff, HandoffError> {
         #[derive(serde::Deserialize)]
         struct Head {
             version: u32,
         }
-        let head: Head = serde_json::from_slice(bytes)
-            .map_err(|e| format!("the hand-off is not readable: {e}"))?;
+        let head: Head = serde_json::from_slice(bytes).map_err(HandoffError::Parse)?;
         if !accepts(head.version) {
-            return Err(format!(
-                "hand-off state version {} is not one this binary reads ({OLDEST_ACCEPTED}..={STATE_VERSION})",
-                head.version
+            return Err(HandoffError::Version(
+                head.version,
+                OLDEST_ACCEPTED,
+                STATE_VERSION,
             ));
         }
-        serde_json::from_slice(bytes).map_err(|e| format!("the hand-off is not readable: {e}"))
+        serde_json::from_slice(bytes).map_err(HandoffError::Parse)
     }
 }
 
@@ -218,6 +221,13 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     if r.root.is_cancelled() {
         return Failed::Refused("the daemon is stopping".into());
     }
+    // What the hand-off will hold must fit in the memory the daemon may still use: the old
+    // image frees each payload as it writes it, but the worst case (nothing handed back) is
+    // what is checked.
+    let needed = r.state.acp.handoff_bytes() + r.state.processes.handoff_bytes();
+    if let Err(why) = memory::check(needed) {
+        return Failed::Refused(why.to_string());
+    }
     let memfd = match memfd() {
         Ok(f) => f,
         Err(e) => return Failed::Refused(format!("cannot create the hand-off memfd: {e}")),
@@ -237,20 +247,29 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         );
     }
     r.state.supervisor.close_warm().await;
-    // With a state dir, what its writer still holds reaches the disk before the exec ends the
-    // writer thread (the new image appends after it).
-    if let Some(store) = r.state.state.clone() {
-        crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
-    }
     let mut keep: Vec<OwnedFd> = Vec::new();
-    let handoff = match export(&r, &mut keep).await {
+    let mut handoff = match export(&r, &mut keep).await {
         Ok(h) => h,
         Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
     };
+    // With a state dir, what its writer still holds reaches the disk before the exec ends the
+    // writer thread (the new image appends after it). After the export: the readers are frozen,
+    // so nothing they push is left behind in memory only.
+    if let Some(store) = r.state.state.clone() {
+        crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
+    }
     let carried = (
         handoff.acp.instances.len(),
         handoff.processes.processes.len(),
     );
+    // The bulk is written now (raw records, each freed once written); the head is written again
+    // below once the signal thread is held. A failure here stops the daemon; it never execs a
+    // hand-off the new image could not read.
+    let write_started = std::time::Instant::now();
+    let written = match wire::write(&mut handoff, &memfd) {
+        Ok(w) => w,
+        Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
+    };
     for fd in keep.iter().map(|f| f.as_fd()).chain([memfd.as_fd()]) {
         if let Err(e) = fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())) {
             return Failed::Fatal(format!("cannot keep a descriptor across the exec: {e}"));
@@ -259,6 +278,9 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     tracing::info!(
         agents = carried.0,
         processes = carried.1,
+        payloads = written.payloads,
+        handoff_bytes = written.payload_bytes + written.head_bytes,
+        write_ms = write_started.elapsed().as_millis() as u64,
         quiesce_ms = started.elapsed().as_millis() as u64,
         "reload: executing the new image"
     );
@@ -278,12 +300,12 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
             r.signals.release();
         }
     };
-    let mut handoff = handoff;
     handoff.stop_requested = r.root.is_cancelled();
     // No SIGHUP is read from here on: every waiter registered so far is told by the new image.
     handoff.waiters = r.waiters.take();
-    if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
+    if let Err(e) = wire::write_head(&handoff, &memfd, &written) {
         release();
+        r.waiters.add_all(&handoff.waiters);
         return Failed::Fatal(format!("cannot write the hand-off: {e}"));
     }
     if let Some(pause) = r.state.config.test_reload_pause {
@@ -329,6 +351,7 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
         processes,
         fds: keep.iter().map(|f| f.as_raw_fd()).collect(),
         waiters: Vec::new(),
+        payloads: 0,
     })
 }
 
@@ -481,14 +504,6 @@ fn memfd() -> std::io::Result<std::fs::File> {
     crate::sys::memfd("sandbox-agent-handoff")
 }
 
-fn write_memfd(mut f: &std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
-    f.set_len(0)?;
-    f.rewind()?;
-    f.write_all(bytes)?;
-    f.rewind()?;
-    Ok(())
-}
-
 /// Executes the new image; returns only on failure. The stop and reload signals are blocked in
 /// every thread (`signals::block`): one that arrives during the exec stays pending for the new
 /// image.
@@ -550,23 +565,35 @@ impl Received {
 
 /// Reads the hand-off from descriptor `value` (the variable's value). Call at the top of
 /// `main`, before any other descriptor is opened.
-pub fn receive(value: &str) -> Result<Received, String> {
-    let n: i32 = value
-        .parse()
-        .map_err(|_| format!("{HANDOFF_FD_VAR}={value} is not a descriptor"))?;
-    if n < 3 {
-        return Err(format!("{HANDOFF_FD_VAR}={value} is not a descriptor"));
-    }
-    let mut f = std::fs::File::from(
-        crate::sys::inherited_fd(n).map_err(|e| format!("the hand-off descriptor {n}: {e}"))?,
-    );
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read the hand-off: {e}"))?;
-    drop(f);
-    let handoff = Handoff::from_json(&bytes)?;
+pub fn receive(value: &str) -> Result<Received, HandoffError> {
+    let n: i32 = value.parse().ok().filter(|n| *n >= 3).ok_or_else(|| {
+        HandoffError::Damaged(format!("{HANDOFF_FD_VAR}={value} is not a descriptor"))
+    })?;
+    let f = std::fs::File::from(crate::sys::inherited_fd(n)?);
+    let handoff = wire::read(f)?;
     let open = handoff.fds.iter().copied().collect();
     Ok(Received { handoff, open })
+}
+
+/// Tests of the services: their part of a hand-off written and read back as a reload does.
+#[cfg(test)]
+pub(crate) fn processes_through_a_memfd(processes: ProcessesState) -> ProcessesState {
+    let mut h = Handoff {
+        version: STATE_VERSION,
+        token: None,
+        listener_fd: 3,
+        stop_requested: false,
+        cgroups: CgroupsState::default(),
+        acp: AcpState::default(),
+        connections: Vec::new(),
+        processes,
+        fds: Vec::new(),
+        waiters: Vec::new(),
+        payloads: 0,
+    };
+    let f = memfd().expect("memfd");
+    wire::write(&mut h, &f).expect("write");
+    wire::read(f).expect("read").processes
 }
 
 #[cfg(test)]
@@ -587,13 +614,103 @@ mod tests {
             processes: ProcessesState::default(),
             fds: vec![7, 8, 9],
             waiters: vec![42],
+            payloads: 0,
         }
     }
 
+    /// A sample with payloads of every kind a version-3 hand-off streams: text frames, bytes
+    /// that are not UTF-8, an empty one, a large one.
+    fn with_payloads() -> Handoff {
+        let mut h = sample();
+        let frames = vec![
+            (1, Payload::new(&b"event: message\nid: 1\ndata: {}\n\n"[..])),
+            (2, Payload::new(vec![0xff, 0x00, 0xfe])),
+            (3, Payload::new(vec![b'x'; 3 << 20])),
+        ];
+        h.acp.exited.push(crate::acp::instance::ExitedState {
+            server_id: "s1".into(),
+            agent: "mock".into(),
+            created_at_ms: 1,
+            exit: None,
+            stderr_tail: String::new(),
+            detail: "ended".into(),
+            events: crate::acp::events::EventsState { next_id: 4, frames },
+            invalid_lines: 0,
+        });
+        h.connections.push(crate::acp::connection::ConnectionState {
+            id: "c1".into(),
+            connection: crate::acp::connection::OutboxState {
+                frames: vec![(5, Payload::new(Vec::new()))],
+                lost: None,
+            },
+            ..Default::default()
+        });
+        h
+    }
+
+    /// Writes `h` into a memfd and reads it back as the new image would.
+    fn through_a_memfd(mut h: Handoff) -> Result<Handoff, HandoffError> {
+        let f = memfd().unwrap();
+        wire::write(&mut h, &f)?;
+        let n = f.as_raw_fd();
+        std::mem::forget(f); // `receive` owns (and closes) the descriptor it reads
+        let mut r = receive(&n.to_string())?;
+        r.open.clear(); // the sample's descriptors are not really ours
+        Ok(r.handoff)
+    }
+
     #[test]
-    fn the_hand_off_round_trips() {
-        let h = sample();
-        assert_eq!(Handoff::from_json(&h.to_json()).unwrap(), h);
+    fn the_hand_off_round_trips_through_its_memfd() {
+        let h = with_payloads();
+        let mut back = through_a_memfd(h.clone()).unwrap();
+        assert_eq!(back.payloads, 4);
+        back.payloads = 0;
+        assert_eq!(back, h);
+    }
+
+    #[test]
+    fn a_payload_left_in_the_head_fails_the_write_not_the_exec() {
+        let h = with_payloads();
+        assert!(
+            serde_json::to_vec(&h).is_err(),
+            "a payload must never go into the head"
+        );
+        let f = memfd().unwrap();
+        let written = wire::write(&mut h.clone(), &f).unwrap();
+        // The head rewritten with a payload put back is refused before anything is exec'd.
+        let err = wire::write_head(&h, &f, &written).unwrap_err();
+        assert!(matches!(err, HandoffError::Serialize(_)), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_hand_off_is_an_error_never_a_partial_state() {
+        let mut h = with_payloads();
+        let f = memfd().unwrap();
+        wire::write(&mut h, &f).unwrap();
+        let full = std::fs::read(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+        // A record whose length runs past the head, and a file cut short.
+        for bad in [
+            {
+                let mut b = full.clone();
+                b[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+                b
+            },
+            full[..full.len() - 10].to_vec(),
+        ] {
+            let g = memfd().unwrap();
+            std::io::Write::write_all(&mut &g, &bad).unwrap();
+            assert!(wire::read(g).is_err());
+        }
+        // Version 1/2 hex that is not hex is refused, not skipped.
+        let json = include_str!("testdata/handoff-v2.json");
+        let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+        v["acp"]["instances"][0]["stdout_carry"] = "0a0zz1".into();
+        let broken = serde_json::to_string(&v).unwrap();
+        v["acp"]["instances"][0]["stdout_carry"] = "0a0b".into();
+        let fine = serde_json::to_string(&v).unwrap();
+        let h = Handoff::from_json(fine.as_bytes()).unwrap();
+        assert_eq!(h.acp.instances[0].stdout_carry.0.as_ref(), b"\x0a\x0b");
+        assert!(Handoff::from_json(broken.as_bytes()).is_err());
     }
 
     #[test]
@@ -601,8 +718,11 @@ mod tests {
         for v in [0, STATE_VERSION + 1] {
             let mut h = sample();
             h.version = v;
-            let err = Handoff::from_json(&h.to_json()).unwrap_err();
-            assert!(err.contains("is not one this binary reads"), "{err}");
+            let err = Handoff::from_json(&serde_json::to_vec(&h).unwrap()).unwrap_err();
+            assert!(
+                err.to_string().contains("is not one this binary reads"),
+                "{err}"
+            );
         }
         assert!(accepts(STATE_VERSION) && accepts(OLDEST_ACCEPTED));
     }
@@ -610,22 +730,27 @@ mod tests {
     /// Hand-offs written by real daemons (an agent instance, an RFD connection with a session
     /// and queued messages, a running process; from version 2 also an exited instance and an
     /// exited process record), one per state version this binary must read:
-    /// `handoff-v1.json` is what the previous release writes. A change that stops an older
+    /// `handoff-v1.json` and `-v2.json` are what earlier releases write, `handoff-v3.bin` this
+    /// one (captured from a real daemon during a reload, `SANDBOX_AGENT_TEST_RELOAD_PAUSE_MS`,
+    /// by copying `/proc/PID/fd/N` of its `sandbox-agent-handoff` memfd). A change that stops an older
     /// hand-off from parsing fails here, before an upgrade's reload would be refused.
     #[test]
     fn hand_offs_of_every_accepted_version_are_read() {
-        let fixtures: [(u32, &str); 2] = [
-            (1, include_str!("testdata/handoff-v1.json")),
-            (2, include_str!("testdata/handoff-v2.json")),
+        let fixtures: [(u32, &[u8]); 3] = [
+            (1, include_bytes!("testdata/handoff-v1.json")),
+            (2, include_bytes!("testdata/handoff-v2.json")),
+            (3, include_bytes!("testdata/handoff-v3.bin")),
         ];
         assert_eq!(
             fixtures.iter().map(|f| f.0).collect::<Vec<_>>(),
             (OLDEST_ACCEPTED..=STATE_VERSION).collect::<Vec<_>>(),
             "one fixture per accepted version (capture one when STATE_VERSION changes)"
         );
-        for (v, json) in fixtures {
-            let h =
-                Handoff::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("version {v}: {e}"));
+        for (v, bytes) in fixtures {
+            // As the new image reads it: from a memfd.
+            let f = memfd().unwrap();
+            std::io::Write::write_all(&mut &f, bytes).unwrap();
+            let h = wire::read(f).unwrap_or_else(|e| panic!("version {v}: {e}"));
             assert_eq!(h.version, v);
             assert_eq!(h.acp.instances.len(), 2, "version {v}");
             assert_eq!(h.processes.processes.len(), 1, "version {v}");
@@ -642,6 +767,16 @@ mod tests {
             let ended = usize::from(v >= 2);
             assert_eq!(h.acp.exited.len(), ended, "version {v}");
             assert_eq!(h.processes.exited.len(), ended, "version {v}");
+            if v >= 3 {
+                // Bytes that are not UTF-8 travel raw.
+                let out: Vec<u8> = h.processes.exited[0]
+                    .log
+                    .chunks
+                    .iter()
+                    .flat_map(|c| c.3.0.to_vec())
+                    .collect();
+                assert!(out.windows(2).any(|w| w == [0xff, 0x00]), "{out:?}");
+            }
         }
     }
 
@@ -677,8 +812,8 @@ mod tests {
     #[test]
     fn a_memfd_hand_off_is_read_back_with_its_descriptors() {
         let f = memfd().unwrap();
-        let h = sample();
-        write_memfd(&f, &h.to_json()).unwrap();
+        let mut h = sample();
+        wire::write(&mut h, &f).unwrap();
         let n = f.as_raw_fd();
         // `receive` owns (and closes) the descriptor it reads.
         std::mem::forget(f);

@@ -62,6 +62,13 @@ pub struct ProcessState {
 }
 
 impl ProcessService {
+    /// What a reload's hand-off would carry of the output logs, in bytes.
+    pub fn handoff_bytes(&self) -> u64 {
+        let all: Vec<Arc<ManagedProcess>> =
+            crate::sys::lock(&self.records).values().cloned().collect();
+        all.iter().map(|p| p.log.held_bytes() + 4096).sum()
+    }
+
     /// Freezes every running process (its output stays in its pipes) and writes it down with
     /// every exited record; `keep` receives the descriptors that must survive the exec.
     pub async fn export(&self, keep: &mut Vec<OwnedFd>) -> std::io::Result<ProcessesState> {

@@ -1280,23 +1280,33 @@ async fn reload_pid_refuses_a_process_that_is_not_a_sandbox_agent_daemon() {
 fn a_sighup_in_the_first_millisecond_does_not_kill_the_daemon() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
+    // The config file is a FIFO: the daemon's start stops in it (reading its configuration,
+    // long before it serves) until this test writes it, so the SIGHUP below lands exactly there.
+    let fifo = dir.path().join("config.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mut child = std::process::Command::new(BIN)
         .args(["server", "--host", "127.0.0.1", "--port", "0"])
+        .arg("--config")
+        .arg(&fifo)
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--work-dir")
         .arg(dir.path())
-        .env("SANDBOX_AGENT_LOG", "info")
         .env_remove("NOTIFY_SOCKET")
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // `spawn` returns once the exec happened: these land while `main` starts.
+    // Opening the FIFO for writing returns once the daemon has opened it to read its config.
+    let mut config = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    for _ in 0..3 {
-        let _ = nix::sys::signal::kill(pid, Signal::SIGHUP);
-    }
+    nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+    config.write_all(b"event_buffer = 100\n").unwrap();
+    drop(config);
+    // The reload that SIGHUP asks for reads the config again: a plain file from now on.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, "event_buffer = 100\n").unwrap();
+    std::fs::rename(&plain, &fifo).unwrap();
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let mut log = String::new();
     let listening = lines.by_ref().map_while(Result::ok).any(|l| {

@@ -62,6 +62,13 @@ impl Waiters {
         }
     }
 
+    /// Registers tickets taken earlier again (a reload that failed after taking them).
+    pub fn add_all(&self, tickets: &[u64]) {
+        for t in tickets {
+            self.add(*t);
+        }
+    }
+
     /// Takes every ticket registered so far.
     pub fn take(&self) -> Vec<u64> {
         std::mem::take(&mut *crate::sys::lock(&self.0))
