@@ -640,7 +640,11 @@ impl AcpService {
                 inst.created_at_ms = s.created_at_ms;
                 let inst = Arc::new(inst);
                 let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
-                inst.adopt(s, handle, stdin, stdout, max_line)?;
+                if let Err(e) = inst.adopt(s, handle.clone(), stdin, stdout, max_line) {
+                    // Adopted by the supervisor but not by the proxy: stopped through its handle.
+                    tokio::spawn(async move { handle.kill().await });
+                    return Err(e);
+                }
                 Ok(inst)
             })();
             match adopted {
@@ -650,8 +654,13 @@ impl AcpService {
                         last_event_id = inst.events.last_id(), "agent carried across the reload");
                     self.instances().insert(s.server_id.clone(), inst);
                 }
-                Err(e) => tracing::error!(server_id = %s.server_id, pid = s.child.pid, error = %e,
-                    "cannot take over an agent after the reload"),
+                Err(e) => {
+                    tracing::error!(server_id = %s.server_id, pid = s.child.pid, error = %e,
+                        "cannot take over an agent after the reload; stopping it");
+                    if !self.deps.supervisor.is_live(s.child.pid) {
+                        self.deps.supervisor.discard_unadopted(&s.child);
+                    }
+                }
             }
         }
     }

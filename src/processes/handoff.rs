@@ -158,8 +158,13 @@ impl ProcessService {
             match self.adopt_one(s, take) {
                 Ok(()) => tracing::info!(id = %s.id, pid = s.child.pid, log_end = s.log.end,
                     "process carried across the reload"),
-                Err(e) => tracing::error!(id = %s.id, pid = s.child.pid, error = %e,
-                    "cannot take over a process after the reload"),
+                Err(e) => {
+                    tracing::error!(id = %s.id, pid = s.child.pid, error = %e,
+                        "cannot take over a process after the reload; stopping it");
+                    if !self.supervisor.is_live(s.child.pid) {
+                        self.supervisor.discard_unadopted(&s.child);
+                    }
+                }
             }
         }
         // The exited ones after the running ones (whose logs' reservations are not optional),

@@ -1395,3 +1395,101 @@ async fn reload_pid_from_the_host_reaches_a_daemon_in_a_pid_namespace() {
     });
     assert_eq!(status.code(), Some(0), "stderr:\n{}", d.stderr());
 }
+
+// ---- Memory: the hand-off under a cgroup memory limit ----------------------------------------
+
+/// This process's cgroup v1 memory directory, when it can make groups beneath it.
+fn own_memory_cgroup() -> Option<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut p = l.splitn(3, ':');
+        let (_, c, path) = (p.next()?, p.next()?, p.next()?);
+        c.split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
+    })?;
+    let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    dir.join("memory.limit_in_bytes").exists().then_some(dir)
+}
+
+fn cg_read(cg: &Path, file: &str) -> u64 {
+    std::fs::read_to_string(cg.join(file))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_memory_limit_a_reload_fits_or_is_refused_never_oom_killed() {
+    let Some(parent) = own_memory_cgroup().filter(|_| is_root()) else {
+        return skip("needs root and a cgroup v1 memory controller");
+    };
+    let cg = parent.join(format!("sa-reload-mem-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    std::fs::write(cg.join("memory.limit_in_bytes"), "2G").unwrap();
+    let procs = cg.join("cgroup.procs");
+    let mut d = Daemon::builder()
+        .wrapper([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!("echo $$ > {} && exec \"$@\"", procs.display()),
+            "sh".to_string(),
+        ])
+        .args(["--event-buffer", "1000000", "--event-buffer-bytes", "256M"])
+        .start();
+    // 8 agents, each with a few MiB of events in its log.
+    let mut last = Vec::new();
+    for i in 0..8 {
+        let id = format!("m{i}");
+        let session = mock_session(&d, &id).await;
+        let (s, _) = post(&d, &id, prompt(json!(3), &session, "/stream 20000")).await;
+        assert_eq!(s, 200);
+        let info = server(&d, &id).await;
+        last.push((info["pid"].clone(), info["lastEventId"].clone()));
+    }
+    let steady = cg_read(&cg, "memory.usage_in_bytes");
+
+    // Twice the steady state: the reload fits, and nothing is OOM-killed.
+    std::fs::write(cg.join("memory.limit_in_bytes"), (2 * steady).to_string()).unwrap();
+    std::fs::write(cg.join("memory.max_usage_in_bytes"), "0").unwrap();
+    reload(&mut d);
+    let peak = cg_read(&cg, "memory.max_usage_in_bytes");
+    let oom = std::fs::read_to_string(cg.join("memory.oom_control")).unwrap();
+    assert!(
+        !oom.lines()
+            .any(|l| l.starts_with("oom_kill ") && l != "oom_kill 0"),
+        "{oom}"
+    );
+    for (i, (pid, last_id)) in last.iter().enumerate() {
+        let info = server(&d, &format!("m{i}")).await;
+        assert_eq!((&info["pid"], &info["lastEventId"]), (pid, last_id));
+    }
+    eprintln!(
+        "steady {} MiB, reload peak {} MiB",
+        steady >> 20,
+        peak >> 20
+    );
+
+    // Too little room for the hand-off: refused before anything changed; the daemon serves on.
+    let now = cg_read(&cg, "memory.usage_in_bytes");
+    std::fs::write(
+        cg.join("memory.limit_in_bytes"),
+        (now + (24 << 20)).to_string(),
+    )
+    .unwrap();
+    reload_refused(&mut d);
+    eventually(Duration::from_secs(5), "the reason in the log", || {
+        d.stderr()
+            .contains("not enough memory for the hand-off")
+            .then_some(())
+    });
+    for (i, (pid, _)) in last.iter().enumerate() {
+        assert_eq!(&server(&d, &format!("m{i}")).await["pid"], pid);
+    }
+    std::fs::write(cg.join("memory.limit_in_bytes"), "2G").unwrap();
+    drop(d);
+    eventually(Duration::from_secs(10), "the test cgroup removed", || {
+        std::fs::remove_dir(&cg).ok()
+    });
+}
