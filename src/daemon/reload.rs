@@ -45,6 +45,8 @@ pub const OLDEST_ACCEPTED: u32 = 1;
 
 /// How long a reload waits for requests in flight (and connections to close) before the exec.
 pub const DRAIN: Duration = Duration::from_secs(5);
+/// How long the answers of the requests a reload cuts (a `processes/run`) may take to go out.
+const CUT_ANSWERS: Duration = Duration::from_secs(2);
 /// How long the new binary's check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -241,6 +243,10 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     }
     r.tasks.close();
     if tokio::time::timeout(DRAIN, r.tasks.wait()).await.is_err() {
+        // A `processes/run` still going is stopped and answered with a problem that says so
+        // (not as if its program had died of a signal); a short wait lets those answers out.
+        r.state.processes.cut_runs();
+        let _ = tokio::time::timeout(CUT_ANSWERS, r.tasks.wait()).await;
         tracing::warn!(
             open = r.tasks.len(),
             "reload: requests still in flight after the drain; their connections are cut"

@@ -62,6 +62,12 @@ pub struct ProcessState {
 }
 
 impl ProcessService {
+    /// A reload's drain has ended: every `run` still going is stopped and answered with a
+    /// problem saying the reload cut it (its HTTP connection cannot be carried across the exec).
+    pub fn cut_runs(&self) {
+        self.runs_cut.cancel();
+    }
+
     /// What a reload's hand-off would carry of the output logs, in bytes.
     pub fn handoff_bytes(&self) -> u64 {
         let all: Vec<Arc<ManagedProcess>> =

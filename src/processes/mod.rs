@@ -202,6 +202,9 @@ pub struct ProcessService {
     running: Arc<AtomicUsize>,
     budget: Arc<Budget>,
     shutdown: CancellationToken,
+    /// Cancelled when a reload's drain ends: every `run` still going is stopped and answered
+    /// `CutByReload` (`processes/handoff.rs`).
+    pub(crate) runs_cut: CancellationToken,
     /// `--state-dir`: records and output kept across restarts (see `crate::state::processes`).
     state: Option<Arc<crate::state::StateStore>>,
 }
@@ -259,6 +262,7 @@ impl ProcessService {
                 reserved: AtomicU64::new(0),
             }),
             shutdown,
+            runs_cut: CancellationToken::new(),
             state: None,
         }
     }
@@ -791,9 +795,17 @@ impl ProcessService {
         let guard = KillOnDrop(Some(handle.clone()));
         let out = tokio::spawn(capture(spawned.stdout, limit));
         let err = tokio::spawn(capture(spawned.stderr, limit));
-        let (exit, timed_out) = match tokio::time::timeout(timeout, handle.wait()).await {
-            Ok(exit) => (exit, false),
-            Err(_) => (handle.kill().await, true),
+        let (exit, timed_out) = tokio::select! {
+            waited = tokio::time::timeout(timeout, handle.wait()) => match waited {
+                Ok(exit) => (exit, false),
+                Err(_) => (handle.kill().await, true),
+            },
+            _ = self.runs_cut.cancelled() => {
+                // Never answered as if the program had died of a signal: it was stopped for the
+                // reload, and the client is told so.
+                handle.kill().await;
+                return Err(ProcessError::CutByReload { command: req.command.clone() });
+            }
         };
         drop(guard);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {

@@ -678,9 +678,21 @@ async fn a_run_still_going_when_the_drain_ends_is_killed_and_reaped_not_orphaned
         })
     });
     reload(&mut d);
-    // Its request could not finish within the drain: cut, and its process is gone for good
-    // (killed and reaped before the exec, not left as a child nobody waits for).
-    let _ = run.await;
+    // Its request could not finish within the drain: answered with a problem that says the
+    // reload cut it (never a 200 with `exitSignal: 9` as if the program had died), and its
+    // process is gone for good (killed and reaped before the exec, not left as a child nobody
+    // waits for).
+    let resp = run
+        .await
+        .unwrap()
+        .expect("the run is answered before the exec");
+    assert_eq!(resp.status(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["title"], "Cut By Reload", "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("reloaded"),
+        "{body}"
+    );
     assert!(
         !std::path::Path::new(&format!("/proc/{sleeper}")).exists(),
         "the run's process outlived the reload (or is a zombie)"
