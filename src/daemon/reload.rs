@@ -293,7 +293,12 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     crate::daemon::systemd::notify_watchdog();
     // The log writer is a thread the exec ends: what it still holds (this line included) is
     // written first.
-    crate::sys::blocking(|| crate::logging::flush(Duration::from_millis(500))).await;
+    // So is the trace exporter's batch: the spans of the requests just served go out now.
+    crate::sys::blocking(|| {
+        crate::telemetry::flush(Duration::from_secs(1));
+        crate::logging::flush(Duration::from_millis(500))
+    })
+    .await;
     // From here no signal is read: a stop signal stays pending and reaches the new image. One
     // read before the hold has cancelled `root` already, and the hand-off says so. The hold is a
     // hop to the signal thread and back; the runtime has nothing left to serve meanwhile.
