@@ -243,6 +243,14 @@ pub async fn run(
         }
     };
     tokio::join!(drain_http, state.stop_all(deadline));
+    // Transfers still running are cut by the exit: their temporaries go first.
+    let cut = crate::sys::blocking(crate::files::remove_live_temporaries).await;
+    if cut > 0 {
+        tracing::warn!(
+            removed = cut,
+            "removed the temporaries of transfers the stop cut"
+        );
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -253,6 +253,14 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         );
     }
     r.state.supervisor.close_warm().await;
+    // Uploads the drain cut leave no temporary in the user's tree (no destructor runs at exec).
+    let cut = crate::sys::blocking(crate::files::remove_live_temporaries).await;
+    if cut > 0 {
+        tracing::warn!(
+            removed = cut,
+            "reload: removed the temporaries of transfers it cut"
+        );
+    }
     let mut keep: Vec<OwnedFd> = Vec::new();
     let mut handoff = match export(&r, &mut keep).await {
         Ok(h) => h,

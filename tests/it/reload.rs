@@ -1505,3 +1505,64 @@ async fn under_a_memory_limit_a_reload_fits_or_is_refused_never_oom_killed() {
         std::fs::remove_dir(&cg).ok()
     });
 }
+
+// ---- Transfers cut by a reload or a stop -----------------------------------------------------
+
+/// Names in `dir` that are a transfer's temporaries.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with(".sandbox-agent-write-") || n.starts_with(".sandbox-agent-upload-")
+        })
+        .collect()
+}
+
+/// Starts a PUT to `route` whose body sends 1 MiB and then never ends (the task holds it).
+fn stalled_upload(d: &Daemon, route: &str) -> tokio::task::JoinHandle<()> {
+    let client = d.client();
+    let url = d.url(route);
+    tokio::spawn(async move {
+        let data = vec![b'x'; 1 << 20];
+        let first =
+            futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes::Bytes::from(data))]);
+        let stalled = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        let _ = client
+            .put(url)
+            .header("content-type", "application/octet-stream")
+            .body(reqwest::Body::wrap_stream(stalled))
+            .send()
+            .await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_cut_by_a_reload_or_a_stop_leave_no_temporaries() {
+    let work = tempfile::tempdir().unwrap();
+    let mut d = Daemon::builder().work_dir(work.path()).start();
+    let put = stalled_upload(&d, "/v1/fs/file?path=cut.bin");
+    eventually(Duration::from_secs(10), "the temporary", || {
+        (temporaries(work.path()).len() == 1).then_some(())
+    });
+    reload(&mut d);
+    assert_eq!(
+        temporaries(work.path()),
+        Vec::<String>::new(),
+        "left by the reload"
+    );
+    put.abort();
+
+    let put = stalled_upload(&d, "/v1/fs/file?path=cut2.bin");
+    eventually(Duration::from_secs(10), "the temporary", || {
+        (temporaries(work.path()).len() == 1).then_some(())
+    });
+    drop(d); // SIGTERM, and a clean exit
+    assert_eq!(
+        temporaries(work.path()),
+        Vec::<String>::new(),
+        "left by the stop"
+    );
+    put.abort();
+}
