@@ -61,6 +61,9 @@ pub struct ProcessState {
     pub log: LogState,
 }
 
+/// How long a reload waits for a process's pumps to stop.
+const FREEZE_WAIT: Duration = Duration::from_secs(2);
+
 impl ProcessService {
     /// A reload's drain has ended: every `run` still going is stopped and answered with a
     /// problem saying the reload cut it (its HTTP connection cannot be carried across the exec).
@@ -112,8 +115,15 @@ impl ProcessService {
             };
             p.freeze.cancel();
             // The pumps stop at their next await (a read that took nothing, or right after an
-            // append); one yield lets them see it.
-            tokio::task::yield_now().await;
+            // append); the monitor says when all have (on a multi-thread runtime one may be in
+            // the middle of an append on another worker).
+            let mut stopped = p.pumps_stopped.subscribe();
+            if tokio::time::timeout(FREEZE_WAIT, stopped.wait_for(|s| *s))
+                .await
+                .is_err()
+            {
+                tracing::warn!(id = %p.id, "reload: a process's output pumps did not stop in time");
+            }
             let mut dup = |fd: std::os::fd::BorrowedFd<'_>| -> std::io::Result<i32> {
                 let d = fd.try_clone_to_owned()?;
                 let n = d.as_raw_fd();
@@ -296,6 +306,7 @@ impl ProcessService {
             pty,
             ended: watch::channel(None).0,
             readers: AtomicUsize::new(0),
+            pumps_stopped: watch::channel(false).0,
             freeze,
             pipes: dups,
             n: s.n,
@@ -339,10 +350,13 @@ mod tests {
         let log = OutputLog::new(1 << 20);
         log.append(LogStream::Stdout, Bytes::from_static(b"hello "), 1);
         log.append(LogStream::Stderr, Bytes::from_static(b"\x00\xffworld"), 2);
+        let held = log.held();
         let state = log.export();
+        // The export takes the chunks out (the hand-off frees them as it writes them).
+        assert_eq!(log.held(), 0);
         let back = OutputLog::restore(&state);
         assert_eq!(back.end(), log.end());
-        assert_eq!(back.held(), log.held());
+        assert_eq!(back.held(), held);
         assert_eq!(back.export(), state);
         back.append(LogStream::Stdout, Bytes::from_static(b"!"), 3);
         assert_eq!(back.end(), 14);

@@ -79,6 +79,10 @@ pub struct ManagedProcess {
     /// Cancelled by a reload's export: the output pumps and the monitor stop (the output waits
     /// in the pipes for the new image).
     freeze: CancellationToken,
+    /// Set by the monitor once every pump has stopped after the freeze: the hand-back barrier a
+    /// reload's export waits on before it takes the log (a pump in the middle of an append would
+    /// otherwise add to a log already written down).
+    pumps_stopped: watch::Sender<bool>,
     /// Duplicates of the output pipes' read ends (the pumps own the pipes), for the hand-off.
     pipes: Vec<(LogStream, std::os::fd::OwnedFd)>,
     /// Its number (the `n` of `proc_n`).
@@ -338,6 +342,7 @@ impl ProcessService {
             pty: None,
             ended: watch::channel(Some(exit)).0,
             readers: AtomicUsize::new(0),
+            pumps_stopped: watch::channel(false).0,
             freeze: CancellationToken::new(),
             pipes: Vec::new(),
             n,
@@ -576,6 +581,7 @@ impl ProcessService {
             pty,
             ended: watch::channel(None).0,
             readers: AtomicUsize::new(0),
+            pumps_stopped: watch::channel(false).0,
             freeze,
             pipes,
             n,
