@@ -196,7 +196,7 @@ pub async fn run(
                     reload::Failed::Refused(why) => {
                         tracing::error!(reason = %why, "reload refused; still serving the previous image");
                         systemd::notify_reload_failed();
-                        waiters.tell_all(&reload::Outcome::Refused(why));
+                        waiters.tell_all(&reload::Outcome::Refused(why.to_string()));
                     }
                     reload::Failed::Fatal(why) => {
                         tracing::error!(reason = %why, "reload failed after the quiesce; stopping");

@@ -204,12 +204,61 @@ pub struct Reloading<'a> {
     pub waiters: &'a Waiters,
 }
 
+/// Why a reload was refused: nothing changed, the old image serves on. Each message names the
+/// problem (and a configuration error its file, line and column), never a line of the file.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("the new binary {exe} cannot run: {source}")]
+    CannotRun {
+        exe: PathBuf,
+        #[source]
+        source: crate::supervisor::ToolError,
+    },
+    #[error("the new binary {exe} does not read this state (version {STATE_VERSION})")]
+    StateVersion { exe: PathBuf },
+    #[error("the configuration is not valid: {}", .0.join("; "))]
+    Config(Vec<String>),
+    #[error(
+        "the configuration is not valid (run `{exe} reload-check -- <the daemon's arguments>` \
+         as the daemon's user to see why)"
+    )]
+    ConfigUnexplained { exe: PathBuf },
+    #[error("the new binary {exe}'s check failed ({status})")]
+    CheckFailed {
+        exe: PathBuf,
+        status: std::process::ExitStatus,
+    },
+    #[error("the daemon is stopping")]
+    Stopping,
+    #[error(transparent)]
+    NoRoom(#[from] memory::NoRoom),
+    #[error("cannot create the hand-off memfd: {0}")]
+    Memfd(#[source] std::io::Error),
+}
+
+/// Why a reload failed past the point of no return: the daemon stops gracefully.
+#[derive(Debug, thiserror::Error)]
+pub enum Fatal {
+    #[error("cannot write the hand-off: {0}")]
+    Export(#[source] std::io::Error),
+    #[error("cannot write the hand-off: {0}")]
+    Write(#[from] HandoffError),
+    #[error("cannot keep a descriptor across the exec: {0}")]
+    KeepFd(#[source] nix::Error),
+    #[error("cannot execute {exe}: {source}")]
+    Exec {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Why a reload did not happen.
 pub enum Failed {
     /// Nothing changed: the old image serves on.
-    Refused(String),
+    Refused(Refusal),
     /// Past the quiesce: the daemon cannot go on serving and stops gracefully.
-    Fatal(String),
+    Fatal(Fatal),
 }
 
 /// Runs the reload; returns only when it did not happen (an exec that succeeds never returns).
@@ -221,18 +270,18 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         return Failed::Refused(why);
     }
     if r.root.is_cancelled() {
-        return Failed::Refused("the daemon is stopping".into());
+        return Failed::Refused(Refusal::Stopping);
     }
     // What the hand-off will hold must fit in the memory the daemon may still use: the old
     // image frees each payload as it writes it, but the worst case (nothing handed back) is
     // what is checked.
     let needed = r.state.acp.handoff_bytes() + r.state.processes.handoff_bytes();
     if let Err(why) = memory::check(needed) {
-        return Failed::Refused(why.to_string());
+        return Failed::Refused(why.into());
     }
     let memfd = match memfd() {
         Ok(f) => f,
-        Err(e) => return Failed::Refused(format!("cannot create the hand-off memfd: {e}")),
+        Err(e) => return Failed::Refused(Refusal::Memfd(e)),
     };
     // Point of no return: from here on the old image stops serving.
     crate::daemon::systemd::notify_watchdog();
@@ -264,7 +313,7 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     let mut keep: Vec<OwnedFd> = Vec::new();
     let mut handoff = match export(&r, &mut keep).await {
         Ok(h) => h,
-        Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
+        Err(e) => return Failed::Fatal(Fatal::Export(e)),
     };
     // With a state dir, what its writer still holds reaches the disk before the exec ends the
     // writer thread (the new image appends after it). After the export: the readers are frozen,
@@ -282,11 +331,11 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     let write_started = std::time::Instant::now();
     let written = match wire::write(&mut handoff, &memfd) {
         Ok(w) => w,
-        Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
+        Err(e) => return Failed::Fatal(e.into()),
     };
     for fd in keep.iter().map(|f| f.as_fd()).chain([memfd.as_fd()]) {
         if let Err(e) = fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())) {
-            return Failed::Fatal(format!("cannot keep a descriptor across the exec: {e}"));
+            return Failed::Fatal(Fatal::KeepFd(e));
         }
     }
     tracing::info!(
@@ -325,7 +374,7 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     if let Err(e) = wire::write_head(&handoff, &memfd, &written) {
         release();
         r.waiters.add_all(&handoff.waiters);
-        return Failed::Fatal(format!("cannot write the hand-off: {e}"));
+        return Failed::Fatal(e.into());
     }
     if let Some(pause) = r.state.config.test_reload_pause {
         // Debug builds only: the window in which a stop signal must stay pending.
@@ -333,7 +382,10 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     }
     let e = exec(r.launch, memfd.as_raw_fd());
     release();
-    Failed::Fatal(format!("cannot execute {}: {e}", r.launch.exe.display()))
+    Failed::Fatal(Fatal::Exec {
+        exe: r.launch.exe.clone(),
+        source: e,
+    })
 }
 
 async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<Handoff> {
@@ -376,7 +428,7 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
 
 /// Runs `<exe> reload-check` with the daemon's own arguments and environment: it loads the
 /// configuration as the new image would and says whether it reads this state version.
-async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
+async fn check(launch: &Launch, with_token: bool) -> Result<(), Refusal> {
     let mut cmd = tokio::process::Command::new(&launch.exe);
     cmd.arg("reload-check")
         .arg("--state-version")
@@ -390,7 +442,10 @@ async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
         .envs(launch.env.iter().cloned());
     let out = crate::supervisor::run_to_completion(cmd, CHECK_TIMEOUT)
         .await
-        .map_err(|e| format!("the new binary {} cannot run: {e}", launch.exe.display()))?;
+        .map_err(|source| Refusal::CannotRun {
+            exe: launch.exe.clone(),
+            source,
+        })?;
     if out.status.success() {
         return Ok(());
     }
@@ -403,26 +458,16 @@ async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
         .into_iter()
         .map(|p| redact_values(&p))
         .collect::<Vec<_>>();
-    let why = match out.status.code() {
-        Some(65) => format!(
-            "the new binary {} does not read this state (version {STATE_VERSION})",
-            launch.exe.display()
-        ),
-        Some(78) if !problems.is_empty() => {
-            format!("the configuration is not valid: {}", problems.join("; "))
-        }
-        Some(78) => format!(
-            "the configuration is not valid (run `{} reload-check -- <the daemon's arguments>` \
-             as the daemon's user to see why)",
-            launch.exe.display()
-        ),
-        _ => format!(
-            "the new binary {}'s check failed ({})",
-            launch.exe.display(),
-            out.status
-        ),
-    };
-    Err(why)
+    let exe = launch.exe.clone();
+    Err(match out.status.code() {
+        Some(65) => Refusal::StateVersion { exe },
+        Some(78) if !problems.is_empty() => Refusal::Config(problems),
+        Some(78) => Refusal::ConfigUnexplained { exe },
+        _ => Refusal::CheckFailed {
+            exe,
+            status: out.status,
+        },
+    })
 }
 
 /// What `reload-check` prints on stdout when the configuration is refused.
