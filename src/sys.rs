@@ -628,7 +628,7 @@ pub fn remove_env_single_threaded(name: &str) {
     unsafe { std::env::remove_var(name) };
 }
 
-/// Bytes as lower-case hex (digests, and binary data in the reload hand-off's JSON).
+/// Bytes as lower-case hex (digests).
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(bytes.len() * 2);
