@@ -167,6 +167,10 @@ pub async fn run(
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "reloaded; listening on http://{addr}");
         if let Some(r) = &received {
             reload::tell(&r.handoff.waiters, &reload::Outcome::Ready);
+            if r.handoff.version < 3 {
+                // From a daemon of the previous release: its waiter listens by pid.
+                reload::tell_legacy_ready();
+            }
         }
     } else {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");

@@ -33,7 +33,7 @@ use crate::supervisor::CgroupsState;
 mod memory;
 mod waiter;
 mod wire;
-pub use waiter::{INIT_COMM, Outcome, Waiters, tell, wait_main};
+pub use waiter::{INIT_COMM, Outcome, Waiters, tell, tell_legacy_ready, wait_main};
 pub use wire::{HandoffError, HexPayload, Payload};
 
 /// The version of the hand-off this binary writes. 3: the bulk (events, output) travels as raw

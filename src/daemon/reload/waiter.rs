@@ -44,6 +44,26 @@ fn waiter_name(ticket: u64) -> String {
     format!("sandbox-agent/reload/{ticket:016x}")
 }
 
+/// The name the previous release's waiter listened on (its daemon's pid).
+fn legacy_name(pid: u32) -> String {
+    format!("sandbox-agent/reload/{pid}")
+}
+
+/// After a reload from a daemon of the previous release (a hand-off of version 1 or 2, which
+/// carries no ticket): `ready` on the names its waiter listened on, this pid and the parent's
+/// (a container's init). Only `ready`, never a reason: nothing can leak through it.
+pub fn tell_legacy_ready() {
+    let Ok(sock) = UnixDatagram::unbound() else {
+        return;
+    };
+    let _ = sock.set_nonblocking(true);
+    for pid in [std::process::id(), std::os::unix::process::parent_id()] {
+        if let Ok(addr) = SocketAddr::from_abstract_name(legacy_name(pid)) {
+            let _ = sock.send_to_addr(&Outcome::Ready.encode(), &addr);
+        }
+    }
+}
+
 /// The tickets of the waiters of the reload under way (or asked for), shared by the signal
 /// thread (which adds them) and the reload (which answers them). Carried across the exec in the
 /// hand-off so that the new image says `ready`.
@@ -208,19 +228,51 @@ fn wait(pid: u32, timeout: &str) -> Result<(), WaitError> {
         .ok_or(WaitError::BadPid(pid))?;
     let daemon = daemon_behind(pid)?;
     let (sock, ticket) = bind_waiter()?;
+    // A daemon of the previous release ignores the ticket and answers on the name of its pid,
+    // and its new image says `ready` there too (`tell_legacy_ready`): listened on as well when
+    // it is free (a squatter there only costs that fallback; the sender check still holds).
+    let legacy = SocketAddr::from_abstract_name(legacy_name(pid))
+        .and_then(|a| UnixDatagram::bind_addr(&a))
+        .ok()
+        .filter(|s| {
+            nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::PassCred, &true).is_ok()
+        });
     crate::sys::sigqueue(target, nix::sys::signal::Signal::SIGHUP, ticket)
         .map_err(|source| WaitError::Signal { pid, source })?;
     let deadline = Instant::now() + timeout;
     let mut buf = [0u8; 4096];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
+        if left.is_zero() {
             return Err(WaitError::NoAnswer {
                 pid,
                 timeout: humantime::format_duration(timeout).to_string(),
             });
         }
-        let (n, sender) = match recv_with_sender(&sock, &mut buf) {
+        let ready = {
+            use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+            use std::os::fd::AsFd;
+            let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+            if let Some(l) = &legacy {
+                fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+            }
+            let ms = u16::try_from(left.as_millis().min(1000)).unwrap_or(1000);
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) => fds
+                    .iter()
+                    .position(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN))),
+                Err(nix::errno::Errno::EINTR) => None,
+                Err(e) => return Err(WaitError::Receive(e.into())),
+            }
+        };
+        let Some(which) = ready else {
+            continue;
+        };
+        let from = match (which, &legacy) {
+            (1, Some(l)) => l,
+            _ => &sock,
+        };
+        let (n, sender) = match recv_with_sender(from, &mut buf) {
             Ok(got) => got,
             Err(e)
                 if matches!(
@@ -294,8 +346,17 @@ pub fn daemon_behind(pid: u32) -> Result<u32, WaitError> {
     let own = std::fs::read_to_string("/proc/self/comm")
         .map(|c| c.trim_end().to_string())
         .unwrap_or_else(|_| "sandbox-agent".into());
+    // Our own binary's file name too (comm is cut at 15 bytes and names what was exec'd).
+    let own_file = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| own.clone());
     let is_init = comm == INIT_COMM;
-    let our_program = is_init || comm == own || exe_name(pid).is_some_and(|n| n == own);
+    let theirs = exe_name(pid);
+    let our_program = is_init
+        || comm == own
+        || comm == own_file
+        || theirs.as_ref().is_some_and(|n| *n == own || *n == own_file);
     let subcommand = args.get(1).map(|a| String::from_utf8_lossy(a).into_owned());
     let daemon_args = subcommand
         .as_deref()
