@@ -21,7 +21,15 @@ const EX_TEMPFAIL: u8 = 75;
 const EX_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
-    // First, while the process has one thread: a reload's hand-off (its variable removed from
+    // Before anything else: the stop and reload signals are blocked (a SIGHUP in the first
+    // millisecond would otherwise end the process with its default action). The daemon reads
+    // them from a signalfd later (`daemon/signals.rs`); every other command unblocks them below.
+    // A reload's image inherits them blocked.
+    if let Err(e) = daemon::signals::block() {
+        eprintln!("sandbox-agent: cannot block the stop signals: {e}");
+        return ExitCode::from(71);
+    }
+    // Then, while the process has one thread: a reload's hand-off (its variable removed from
     // the environment), then how the daemon was started (before the token is overwritten).
     let received = match sandbox_agent::config::take_handoff_fd() {
         Some(v) => match daemon::reload::receive(&v) {
@@ -48,6 +56,13 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if !matches!(cli.command, None | Some(Command::Server(_))) {
+        // Not the daemon: the signals keep their usual meaning (Ctrl-C ends a client command).
+        if let Err(e) = daemon::signals::unblock() {
+            eprintln!("sandbox-agent: cannot unblock signals: {e}");
+            return ExitCode::from(71);
+        }
+    }
     match cli.command {
         Some(Command::MockAgent { no_load_session }) => {
             sandbox_agent::agents::mock::run(!no_load_session)
@@ -148,12 +163,7 @@ fn serve(
         }
         parent_init = Some(init_pid);
     }
-    // Before any thread: the stop and reload signals are taken from a signalfd by one thread and
-    // must be blocked in all (`daemon/signals.rs`). A reload's image inherits them blocked.
-    if let Err(e) = daemon::signals::block() {
-        eprintln!("sandbox-agent: cannot block the stop signals: {e}");
-        return ExitCode::from(71);
-    }
+    // The stop and reload signals were blocked first thing in `main` (`daemon/signals.rs`).
     // Before any thread: buffers of 1 MiB and more are mapped on their own and handed back
     // when freed (docs/performance.md, "Memory after file attacks": 256 KiB cost PUT ~60 % more
     // CPU, 1 MiB nothing measurable).

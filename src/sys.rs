@@ -590,6 +590,21 @@ pub fn memfd(name: &str) -> io::Result<std::fs::File> {
     Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
+/// Sends `sig` to `pid` with `value` as the signal's value (`sigqueue(3)`): a reload's waiter
+/// names its answer socket this way, and the init forwards it unchanged.
+pub fn sigqueue(pid: i32, sig: nix::sys::signal::Signal, value: u64) -> io::Result<()> {
+    let v = libc::sigval {
+        sival_ptr: value as usize as *mut libc::c_void,
+    };
+    // SAFETY: sigqueue takes a pid, a signal number and a value passed by copy; no pointer is
+    // dereferenced (the value is an opaque word for the receiver).
+    let r = unsafe { libc::sigqueue(pid, sig as libc::c_int, v) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Takes ownership of descriptor `n`, which a previous image of this process kept open across
 /// its exec for us (a reload's hand-off). The caller makes sure each number is taken once.
 pub fn inherited_fd(n: RawFd) -> io::Result<std::os::fd::OwnedFd> {
@@ -613,7 +628,7 @@ pub fn remove_env_single_threaded(name: &str) {
     unsafe { std::env::remove_var(name) };
 }
 
-/// Bytes as lower-case hex (digests, and binary data in the reload hand-off's JSON).
+/// Bytes as lower-case hex (digests).
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(bytes.len() * 2);
@@ -621,16 +636,4 @@ pub fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
-}
-
-/// The bytes of `hex`'s text; pairs that are not hex digits are skipped.
-pub fn unhex(s: &str) -> Vec<u8> {
-    s.as_bytes()
-        .chunks(2)
-        .filter_map(|p| {
-            std::str::from_utf8(p)
-                .ok()
-                .and_then(|p| u8::from_str_radix(p, 16).ok())
-        })
-        .collect()
 }

@@ -41,6 +41,27 @@ const QUEUE: usize = 2048;
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The provider, for a reload's flush before its exec (which would drop the batch).
+static PROVIDER: std::sync::OnceLock<SdkTracerProvider> = std::sync::OnceLock::new();
+
+/// Exports what the batch processor holds (at most `timeout`; the export goes on in the
+/// background past it): a reload calls this before its `execve`, which would drop the buffered
+/// spans. Blocks the calling thread.
+pub fn flush(timeout: Duration) {
+    let Some(provider) = PROVIDER.get().cloned() else {
+        return;
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("otel-flush".into())
+        .spawn(move || {
+            let _ = provider.force_flush();
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() {
+        let _ = rx.recv_timeout(timeout);
+    }
+}
 
 /// Whether traces are made.
 #[inline]
@@ -134,6 +155,7 @@ where
         )
         .build();
     let tracer = provider.tracer("sandbox-agent");
+    let _ = PROVIDER.set(provider.clone());
     ENABLED.store(true, Relaxed);
     Some((
         tracing_opentelemetry::layer()

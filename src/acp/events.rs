@@ -26,7 +26,7 @@ pub struct LogLimits {
 pub struct EventsState {
     pub next_id: u64,
     /// (id, complete SSE frame), oldest first.
-    pub frames: Vec<(u64, String)>,
+    pub frames: Vec<(u64, crate::daemon::reload::Payload)>,
 }
 
 struct Retained {
@@ -232,17 +232,24 @@ impl EventLog {
         }
     }
 
-    /// What a reload carries of this log: the next id and the retained frames.
+    /// What a reload carries of this log: the next id and the retained frames, taken out of the
+    /// ring (no copy; the hand-off frees each as it writes it, so a reload does not hold the
+    /// log twice). Called once the log is frozen for the hand-off.
     pub fn export(&self) -> EventsState {
-        let st = self.lock();
+        let mut st = self.lock();
+        st.ring_bytes = 0;
         EventsState {
             next_id: st.next_id,
-            frames: st
-                .ring
-                .iter()
-                .map(|r| (r.id, String::from_utf8_lossy(&r.frame).into_owned()))
+            frames: std::mem::take(&mut st.ring)
+                .into_iter()
+                .map(|r| (r.id, crate::daemon::reload::Payload(r.frame)))
                 .collect(),
         }
+    }
+
+    /// The bytes a hand-off of this log carries (its retained frames).
+    pub fn retained_bytes(&self) -> usize {
+        self.lock().ring_bytes
     }
 
     /// Takes over a previous image's log (a fresh log, before anyone subscribed): ids go on
@@ -254,7 +261,7 @@ impl EventLog {
         st.ring.clear();
         st.ring_bytes = 0;
         for (id, frame) in &state.frames {
-            let frame = Bytes::from(frame.clone().into_bytes());
+            let frame = frame.0.clone();
             st.ring_bytes += frame.len();
             st.ring.push_back(Retained { id: *id, frame });
         }

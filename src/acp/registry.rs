@@ -591,6 +591,15 @@ pub struct AcpState {
 }
 
 impl AcpService {
+    /// What a reload's hand-off would carry of the event logs, in bytes (checked against the
+    /// memory the daemon may use before the reload begins).
+    pub fn handoff_bytes(&self) -> u64 {
+        let logs: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
+        logs.iter()
+            .map(|i| i.events.retained_bytes() as u64 + 16 * 1024)
+            .sum()
+    }
+
     /// A reload begins: a POST waiting for its agent's answer is answered 202 from now on, its
     /// answer going to the event log (as with `Prefer: respond-async`).
     pub fn begin_handoff(&self) {
@@ -676,7 +685,11 @@ impl AcpService {
                 inst.created_at_ms = s.created_at_ms;
                 let inst = Arc::new(inst);
                 let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
-                inst.adopt(s, handle, stdin, stdout, max_line)?;
+                if let Err(e) = inst.adopt(s, handle.clone(), stdin, stdout, max_line) {
+                    // Adopted by the supervisor but not by the proxy: stopped through its handle.
+                    tokio::spawn(async move { handle.kill().await });
+                    return Err(e);
+                }
                 Ok(inst)
             })();
             match adopted {
@@ -689,8 +702,13 @@ impl AcpService {
                         last_event_id = inst.events.last_id(), "agent carried across the reload");
                     self.instances().insert(s.server_id.clone(), inst);
                 }
-                Err(e) => tracing::error!(server_id = %s.server_id, pid = s.child.pid, error = %e,
-                    "cannot take over an agent after the reload"),
+                Err(e) => {
+                    tracing::error!(server_id = %s.server_id, pid = s.child.pid, error = %e,
+                        "cannot take over an agent after the reload; stopping it");
+                    if !self.deps.supervisor.is_live(s.child.pid) {
+                        self.deps.supervisor.discard_unadopted(&s.child);
+                    }
+                }
             }
         }
     }

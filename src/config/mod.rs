@@ -146,6 +146,13 @@ pub fn server_args(cmd: clap::Command, keep: impl Fn(&str) -> bool, hide: bool) 
     ServerArgs::augment(cmd, keep, hide)
 }
 
+/// Whether `name` is a setting's name (a file key, `port`, or a flag, `--port`): what a reload's
+/// refusal may quote of a configuration error, unlike a value.
+pub fn is_setting_name(name: &str) -> bool {
+    let key = name.trim_start_matches("--").replace('-', "_");
+    !key.is_empty() && sources::known_file_keys().contains(&key)
+}
+
 /// The settings table of docs/config.md, as the table in `settings.rs` makes it.
 pub fn docs_table() -> String {
     let mut out = String::from(

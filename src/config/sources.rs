@@ -30,9 +30,17 @@ impl FileValues {
         let table: toml::Table = match toml::from_str(&text) {
             Ok(t) => t,
             Err(e) => {
+                // Where and what, never the offending line itself: the message is shown by
+                // a reload's refusal, and the line may hold a secret (`token = "…`).
+                let at = e
+                    .span()
+                    .map(|sp| line_column(&text, sp.start))
+                    .map(|(l, c)| format!(" at line {l}, column {c}"))
+                    .unwrap_or_default();
                 errors.push(format!(
-                    "config file {} is not valid TOML: {e}",
-                    path.display()
+                    "config file {} is not valid TOML{at}: {}",
+                    path.display(),
+                    e.message().trim_end()
                 ));
                 return Self::empty();
             }
@@ -219,6 +227,18 @@ pub(super) fn known_file_keys() -> Vec<String> {
         .map(|m| m.name.to_string())
         .chain(["config".to_string()])
         .collect()
+}
+
+/// The 1-based line and column (in characters) of byte `at` of `text`.
+fn line_column(text: &str, at: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..at.min(text.len())];
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let start = before
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[start..]).chars().count() + 1;
+    (line, column)
 }
 
 /// What to say about a key the file does not know.

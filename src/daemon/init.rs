@@ -50,7 +50,14 @@ pub fn split_off_daemon(pid1: bool) -> Option<ExitCode> {
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
             None
         }
-        Ok(Forked::Parent { child }) => Some(ExitCode::from(supervise(child, &set))),
+        Ok(Forked::Parent { child }) => {
+            // Named apart from the daemon, so that `reload --pid <this pid>` expects the answer
+            // from the daemon child (`daemon/reload/waiter.rs`).
+            if let Ok(name) = std::ffi::CString::new(crate::daemon::reload::INIT_COMM) {
+                let _ = nix::sys::prctl::set_name(&name);
+            }
+            Some(ExitCode::from(supervise(child, &set)))
+        }
         Err(e) => {
             eprintln!("sandbox-agent: init: fork failed: {e}");
             Some(ExitCode::from(71))
@@ -61,18 +68,37 @@ pub fn split_off_daemon(pid1: bool) -> Option<ExitCode> {
 /// The init loop: wait for a signal; forward it, or reap on SIGCHLD. Returns the daemon's status
 /// as an exit code (128 + signal when it was killed).
 fn supervise(daemon: Pid, set: &SigSet) -> u8 {
+    // A signalfd rather than sigwait: a reload's waiter sends SIGHUP with a value
+    // (`sigqueue`), which must reach the daemon unchanged.
+    let sfd = match nix::sys::signalfd::SignalFd::with_flags(
+        set,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+    ) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("sandbox-agent: init: signalfd failed: {e}");
+            return 71;
+        }
+    };
     loop {
-        let sig = match set.wait() {
-            Ok(sig) => sig,
-            Err(Errno::EINTR) => continue,
+        let info = match sfd.read_signal() {
+            Ok(Some(info)) => info,
+            Ok(None) | Err(Errno::EINTR) => continue,
             Err(e) => {
-                eprintln!("sandbox-agent: init: sigwait failed: {e}");
+                eprintln!("sandbox-agent: init: reading signals failed: {e}");
                 return 71;
             }
         };
+        let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+            continue;
+        };
         if sig != Signal::SIGCHLD {
             // The daemon may already be gone; ESRCH is then expected and harmless.
-            let _ = kill(daemon, sig);
+            if info.ssi_code == libc::SI_QUEUE {
+                let _ = crate::sys::sigqueue(daemon.as_raw(), sig, info.ssi_ptr);
+            } else {
+                let _ = kill(daemon, sig);
+            }
             continue;
         }
         // SIGCHLD coalesces: one delivery may stand for many exits, so reap until none is left.

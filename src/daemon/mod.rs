@@ -96,6 +96,8 @@ pub async fn run(
     };
     let weak = Arc::downgrade(&supervisor);
     let asked = reload_asked.clone();
+    let waiters = reload::Waiters::default();
+    let hup_waiters = waiters.clone();
     let signal_gate = signals::install(
         root.clone(),
         move || {
@@ -103,7 +105,10 @@ pub async fn run(
                 s.emergency_kill_all();
             }
         },
-        move || asked.notify_one(),
+        move |ticket| {
+            hup_waiters.add(ticket);
+            asked.notify_one();
+        },
     )
     .context("install signal handlers")?;
     let data_dir_problem = check_data_dir(&config.data_dir)?;
@@ -171,7 +176,13 @@ pub async fn run(
     systemd::notify_ready(addr);
     if received.is_some() {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "reloaded; listening on http://{addr}");
-        reload::tell_waiter("ready");
+        if let Some(r) = &received {
+            reload::tell(&r.handoff.waiters, &reload::Outcome::Ready);
+            if r.handoff.version < 3 {
+                // From a daemon of the previous release: its waiter listens by pid.
+                reload::tell_legacy_ready();
+            }
+        }
     } else {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "listening on http://{addr}");
     }
@@ -204,17 +215,18 @@ pub async fn run(
                     tasks: &tasks,
                     root: &root,
                     signals: &signal_gate,
+                    waiters: &waiters,
                 })
                 .await;
                 match failed {
                     reload::Failed::Refused(why) => {
                         tracing::error!(reason = %why, "reload refused; still serving the previous image");
-                        systemd::notify_reload_failed(&why);
-                        reload::tell_waiter(&format!("refused\n{why}"));
+                        systemd::notify_reload_failed();
+                        waiters.tell_all(&reload::Outcome::Refused(why.to_string()));
                     }
                     reload::Failed::Fatal(why) => {
                         tracing::error!(reason = %why, "reload failed after the quiesce; stopping");
-                        reload::tell_waiter(&format!("failed\n{why}; the daemon stops"));
+                        waiters.tell_all(&reload::Outcome::Failed(format!("{why}; the daemon stops")));
                         root.cancel();
                     }
                 }
@@ -257,6 +269,14 @@ pub async fn run(
         }
     };
     tokio::join!(drain_http, state.stop_all(deadline));
+    // Transfers still running are cut by the exit: their temporaries go first.
+    let cut = crate::sys::blocking(crate::files::remove_live_temporaries).await;
+    if cut > 0 {
+        tracing::warn!(
+            removed = cut,
+            "removed the temporaries of transfers the stop cut"
+        );
+    }
     tracing::info!("stopped");
     Ok(())
 }

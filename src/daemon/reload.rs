@@ -13,7 +13,6 @@
 
 use std::collections::BTreeSet;
 use std::ffi::{CString, OsString};
-use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -31,14 +30,23 @@ use crate::http::AppState;
 use crate::processes::ProcessesState;
 use crate::supervisor::CgroupsState;
 
-/// The version of the hand-off this binary writes. 2: RFD connections are carried
-/// (`connections`); a version-1 hand-off (none) is still read.
-pub const STATE_VERSION: u32 = 2;
+mod memory;
+mod waiter;
+mod wire;
+pub use waiter::{INIT_COMM, Outcome, Waiters, tell, tell_legacy_ready, wait_main};
+pub use wire::{HandoffError, HexPayload, Payload};
+
+/// The version of the hand-off this binary writes. 3: the bulk (events, output) travels as raw
+/// records beside a small JSON head (`wire.rs`); 2: RFD connections are carried
+/// (`connections`); versions 1 and 2 (one JSON document) are still read.
+pub const STATE_VERSION: u32 = 3;
 /// The oldest version this binary reads (a newer binary must read the previous one's state).
 pub const OLDEST_ACCEPTED: u32 = 1;
 
 /// How long a reload waits for requests in flight (and connections to close) before the exec.
 pub const DRAIN: Duration = Duration::from_secs(5);
+/// How long the answers of the requests a reload cuts (a `processes/run`) may take to go out.
+const CUT_ANSWERS: Duration = Duration::from_secs(2);
 /// How long the new binary's check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -63,28 +71,32 @@ pub struct Handoff {
     pub processes: ProcessesState,
     /// Every descriptor kept across the exec (the new image closes what it does not take).
     pub fds: Vec<i32>,
+    /// The tickets of the `sandbox-agent reload` commands waiting for the outcome (the new
+    /// image tells them `ready`).
+    #[serde(default)]
+    pub waiters: Vec<u64>,
+    /// How many payload records are beside the head (version 3).
+    #[serde(default)]
+    pub payloads: u64,
 }
 
 impl Handoff {
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// Parses a hand-off, refusing a version this binary does not read.
-    pub fn from_json(bytes: &[u8]) -> Result<Handoff, String> {
+    /// Parses a JSON hand-off (a version-3 head, or a whole version-1/2 document), refusing a
+    /// version this binary does not read.
+    pub fn from_json(bytes: &[u8]) -> Result<Handoff, HandoffError> {
         #[derive(serde::Deserialize)]
         struct Head {
             version: u32,
         }
-        let head: Head = serde_json::from_slice(bytes)
-            .map_err(|e| format!("the hand-off is not readable: {e}"))?;
+        let head: Head = serde_json::from_slice(bytes).map_err(HandoffError::Parse)?;
         if !accepts(head.version) {
-            return Err(format!(
-                "hand-off state version {} is not one this binary reads ({OLDEST_ACCEPTED}..={STATE_VERSION})",
-                head.version
+            return Err(HandoffError::Version(
+                head.version,
+                OLDEST_ACCEPTED,
+                STATE_VERSION,
             ));
         }
-        serde_json::from_slice(bytes).map_err(|e| format!("the hand-off is not readable: {e}"))
+        serde_json::from_slice(bytes).map_err(HandoffError::Parse)
     }
 }
 
@@ -104,21 +116,52 @@ impl Launch {
     /// Captures argv and the environment; call at the top of `main`, before the token is
     /// overwritten in the process's memory.
     pub fn capture() -> Launch {
-        let exe = std::env::current_exe()
-            .map(|p| {
-                use std::os::unix::ffi::OsStrExt;
-                match p.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
-                    Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
-                    None => p,
-                }
-            })
-            .unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+        let argv: Vec<OsString> = std::env::args_os().collect();
         Launch {
-            exe,
-            argv: strip_token(std::env::args_os().collect()),
+            exe: started_as(argv.first()),
+            argv: strip_token(argv),
             env: crate::config::launch_env(),
         }
     }
+}
+
+/// The path the binary was started as: `argv[0]` (made absolute; looked up in `PATH` when it has
+/// no slash) when that path is, at this moment, the file running — so that a symlink a package
+/// repoints (`/usr/bin/sandbox-agent` → `…/v2`) is followed again at the next reload. Otherwise
+/// (an `argv[0]` that names something else) the resolved `/proc/self/exe`.
+fn started_as(argv0: Option<&OsString>) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let resolved = std::env::current_exe()
+        .map(
+            |p| match p.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
+                Some(rest) => PathBuf::from(std::ffi::OsStr::from_bytes(rest)),
+                None => p,
+            },
+        )
+        .unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    let Some(argv0) = argv0.map(PathBuf::from) else {
+        return resolved;
+    };
+    let candidates: Vec<PathBuf> = if argv0.as_os_str().as_bytes().contains(&b'/') {
+        match std::env::current_dir() {
+            Ok(cwd) => vec![cwd.join(&argv0)],
+            Err(_) => vec![argv0],
+        }
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(&argv0)).collect())
+            .unwrap_or_default()
+    };
+    let Ok(running) = std::fs::metadata("/proc/self/exe") else {
+        return resolved;
+    };
+    candidates
+        .into_iter()
+        .filter(|c| c.is_absolute())
+        .find(|c| {
+            std::fs::metadata(c).is_ok_and(|m| m.dev() == running.dev() && m.ino() == running.ino())
+        })
+        .unwrap_or(resolved)
 }
 
 fn strip_token(argv: Vec<OsString>) -> Vec<OsString> {
@@ -157,14 +200,65 @@ pub struct Reloading<'a> {
     pub root: &'a CancellationToken,
     /// Held from the last check of `root` to the exec, so that no stop signal is lost between.
     pub signals: &'a crate::daemon::signals::Gate,
+    /// The `sandbox-agent reload` commands waiting for the outcome.
+    pub waiters: &'a Waiters,
+}
+
+/// Why a reload was refused: nothing changed, the old image serves on. Each message names the
+/// problem (and a configuration error its file, line and column), never a line of the file.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("the new binary {exe} cannot run: {source}")]
+    CannotRun {
+        exe: PathBuf,
+        #[source]
+        source: crate::supervisor::ToolError,
+    },
+    #[error("the new binary {exe} does not read this state (version {STATE_VERSION})")]
+    StateVersion { exe: PathBuf },
+    #[error("the configuration is not valid: {}", .0.join("; "))]
+    Config(Vec<String>),
+    #[error(
+        "the configuration is not valid (run `{exe} reload-check -- <the daemon's arguments>` \
+         as the daemon's user to see why)"
+    )]
+    ConfigUnexplained { exe: PathBuf },
+    #[error("the new binary {exe}'s check failed ({status})")]
+    CheckFailed {
+        exe: PathBuf,
+        status: std::process::ExitStatus,
+    },
+    #[error("the daemon is stopping")]
+    Stopping,
+    #[error(transparent)]
+    NoRoom(#[from] memory::NoRoom),
+    #[error("cannot create the hand-off memfd: {0}")]
+    Memfd(#[source] std::io::Error),
+}
+
+/// Why a reload failed past the point of no return: the daemon stops gracefully.
+#[derive(Debug, thiserror::Error)]
+pub enum Fatal {
+    #[error("cannot write the hand-off: {0}")]
+    Export(#[source] std::io::Error),
+    #[error("cannot write the hand-off: {0}")]
+    Write(#[from] HandoffError),
+    #[error("cannot keep a descriptor across the exec: {0}")]
+    KeepFd(#[source] nix::Error),
+    #[error("cannot execute {exe}: {source}")]
+    Exec {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Why a reload did not happen.
 pub enum Failed {
     /// Nothing changed: the old image serves on.
-    Refused(String),
+    Refused(Refusal),
     /// Past the quiesce: the daemon cannot go on serving and stops gracefully.
-    Fatal(String),
+    Fatal(Fatal),
 }
 
 /// Runs the reload; returns only when it did not happen (an exec that succeeds never returns).
@@ -176,11 +270,18 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
         return Failed::Refused(why);
     }
     if r.root.is_cancelled() {
-        return Failed::Refused("the daemon is stopping".into());
+        return Failed::Refused(Refusal::Stopping);
+    }
+    // What the hand-off will hold must fit in the memory the daemon may still use: the old
+    // image frees each payload as it writes it, but the worst case (nothing handed back) is
+    // what is checked.
+    let needed = r.state.acp.handoff_bytes() + r.state.processes.handoff_bytes();
+    if let Err(why) = memory::check(needed) {
+        return Failed::Refused(why.into());
     }
     let memfd = match memfd() {
         Ok(f) => f,
-        Err(e) => return Failed::Refused(format!("cannot create the hand-off memfd: {e}")),
+        Err(e) => return Failed::Refused(Refusal::Memfd(e)),
     };
     // Point of no return: from here on the old image stops serving.
     crate::daemon::systemd::notify_watchdog();
@@ -191,41 +292,70 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     }
     r.tasks.close();
     if tokio::time::timeout(DRAIN, r.tasks.wait()).await.is_err() {
+        // A `processes/run` still going is stopped and answered with a problem that says so
+        // (not as if its program had died of a signal); a short wait lets those answers out.
+        r.state.processes.cut_runs();
+        let _ = tokio::time::timeout(CUT_ANSWERS, r.tasks.wait()).await;
         tracing::warn!(
             open = r.tasks.len(),
             "reload: requests still in flight after the drain; their connections are cut"
         );
     }
     r.state.supervisor.close_warm().await;
+    // Uploads the drain cut leave no temporary in the user's tree (no destructor runs at exec).
+    let cut = crate::sys::blocking(crate::files::remove_live_temporaries).await;
+    if cut > 0 {
+        tracing::warn!(
+            removed = cut,
+            "reload: removed the temporaries of transfers it cut"
+        );
+    }
+    let mut keep: Vec<OwnedFd> = Vec::new();
+    let mut handoff = match export(&r, &mut keep).await {
+        Ok(h) => h,
+        Err(e) => return Failed::Fatal(Fatal::Export(e)),
+    };
     // With a state dir, what its writer still holds reaches the disk before the exec ends the
-    // writer thread (the new image appends after it).
+    // writer thread (the new image appends after it). After the export: the readers are frozen,
+    // so nothing they push is left behind in memory only.
     if let Some(store) = r.state.state.clone() {
         crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
     }
-    let mut keep: Vec<OwnedFd> = Vec::new();
-    let handoff = match export(&r, &mut keep).await {
-        Ok(h) => h,
-        Err(e) => return Failed::Fatal(format!("cannot write the hand-off: {e}")),
-    };
     let carried = (
         handoff.acp.instances.len(),
         handoff.processes.processes.len(),
     );
+    // The bulk is written now (raw records, each freed once written); the head is written again
+    // below once the signal thread is held. A failure here stops the daemon; it never execs a
+    // hand-off the new image could not read.
+    let write_started = std::time::Instant::now();
+    let written = match wire::write(&mut handoff, &memfd) {
+        Ok(w) => w,
+        Err(e) => return Failed::Fatal(e.into()),
+    };
     for fd in keep.iter().map(|f| f.as_fd()).chain([memfd.as_fd()]) {
         if let Err(e) = fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())) {
-            return Failed::Fatal(format!("cannot keep a descriptor across the exec: {e}"));
+            return Failed::Fatal(Fatal::KeepFd(e));
         }
     }
     tracing::info!(
         agents = carried.0,
         processes = carried.1,
+        payloads = written.payloads,
+        handoff_bytes = written.payload_bytes + written.head_bytes,
+        write_ms = write_started.elapsed().as_millis() as u64,
         quiesce_ms = started.elapsed().as_millis() as u64,
         "reload: executing the new image"
     );
     crate::daemon::systemd::notify_watchdog();
     // The log writer is a thread the exec ends: what it still holds (this line included) is
     // written first.
-    crate::sys::blocking(|| crate::logging::flush(Duration::from_millis(500))).await;
+    // So is the trace exporter's batch: the spans of the requests just served go out now.
+    crate::sys::blocking(|| {
+        crate::telemetry::flush(Duration::from_secs(1));
+        crate::logging::flush(Duration::from_millis(500))
+    })
+    .await;
     // From here no signal is read: a stop signal stays pending and reaches the new image. One
     // read before the hold has cancelled `root` already, and the hand-off says so. The hold is a
     // hop to the signal thread and back; the runtime has nothing left to serve meanwhile.
@@ -238,11 +368,13 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
             r.signals.release();
         }
     };
-    let mut handoff = handoff;
     handoff.stop_requested = r.root.is_cancelled();
-    if let Err(e) = write_memfd(&memfd, &handoff.to_json()) {
+    // No SIGHUP is read from here on: every waiter registered so far is told by the new image.
+    handoff.waiters = r.waiters.take();
+    if let Err(e) = wire::write_head(&handoff, &memfd, &written) {
         release();
-        return Failed::Fatal(format!("cannot write the hand-off: {e}"));
+        r.waiters.add_all(&handoff.waiters);
+        return Failed::Fatal(e.into());
     }
     if let Some(pause) = crate::config::test_hooks::reload_pause() {
         // Debug builds only: the window in which a stop signal must stay pending.
@@ -250,7 +382,10 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     }
     let e = exec(r.launch, memfd.as_raw_fd());
     release();
-    Failed::Fatal(format!("cannot execute {}: {e}", r.launch.exe.display()))
+    Failed::Fatal(Fatal::Exec {
+        exe: r.launch.exe.clone(),
+        source: e,
+    })
 }
 
 async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<Handoff> {
@@ -286,12 +421,14 @@ async fn export(r: &Reloading<'_>, keep: &mut Vec<OwnedFd>) -> std::io::Result<H
         connections,
         processes,
         fds: keep.iter().map(|f| f.as_raw_fd()).collect(),
+        waiters: Vec::new(),
+        payloads: 0,
     })
 }
 
 /// Runs `<exe> reload-check` with the daemon's own arguments and environment: it loads the
 /// configuration as the new image would and says whether it reads this state version.
-async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
+async fn check(launch: &Launch, with_token: bool) -> Result<(), Refusal> {
     let mut cmd = tokio::process::Command::new(&launch.exe);
     cmd.arg("reload-check")
         .arg("--state-version")
@@ -305,22 +442,70 @@ async fn check(launch: &Launch, with_token: bool) -> Result<(), String> {
         .envs(launch.env.iter().cloned());
     let out = crate::supervisor::run_to_completion(cmd, CHECK_TIMEOUT)
         .await
-        .map_err(|e| format!("the new binary {} cannot run: {e}", launch.exe.display()))?;
+        .map_err(|source| Refusal::CannotRun {
+            exe: launch.exe.clone(),
+            source,
+        })?;
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stderr = stderr.trim();
-    let why = match out.status.code() {
-        Some(65) => format!("the new binary does not read this state: {stderr}"),
-        Some(78) => format!("the configuration is not valid: {stderr}"),
-        _ => format!(
-            "the new binary's check failed ({}): {}",
-            out.status,
-            stderr.chars().take(2000).collect::<String>()
-        ),
-    };
-    Err(why)
+    // The check's stderr is never forwarded: a binary that quotes the configuration (an older
+    // one quoted the offending TOML line, `token = "…` included) would leak it to the waiter and
+    // the log. Only the problems it lists on stdout, already without values, are said.
+    let problems = serde_json::from_slice::<CheckReport>(&out.stdout)
+        .map(|r| r.problems)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| redact_values(&p))
+        .collect::<Vec<_>>();
+    let exe = launch.exe.clone();
+    Err(match out.status.code() {
+        Some(65) => Refusal::StateVersion { exe },
+        Some(78) if !problems.is_empty() => Refusal::Config(problems),
+        Some(78) => Refusal::ConfigUnexplained { exe },
+        _ => Refusal::CheckFailed {
+            exe,
+            status: out.status,
+        },
+    })
+}
+
+/// What `reload-check` prints on stdout when the configuration is refused.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckReport {
+    problems: Vec<String>,
+}
+
+/// A configuration error as a refusal may say it: every `quoted` piece that is not a setting's
+/// name (a value, a piece of the file) becomes `…`; the file, line and column stay.
+fn redact_values(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut parts = msg.split('`');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    let rest: Vec<&str> = parts.collect();
+    // Pieces alternate: inside a quote, outside, inside, …; an unpaired last quote is dropped.
+    let mut i = 0;
+    while i < rest.len() {
+        let inside = rest[i];
+        if i + 1 < rest.len() {
+            out.push('`');
+            out.push_str(if crate::config::is_setting_name(inside) {
+                inside
+            } else {
+                "…"
+            });
+            out.push('`');
+            out.push_str(rest[i + 1]);
+        }
+        i += 2;
+    }
+    // Controls (a newline could start a line of the file) are dropped; long output is cut.
+    out.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(600)
+        .collect()
 }
 
 /// `sandbox-agent reload-check`: loads the configuration from `args` as the daemon would and
@@ -366,7 +551,14 @@ pub fn check_main(
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
+            // The full text for a person running the check; the daemon reads only stdout.
             eprint!("{e}");
+            let report = CheckReport {
+                problems: e.0.iter().map(|p| redact_values(p)).collect(),
+            };
+            if let Ok(json) = serde_json::to_string(&report) {
+                println!("{json}");
+            }
             std::process::ExitCode::from(78)
         }
     }
@@ -374,14 +566,6 @@ pub fn check_main(
 
 fn memfd() -> std::io::Result<std::fs::File> {
     crate::sys::memfd("sandbox-agent-handoff")
-}
-
-fn write_memfd(mut f: &std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
-    f.set_len(0)?;
-    f.rewind()?;
-    f.write_all(bytes)?;
-    f.rewind()?;
-    Ok(())
 }
 
 /// Executes the new image; returns only on failure. The stop and reload signals are blocked in
@@ -445,166 +629,35 @@ impl Received {
 
 /// Reads the hand-off from descriptor `value` (the variable's value). Call at the top of
 /// `main`, before any other descriptor is opened.
-pub fn receive(value: &str) -> Result<Received, String> {
-    let n: i32 = value
-        .parse()
-        .map_err(|_| format!("{HANDOFF_FD_VAR}={value} is not a descriptor"))?;
-    if n < 3 {
-        return Err(format!("{HANDOFF_FD_VAR}={value} is not a descriptor"));
-    }
-    let mut f = std::fs::File::from(
-        crate::sys::inherited_fd(n).map_err(|e| format!("the hand-off descriptor {n}: {e}"))?,
-    );
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read the hand-off: {e}"))?;
-    drop(f);
-    let handoff = Handoff::from_json(&bytes)?;
+pub fn receive(value: &str) -> Result<Received, HandoffError> {
+    let n: i32 = value.parse().ok().filter(|n| *n >= 3).ok_or_else(|| {
+        HandoffError::Damaged(format!("{HANDOFF_FD_VAR}={value} is not a descriptor"))
+    })?;
+    let f = std::fs::File::from(crate::sys::inherited_fd(n)?);
+    let handoff = wire::read(f)?;
     let open = handoff.fds.iter().copied().collect();
     Ok(Received { handoff, open })
 }
 
-/// The abstract socket name a `sandbox-agent reload --pid PID` waits on for daemon `pid`'s
-/// outcome (abstract: nothing on disk, gone with the waiter, and a send with no waiter fails).
-fn waiter_name(pid: u32) -> String {
-    format!("sandbox-agent/reload/{pid}")
-}
-
-/// Tells a waiting `sandbox-agent reload` how the reload ended: `ready`, or `refused`/`failed`
-/// with the reason on the next line. Sent for this pid and for the parent's (a container's
-/// init, which forwards the SIGHUP it was sent); with no waiter the send fails, silently.
-pub fn tell_waiter(outcome: &str) {
-    use std::os::linux::net::SocketAddrExt;
-    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
-        return;
+/// Tests of the services: their part of a hand-off written and read back as a reload does.
+#[cfg(test)]
+pub(crate) fn processes_through_a_memfd(processes: ProcessesState) -> ProcessesState {
+    let mut h = Handoff {
+        version: STATE_VERSION,
+        token: None,
+        listener_fd: 3,
+        stop_requested: false,
+        cgroups: CgroupsState::default(),
+        acp: AcpState::default(),
+        connections: Vec::new(),
+        processes,
+        fds: Vec::new(),
+        waiters: Vec::new(),
+        payloads: 0,
     };
-    let _ = sock.set_nonblocking(true);
-    let msg = outcome.as_bytes();
-    let msg = &msg[..msg.len().min(4000)];
-    for pid in [std::process::id(), std::os::unix::process::parent_id()] {
-        if let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid)) {
-            let _ = sock.send_to_addr(msg, &addr);
-        }
-    }
-}
-
-/// `sandbox-agent reload --pid PID`: sends SIGHUP to the daemon and waits until the reload
-/// has ended (the `ExecReload=` of the unit, so that `systemctl reload` returns when the new
-/// image serves and fails when the reload was refused). Exit 0: the new image serves; 1: the
-/// reload was refused or failed (the reason on stderr), or no answer within `timeout` (a daemon
-/// from before this notification, or one that is stopping); 64: usage.
-pub fn wait_main(pid: u32, timeout: &str) -> std::process::ExitCode {
-    use std::os::linux::net::SocketAddrExt;
-    use std::process::ExitCode;
-    let timeout = match humantime::parse_duration(timeout) {
-        Ok(t) if !t.is_zero() => t,
-        _ => {
-            eprintln!("sandbox-agent reload: --timeout {timeout:?} is not a duration like 25s");
-            return ExitCode::from(64);
-        }
-    };
-    let Ok(target) = i32::try_from(pid) else {
-        eprintln!("sandbox-agent reload: --pid {pid} is not a process id");
-        return ExitCode::from(64);
-    };
-    let sock = std::os::unix::net::SocketAddr::from_abstract_name(waiter_name(pid))
-        .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a));
-    let sock = sock.and_then(|s| {
-        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::PassCred, &true)?;
-        Ok(s)
-    });
-    let sock = match sock {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            eprintln!("sandbox-agent reload: another reload of pid {pid} is already waiting");
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("sandbox-agent reload: cannot open the answer socket: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(target),
-        nix::sys::signal::Signal::SIGHUP,
-    ) {
-        eprintln!("sandbox-agent reload: cannot signal pid {pid}: {e}");
-        return ExitCode::FAILURE;
-    }
-    let deadline = std::time::Instant::now() + timeout;
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
-            eprintln!(
-                "sandbox-agent reload: no answer from pid {pid} within {}: the daemon may be \
-                 too old to answer, stopping, or still reloading",
-                humantime::format_duration(timeout)
-            );
-            return ExitCode::FAILURE;
-        }
-        let (n, sender) = match recv_with_sender(&sock, &mut buf) {
-            Ok(got) => got,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue;
-            }
-            Err(e) => {
-                eprintln!("sandbox-agent reload: waiting for the answer: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        // Only the daemon (or, through a container's init, its child) may answer: any local
-        // process can send to an abstract name, and a forged "ready" would end the wait early.
-        if !sender.is_some_and(|s| s == pid || parent_of(s) == Some(pid)) {
-            continue;
-        }
-        let text = String::from_utf8_lossy(&buf[..n]);
-        let (outcome, why) = text.split_once('\n').unwrap_or((&text, ""));
-        match outcome {
-            "ready" => return ExitCode::SUCCESS,
-            "refused" | "failed" => {
-                eprintln!("sandbox-agent reload: {outcome}: {why}");
-                return ExitCode::FAILURE;
-            }
-            // Not an answer of ours: keep waiting.
-            _ => continue,
-        }
-    }
-}
-
-/// One datagram and the pid of the process that sent it (the kernel's `SCM_CREDENTIALS`, which
-/// a sender cannot forge without privileges).
-fn recv_with_sender(
-    sock: &std::os::unix::net::UnixDatagram,
-    buf: &mut [u8],
-) -> std::io::Result<(usize, Option<u32>)> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, UnixCredentials, recvmsg};
-    let mut iov = [std::io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!(UnixCredentials);
-    let msg = recvmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::empty(),
-    )?;
-    let sender = msg.cmsgs()?.find_map(|c| match c {
-        ControlMessageOwned::ScmCredentials(cred) => u32::try_from(cred.pid()).ok(),
-        _ => None,
-    });
-    Ok((msg.bytes, sender))
-}
-
-/// The parent pid of `pid`, if its `/proc` entry can be read.
-fn parent_of(pid: u32) -> Option<u32> {
-    let st = crate::supervisor::read_stat(i32::try_from(pid).ok()?)?;
-    u32::try_from(st.ppid).ok()
+    let f = memfd().expect("memfd");
+    wire::write(&mut h, &f).expect("write");
+    wire::read(f).expect("read").processes
 }
 
 #[cfg(test)]
@@ -624,13 +677,104 @@ mod tests {
             connections: Vec::new(),
             processes: ProcessesState::default(),
             fds: vec![7, 8, 9],
+            waiters: vec![42],
+            payloads: 0,
         }
     }
 
+    /// A sample with payloads of every kind a version-3 hand-off streams: text frames, bytes
+    /// that are not UTF-8, an empty one, a large one.
+    fn with_payloads() -> Handoff {
+        let mut h = sample();
+        let frames = vec![
+            (1, Payload::new(&b"event: message\nid: 1\ndata: {}\n\n"[..])),
+            (2, Payload::new(vec![0xff, 0x00, 0xfe])),
+            (3, Payload::new(vec![b'x'; 3 << 20])),
+        ];
+        h.acp.exited.push(crate::acp::instance::ExitedState {
+            server_id: "s1".into(),
+            agent: "mock".into(),
+            created_at_ms: 1,
+            exit: None,
+            stderr_tail: String::new(),
+            detail: "ended".into(),
+            events: crate::acp::events::EventsState { next_id: 4, frames },
+            invalid_lines: 0,
+        });
+        h.connections.push(crate::acp::connection::ConnectionState {
+            id: "c1".into(),
+            connection: crate::acp::connection::OutboxState {
+                frames: vec![(5, Payload::new(Vec::new()))],
+                lost: None,
+            },
+            ..Default::default()
+        });
+        h
+    }
+
+    /// Writes `h` into a memfd and reads it back as the new image would.
+    fn through_a_memfd(mut h: Handoff) -> Result<Handoff, HandoffError> {
+        let f = memfd().unwrap();
+        wire::write(&mut h, &f)?;
+        let n = f.as_raw_fd();
+        std::mem::forget(f); // `receive` owns (and closes) the descriptor it reads
+        let mut r = receive(&n.to_string())?;
+        r.open.clear(); // the sample's descriptors are not really ours
+        Ok(r.handoff)
+    }
+
     #[test]
-    fn the_hand_off_round_trips() {
-        let h = sample();
-        assert_eq!(Handoff::from_json(&h.to_json()).unwrap(), h);
+    fn the_hand_off_round_trips_through_its_memfd() {
+        let h = with_payloads();
+        let mut back = through_a_memfd(h.clone()).unwrap();
+        assert_eq!(back.payloads, 4);
+        back.payloads = 0;
+        assert_eq!(back, h);
+    }
+
+    #[test]
+    fn a_payload_left_in_the_head_fails_the_write_not_the_exec() {
+        let h = with_payloads();
+        assert!(
+            serde_json::to_vec(&h).is_err(),
+            "a payload must never go into the head"
+        );
+        let f = memfd().unwrap();
+        let written = wire::write(&mut h.clone(), &f).unwrap();
+        // The head rewritten with a payload put back is refused before anything is exec'd.
+        let err = wire::write_head(&h, &f, &written).unwrap_err();
+        assert!(matches!(err, HandoffError::Serialize(_)), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_hand_off_is_an_error_never_a_partial_state() {
+        let mut h = with_payloads();
+        let f = memfd().unwrap();
+        wire::write(&mut h, &f).unwrap();
+        let full = std::fs::read(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+        // A record whose length runs past the head, and a file cut short.
+        for bad in [
+            {
+                let mut b = full.clone();
+                b[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+                b
+            },
+            full[..full.len() - 10].to_vec(),
+        ] {
+            let g = memfd().unwrap();
+            std::io::Write::write_all(&mut &g, &bad).unwrap();
+            assert!(wire::read(g).is_err());
+        }
+        // Version 1/2 hex that is not hex is refused, not skipped.
+        let json = include_str!("testdata/handoff-v2.json");
+        let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+        v["acp"]["instances"][0]["stdout_carry"] = "0a0zz1".into();
+        let broken = serde_json::to_string(&v).unwrap();
+        v["acp"]["instances"][0]["stdout_carry"] = "0a0b".into();
+        let fine = serde_json::to_string(&v).unwrap();
+        let h = Handoff::from_json(fine.as_bytes()).unwrap();
+        assert_eq!(h.acp.instances[0].stdout_carry.0.as_ref(), b"\x0a\x0b");
+        assert!(Handoff::from_json(broken.as_bytes()).is_err());
     }
 
     #[test]
@@ -638,8 +782,11 @@ mod tests {
         for v in [0, STATE_VERSION + 1] {
             let mut h = sample();
             h.version = v;
-            let err = Handoff::from_json(&h.to_json()).unwrap_err();
-            assert!(err.contains("is not one this binary reads"), "{err}");
+            let err = Handoff::from_json(&serde_json::to_vec(&h).unwrap()).unwrap_err();
+            assert!(
+                err.to_string().contains("is not one this binary reads"),
+                "{err}"
+            );
         }
         assert!(accepts(STATE_VERSION) && accepts(OLDEST_ACCEPTED));
     }
@@ -647,22 +794,27 @@ mod tests {
     /// Hand-offs written by real daemons (an agent instance, an RFD connection with a session
     /// and queued messages, a running process; from version 2 also an exited instance and an
     /// exited process record), one per state version this binary must read:
-    /// `handoff-v1.json` is what the previous release writes. A change that stops an older
+    /// `handoff-v1.json` and `-v2.json` are what earlier releases write, `handoff-v3.bin` this
+    /// one (captured from a real daemon during a reload, `SANDBOX_AGENT_TEST_RELOAD_PAUSE_MS`,
+    /// by copying `/proc/PID/fd/N` of its `sandbox-agent-handoff` memfd). A change that stops an older
     /// hand-off from parsing fails here, before an upgrade's reload would be refused.
     #[test]
     fn hand_offs_of_every_accepted_version_are_read() {
-        let fixtures: [(u32, &str); 2] = [
-            (1, include_str!("testdata/handoff-v1.json")),
-            (2, include_str!("testdata/handoff-v2.json")),
+        let fixtures: [(u32, &[u8]); 3] = [
+            (1, include_bytes!("testdata/handoff-v1.json")),
+            (2, include_bytes!("testdata/handoff-v2.json")),
+            (3, include_bytes!("testdata/handoff-v3.bin")),
         ];
         assert_eq!(
             fixtures.iter().map(|f| f.0).collect::<Vec<_>>(),
             (OLDEST_ACCEPTED..=STATE_VERSION).collect::<Vec<_>>(),
             "one fixture per accepted version (capture one when STATE_VERSION changes)"
         );
-        for (v, json) in fixtures {
-            let h =
-                Handoff::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("version {v}: {e}"));
+        for (v, bytes) in fixtures {
+            // As the new image reads it: from a memfd.
+            let f = memfd().unwrap();
+            std::io::Write::write_all(&mut &f, bytes).unwrap();
+            let h = wire::read(f).unwrap_or_else(|e| panic!("version {v}: {e}"));
             assert_eq!(h.version, v);
             assert_eq!(h.acp.instances.len(), 2, "version {v}");
             assert_eq!(h.processes.processes.len(), 1, "version {v}");
@@ -679,7 +831,33 @@ mod tests {
             let ended = usize::from(v >= 2);
             assert_eq!(h.acp.exited.len(), ended, "version {v}");
             assert_eq!(h.processes.exited.len(), ended, "version {v}");
+            if v >= 3 {
+                // Bytes that are not UTF-8 travel raw.
+                let out: Vec<u8> = h.processes.exited[0]
+                    .log
+                    .chunks
+                    .iter()
+                    .flat_map(|c| c.3.0.to_vec())
+                    .collect();
+                assert!(out.windows(2).any(|w| w == [0xff, 0x00]), "{out:?}");
+            }
         }
+    }
+
+    #[test]
+    fn a_refusal_quotes_setting_names_and_never_values() {
+        let check = |msg: &str, want: &str| assert_eq!(redact_values(msg), want);
+        check(
+            "config file /c.toml: unknown key `tokn`; did you mean `token`?",
+            "config file /c.toml: unknown key `…`; did you mean `token`?",
+        );
+        check(
+            "--port: `s3cr3t` is not a port",
+            "--port: `…` is not a port",
+        );
+        check("a `--max-agents` b", "a `--max-agents` b");
+        check("line one\ntoken = \"x", "line one token = \"x");
+        check("unpaired `s3cr3t", "unpaired ");
     }
 
     #[test]
@@ -698,8 +876,8 @@ mod tests {
     #[test]
     fn a_memfd_hand_off_is_read_back_with_its_descriptors() {
         let f = memfd().unwrap();
-        let h = sample();
-        write_memfd(&f, &h.to_json()).unwrap();
+        let mut h = sample();
+        wire::write(&mut h, &f).unwrap();
         let n = f.as_raw_fd();
         // `receive` owns (and closes) the descriptor it reads.
         std::mem::forget(f);

@@ -41,6 +41,11 @@ pub fn block() -> std::io::Result<()> {
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled()), None).map_err(std::io::Error::from)
 }
 
+/// Undoes [`block`] for a command that is not the daemon (called before any thread exists).
+pub fn unblock() -> std::io::Result<()> {
+    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&handled()), None).map_err(std::io::Error::from)
+}
+
 /// What a reload holds to keep the signals pending across its exec.
 pub struct Gate {
     control: Mutex<UnixStream>,
@@ -83,7 +88,7 @@ impl Gate {
 pub fn install(
     root: CancellationToken,
     on_second: impl Fn() + Send + 'static,
-    on_hup: impl Fn() + Send + 'static,
+    on_hup: impl Fn(u64) + Send + 'static,
 ) -> std::io::Result<Gate> {
     let sfd = SignalFd::with_flags(&handled(), SfdFlags::SFD_CLOEXEC)?;
     let (ours, theirs) = UnixStream::pair()?;
@@ -114,12 +119,21 @@ pub fn install(
                 };
                 let sig = info.ssi_signo as i32;
                 if sig == Signal::SIGHUP as i32 {
+                    // `sandbox-agent reload` names its answer socket in the signal's value.
+                    let ticket = if info.ssi_code == libc::SI_QUEUE {
+                        info.ssi_ptr
+                    } else {
+                        0
+                    };
                     if root.is_cancelled() {
                         tracing::info!("SIGHUP received while stopping; ignored");
-                        super::reload::tell_waiter("refused\nthe daemon is stopping");
+                        super::reload::tell(
+                            &[ticket],
+                            &super::reload::Outcome::Refused("the daemon is stopping".into()),
+                        );
                     } else {
                         tracing::info!("SIGHUP received: reloading in place");
-                        on_hup();
+                        on_hup(ticket);
                     }
                     continue;
                 }

@@ -26,9 +26,11 @@ pub fn notify_reloading() {
 }
 
 /// A reload did not happen: the old image serves on (READY=1 ends the reload for systemd).
-pub fn notify_reload_failed(why: &str) {
-    let status = format!("reload failed, still serving the previous image: {why}");
-    let _ = sd_notify::notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+/// `STATUS=` is world-readable (`systemctl status`): it never carries the reason, which goes to
+/// the waiting `sandbox-agent reload` and the daemon's log.
+pub fn notify_reload_failed() {
+    let status = "reload failed, still serving the previous image (the reason is in the log)";
+    let _ = sd_notify::notify(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
 pub fn notify_status(status: &str) {

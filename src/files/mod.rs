@@ -25,6 +25,7 @@ pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};
 pub use read::{OpenedFile, stream_range};
 pub use upload::Compression;
+pub use write::remove_live_temporaries;
 
 /// Everything the filesystem endpoints can fail with; `http/error.rs` maps it to a status.
 #[derive(Debug, thiserror::Error)]

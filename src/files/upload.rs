@@ -449,6 +449,8 @@ struct Staging {
     /// removed again (only while empty) on failure.
     created: Vec<(OwnedFd, OsString)>,
     committed: bool,
+    /// Listed for a reload or a stop that cuts the upload (`write::remove_live_temporaries`).
+    _live: Option<super::write::Live>,
 }
 
 enum Target {
@@ -498,6 +500,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
                 .map_err(|e| FileError::from_io("open", &dest.abs, e))?;
             let name = stage_name();
             let fd = mkstage(&holder, &name)?;
+            let _live = super::write::Live::register(&holder, &name);
             Ok(Staging {
                 holder,
                 name,
@@ -505,6 +508,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
                 target: Target::Merge(dest_fd),
                 created: Vec::new(),
                 committed: false,
+                _live,
             })
         }
         Err(FileError::NotFound { .. }) => {
@@ -535,6 +539,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
                     return Err(e);
                 }
             };
+            let _live = super::write::Live::register(&holder, &name);
             Ok(Staging {
                 holder,
                 name,
@@ -545,6 +550,7 @@ fn prepare(policy: &PathPolicy, dest: &SandboxPath) -> Result<Staging, FileError
                 },
                 created,
                 committed: false,
+                _live,
             })
         }
         Err(FileError::WrongKind { .. }) => Err(FileError::WrongKind {

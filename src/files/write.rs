@@ -32,6 +32,45 @@ pub(super) fn random_name(stem: &str) -> OsString {
     format!(".sandbox-agent-{stem}-{}", crate::sys::random_hex::<12>()).into()
 }
 
+/// Every temporary this process holds in a user's tree (a file being written, an upload's
+/// staging directory), by (directory, name): a reload's `execve` and the end of a stop run no
+/// destructor, so they remove what is still listed first (`remove_live_temporaries`). A
+/// process-wide table because a temporary is made deep inside a transfer's blocking step.
+static LIVE: std::sync::Mutex<std::collections::BTreeMap<u64, (OwnedFd, OsString)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+static NEXT_LIVE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A temporary's entry in `LIVE`, removed on drop.
+pub(super) struct Live(u64);
+
+impl Live {
+    pub(super) fn register(dir: &OwnedFd, name: &std::ffi::OsStr) -> Option<Live> {
+        let dup = dir.try_clone().ok()?;
+        let n = NEXT_LIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::sys::lock(&LIVE).insert(n, (dup, name.to_os_string()));
+        Some(Live(n))
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        crate::sys::lock(&LIVE).remove(&self.0);
+    }
+}
+
+/// Removes every temporary still being written (a transfer a reload or a stop cut): called just
+/// before a reload's exec and at the end of a stop. Returns how many it removed.
+pub fn remove_live_temporaries() -> usize {
+    let live = std::mem::take(&mut *crate::sys::lock(&LIVE));
+    let mut removed = 0;
+    for (_, (dir, name)) in live {
+        if super::entries::remove_tree(&dir, &name).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// A temporary file this process created in `dir`, removed on drop unless `keep` was called.
 /// It exists only after a successful `O_CREAT|O_EXCL`, so a name someone else planted is never
 /// removed.
@@ -39,6 +78,7 @@ pub(super) struct TempEntry {
     pub dir: OwnedFd,
     pub name: OsString,
     kept: bool,
+    live: Option<Live>,
 }
 
 impl TempEntry {
@@ -65,11 +105,13 @@ impl TempEntry {
                 mode,
             ) {
                 Ok(fd) => {
+                    let live = Live::register(&dir, &name);
                     return Ok((
                         TempEntry {
                             dir,
                             name,
                             kept: false,
+                            live,
                         },
                         File::from(fd),
                     ));
@@ -85,6 +127,7 @@ impl TempEntry {
 
     pub fn keep(mut self) {
         self.kept = true;
+        self.live = None;
     }
 }
 

@@ -462,6 +462,9 @@ impl From<crate::processes::ProcessError> for Problem {
                 .with("command", command),
             E::Io(_) => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
             E::ShuttingDown => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail),
+            E::CutByReload { command } => Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+                .title("Cut By Reload")
+                .with("command", command),
         }
     }
 }

@@ -33,6 +33,13 @@ pub enum ProcessError {
     Io(String),
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    /// A `run` still going when a reload's drain ended: stopped, since its answer cannot
+    /// outlive the connection the old image holds.
+    #[error(
+        "the daemon reloaded while the program ran (it was still running when the reload's \
+         drain ended) and it was stopped; run it again"
+    )]
+    CutByReload { command: String },
 }
 
 impl ProcessError {

@@ -61,7 +61,23 @@ pub struct ProcessState {
     pub log: LogState,
 }
 
+/// How long a reload waits for a process's pumps to stop.
+const FREEZE_WAIT: Duration = Duration::from_secs(2);
+
 impl ProcessService {
+    /// A reload's drain has ended: every `run` still going is stopped and answered with a
+    /// problem saying the reload cut it (its HTTP connection cannot be carried across the exec).
+    pub fn cut_runs(&self) {
+        self.runs_cut.cancel();
+    }
+
+    /// What a reload's hand-off would carry of the output logs, in bytes.
+    pub fn handoff_bytes(&self) -> u64 {
+        let all: Vec<Arc<ManagedProcess>> =
+            crate::sys::lock(&self.records).values().cloned().collect();
+        all.iter().map(|p| p.log.held_bytes() + 4096).sum()
+    }
+
     /// Freezes every running process (its output stays in its pipes) and writes it down with
     /// every exited record; `keep` receives the descriptors that must survive the exec.
     pub async fn export(&self, keep: &mut Vec<OwnedFd>) -> std::io::Result<ProcessesState> {
@@ -99,8 +115,15 @@ impl ProcessService {
             };
             p.freeze.cancel();
             // The pumps stop at their next await (a read that took nothing, or right after an
-            // append); one yield lets them see it.
-            tokio::task::yield_now().await;
+            // append); the monitor says when all have (on a multi-thread runtime one may be in
+            // the middle of an append on another worker).
+            let mut stopped = p.pumps_stopped.subscribe();
+            if tokio::time::timeout(FREEZE_WAIT, stopped.wait_for(|s| *s))
+                .await
+                .is_err()
+            {
+                tracing::warn!(id = %p.id, "reload: a process's output pumps did not stop in time");
+            }
             let mut dup = |fd: std::os::fd::BorrowedFd<'_>| -> std::io::Result<i32> {
                 let d = fd.try_clone_to_owned()?;
                 let n = d.as_raw_fd();
@@ -151,8 +174,13 @@ impl ProcessService {
             match self.adopt_one(s, take) {
                 Ok(()) => tracing::info!(id = %s.id, pid = s.child.pid, log_end = s.log.end,
                     "process carried across the reload"),
-                Err(e) => tracing::error!(id = %s.id, pid = s.child.pid, error = %e,
-                    "cannot take over a process after the reload"),
+                Err(e) => {
+                    tracing::error!(id = %s.id, pid = s.child.pid, error = %e,
+                        "cannot take over a process after the reload; stopping it");
+                    if !self.supervisor.is_live(s.child.pid) {
+                        self.supervisor.discard_unadopted(&s.child);
+                    }
+                }
             }
         }
         // The exited ones after the running ones (whose logs' reservations are not optional),
@@ -279,6 +307,7 @@ impl ProcessService {
             pty,
             ended: watch::channel(None).0,
             readers: AtomicUsize::new(0),
+            pumps_stopped: watch::channel(false).0,
             freeze,
             pipes: dups,
             n: s.n,
@@ -322,10 +351,13 @@ mod tests {
         let log = OutputLog::new(1 << 20);
         log.append(LogStream::Stdout, Bytes::from_static(b"hello "), 1);
         log.append(LogStream::Stderr, Bytes::from_static(b"\x00\xffworld"), 2);
+        let held = log.held();
         let state = log.export();
+        // The export takes the chunks out (the hand-off frees them as it writes them).
+        assert_eq!(log.held(), 0);
         let back = OutputLog::restore(&state);
         assert_eq!(back.end(), log.end());
-        assert_eq!(back.held(), log.held());
+        assert_eq!(back.held(), held);
         assert_eq!(back.export(), state);
         back.append(LogStream::Stdout, Bytes::from_static(b"!"), 3);
         assert_eq!(back.end(), 14);

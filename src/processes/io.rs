@@ -172,8 +172,13 @@ pub(super) async fn monitor(
     };
     let exit = tokio::select! {
         e = handle.wait() => e,
-        // A reload carries the process: the new image's monitor publishes its end.
-        _ = p.freeze.cancelled() => return,
+        // A reload carries the process: the new image's monitor publishes its end. The pumps
+        // return at the freeze; once they all have, the export may take the log.
+        _ = p.freeze.cancelled() => {
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures_util::future::join_all(readers)).await;
+            p.pumps_stopped.send_replace(true);
+            return;
+        }
     };
     let aborts: Vec<_> = readers.iter().map(|r| r.abort_handle()).collect();
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures_util::future::join_all(readers)).await;

@@ -273,26 +273,37 @@ impl OutputLog {
     }
 }
 
-/// An output log: its cap, the offset after its last byte, its chunks (data in hex).
+/// An output log: its cap, the offset after its last byte, its chunks.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LogState {
     pub cap: u64,
     pub end: u64,
-    pub chunks: Vec<(u64, LogStream, u64, String)>,
+    pub chunks: Vec<(u64, LogStream, u64, crate::daemon::reload::HexPayload)>,
 }
 
 impl OutputLog {
+    /// What a reload carries of this log, its chunks taken out (no copy; the hand-off frees
+    /// each as it writes it). Called once the log's pumps are frozen.
     pub(crate) fn export(&self) -> LogState {
-        let g = crate::sys::lock(&self.inner);
+        let mut g = crate::sys::lock(&self.inner);
+        g.held = 0;
+        let end = g.end;
         LogState {
             cap: self.cap,
-            end: g.end,
-            chunks: g
-                .chunks
-                .iter()
-                .map(|c| (c.start, c.stream, c.at_ms, hex(&c.data)))
+            end,
+            chunks: std::mem::take(&mut g.chunks)
+                .into_iter()
+                .map(|c| {
+                    let data = crate::daemon::reload::HexPayload(c.data);
+                    (c.start, c.stream, c.at_ms, data)
+                })
                 .collect(),
         }
+    }
+
+    /// The bytes a hand-off of this log carries.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        crate::sys::lock(&self.inner).held
     }
 
     pub(crate) fn restore(state: &LogState) -> Self {
@@ -300,7 +311,7 @@ impl OutputLog {
         {
             let mut g = crate::sys::lock(&log.inner);
             for (start, stream, at_ms, data) in &state.chunks {
-                let data = Bytes::from(unhex(data));
+                let data = data.0.clone();
                 g.held += data.len() as u64 + CHUNK_OVERHEAD;
                 g.chunks.push_back(Chunk {
                     start: *start,
@@ -315,8 +326,6 @@ impl OutputLog {
         log
     }
 }
-
-use crate::sys::{hex, unhex};
 
 #[cfg(test)]
 mod tests {

@@ -80,6 +80,10 @@ pub struct ManagedProcess {
     /// Cancelled by a reload's export: the output pumps and the monitor stop (the output waits
     /// in the pipes for the new image).
     freeze: CancellationToken,
+    /// Set by the monitor once every pump has stopped after the freeze: the hand-back barrier a
+    /// reload's export waits on before it takes the log (a pump in the middle of an append would
+    /// otherwise add to a log already written down).
+    pumps_stopped: watch::Sender<bool>,
     /// Duplicates of the output pipes' read ends (the pumps own the pipes), for the hand-off.
     pipes: Vec<(LogStream, std::os::fd::OwnedFd)>,
     /// Its number (the `n` of `proc_n`).
@@ -203,6 +207,9 @@ pub struct ProcessService {
     running: Arc<AtomicUsize>,
     budget: Arc<Budget>,
     shutdown: CancellationToken,
+    /// Cancelled when a reload's drain ends: every `run` still going is stopped and answered
+    /// `CutByReload` (`processes/handoff.rs`).
+    pub(crate) runs_cut: CancellationToken,
     /// `--state-dir`: records and output kept across restarts (see `durable`).
     state: Option<Arc<crate::state::StateStore>>,
 }
@@ -260,6 +267,7 @@ impl ProcessService {
                 reserved: AtomicU64::new(0),
             }),
             shutdown,
+            runs_cut: CancellationToken::new(),
             state: None,
         }
     }
@@ -344,6 +352,7 @@ impl ProcessService {
             pty: None,
             ended: watch::channel(Some(exit)).0,
             readers: AtomicUsize::new(0),
+            pumps_stopped: watch::channel(false).0,
             freeze: CancellationToken::new(),
             pipes: Vec::new(),
             n,
@@ -583,6 +592,7 @@ impl ProcessService {
             pty,
             ended: watch::channel(None).0,
             readers: AtomicUsize::new(0),
+            pumps_stopped: watch::channel(false).0,
             freeze,
             pipes,
             n,
@@ -802,9 +812,17 @@ impl ProcessService {
         let guard = KillOnDrop(Some(handle.clone()));
         let out = tokio::spawn(capture(spawned.stdout, limit));
         let err = tokio::spawn(capture(spawned.stderr, limit));
-        let (exit, timed_out) = match tokio::time::timeout(timeout, handle.wait()).await {
-            Ok(exit) => (exit, false),
-            Err(_) => (handle.kill().await, true),
+        let (exit, timed_out) = tokio::select! {
+            waited = tokio::time::timeout(timeout, handle.wait()) => match waited {
+                Ok(exit) => (exit, false),
+                Err(_) => (handle.kill().await, true),
+            },
+            _ = self.runs_cut.cancelled() => {
+                // Never answered as if the program had died of a signal: it was stopped for the
+                // reload, and the client is told so.
+                handle.kill().await;
+                return Err(ProcessError::CutByReload { command: req.command.clone() });
+            }
         };
         drop(guard);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {

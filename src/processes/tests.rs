@@ -181,13 +181,12 @@ async fn a_record_recovered_from_the_state_dir_is_carried_by_a_reload() {
     assert_eq!(before.exit_code, Some(3));
     assert!(log_before.end > 0);
 
-    // Its hand-off, through JSON as the reload writes it, into an image without a state dir.
+    // Its hand-off, through the memfd as the reload writes it, into an image without a state dir.
     let mut keep = Vec::new();
     let handoff = b.export(&mut keep).await.unwrap();
     assert!(keep.is_empty() && handoff.processes.is_empty());
     assert_eq!(handoff.exited.len(), 1);
-    let json = serde_json::to_string(&handoff).unwrap();
-    let handoff: super::ProcessesState = serde_json::from_str(&json).unwrap();
+    let handoff = crate::daemon::reload::processes_through_a_memfd(handoff);
     let c = ProcessService::new(&config, s.supervisor.clone(), CancellationToken::new());
     c.adopt(&handoff, &mut |_| unreachable!("no descriptor to take"));
     let after = c.get(&id).unwrap().info().await;

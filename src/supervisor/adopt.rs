@@ -215,4 +215,29 @@ impl Supervisor {
         });
         Ok(handle)
     }
+
+    /// Whether a handle of the live set has this pid (an adopted child).
+    pub fn is_live(&self, pid: u32) -> bool {
+        self.live().iter().any(|h| h.pid() == pid)
+    }
+
+    /// A child of the hand-off that the new image could not take over: nobody would own it, so
+    /// its process group is killed and its top process reaped (its pid cannot have been reused:
+    /// the reload held every reap, so it is still our unreaped child).
+    pub fn discard_unadopted(&self, state: &ChildState) {
+        use nix::sys::signal::{Signal, kill, killpg};
+        let Ok(raw) = i32::try_from(state.pid) else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(raw);
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = kill(pid, Signal::SIGKILL);
+        tracing::warn!(server_id = %state.server_id, agent = %state.agent, pid = state.pid,
+            "killed a child the reload could not take over");
+        let _ = std::thread::Builder::new()
+            .name("reap-unadopted".into())
+            .spawn(move || {
+                let _ = nix::sys::wait::waitpid(pid, None);
+            });
+    }
 }

@@ -432,8 +432,13 @@ async fn a_broken_config_or_binary_is_refused_and_the_daemon_serves_on() {
 
     // A configuration the new image would refuse.
     std::fs::write(&config, "no_such_setting = 1\n").unwrap();
-    let m = reload_refused(&mut d);
-    assert!(m.contains("configuration"), "{m}");
+    reload_refused(&mut d);
+    // The reason is in the log (never in `STATUS=`, which every user can read).
+    eventually(Duration::from_secs(5), "the reason in the log", || {
+        d.stderr()
+            .contains("the configuration is not valid")
+            .then_some(())
+    });
     std::fs::write(&config, "event_buffer = 100\n").unwrap();
 
     // A binary that does not run, then none at all.
@@ -673,9 +678,21 @@ async fn a_run_still_going_when_the_drain_ends_is_killed_and_reaped_not_orphaned
         })
     });
     reload(&mut d);
-    // Its request could not finish within the drain: cut, and its process is gone for good
-    // (killed and reaped before the exec, not left as a child nobody waits for).
-    let _ = run.await;
+    // Its request could not finish within the drain: answered with a problem that says the
+    // reload cut it (never a 200 with `exitSignal: 9` as if the program had died), and its
+    // process is gone for good (killed and reaped before the exec, not left as a child nobody
+    // waits for).
+    let resp = run
+        .await
+        .unwrap()
+        .expect("the run is answered before the exec");
+    assert_eq!(resp.status(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["title"], "Cut By Reload", "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("reloaded"),
+        "{body}"
+    );
     assert!(
         !std::path::Path::new(&format!("/proc/{sleeper}")).exists(),
         "the run's process outlived the reload (or is a zombie)"
@@ -807,49 +824,11 @@ async fn the_reload_command_returns_once_the_new_image_serves_and_fails_when_ref
     assert_eq!(server(&d, "s1").await["pid"], agent_pid);
     std::fs::write(&config, "event_buffer = 100\n").unwrap();
 
-    // A process that never answers (no daemon of ours): exit 1 at the timeout, not a hang.
-    let mut mute = std::process::Command::new("sh")
-        .args(["-c", "trap '' HUP; exec sleep 30"])
-        .spawn()
-        .unwrap();
-    let mute_pid = mute.id().to_string();
-    let (code, stderr) = reload_command(&["--pid", &mute_pid, "--timeout", "500ms"]).await;
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("no answer"), "{stderr}");
-    // A "ready" forged by another local process (anyone can send to an abstract name) is
-    // ignored: only the daemon's own answer ends the wait.
-    let waiter = std::process::Command::new(BIN)
-        .args(["reload", "--pid", &mute_pid, "--timeout", "2s"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let forger = std::os::unix::net::UnixDatagram::unbound().unwrap();
-    let addr = {
-        use std::os::linux::net::SocketAddrExt;
-        std::os::unix::net::SocketAddr::from_abstract_name(format!(
-            "sandbox-agent/reload/{mute_pid}"
-        ))
-        .unwrap()
-    };
-    eventually(Duration::from_secs(2), "the waiter to listen", || {
-        forger.send_to_addr(b"ready", &addr).ok()
-    });
-    let out = tokio::task::spawn_blocking(move || waiter.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "a forged answer was taken: {stderr}"
-    );
-    assert!(stderr.contains("no answer"), "{stderr}");
-    let _ = mute.kill();
-    let _ = mute.wait();
-    // No such process, and a bad timeout: clear errors.
+    // No such process, and a bad timeout: clear errors (a process that is not our daemon, and
+    // forged answers: `reload_pid_refuses_a_process_that_is_not_a_sandbox_agent_daemon`,
+    // `a_squatter_cannot_block_a_reload_and_a_child_of_the_daemon_cannot_forge_ready`).
     let (code, stderr) = reload_command(&["--pid", "2147483646"]).await;
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("cannot signal"), "{stderr}");
+    assert_eq!(code, Some(66), "{stderr}");
     let (code, stderr) = reload_command(&["--pid", &pid, "--timeout", "soon"]).await;
     assert_eq!(code, Some(64), "{stderr}");
 
@@ -1050,4 +1029,540 @@ async fn an_exited_instance_keeps_its_exit_and_history_across_a_reload() {
     assert!(del.status().is_success(), "{}", del.status());
     assert!(!d.servers().await.iter().any(|s| s["serverId"] == "gone"));
     mock_session(&d, "gone").await;
+}
+
+// ---- The waiter channel and what a refusal says (no squatting, no forging, no leak) -------
+
+/// A Python 3 interpreter a test can run as another user (not a shim under /root).
+fn python3() -> Option<&'static str> {
+    ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+}
+
+/// Binds the abstract names given and prints every datagram that reaches one (`GOT:…`) until
+/// its stdin closes; `bound N` first.
+const SQUATTER: &str = r#"
+import select, socket, sys
+socks = []
+for n in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.bind("\0" + n)
+        socks.append(s)
+    except OSError:
+        pass
+print("bound %d" % len(socks), flush=True)
+while True:
+    r, _, _ = select.select(socks + [sys.stdin], [], [])
+    for s in r:
+        if s is sys.stdin:
+            if not sys.stdin.readline():
+                sys.exit(0)
+        else:
+            d = s.recv(8192).decode("utf8", "replace").replace("\n", "|")
+            print("GOT:" + d, flush=True)
+"#;
+
+struct Squatter {
+    child: std::process::Child,
+}
+
+impl Squatter {
+    /// Starts the squatter on `names` (as uid/gid 65534 when `as_nobody`), once it has bound.
+    fn start(names: &[String], as_nobody: bool) -> Squatter {
+        use std::io::BufRead;
+        let py = python3().expect("python3");
+        let mut cmd = if as_nobody {
+            let mut c = std::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", py]);
+            c
+        } else {
+            std::process::Command::new(py)
+        };
+        let mut child = cmd
+            .arg("-c")
+            .arg(SQUATTER)
+            .args(names)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        // The daemon's own name at least (the shared ones, the test process's pid and 1, may be
+        // held by another test's squatter running at the same time).
+        let bound: usize = first
+            .trim()
+            .trim_start_matches("bound ")
+            .parse()
+            .unwrap_or(0);
+        assert!(bound >= 1, "the squatter bound nothing: {first:?}");
+        Squatter { child }
+    }
+
+    /// Stops it; everything it received.
+    fn finish(mut self) -> String {
+        drop(self.child.stdin.take());
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let _ = self.child.wait();
+        out
+    }
+}
+
+/// The names the waiter channel used to answer on: the daemon's pid, its parent's, and 1.
+fn old_waiter_names(d: &Daemon) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", d.pid())).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let ppid: u32 = after_name.split(' ').nth(1).unwrap().parse().unwrap();
+    [d.pid(), ppid, 1]
+        .iter()
+        .map(|p| format!("sandbox-agent/reload/{p}"))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_names_the_file_and_line_and_no_other_user_sees_the_config() {
+    if !is_root() || python3().is_none() {
+        return skip("needs root (to listen as nobody) and python3");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "event_buffer = 100\n").unwrap();
+    let mut d = Daemon::builder().arg("--config").arg(&config).start();
+    mock_session(&d, "s1").await;
+    let pid = d.pid().to_string();
+    // Another user listens where the outcome used to be sent.
+    let nobody = Squatter::start(&old_waiter_names(&d), true);
+
+    // A TOML error on the token's line: its value must not come out anywhere.
+    const SECRET: &str = "s3cr3t-0f-the-c0nfig";
+    std::fs::write(
+        &config,
+        format!("event_buffer = 100\ntoken = \"{SECRET}\nport = 1\n"),
+    )
+    .unwrap();
+    let before = d.messages.len();
+    let (code, stderr) = reload_command(&["--pid", &pid]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("refused"), "{stderr}");
+    assert!(
+        stderr.contains(&config.display().to_string()) && stderr.contains("line 2"),
+        "the refusal names the file and the line: {stderr}"
+    );
+    assert!(
+        !stderr.contains(SECRET),
+        "the waiter saw the config: {stderr}"
+    );
+    d.read_notify();
+    let notes = d.messages[before..].join("\n");
+    assert!(notes.contains("STATUS=reload failed"), "{notes}");
+    assert!(
+        !notes.contains(SECRET) && !notes.contains("token ="),
+        "STATUS= leaks: {notes}"
+    );
+    assert!(
+        !d.stderr().contains(SECRET),
+        "the daemon's log quotes the config"
+    );
+    let heard = nobody.finish();
+    assert!(heard.is_empty(), "another user received: {heard}");
+    // Still serving the same agent.
+    let (s, _) = post(
+        &d,
+        "s1",
+        json!({"jsonrpc":"2.0","id":9,"method":"session/new","params":{"cwd":"/tmp","mcpServers":[]}}),
+    )
+    .await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_squatter_cannot_block_a_reload_and_a_child_of_the_daemon_cannot_forge_ready() {
+    let Some(py) = python3() else {
+        return skip("needs python3");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "event_buffer = 100\n").unwrap();
+    let mut d = Daemon::builder().arg("--config").arg(&config).start();
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+    let pid = d.pid().to_string();
+
+    // A squatter bound first on every name the waiter used: the reload still happens.
+    let squatter = Squatter::start(&old_waiter_names(&d), false);
+    let before = d.messages.len();
+    let (code, stderr) = reload_command(&["--pid", &pid]).await;
+    assert_eq!(code, Some(0), "a squatter blocked the reload: {stderr}");
+    d.read_notify();
+    assert!(
+        d.messages[before..]
+            .iter()
+            .any(|m| m.contains("RELOADING=1")),
+        "no reload happened"
+    );
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    assert!(squatter.finish().is_empty());
+
+    // A program the daemon started (through the process API) answers `ready` to every waiter
+    // it can see, as fast as it can, while the daemon refuses the reload.
+    let forger = format!(
+        r#"exec {py} -c '
+import socket, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+end = time.time() + 60
+while time.time() < end:
+    for line in open("/proc/net/unix"):
+        p = line.split()
+        if len(p) >= 8 and p[-1].startswith("@sandbox-agent/reload/"):
+            try:
+                s.sendto(b"ready", "\0" + p[-1][1:])
+            except OSError:
+                pass
+    time.sleep(0.002)
+'"#
+    );
+    let forger = create_process(&d, &forger).await;
+    let forger_id = forger["id"].as_str().unwrap().to_string();
+    std::fs::write(&config, "no_such_setting = 1\n").unwrap();
+    let (code, stderr) = reload_command(&["--pid", &pid]).await;
+    assert_eq!(code, Some(1), "a forged answer was taken: {stderr}");
+    assert!(stderr.contains("refused"), "{stderr}");
+    let resp = d
+        .client()
+        .post(d.url(&format!("/v1/processes/{forger_id}/kill")))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_pid_refuses_a_process_that_is_not_a_sandbox_agent_daemon() {
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let (code, stderr) = reload_command(&["--pid", &sleeper.id().to_string()]).await;
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("is not a sandbox-agent daemon"), "{stderr}");
+    // The sleep was not signalled (it would have died of SIGHUP).
+    let (code, stderr) = reload_command(&["--pid", "2147483646"]).await;
+    assert_eq!(code, Some(66), "{stderr}");
+    assert!(stderr.contains("no process"), "{stderr}");
+
+    // On a terminal, success says so.
+    let mut d = Daemon::start();
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let pid = d.pid().to_string();
+    let before = d.messages.len();
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args(["reload", "--pid", &pid])
+            .stdout(slave)
+            .status()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+    let mut master = std::fs::File::from(pty.master);
+    let mut buf = [0u8; 256];
+    let n = master.read(&mut buf).unwrap();
+    let said = String::from_utf8_lossy(&buf[..n]);
+    assert!(said.contains("reloaded"), "{said:?}");
+    wait_reloaded(&mut d, before);
+}
+
+#[test]
+fn a_sighup_in_the_first_millisecond_does_not_kill_the_daemon() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // The config file is a FIFO: the daemon's start stops in it (reading its configuration,
+    // long before it serves) until this test writes it, so the SIGHUP below lands exactly there.
+    let fifo = dir.path().join("config.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .args(["server", "--host", "127.0.0.1", "--port", "0"])
+        .arg("--config")
+        .arg(&fifo)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--work-dir")
+        .arg(dir.path())
+        .env_remove("NOTIFY_SOCKET")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Opening the FIFO for writing returns once the daemon has opened it to read its config.
+    let mut config = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+    config.write_all(b"event_buffer = 100\n").unwrap();
+    drop(config);
+    // The reload that SIGHUP asks for reads the config again: a plain file from now on.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, "event_buffer = 100\n").unwrap();
+    std::fs::rename(&plain, &fifo).unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    let listening = lines.by_ref().map_while(Result::ok).any(|l| {
+        log.push_str(&l);
+        log.push('\n');
+        l.contains("listening on")
+    });
+    let early = child.try_wait().unwrap();
+    let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+    let status = child.wait().unwrap();
+    assert!(
+        listening && early.is_none(),
+        "the daemon died of an early SIGHUP ({status:?}):\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_started_through_a_symlink_reloads_whatever_the_link_names_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2, link) = (
+        dir.path().join("v1"),
+        dir.path().join("v2"),
+        dir.path().join("sandbox-agent"),
+    );
+    std::fs::copy(BIN, &v1).unwrap();
+    std::fs::copy(BIN, &v2).unwrap();
+    std::os::unix::fs::symlink(&v1, &link).unwrap();
+    let mut d = Daemon::builder().binary(&link).start();
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+    let exe = |d: &Daemon| std::fs::read_link(format!("/proc/{}/exe", d.pid())).unwrap();
+    assert_eq!(exe(&d), v1);
+    // The package manager repoints the link; the reload runs what it names now.
+    let tmp = dir.path().join("link.new");
+    std::os::unix::fs::symlink(&v2, &tmp).unwrap();
+    std::fs::rename(&tmp, &link).unwrap();
+    reload(&mut d);
+    assert_eq!(exe(&d), v2, "the reload executed the old target");
+    assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    // And again, through the same path.
+    let tmp = dir.path().join("link.new");
+    std::os::unix::fs::symlink(&v1, &tmp).unwrap();
+    std::fs::rename(&tmp, &link).unwrap();
+    reload(&mut d);
+    assert_eq!(exe(&d), v1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_pid_from_the_host_reaches_a_daemon_in_a_pid_namespace() {
+    let available = is_root()
+        && std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "true"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !available {
+        return skip("needs root and unshare --pid");
+    }
+    let mut d = Daemon::builder()
+        .wrapper(["unshare", "--pid", "--fork", "--mount-proc"])
+        .expect_exit(None)
+        .start();
+    let init = eventually(Duration::from_secs(5), "the namespace's PID 1", || {
+        children_of(d.pid()).first().copied()
+    });
+    let daemon = eventually(Duration::from_secs(5), "the daemon under our init", || {
+        children_of(init).first().copied()
+    });
+    mock_session(&d, "s1").await;
+    let agent_pid = server(&d, "s1").await["pid"].clone();
+    // From the host, by the init's pid and by the daemon's: both wait for the real outcome.
+    for target in [init, daemon] {
+        let (code, stderr) = reload_command(&["--pid", &target.to_string()]).await;
+        assert_eq!(
+            code,
+            Some(0),
+            "reload --pid {target} from the host: {stderr}"
+        );
+        d.read_notify();
+        assert_eq!(children_of(init), vec![daemon], "still the same daemon");
+        assert_eq!(server(&d, "s1").await["pid"], agent_pid);
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init as i32), Signal::SIGTERM).unwrap();
+    let mut child = d.child.take().unwrap();
+    let status = eventually(Duration::from_secs(15), "the namespace to end", || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", d.stderr());
+}
+
+// ---- Memory: the hand-off under a cgroup memory limit ----------------------------------------
+
+/// This process's cgroup v1 memory directory, when it can make groups beneath it.
+fn own_memory_cgroup() -> Option<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut p = l.splitn(3, ':');
+        let (_, c, path) = (p.next()?, p.next()?, p.next()?);
+        c.split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
+    })?;
+    let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    dir.join("memory.limit_in_bytes").exists().then_some(dir)
+}
+
+fn cg_read(cg: &Path, file: &str) -> u64 {
+    std::fs::read_to_string(cg.join(file))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_memory_limit_a_reload_fits_or_is_refused_never_oom_killed() {
+    let Some(parent) = own_memory_cgroup().filter(|_| is_root()) else {
+        return skip("needs root and a cgroup v1 memory controller");
+    };
+    let cg = parent.join(format!("sa-reload-mem-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    std::fs::write(cg.join("memory.limit_in_bytes"), "2G").unwrap();
+    let procs = cg.join("cgroup.procs");
+    let mut d = Daemon::builder()
+        .wrapper([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!("echo $$ > {} && exec \"$@\"", procs.display()),
+            "sh".to_string(),
+        ])
+        .args(["--event-buffer", "1000000", "--event-buffer-bytes", "256M"])
+        .start();
+    // 8 agents, each with a few MiB of events in its log.
+    let mut last = Vec::new();
+    for i in 0..8 {
+        let id = format!("m{i}");
+        let session = mock_session(&d, &id).await;
+        let (s, _) = post(&d, &id, prompt(json!(3), &session, "/stream 20000")).await;
+        assert_eq!(s, 200);
+        let info = server(&d, &id).await;
+        last.push((info["pid"].clone(), info["lastEventId"].clone()));
+    }
+    let steady = cg_read(&cg, "memory.usage_in_bytes");
+
+    // Twice the steady state: the reload fits, and nothing is OOM-killed.
+    std::fs::write(cg.join("memory.limit_in_bytes"), (2 * steady).to_string()).unwrap();
+    std::fs::write(cg.join("memory.max_usage_in_bytes"), "0").unwrap();
+    reload(&mut d);
+    let peak = cg_read(&cg, "memory.max_usage_in_bytes");
+    let oom = std::fs::read_to_string(cg.join("memory.oom_control")).unwrap();
+    assert!(
+        !oom.lines()
+            .any(|l| l.starts_with("oom_kill ") && l != "oom_kill 0"),
+        "{oom}"
+    );
+    for (i, (pid, last_id)) in last.iter().enumerate() {
+        let info = server(&d, &format!("m{i}")).await;
+        assert_eq!((&info["pid"], &info["lastEventId"]), (pid, last_id));
+    }
+    eprintln!(
+        "steady {} MiB, reload peak {} MiB",
+        steady >> 20,
+        peak >> 20
+    );
+
+    // Too little room for the hand-off: refused before anything changed; the daemon serves on.
+    let now = cg_read(&cg, "memory.usage_in_bytes");
+    std::fs::write(
+        cg.join("memory.limit_in_bytes"),
+        (now + (24 << 20)).to_string(),
+    )
+    .unwrap();
+    reload_refused(&mut d);
+    eventually(Duration::from_secs(5), "the reason in the log", || {
+        d.stderr()
+            .contains("not enough memory for the hand-off")
+            .then_some(())
+    });
+    for (i, (pid, _)) in last.iter().enumerate() {
+        assert_eq!(&server(&d, &format!("m{i}")).await["pid"], pid);
+    }
+    std::fs::write(cg.join("memory.limit_in_bytes"), "2G").unwrap();
+    drop(d);
+    eventually(Duration::from_secs(10), "the test cgroup removed", || {
+        std::fs::remove_dir(&cg).ok()
+    });
+}
+
+// ---- Transfers cut by a reload or a stop -----------------------------------------------------
+
+/// Names in `dir` that are a transfer's temporaries.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with(".sandbox-agent-write-") || n.starts_with(".sandbox-agent-upload-")
+        })
+        .collect()
+}
+
+/// Starts a PUT to `route` whose body sends 1 MiB and then never ends (the task holds it).
+fn stalled_upload(d: &Daemon, route: &str) -> tokio::task::JoinHandle<()> {
+    let client = d.client();
+    let url = d.url(route);
+    tokio::spawn(async move {
+        let data = vec![b'x'; 1 << 20];
+        let first =
+            futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes::Bytes::from(data))]);
+        let stalled = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        let _ = client
+            .put(url)
+            .header("content-type", "application/octet-stream")
+            .body(reqwest::Body::wrap_stream(stalled))
+            .send()
+            .await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_cut_by_a_reload_or_a_stop_leave_no_temporaries() {
+    let work = tempfile::tempdir().unwrap();
+    let mut d = Daemon::builder().work_dir(work.path()).start();
+    let put = stalled_upload(&d, "/v1/fs/file?path=cut.bin");
+    eventually(Duration::from_secs(10), "the temporary", || {
+        (temporaries(work.path()).len() == 1).then_some(())
+    });
+    reload(&mut d);
+    assert_eq!(
+        temporaries(work.path()),
+        Vec::<String>::new(),
+        "left by the reload"
+    );
+    put.abort();
+
+    let put = stalled_upload(&d, "/v1/fs/file?path=cut2.bin");
+    eventually(Duration::from_secs(10), "the temporary", || {
+        (temporaries(work.path()).len() == 1).then_some(())
+    });
+    drop(d); // SIGTERM, and a clean exit
+    assert_eq!(
+        temporaries(work.path()),
+        Vec::<String>::new(),
+        "left by the stop"
+    );
+    put.abort();
 }

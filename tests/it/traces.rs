@@ -430,3 +430,33 @@ async fn every_face_traces_its_envelopes_and_keeps_the_clients_context() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spans_of_the_last_requests_before_a_reload_are_exported_not_dropped() {
+    let (url, seen) = receiver().await;
+    let mut d = Daemon::builder()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+        .start();
+    // A traced request, then at once a reload: its span is still in the exporter's batch (sent
+    // every 500 ms), which the exec would drop.
+    let trace = "5cf92f3577b34da6a3ce929d0e0e4737";
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}});
+    post(
+        &d,
+        "/v1/acp/r1?agent=mock",
+        init,
+        Some(&format!("00-{trace}-{CLIENT_SPAN}-01")),
+    )
+    .await;
+    crate::reload::reload(&mut d);
+    eventually_async(Duration::from_secs(10), "the span exported", || async {
+        seen.lock()
+            .unwrap()
+            .spans
+            .iter()
+            .any(|s| hex(&s.trace_id) == trace)
+            .then_some(())
+    })
+    .await;
+}

@@ -5,7 +5,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -103,7 +102,7 @@ pub struct ConnectionState {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct OutboxState {
     /// Event id and SSE frame of each queued message.
-    pub frames: Vec<(u64, String)>,
+    pub frames: Vec<(u64, crate::daemon::reload::Payload)>,
     pub lost: Option<(u64, u64)>,
 }
 
@@ -113,7 +112,7 @@ impl OutboxState {
             frames: o
                 .frames
                 .iter()
-                .map(|(id, f)| (*id, String::from_utf8_lossy(f).into_owned()))
+                .map(|(id, f)| (*id, crate::daemon::reload::Payload(f.clone())))
                 .collect(),
             lost: o.lost,
         }
@@ -121,8 +120,8 @@ impl OutboxState {
 
     fn fill(&self, o: &mut Outbox) {
         for (id, f) in &self.frames {
-            o.bytes += f.len();
-            o.frames.push_back((*id, Bytes::from(f.clone())));
+            o.bytes += f.0.len();
+            o.frames.push_back((*id, f.0.clone()));
         }
         o.lost = self.lost;
     }

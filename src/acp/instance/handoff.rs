@@ -33,8 +33,8 @@ pub struct InstanceState {
     pub child: ChildState,
     pub stdin_fd: i32,
     pub stdout_fd: i32,
-    /// `carry` of `FrozenStdout`, hex.
-    pub stdout_carry: String,
+    /// `carry` of `FrozenStdout` (hex in versions 1 and 2).
+    pub stdout_carry: crate::daemon::reload::HexPayload,
     pub stdout_skipping: bool,
     pub events: EventsState,
     /// Ids of requests written and not yet answered (their answers go to the event log).
@@ -103,7 +103,7 @@ impl AcpInstance {
             child,
             stdin_fd: stdin_dup.as_raw_fd(),
             stdout_fd: stdout.as_raw_fd(),
-            stdout_carry: hex(&frozen.carry),
+            stdout_carry: crate::daemon::reload::HexPayload(frozen.carry.into()),
             stdout_skipping: frozen.skipping,
             events: self.events.export(),
             pending: self
@@ -207,7 +207,7 @@ impl AcpInstance {
             stdout,
             handle,
             max_line,
-            unhex(&state.stdout_carry),
+            state.stdout_carry.0.to_vec(),
             state.stdout_skipping,
         ));
         Ok(())
@@ -218,16 +218,5 @@ impl AcpInstance {
         if let Some(tx) = crate::sys::lock(&self.frozen).take() {
             let _ = tx.send(frozen);
         }
-    }
-}
-
-use crate::sys::{hex, unhex};
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hex_round_trip() {
-        let data: Vec<u8> = (0..=255).collect();
-        assert_eq!(super::unhex(&super::hex(&data)), data);
     }
 }
