@@ -36,6 +36,9 @@ pub fn layer(config: &Config) -> Option<(tracing_subscriber::layer::Identity, Te
     None
 }
 
+/// Nothing is buffered in this build.
+pub fn flush(_timeout: std::time::Duration) {}
+
 pub fn http_span(_method: &axum::http::Method, _route: &str, _headers: &HeaderMap) -> Span {
     Span::none()
 }
