@@ -67,6 +67,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// `/preview/<opaque>/…`: an app's pages behind a signed link, outside the API document (like
 /// the inspector's files) and outside the token check (the link is the credential).
 pub fn preview_routes() -> axum::Router<AppState> {
+    // openapi-exempt: the preview routes below, each exempted on its own line.
     use axum::routing::{any, get};
     axum::Router::new()
         // openapi-exempt: an app's pages behind a preview link, not an API route (docs/workspace.md).
