@@ -201,7 +201,8 @@ fn server_settings() -> Vec<String> {
                 .trim_end_matches(',')
                 .replace('-', "_")
         })
-        .filter(|k| !["help", "version", "config"].contains(&k.as_str()))
+        // `--ready-fd` is a descriptor handed over by whoever starts the daemon: no file key.
+        .filter(|k| !["help", "version", "config", "ready_fd"].contains(&k.as_str()))
         .collect();
     keys.dedup();
     assert!(
