@@ -171,7 +171,7 @@ echo 'no_such_setting = 1' >>/etc/sandbox-agent/config.toml
 systemctl reload sandbox-agent.service 2>/dev/null; rc=$?
 refused() { case "$(prop sandbox-agent.service StatusText)" in "reload failed"*) return 0;; esac; return 1; }
 if [ "$rc" != 0 ] && wait_for refused && [ "$(prop sandbox-agent.service ActiveState)" = active ] &&
-  journalctl -u sandbox-agent --no-pager -o cat | grep -q 'sandbox-agent reload: refused: the configuration is not valid' &&
+  journalctl -u sandbox-agent --no-pager -o cat | grep -q 'refused: the configuration is not valid' &&
   [ "$(prop sandbox-agent.service MainPID)" = "$pid" ] && [ "$(agent_pid pkg-test-1)" = "$apid" ]; then
   ok "control: a broken config is refused on reload"
 else fail "control: a broken config is refused on reload" "reload exit $rc; $(prop sandbox-agent.service ActiveState) '$(prop sandbox-agent.service StatusText)'"; fi

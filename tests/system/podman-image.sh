@@ -78,7 +78,7 @@ pid=$(hostpid "$ctr")
 cpid=$(hostpid "$ctl")
 
 comm=$(cat /proc/"$pid"/comm 2>/dev/null)
-[ "$comm" = sandbox-agent ] && ok "the daemon is PID 1" || fail "the daemon is PID 1" "PID 1 is '$comm'"
+[ "$comm" = sandbox-init ] && ok "the daemon's init is PID 1" || fail "the daemon's init is PID 1" "PID 1 is '$comm'"
 
 health=
 for _ in $(seq 100); do
