@@ -13,6 +13,7 @@ pub mod files;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod opencode;
 pub mod processes;
 pub mod state;
 pub mod supervisor;

@@ -69,6 +69,16 @@ impl AppState {
                 processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
         }
         let processes = Arc::new(processes);
+        let opencode = {
+            let (c, a, g) = (config.clone(), acp.clone(), agents.clone());
+            let dir = state.as_ref().map(|(s, _)| s.dir().to_path_buf());
+            Arc::new(
+                crate::sys::blocking(move || {
+                    crate::opencode::OpenCode::new(c, a, g, dir.as_deref())
+                })
+                .await,
+            )
+        };
         // The per-instance process figures of `/metrics`, read off the runtime thread.
         crate::metrics::spawn_sampler(acp.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
@@ -82,6 +92,7 @@ impl AppState {
             files,
             config_store,
             processes,
+            opencode,
             state: state.map(|(s, _)| s),
             tasks,
         })))

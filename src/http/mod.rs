@@ -11,6 +11,7 @@ pub mod files;
 pub mod guard;
 pub mod metrics;
 pub mod openapi;
+pub mod opencode;
 pub mod processes;
 pub mod rfd;
 pub mod ui;
@@ -59,6 +60,8 @@ pub struct Services {
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
+    /// The OpenCode bridge (`/opencode/*`), over `acp`.
+    pub opencode: Arc<crate::opencode::OpenCode>,
     /// `--state-dir`'s store, when there is one.
     pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
@@ -105,6 +108,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(config::routes())
         .merge(processes::routes())
         .merge(metrics::routes())
+        .merge(opencode::routes())
 }
 
 pub fn router(state: AppState) -> Router {
@@ -293,7 +297,9 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
 /// limit, a 405 from the router) is rewritten into one, keeping its status and headers.
 async fn problem_safety_net(state: &AppState, resp: Response) -> Response {
     let status = resp.status();
-    if !(status.is_client_error() || status.is_server_error()) {
+    if !(status.is_client_error() || status.is_server_error())
+        || resp.extensions().get::<opencode::NativeError>().is_some()
+    {
         return resp;
     }
     let is_problem = resp
