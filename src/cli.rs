@@ -459,6 +459,12 @@ pub struct ServerArgs {
           value_parser = clap::builder::OsStringValueParser::new())]
     pub state_dir: Option<std::ffi::OsString>,
 
+    /// Keep the OpenCode bridge's sessions (/opencode/*) in this directory when there is no
+    /// --state-dir (with one they live in it); also read from OPENCODE_COMPAT_DB_PATH [default: off]
+    #[arg(long, env = "SANDBOX_AGENT_OPENCODE_STORE", value_name = "DIR",
+          value_parser = clap::builder::OsStringValueParser::new())]
+    pub opencode_store: Option<std::ffi::OsString>,
+
     /// When the state dir's writes reach the disk: every, batch:<ms> or os [default: batch:100]
     #[arg(long, env = "SANDBOX_AGENT_STATE_SYNC", value_name = "POLICY")]
     pub state_sync: Option<String>,

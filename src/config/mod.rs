@@ -64,6 +64,8 @@ pub struct Config {
     pub event_buffer_bytes: u64,
     /// `--state-dir`: durable state (event logs, sessions, processes); `None` = memory only.
     pub state_dir: Option<PathBuf>,
+    /// `--opencode-store`: where OpenCode sessions are kept without a state dir.
+    pub opencode_store: Option<PathBuf>,
     pub state_sync: StateSync,
     pub state_max_bytes: u64,
     pub state_total_bytes: u64,
@@ -409,6 +411,15 @@ impl Config {
                 .clone()
                 .map(PathBuf::from)
                 .or_else(|| in_file.map(PathBuf::from))
+        };
+        let opencode_store = {
+            let in_file = file.take_string("opencode_store", &mut errors);
+            args.opencode_store
+                .clone()
+                .map(PathBuf::from)
+                .or_else(|| in_file.map(PathBuf::from))
+                // The reference implementation's variable, for its compatibility suite.
+                .or_else(|| env_get("OPENCODE_COMPAT_DB_PATH").map(PathBuf::from))
         };
         let state_sync = setting!(
             state_sync,
@@ -878,6 +889,9 @@ impl Config {
             // An empty value (e.g. `SANDBOX_AGENT_STATE_DIR=` to override the packaged unit)
             // turns durable state off.
             state_dir: state_dir
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| cwd.join(p)),
+            opencode_store: opencode_store
                 .filter(|p| !p.as_os_str().is_empty())
                 .map(|p| cwd.join(p)),
             state_sync,

@@ -71,7 +71,10 @@ impl AppState {
         let processes = Arc::new(processes);
         let opencode = {
             let (c, a, g) = (config.clone(), acp.clone(), agents.clone());
-            let dir = state.as_ref().map(|(s, _)| s.dir().to_path_buf());
+            let dir = match &state {
+                Some((s, _)) => Some(s.dir().join("opencode")),
+                None => config.opencode_store.clone(),
+            };
             Arc::new(
                 crate::sys::blocking(move || {
                     crate::opencode::OpenCode::new(c, a, g, dir.as_deref())

@@ -205,11 +205,11 @@ impl OpenCode {
         config: Arc<Config>,
         acp: Arc<AcpService>,
         agents: Arc<Agents>,
-        state_dir: Option<&std::path::Path>,
+        store_dir: Option<&std::path::Path>,
     ) -> OpenCode {
         let (events, _) = broadcast::channel(STREAM_QUEUE);
         let directory = config.work_dir.to_string_lossy().into_owned();
-        let (store, recovered) = match state_dir {
+        let (store, recovered) = match store_dir {
             Some(dir) => match store::Store::open(dir) {
                 Ok((s, r)) => (Some(s), r),
                 Err(e) => {

@@ -28,9 +28,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// Creates `DIR/opencode`, reads every session back and starts the writer. Blocking.
-    pub fn open(state_dir: &Path) -> std::io::Result<(Store, Vec<SessionData>)> {
-        let dir = state_dir.join("opencode");
+    /// Creates `dir`, reads every session back and starts the writer. Blocking.
+    pub fn open(dir: &Path) -> std::io::Result<(Store, Vec<SessionData>)> {
+        let dir = dir.to_path_buf();
         std::fs::create_dir_all(&dir)?;
         let mut found = Vec::new();
         for e in std::fs::read_dir(&dir)?.flatten() {

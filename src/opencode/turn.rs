@@ -290,10 +290,13 @@ impl OpenCode {
     /// instance, then the chosen model through the agent's `model` config option.
     async fn ensure_acp_session(&self, s: &Arc<Session>, p: &Prompt) -> Result<String, String> {
         let sid = s.server_id.clone();
+        // No instance (a restart without a state dir kept only this side, or it was deleted):
+        // a new one, which loads the session when the agent can.
+        let mut previous = None;
         if self.acp.get(&sid).is_none() {
             let mut d = s.data();
             d.initialized = false;
-            d.acp_session = None;
+            previous = d.acp_session.take();
         }
         let (initialized, existing, directory) = {
             let d = s.data();
@@ -311,12 +314,27 @@ impl OpenCode {
                         "terminal": false},
                     "clientInfo": {"name": "sandbox-agent-opencode",
                         "version": env!("CARGO_PKG_VERSION")}}});
-            let answer = self.request(&sid, agent, &init).await;
-            if let Err(e) = &answer {
-                self.acp.delete(&sid);
-                return Err(e.clone());
-            }
+            let answer = match self.request(&sid, agent, &init).await {
+                Ok(a) => a,
+                Err(e) => {
+                    self.acp.delete(&sid);
+                    return Err(e);
+                }
+            };
             s.data().initialized = true;
+            let can_load = answer
+                .pointer("/agentCapabilities/loadSession")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if let Some(old) = previous.filter(|_| can_load) {
+                let load = json!({"jsonrpc": "2.0", "id": "oc-load", "method": "session/load",
+                    "params": {"sessionId": old, "cwd": directory, "mcpServers": []}});
+                if self.request(&sid, agent, &load).await.is_ok() {
+                    s.data().acp_session = Some(old.clone());
+                    self.persist(s);
+                    return Ok(old);
+                }
+            }
         }
         let new = json!({"jsonrpc": "2.0", "id": "oc-new", "method": "session/new",
             "params": {"cwd": directory, "mcpServers": []}});
