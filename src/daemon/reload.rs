@@ -202,6 +202,8 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     if let Some(store) = r.state.state.clone() {
         crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
     }
+    let opencode = r.state.opencode.clone();
+    crate::sys::blocking(move || opencode.flush_blocking(Duration::from_secs(2))).await;
     let mut keep: Vec<OwnedFd> = Vec::new();
     let handoff = match export(&r, &mut keep).await {
         Ok(h) => h,

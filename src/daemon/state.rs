@@ -109,6 +109,9 @@ impl AppState {
         self.acp.stop_all(deadline).await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;
+        let opencode = self.opencode.clone();
+        crate::sys::blocking(move || opencode.flush_blocking(std::time::Duration::from_secs(2)))
+            .await;
         // Whatever the state writer still holds reaches the disk before the process ends.
         if let Some(store) = self.state.clone() {
             let left = deadline

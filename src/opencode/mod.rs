@@ -237,6 +237,14 @@ impl OpenCode {
         }
     }
 
+    /// Waits (at most `timeout`) until every session change made so far is on disk (before a
+    /// reload's exec and at shutdown). Blocking.
+    pub fn flush_blocking(&self, timeout: std::time::Duration) {
+        if let Some(store) = &self.store {
+            store.flush_blocking(timeout);
+        }
+    }
+
     pub fn directory(&self) -> &str {
         &self.directory
     }

@@ -21,6 +21,8 @@ const MAX_FILE: u64 = 256 * 1024 * 1024;
 enum Op {
     Save(String, Vec<u8>),
     Remove(String),
+    /// Everything sent before is written: answer.
+    Barrier(std::sync::mpsc::Sender<()>),
 }
 
 pub struct Store {
@@ -73,6 +75,15 @@ impl Store {
         self.send(Op::Remove(id.to_string()));
     }
 
+    /// Waits (at most `timeout`) until every save sent before is written. Blocking.
+    pub fn flush_blocking(&self, timeout: std::time::Duration) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.tx.send(Op::Barrier(tx)).is_err() {
+            return false;
+        }
+        rx.recv_timeout(timeout).is_ok()
+    }
+
     fn send(&self, op: Op) {
         if let Err(TrySendError::Full(_)) = self.tx.try_send(op) {
             tracing::warn!("the OpenCode session writer is behind: a save was dropped");
@@ -101,6 +112,9 @@ fn writer(dir: PathBuf, rx: Receiver<Op>) {
                     tracing::warn!(error = %e, path = %path.display(), "cannot save an OpenCode session");
                     let _ = std::fs::remove_file(&tmp);
                 }
+            }
+            Op::Barrier(done) => {
+                let _ = done.send(());
             }
             Op::Remove(id) => {
                 if let Some(path) = file_of(&dir, &id) {

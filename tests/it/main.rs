@@ -16,6 +16,7 @@ mod lifecycle;
 mod metrics;
 mod mock_agent;
 mod openapi;
+mod opencode;
 mod packaging;
 mod processes;
 mod providers;
