@@ -107,13 +107,19 @@ pub struct DirQuery {
 }
 
 /// The event bus as SSE: `server.connected`, then every event; `global` wraps each in
-/// `{directory, payload}`. A stream that falls behind skips what it missed.
+/// `{directory, payload}`. A stream that falls behind skips what it missed. Each event handed
+/// to the connection is marked delivered (`OpenCode::wait_delivered`).
 fn event_stream(state: &AppState, global: bool) -> Response {
     let oc = state.opencode.clone();
-    let (permit, mut rx) = match oc.subscribe() {
+    let stream = match oc.subscribe() {
         Ok(x) => x,
         Err(e) => return error(e),
     };
+    let crate::opencode::Stream {
+        permit,
+        mut rx,
+        delivered,
+    } = stream;
     let dir = oc.directory().to_string();
     let wrap = move |ev: &str| -> Bytes {
         let data = if global {
@@ -125,16 +131,17 @@ fn event_stream(state: &AppState, global: bool) -> Response {
     };
     let first = wrap(&json!({"type": "server.connected", "properties": {}}).to_string());
     let shutdown = state.shutdown.clone();
-    let stream = async_stream(first, move |tx| async move {
+    let (tx, items) = tokio::sync::mpsc::channel::<(u64, Bytes)>(16);
+    tokio::spawn(async move {
         let _permit = permit;
         let mut heartbeat = tokio::time::interval(std::time::Duration::from_secs(10));
         heartbeat.tick().await;
         loop {
             let item = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = heartbeat.tick() => wrap(&json!({"type": "server.heartbeat", "properties": {}}).to_string()),
+                _ = heartbeat.tick() => (0, wrap(&json!({"type": "server.heartbeat", "properties": {}}).to_string())),
                 r = rx.recv() => match r {
-                    Ok(ev) => wrap(&ev),
+                    Ok(ev) => (ev.seq, wrap(&ev.json)),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 },
@@ -144,23 +151,15 @@ fn event_stream(state: &AppState, global: bool) -> Response {
             }
         }
     });
-    super::sse_response(Body::from_stream(stream))
-}
-
-/// A stream fed by `f` through a small channel, starting with `first`.
-fn async_stream<F, Fut>(
-    first: Bytes,
-    f: F,
-) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>>
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(f(tx));
-    futures_util::stream::once(async move { first })
-        .chain(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .map(Ok)
+    let body = futures_util::stream::once(async move { (0, first) })
+        .chain(tokio_stream::wrappers::ReceiverStream::new(items))
+        .map(move |(seq, bytes)| {
+            if seq > 0 {
+                oc.mark_delivered(&delivered, seq);
+            }
+            Ok::<_, Infallible>(bytes)
+        });
+    super::sse_response(Body::from_stream(body))
 }
 
 /// OpenCode's event stream (`server.connected`, then every event as `data: {type, properties}`).

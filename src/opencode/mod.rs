@@ -36,6 +36,8 @@ pub const MAX_PARTS: usize = 2000;
 pub const MAX_PART_TEXT: usize = 1024 * 1024;
 /// Most permission and question requests waiting for an answer, all sessions together.
 pub const MAX_PENDING: usize = 1024;
+/// Longest a turn's answer waits for the open event streams to carry the turn's events.
+pub const DELIVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Most `/event` and `/global/event` streams open at once.
 pub const MAX_STREAMS: usize = 64;
 /// Events queued per stream; a stream that falls further behind skips what it missed.
@@ -188,7 +190,12 @@ pub struct OpenCode {
     acp: Arc<AcpService>,
     agents: Arc<Agents>,
     sessions: Mutex<BTreeMap<String, Arc<Session>>>,
-    events: broadcast::Sender<Arc<str>>,
+    events: broadcast::Sender<Arc<Event>>,
+    /// The last event's number; the lock keeps numbers and bus order the same.
+    seq: Mutex<u64>,
+    /// Each open stream's last event handed to its connection (see `wait_delivered`).
+    delivered: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
+    delivered_changed: tokio::sync::Notify,
     pending: Mutex<BTreeMap<String, Pending>>,
     /// Models each agent offered in its `session/new` answer (the newest answer wins).
     models: Mutex<HashMap<String, (Vec<ModelInfo>, Option<String>)>>,
@@ -228,6 +235,9 @@ impl OpenCode {
             agents,
             sessions: Mutex::new(sessions),
             events,
+            seq: Mutex::new(0),
+            delivered: Mutex::new(Vec::new()),
+            delivered_changed: tokio::sync::Notify::new(),
             pending: Mutex::new(BTreeMap::new()),
             models: Mutex::new(HashMap::new()),
             store,
@@ -270,22 +280,61 @@ impl OpenCode {
 
     // ---- events ----
 
-    /// Publishes one event (`{type, properties}`) to every `/event` and `/global/event` stream.
-    pub fn emit(&self, kind: &str, properties: Value) {
-        let ev = json!({"type": kind, "properties": properties});
-        let _ = self.events.send(Arc::from(ev.to_string()));
+    /// Publishes one event (`{type, properties}`) to every `/event` and `/global/event` stream;
+    /// its number.
+    pub fn emit(&self, kind: &str, properties: Value) -> u64 {
+        let json = json!({"type": kind, "properties": properties}).to_string();
+        let mut seq = crate::sys::lock(&self.seq);
+        *seq += 1;
+        let _ = self.events.send(Arc::new(Event { seq: *seq, json }));
+        *seq
     }
 
-    /// A new event stream: a permit of `MAX_STREAMS` and the bus.
-    pub fn subscribe(
-        &self,
-    ) -> Result<(tokio::sync::OwnedSemaphorePermit, broadcast::Receiver<Arc<str>>), OcError> {
+    /// A new event stream: a permit of `MAX_STREAMS`, the bus, and the counter the stream sets
+    /// to the number of each event it hands to its connection.
+    pub fn subscribe(&self) -> Result<Stream, OcError> {
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             OcError::Capacity(format!(
                 "at most {MAX_STREAMS} OpenCode event streams may be open at once"
             ))
         })?;
-        Ok((permit, self.events.subscribe()))
+        let seq = crate::sys::lock(&self.seq);
+        let rx = self.events.subscribe();
+        let delivered = Arc::new(AtomicU64::new(*seq));
+        drop(seq);
+        let mut all = crate::sys::lock(&self.delivered);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&delivered));
+        Ok(Stream {
+            permit,
+            rx,
+            delivered,
+        })
+    }
+
+    /// A stream handed events up to `seq` to its connection.
+    pub fn mark_delivered(&self, counter: &AtomicU64, seq: u64) {
+        counter.fetch_max(seq, Ordering::AcqRel);
+        self.delivered_changed.notify_waiters();
+    }
+
+    /// Waits until every open stream has handed event `seq` to its connection, at most
+    /// `DELIVERY_WAIT`: a turn's answer then reaches a client after the turn's events, as it
+    /// would from OpenCode (whose CLI stops reading events once the answer is in).
+    pub async fn wait_delivered(&self, seq: u64) {
+        let deadline = tokio::time::Instant::now() + DELIVERY_WAIT;
+        loop {
+            let notified = self.delivered_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let behind = crate::sys::lock(&self.delivered)
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .any(|c| c.load(Ordering::Acquire) < seq);
+            if !behind || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
     }
 
     // ---- sessions ----
@@ -793,6 +842,19 @@ impl OpenCode {
         let env = crate::acp::jsonrpc::parse_envelope(bytes::Bytes::from(line.to_string()))?;
         self.acp.post(server_id, agent, env, !wait).await
     }
+}
+
+/// One event on the bus: its number and its JSON.
+pub struct Event {
+    pub seq: u64,
+    pub json: String,
+}
+
+/// One open event stream.
+pub struct Stream {
+    pub permit: tokio::sync::OwnedSemaphorePermit,
+    pub rx: broadcast::Receiver<Arc<Event>>,
+    pub delivered: Arc<AtomicU64>,
 }
 
 /// How the client answered a request.

@@ -83,12 +83,15 @@ impl OpenCode {
             return Ok(None);
         }
         match task.await {
-            Ok(msg) => Ok(Some(msg)),
+            Ok((msg, seq)) => {
+                self.wait_delivered(seq).await;
+                Ok(Some(msg))
+            }
             Err(e) => Err(OcError::Busy(format!("the turn ended abnormally: {e}"))),
         }
     }
 
-    async fn run_turn(self: &Arc<Self>, s: &Arc<Session>, p: Prompt) -> Msg {
+    async fn run_turn(self: &Arc<Self>, s: &Arc<Session>, p: Prompt) -> (Msg, u64) {
         let _turn = s.turn.lock().await;
         s.aborted.store(false, Ordering::Release);
         s.busy.store(true, Ordering::Release);
@@ -152,7 +155,7 @@ impl OpenCode {
     }
 
     /// Ends the turn: closes open parts, completes the assistant message, and emits the end.
-    fn finish(&self, s: &Arc<Session>, asst: &str, parts: &mut Parts, end: End) -> Msg {
+    fn finish(&self, s: &Arc<Session>, asst: &str, parts: &mut Parts, end: End) -> (Msg, u64) {
         let now = now_ms();
         if let Some((i, _)) = parts.open.take() {
             self.edit_part(s, asst, i, |part| part["time"]["end"] = json!(now));
@@ -192,8 +195,8 @@ impl OpenCode {
             "session.status",
             json!({"sessionID": s.id, "status": {"type": "idle"}}),
         );
-        self.emit("session.idle", json!({"sessionID": s.id}));
-        msg
+        let seq = self.emit("session.idle", json!({"sessionID": s.id}));
+        (msg, seq)
     }
 
     /// The ACP side of a turn. `Err` is the message of a failed turn.
@@ -659,10 +662,12 @@ impl OpenCode {
                 self.answer(&pending, super::Answer::Reject).await;
                 match kind {
                     AskKind::Permission => self.emit_replied(&pending, "reject"),
-                    AskKind::Question => self.emit(
-                        "question.rejected",
-                        json!({"sessionID": s.id, "requestID": id}),
-                    ),
+                    AskKind::Question => {
+                        self.emit(
+                            "question.rejected",
+                            json!({"sessionID": s.id, "requestID": id}),
+                        );
+                    }
                 }
                 return;
             }
@@ -686,7 +691,9 @@ impl OpenCode {
                 self.emit("permission.asked", body.clone());
                 self.emit("permission.updated", body);
             }
-            AskKind::Question => self.emit("question.asked", body),
+            AskKind::Question => {
+                self.emit("question.asked", body);
+            }
         }
     }
 }
