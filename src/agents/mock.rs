@@ -477,7 +477,9 @@ fn tool(mock: &Mock, session: &str, arg: &str) {
         "rawInput": {"path": path},
         "locations": [{"path": path}],
     }));
-    update(json!({"sessionUpdate": "tool_call_update", "toolCallId": call, "status": "in_progress"}));
+    update(
+        json!({"sessionUpdate": "tool_call_update", "toolCallId": call, "status": "in_progress"}),
+    );
     update(json!({
         "sessionUpdate": "tool_call_update",
         "toolCallId": call,
@@ -552,7 +554,9 @@ fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) 
             None => "error".to_string(),
         },
     };
-    let answers = response.pointer("/result/_meta/answers").filter(|_| question);
+    let answers = response
+        .pointer("/result/_meta/answers")
+        .filter(|_| question);
     match answers {
         Some(a) => mock.chunk(session, &format!("answer: {a}")),
         None => mock.chunk(session, &format!("permission: {chosen}")),

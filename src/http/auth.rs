@@ -42,18 +42,15 @@ pub fn check_token(state: &AppState, req: &mut Request) -> Option<Response> {
     if !needs_token(req.uri().path()) {
         return None;
     }
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| {
-            v.to_str().ok().and_then(|v| {
-                bearer_credentials(v).map(str::to_string).or_else(|| {
-                    is_opencode(req.uri().path())
-                        .then(|| basic_password(v))
-                        .flatten()
-                })
+    let header = req.headers().get(header::AUTHORIZATION).map(|v| {
+        v.to_str().ok().and_then(|v| {
+            bearer_credentials(v).map(str::to_string).or_else(|| {
+                is_opencode(req.uri().path())
+                    .then(|| basic_password(v))
+                    .flatten()
             })
-        });
+        })
+    });
     let query = query_token(req.uri());
     if let QueryToken::Present(_) | QueryToken::Repeated = query
         && !is_websocket_upgrade(req)

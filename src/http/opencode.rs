@@ -86,8 +86,12 @@ fn body_json(body: &Bytes) -> Result<Value, Response> {
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(error(OcError::BadRequest("the body must be a JSON object".into()))),
-        Err(e) => Err(error(OcError::BadRequest(format!("the body is not JSON: {e}")))),
+        Ok(_) => Err(error(OcError::BadRequest(
+            "the body must be a JSON object".into(),
+        ))),
+        Err(e) => Err(error(OcError::BadRequest(format!(
+            "the body is not JSON: {e}"
+        )))),
     }
 }
 
@@ -123,7 +127,10 @@ fn event_stream(state: &AppState, global: bool) -> Response {
     let dir = oc.directory().to_string();
     let wrap = move |ev: &str| -> Bytes {
         let data = if global {
-            format!(r#"{{"directory":{},"payload":{ev}}}"#, Value::String(dir.clone()))
+            format!(
+                r#"{{"directory":{},"payload":{ev}}}"#,
+                Value::String(dir.clone())
+            )
         } else {
             ev.to_string()
         };
@@ -194,7 +201,10 @@ async fn session_list(State(state): State<AppState>) -> Response {
         (status = 429, description = "Too many sessions", body = Object, content_type = "application/json")))]
 async fn session_create(State(state): State<AppState>, body: Bytes) -> Response {
     match body_json(&body) {
-        Ok(b) => state.opencode.create_session(&b, None).map_or_else(error, ok),
+        Ok(b) => state
+            .opencode
+            .create_session(&b, None)
+            .map_or_else(error, ok),
         Err(r) => r,
     }
 }
@@ -222,9 +232,16 @@ async fn session_get(State(state): State<AppState>, Path(id): Path<String>) -> R
     responses((status = 200, description = "The session", body = Object),
         (status = 400, description = "Bad body, or a model change", body = Object, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
-async fn session_update(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn session_update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     match body_json(&body) {
-        Ok(b) => state.opencode.update_session(&id, &b).map_or_else(error, ok),
+        Ok(b) => state
+            .opencode
+            .update_session(&id, &b)
+            .map_or_else(error, ok),
         Err(r) => r,
     }
 }
@@ -235,7 +252,10 @@ async fn session_update(State(state): State<AppState>, Path(id): Path<String>, b
     responses((status = 200, description = "Deleted", body = bool),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
 async fn session_delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    state.opencode.delete_session(&id).map_or_else(error, |()| ok(true))
+    state
+        .opencode
+        .delete_session(&id)
+        .map_or_else(error, |()| ok(true))
 }
 
 /// Chooses the session's provider and model (creating a session of that id if none exists).
@@ -246,9 +266,16 @@ async fn session_delete(State(state): State<AppState>, Path(id): Path<String>) -
         (status = 400, description = "Bad body, or a model change after the first prompt", body = Object, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json"),
         (status = 429, description = "Too many sessions", body = Object, content_type = "application/json")))]
-async fn session_init(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn session_init(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     match body_json(&body) {
-        Ok(b) => state.opencode.init_session(&id, &b).map_or_else(error, |()| ok(true)),
+        Ok(b) => state
+            .opencode
+            .init_session(&id, &b)
+            .map_or_else(error, |()| ok(true)),
         Err(r) => r,
     }
 }
@@ -283,7 +310,11 @@ async fn message_list(
         (status = 400, description = "Bad body, or a model change after the first prompt", body = Object, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json"),
         (status = 500, description = "The turn ended abnormally", body = Object, content_type = "application/json")))]
-async fn message_send(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn message_send(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     match body_json(&body) {
         Ok(b) => state
             .opencode
@@ -301,7 +332,11 @@ async fn message_send(State(state): State<AppState>, Path(id): Path<String>, bod
     responses((status = 204, description = "Started"),
         (status = 400, description = "Bad body, or a model change after the first prompt", body = Object, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
-async fn prompt_async(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn prompt_async(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     match body_json(&body) {
         Ok(b) => match state.opencode.prompt(&id, &b, false).await {
             Ok(_) => StatusCode::NO_CONTENT.into_response(),
@@ -343,7 +378,11 @@ async fn session_permission(
 ) -> Response {
     let reply = match body_json(&body).map(serde_json::from_value::<ReplyBody>) {
         Ok(Ok(ReplyBody { response: Some(r) })) => r,
-        Ok(_) => return error(OcError::BadRequest("`response` must be once, always or reject".into())),
+        Ok(_) => {
+            return error(OcError::BadRequest(
+                "`response` must be once, always or reject".into(),
+            ));
+        }
         Err(r) => return r,
     };
     state
@@ -359,7 +398,10 @@ async fn session_permission(
     responses((status = 200, description = "Sessions", body = Vec<Object>),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
 async fn session_children(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    state.opencode.get_session(&id).map_or_else(error, |_| ok(json!([])))
+    state
+        .opencode
+        .get_session(&id)
+        .map_or_else(error, |_| ok(json!([])))
 }
 
 /// A session's to-do list (empty: ACP plans are not mapped).
@@ -368,7 +410,10 @@ async fn session_children(State(state): State<AppState>, Path(id): Path<String>)
     responses((status = 200, description = "To-dos", body = Vec<Object>),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
 async fn session_todo(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    state.opencode.get_session(&id).map_or_else(error, |_| ok(json!([])))
+    state
+        .opencode
+        .get_session(&id)
+        .map_or_else(error, |_| ok(json!([])))
 }
 
 /// Permission requests waiting for an answer.
@@ -392,7 +437,11 @@ async fn permission_reply(
 ) -> Response {
     let reply = match body_json(&body).map(serde_json::from_value::<ReplyBody>) {
         Ok(Ok(ReplyBody { response: Some(r) })) => r,
-        Ok(_) => return error(OcError::BadRequest("`reply` must be once, always or reject".into())),
+        Ok(_) => {
+            return error(OcError::BadRequest(
+                "`reply` must be once, always or reject".into(),
+            ));
+        }
         Err(r) => return r,
     };
     state
@@ -426,8 +475,14 @@ async fn question_reply(
         Err(r) => return r,
     };
     let answers = match b.get("answers") {
-        Some(a @ Value::Array(list)) if list.len() <= 64 && list.iter().all(Value::is_array) => a.clone(),
-        _ => return error(OcError::BadRequest("`answers` must be an array of arrays of labels".into())),
+        Some(a @ Value::Array(list)) if list.len() <= 64 && list.iter().all(Value::is_array) => {
+            a.clone()
+        }
+        _ => {
+            return error(OcError::BadRequest(
+                "`answers` must be an array of arrays of labels".into(),
+            ));
+        }
     };
     state
         .opencode
@@ -464,7 +519,12 @@ async fn config_providers(State(state): State<AppState>) -> Response {
     let connected: Vec<Value> = p["connected"].as_array().cloned().unwrap_or_default();
     let providers: Vec<Value> = p["all"]
         .as_array()
-        .map(|a| a.iter().filter(|x| connected.contains(&x["id"])).cloned().collect())
+        .map(|a| {
+            a.iter()
+                .filter(|x| connected.contains(&x["id"]))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     ok(json!({"providers": providers, "default": p["default"]}))
 }
@@ -473,17 +533,21 @@ async fn config_providers(State(state): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/opencode/config", operation_id = "opencodeConfigGet", tag = "opencode",
     params(DirQuery), responses((status = 200, description = "Config", body = Object)))]
 async fn config_get(State(_state): State<AppState>) -> Response {
-    ok(json!({"$schema": "https://opencode.ai/config.json", "model": "mock/mock",
-        "agent": {}, "provider": {}, "mcp": {}, "permission": {}}))
+    ok(
+        json!({"$schema": "https://opencode.ai/config.json", "model": "mock/mock",
+        "agent": {}, "provider": {}, "mcp": {}, "permission": {}}),
+    )
 }
 
 /// OpenCode's agents (modes): one, `build`; the ACP agents are the providers.
 #[utoipa::path(get, path = "/opencode/agent", operation_id = "opencodeAgentList", tag = "opencode",
     params(DirQuery), responses((status = 200, description = "Agents", body = Vec<Object>)))]
 async fn agent_list() -> Response {
-    ok(json!([{"name": "build", "description": "The ACP agent behind the session's provider",
+    ok(
+        json!([{"name": "build", "description": "The ACP agent behind the session's provider",
         "mode": "primary", "builtIn": true, "native": true, "permission": [], "options": {},
-        "tools": {}}]))
+        "tools": {}}]),
+    )
 }
 
 /// The paths OpenCode clients show.
@@ -492,8 +556,10 @@ async fn agent_list() -> Response {
 async fn path_get(State(state): State<AppState>) -> Response {
     let dir = state.opencode.directory().to_string();
     let data = state.config.data_dir.to_string_lossy().into_owned();
-    ok(json!({"home": std::env::var("HOME").unwrap_or_default(), "state": data, "config": data,
-        "worktree": dir, "directory": dir}))
+    ok(
+        json!({"home": std::env::var("HOME").unwrap_or_default(), "state": data, "config": data,
+        "worktree": dir, "directory": dir}),
+    )
 }
 
 fn project(state: &AppState) -> Value {

@@ -393,7 +393,12 @@ impl OpenCode {
             .get("title")
             .and_then(Value::as_str)
             .map(|t| t.chars().take(1000).collect::<String>())
-            .unwrap_or_else(|| format!("New session - {}", httpdate::fmt_http_date(std::time::SystemTime::now())));
+            .unwrap_or_else(|| {
+                format!(
+                    "New session - {}",
+                    httpdate::fmt_http_date(std::time::SystemTime::now())
+                )
+            });
         let (provider, model) = model_choice(body);
         let provider = provider
             .or_else(|| {
@@ -423,7 +428,10 @@ impl OpenCode {
             created: now,
             updated: now,
             directory: self.directory.clone(),
-            parent_id: body.get("parentID").and_then(Value::as_str).map(String::from),
+            parent_id: body
+                .get("parentID")
+                .and_then(Value::as_str)
+                .map(String::from),
             model: model.filter(|_| provider.is_some()),
             provider,
             acp_session: None,

@@ -38,7 +38,9 @@ impl Store {
         for e in std::fs::read_dir(&dir)?.flatten() {
             let path = e.path();
             let is_json = path.extension().is_some_and(|x| x == "json");
-            let small = e.metadata().is_ok_and(|m| m.is_file() && m.len() <= MAX_FILE);
+            let small = e
+                .metadata()
+                .is_ok_and(|m| m.is_file() && m.len() <= MAX_FILE);
             if !is_json || !small {
                 // Leftover temporaries of a crash.
                 if path.extension().is_some_and(|x| x == "tmp") {
@@ -50,9 +52,7 @@ impl Store {
                 .ok()
                 .and_then(|b| serde_json::from_slice::<SessionData>(&b).ok())
             {
-                Some(d) if file_of(&dir, &d.id).as_deref() == Some(path.as_path()) => {
-                    found.push(d)
-                }
+                Some(d) if file_of(&dir, &d.id).as_deref() == Some(path.as_path()) => found.push(d),
                 _ => tracing::warn!(path = %path.display(), "unreadable OpenCode session skipped"),
             }
         }
@@ -105,7 +105,9 @@ fn writer(dir: PathBuf, rx: Receiver<Op>) {
     while let Ok(op) = rx.recv() {
         match op {
             Op::Save(id, bytes) => {
-                let Some(path) = file_of(&dir, &id) else { continue };
+                let Some(path) = file_of(&dir, &id) else {
+                    continue;
+                };
                 let tmp = path.with_extension("tmp");
                 let done = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
                 if let Err(e) = done {

@@ -122,7 +122,10 @@ impl OpenCode {
                 parts: user_parts.clone(),
             },
         );
-        self.emit("message.updated", json!({"info": user_info, "sessionID": s.id}));
+        self.emit(
+            "message.updated",
+            json!({"info": user_info, "sessionID": s.id}),
+        );
         for part in &user_parts {
             self.emit(
                 "message.part.updated",
@@ -143,7 +146,10 @@ impl OpenCode {
                 parts: Vec::new(),
             },
         );
-        self.emit("message.updated", json!({"info": asst_info, "sessionID": s.id}));
+        self.emit(
+            "message.updated",
+            json!({"info": asst_info, "sessionID": s.id}),
+        );
         *crate::sys::lock(&s.current) = Some(asst_id.clone());
 
         let mut parts = Parts::default();
@@ -164,7 +170,9 @@ impl OpenCode {
         let error = match (&end, aborted) {
             (_, true) => Some(json!({"name": "MessageAbortedError",
                 "data": {"message": "The turn was aborted"}})),
-            (End::Failed(m), false) => Some(json!({"name": "UnknownError", "data": {"message": m}})),
+            (End::Failed(m), false) => {
+                Some(json!({"name": "UnknownError", "data": {"message": m}}))
+            }
             (End::Stop, false) => None,
         };
         let msg = self
@@ -180,7 +188,10 @@ impl OpenCode {
                 info: json!({"id": asst, "sessionID": s.id, "role": "assistant"}),
                 parts: Vec::new(),
             });
-        self.emit("message.updated", json!({"info": msg.info, "sessionID": s.id}));
+        self.emit(
+            "message.updated",
+            json!({"info": msg.info, "sessionID": s.id}),
+        );
         if let Some(e) = error {
             self.emit("session.error", json!({"sessionID": s.id, "error": e}));
         }
@@ -394,7 +405,11 @@ impl OpenCode {
 
     fn with_message<R>(&self, s: &Session, id: &str, f: impl FnOnce(&mut Msg) -> R) -> Option<R> {
         let mut d = s.data();
-        d.messages.iter_mut().rev().find(|m| m.info["id"] == id).map(f)
+        d.messages
+            .iter_mut()
+            .rev()
+            .find(|m| m.info["id"] == id)
+            .map(f)
     }
 
     /// Changes part `i` of message `msg` and emits it.
@@ -532,7 +547,15 @@ impl OpenCode {
             .get(&call)
             .map(|(_, a)| a.clone())
             .unwrap_or_else(|| json!({"start": now_ms()}));
-        for key in ["title", "kind", "status", "rawInput", "rawOutput", "content", "locations"] {
+        for key in [
+            "title",
+            "kind",
+            "status",
+            "rawInput",
+            "rawOutput",
+            "content",
+            "locations",
+        ] {
             if let Some(v) = u.get(key)
                 && !v.is_null()
             {
@@ -587,7 +610,13 @@ impl OpenCode {
         }
     }
 
-    async fn on_permission(self: &Arc<Self>, s: &Arc<Session>, msg: &str, params: &Value, rpc_id: Value) {
+    async fn on_permission(
+        self: &Arc<Self>,
+        s: &Arc<Session>,
+        msg: &str,
+        params: &Value,
+        rpc_id: Value,
+    ) {
         let tc = params.get("toolCall").unwrap_or(&Value::Null);
         let call = tc
             .get("toolCallId")
@@ -616,11 +645,21 @@ impl OpenCode {
             || tc.get("title").and_then(Value::as_str) == Some("AskUserQuestion");
         let tool = json!({"messageID": msg, "callID": call});
         let (kind, permission, patterns, id) = if is_question {
-            (AskKind::Question, "question".to_string(), vec!["*".to_string()], self.new_id("que"))
+            (
+                AskKind::Question,
+                "question".to_string(),
+                vec!["*".to_string()],
+                self.new_id("que"),
+            )
         } else {
             let acc = json!({"kind": tc.get("kind"), "title": tc.get("title"),
                 "rawInput": tc.get("rawInput"), "locations": tc.get("locations")});
-            (AskKind::Permission, tool_name(&acc), permission_patterns(tc), self.new_id("per"))
+            (
+                AskKind::Permission,
+                tool_name(&acc),
+                permission_patterns(tc),
+                self.new_id("per"),
+            )
         };
         let body = if is_question {
             let qs: Vec<Value> = questions
@@ -628,7 +667,10 @@ impl OpenCode {
                 .unwrap_or_default();
             json!({"id": id, "sessionID": s.id, "questions": qs, "tool": tool})
         } else {
-            let title = tc.get("title").and_then(Value::as_str).unwrap_or(&permission);
+            let title = tc
+                .get("title")
+                .and_then(Value::as_str)
+                .unwrap_or(&permission);
             json!({"id": id, "sessionID": s.id, "permission": permission, "patterns": patterns,
                 "metadata": {"toolCall": tc}, "always": patterns, "tool": tool,
                 "type": permission, "pattern": patterns, "messageID": msg, "callID": call,
@@ -649,12 +691,16 @@ impl OpenCode {
         // every "always").
         let (mode, verdict) = {
             let d = s.data();
-            (d.permission_mode.clone(), evaluate(&d.rules, &permission, &patterns))
+            (
+                d.permission_mode.clone(),
+                evaluate(&d.rules, &permission, &patterns),
+            )
         };
         let bypass = mode.as_deref() == Some("bypass") && kind == AskKind::Permission;
         match (bypass, verdict) {
             (true, _) | (_, Some(true)) if kind == AskKind::Permission => {
-                self.answer(&pending, super::Answer::Allow { always: true }).await;
+                self.answer(&pending, super::Answer::Allow { always: true })
+                    .await;
                 self.emit_replied(&pending, "always");
                 return;
             }
@@ -682,7 +728,10 @@ impl OpenCode {
             full
         };
         if full {
-            tracing::warn!(limit = MAX_PENDING, "too many OpenCode requests wait for an answer: cancelled");
+            tracing::warn!(
+                limit = MAX_PENDING,
+                "too many OpenCode requests wait for an answer: cancelled"
+            );
             self.answer(&pending, super::Answer::Cancelled).await;
             return;
         }
@@ -701,7 +750,9 @@ impl OpenCode {
 /// The user's parts (text and file; others are refused) as OpenCode and ACP shapes.
 fn user_parts(body: &Value) -> Result<(Vec<Value>, Vec<Value>), OcError> {
     let Some(input) = body.get("parts").and_then(Value::as_array) else {
-        return Err(OcError::BadRequest("`parts` must be an array of parts".into()));
+        return Err(OcError::BadRequest(
+            "`parts` must be an array of parts".into(),
+        ));
     };
     if input.len() > 256 {
         return Err(OcError::BadRequest("at most 256 parts per prompt".into()));
@@ -713,15 +764,17 @@ fn user_parts(body: &Value) -> Result<(Vec<Value>, Vec<Value>), OcError> {
             Some("text") => {
                 let text = p.get("text").and_then(Value::as_str).unwrap_or_default();
                 parts.push(json!({"type": "text", "text": text}));
-                if !p.get("synthetic").and_then(Value::as_bool).unwrap_or(false)
-                    || !text.is_empty()
+                if !p.get("synthetic").and_then(Value::as_bool).unwrap_or(false) || !text.is_empty()
                 {
                     blocks.push(json!({"type": "text", "text": text}));
                 }
             }
             Some("file") => {
                 let url = p.get("url").and_then(Value::as_str).unwrap_or_default();
-                let mime = p.get("mime").and_then(Value::as_str).unwrap_or("text/plain");
+                let mime = p
+                    .get("mime")
+                    .and_then(Value::as_str)
+                    .unwrap_or("text/plain");
                 let name = p.get("filename").and_then(Value::as_str).unwrap_or(url);
                 parts.push(json!({"type": "file", "mime": mime, "url": url, "filename": name}));
                 blocks.push(json!({"type": "resource_link", "uri": url, "name": name,
@@ -741,7 +794,10 @@ fn user_parts(body: &Value) -> Result<(Vec<Value>, Vec<Value>), OcError> {
 fn rpc_error_text(e: &Value) -> String {
     let m = e.get("message").and_then(Value::as_str).unwrap_or("error");
     match e.get("data") {
-        Some(d) if !d.is_null() => format!("{m}: {}", d.to_string().chars().take(2000).collect::<String>()),
+        Some(d) if !d.is_null() => format!(
+            "{m}: {}",
+            d.to_string().chars().take(2000).collect::<String>()
+        ),
         _ => m.to_string(),
     }
 }
@@ -768,8 +824,15 @@ fn tool_state(acc: &Value) -> Value {
         Some(Value::Object(o)) => Value::Object(o.clone()),
         _ => json!({}),
     };
-    let title = acc.get("title").and_then(Value::as_str).unwrap_or("").to_string();
-    let start = acc.get("start").and_then(Value::as_u64).unwrap_or_else(now_ms);
+    let title = acc
+        .get("title")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let start = acc
+        .get("start")
+        .and_then(Value::as_u64)
+        .unwrap_or_else(now_ms);
     let mut output = String::new();
     if let Some(content) = acc.get("content").and_then(Value::as_array) {
         for c in content {
@@ -871,7 +934,12 @@ fn glob(pattern: &str, text: &str) -> bool {
 
 /// One question of an `AskUserQuestion`-style tool input, as OpenCode's `QuestionInfo`.
 fn question_shape(q: &Value) -> Value {
-    let s = |k: &str| q.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let s = |k: &str| {
+        q.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let options: Vec<Value> = q
         .get("options")
         .and_then(Value::as_array)
@@ -911,7 +979,12 @@ fn models_and_option(answer: &Value) -> Option<(Vec<ModelInfo>, Option<String>, 
     {
         let mut models = Vec::new();
         let mut flat = Vec::new();
-        for o in opt.get("options").and_then(Value::as_array).into_iter().flatten() {
+        for o in opt
+            .get("options")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             // Options may come grouped: `{group, name, options: [...]}`.
             match o.get("options").and_then(Value::as_array) {
                 Some(inner) => flat.extend(inner.iter()),
@@ -927,7 +1000,10 @@ fn models_and_option(answer: &Value) -> Option<(Vec<ModelInfo>, Option<String>, 
                 });
             }
         }
-        let current = opt.get("currentValue").and_then(Value::as_str).map(String::from);
+        let current = opt
+            .get("currentValue")
+            .and_then(Value::as_str)
+            .map(String::from);
         let id = opt.get("id").and_then(Value::as_str).map(String::from);
         return Some((models, current, id));
     }
@@ -941,11 +1017,18 @@ fn models_and_option(answer: &Value) -> Option<(Vec<ModelInfo>, Option<String>, 
             let id = x.get("modelId")?.as_str()?;
             Some(ModelInfo {
                 id: id.to_string(),
-                name: x.get("name").and_then(Value::as_str).unwrap_or(id).to_string(),
+                name: x
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or(id)
+                    .to_string(),
             })
         })
         .collect();
-    let current = m.get("currentModelId").and_then(Value::as_str).map(String::from);
+    let current = m
+        .get("currentModelId")
+        .and_then(Value::as_str)
+        .map(String::from);
     Some((models, current, None))
 }
 

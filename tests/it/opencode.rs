@@ -36,7 +36,9 @@ async fn call(d: &Daemon, method: &str, path: &str, body: Option<Value>) -> (u16
         .request(method.parse().unwrap(), d.url(&format!("/opencode{path}")))
         .header("authorization", basic(TOKEN));
     if let Some(b) = body {
-        req = req.header("content-type", "application/json").body(b.to_string());
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_string());
     }
     let resp = req.send().await.expect("request");
     let status = resp.status().as_u16();
@@ -85,7 +87,11 @@ impl Events {
             seen: Vec::new(),
         };
         // The stream is live once its first event arrived.
-        let first = ev.until(|e| e["type"] == "server.connected" || e["payload"]["type"] == "server.connected").await;
+        let first = ev
+            .until(|e| {
+                e["type"] == "server.connected" || e["payload"]["type"] == "server.connected"
+            })
+            .await;
         assert!(first.is_object());
         ev
     }
@@ -112,7 +118,10 @@ impl Events {
 
     /// The events seen so far about `session`, as their types.
     fn of(&self, session: &str) -> Vec<&Value> {
-        self.seen.iter().filter(|e| session_of(e) == Some(session)).collect()
+        self.seen
+            .iter()
+            .filter(|e| session_of(e) == Some(session))
+            .collect()
     }
 }
 
@@ -122,7 +131,13 @@ fn session_of(e: &Value) -> Option<&str> {
         .as_str()
         .or_else(|| p["info"]["sessionID"].as_str())
         .or_else(|| p["part"]["sessionID"].as_str())
-        .or_else(|| p["info"]["id"].as_str().filter(|_| e["type"].as_str().is_some_and(|t| t.starts_with("session."))))
+        .or_else(|| {
+            p["info"]["id"].as_str().filter(|_| {
+                e["type"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("session."))
+            })
+        })
 }
 
 async fn create(d: &Daemon, body: Value) -> String {
@@ -175,19 +190,39 @@ async fn opencode_sessions_crud_auth_and_the_backing_instance() {
     assert_eq!(list, json!([]));
     let a = create(&d, json!({"title": "First"})).await;
     let b = create(&d, json!({})).await;
-    assert!(a.starts_with("ses_") && b > a, "ids sort in creation order: {a} {b}");
+    assert!(
+        a.starts_with("ses_") && b > a,
+        "ids sort in creation order: {a} {b}"
+    );
     let (_, list) = call(&d, "GET", "/session", None).await;
     assert_eq!(list.as_array().unwrap().len(), 2);
     let (s, got) = call(&d, "GET", &format!("/session/{a}"), None).await;
     assert_eq!((s, &got["title"]), (200, &json!("First")));
 
-    let (s, upd) = call(&d, "PATCH", &format!("/session/{a}"), Some(json!({"title": "Renamed"}))).await;
+    let (s, upd) = call(
+        &d,
+        "PATCH",
+        &format!("/session/{a}"),
+        Some(json!({"title": "Renamed"})),
+    )
+    .await;
     assert_eq!((s, &upd["title"]), (200, &json!("Renamed")));
     // A model change is refused in OpenCode's error shape, with what to do instead.
-    let (s, err) = call(&d, "PATCH", &format!("/session/{a}"),
-        Some(json!({"providerID": "codex", "modelID": "gpt-5"}))).await;
+    let (s, err) = call(
+        &d,
+        "PATCH",
+        &format!("/session/{a}"),
+        Some(json!({"providerID": "codex", "modelID": "gpt-5"})),
+    )
+    .await;
     assert_eq!(s, 400);
-    assert!(err["errors"][0]["message"].as_str().unwrap().contains("new session"), "{err}");
+    assert!(
+        err["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("new session"),
+        "{err}"
+    );
     // Bodies that are not JSON objects: 400, not a panic.
     for bad in ["[1]", "{", "\"x\"", "null"] {
         let resp = http
@@ -202,7 +237,13 @@ async fn opencode_sessions_crud_auth_and_the_backing_instance() {
     }
 
     // A prompt makes the session's ACP instance, listed like any other.
-    let (s, msg) = call(&d, "POST", &format!("/session/{a}/message"), Some(prompt_body("hello bridge"))).await;
+    let (s, msg) = call(
+        &d,
+        "POST",
+        &format!("/session/{a}/message"),
+        Some(prompt_body("hello bridge")),
+    )
+    .await;
     assert_eq!(s, 200, "{msg}");
     assert_eq!(text_of(&msg), "hello bridge");
     assert_eq!(msg["info"]["role"], "assistant");
@@ -215,9 +256,16 @@ async fn opencode_sessions_crud_auth_and_the_backing_instance() {
     assert_eq!(row["agent"], "mock");
     assert_eq!(row["status"], "running");
     // The model is locked after the first prompt.
-    let (s, err) = call(&d, "POST", &format!("/session/{a}/message"),
-        Some(json!({"model": {"providerID": "mock", "modelID": "mock-fast"},
-            "parts": [{"type": "text", "text": "x"}]}))).await;
+    let (s, err) = call(
+        &d,
+        "POST",
+        &format!("/session/{a}/message"),
+        Some(
+            json!({"model": {"providerID": "mock", "modelID": "mock-fast"},
+            "parts": [{"type": "text", "text": "x"}]}),
+        ),
+    )
+    .await;
     assert_eq!(s, 400, "{err}");
     let (_, msgs) = call(&d, "GET", &format!("/session/{a}/message"), None).await;
     let msgs = msgs.as_array().unwrap();
@@ -231,7 +279,11 @@ async fn opencode_sessions_crud_auth_and_the_backing_instance() {
     let (s, err) = call(&d, "GET", &format!("/session/{a}"), None).await;
     assert_eq!((s, &err["name"]), (404, &json!("NotFoundError")));
     crate::support::eventually_async(WAIT, "the deleted session's instance is gone", || async {
-        let gone = !d.servers().await.iter().any(|r| r["serverId"] == format!("opencode-{a}"));
+        let gone = !d
+            .servers()
+            .await
+            .iter()
+            .any(|r| r["serverId"] == format!("opencode-{a}"));
         gone.then_some(())
     })
     .await;
@@ -247,7 +299,10 @@ async fn opencode_turns_of_two_concurrent_sessions_keep_their_event_order() {
     let mut ev = Events::open(&d, "/event").await;
     let a = create(&d, json!({"title": "A"})).await;
     let b = create(&d, json!({"title": "B"})).await;
-    let (pa, pb) = (format!("/session/{a}/message"), format!("/session/{b}/message"));
+    let (pa, pb) = (
+        format!("/session/{a}/message"),
+        format!("/session/{b}/message"),
+    );
     let (ra, rb) = tokio::join!(
         call(&d, "POST", &pa, Some(prompt_body("/stream 5"))),
         call(&d, "POST", &pb, Some(prompt_body("tool"))),
@@ -256,16 +311,23 @@ async fn opencode_turns_of_two_concurrent_sessions_keep_their_event_order() {
     assert_eq!(rb.0, 200, "{}", rb.1);
     assert_eq!(
         text_of(&ra.1),
-        (1..=5).map(|i| format!("chunk {i} of 5")).collect::<String>()
+        (1..=5)
+            .map(|i| format!("chunk {i} of 5"))
+            .collect::<String>()
     );
     // A marker after both turns: everything of theirs was published before it.
     let c = create(&d, json!({"title": "marker"})).await;
-    ev.until(|e| e["type"] == "session.created" && e["properties"]["info"]["id"] == c).await;
+    ev.until(|e| e["type"] == "session.created" && e["properties"]["info"]["id"] == c)
+        .await;
 
     for (sid, msg) in [(&a, &ra.1), (&b, &rb.1)] {
         let events = ev.of(sid);
         let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-        assert_eq!(types.iter().filter(|t| **t == "session.idle").count(), 1, "{types:?}");
+        assert_eq!(
+            types.iter().filter(|t| **t == "session.idle").count(),
+            1,
+            "{types:?}"
+        );
         assert_eq!(types.last(), Some(&"session.idle"), "{types:?}");
         let busy = types.iter().position(|t| *t == "session.status").unwrap();
         assert_eq!(events[busy]["properties"]["status"]["type"], "busy");
@@ -277,7 +339,9 @@ async fn opencode_turns_of_two_concurrent_sessions_keep_their_event_order() {
         // order of the answered message's parts.
         let mut first_seen: Vec<String> = Vec::new();
         for (i, e) in events.iter().enumerate() {
-            if e["type"] == "message.part.updated" && e["properties"]["part"]["messageID"] == msg["info"]["id"] {
+            if e["type"] == "message.part.updated"
+                && e["properties"]["part"]["messageID"] == msg["info"]["id"]
+            {
                 assert!(i > busy && i < idle_status, "{types:?}");
                 let pid = e["properties"]["part"]["id"].as_str().unwrap().to_string();
                 if !first_seen.contains(&pid) {
@@ -285,23 +349,46 @@ async fn opencode_turns_of_two_concurrent_sessions_keep_their_event_order() {
                 }
             }
         }
-        let answered: Vec<String> = msg["parts"].as_array().unwrap().iter()
-            .map(|p| p["id"].as_str().unwrap().to_string()).collect();
+        let answered: Vec<String> = msg["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["id"].as_str().unwrap().to_string())
+            .collect();
         assert_eq!(first_seen, answered);
         // The last message.updated of the turn is the completed assistant message.
-        let done = events.iter().rev().find(|e| e["type"] == "message.updated").unwrap();
+        let done = events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "message.updated")
+            .unwrap();
         assert_eq!(done["properties"]["info"]["id"], msg["info"]["id"]);
         assert!(done["properties"]["info"]["time"]["completed"].is_u64());
     }
     // The tool turn: a tool part (completed), a file part, and file.edited for its path.
     let parts = rb.1["parts"].as_array().unwrap();
-    let tool = parts.iter().find(|p| p["type"] == "tool").expect("a tool part");
+    let tool = parts
+        .iter()
+        .find(|p| p["type"] == "tool")
+        .expect("a tool part");
     assert_eq!(tool["state"]["status"], "completed", "{tool}");
     assert_eq!(tool["tool"], "edit");
-    let file = parts.iter().find(|p| p["type"] == "file").expect("a file part");
+    let file = parts
+        .iter()
+        .find(|p| p["type"] == "file")
+        .expect("a file part");
     assert_eq!(file["filename"], "mock-edit.txt");
-    let edited = ev.seen.iter().find(|e| e["type"] == "file.edited").expect("file.edited");
-    assert!(edited["properties"]["file"].as_str().unwrap().ends_with("/mock-edit.txt"));
+    let edited = ev
+        .seen
+        .iter()
+        .find(|e| e["type"] == "file.edited")
+        .expect("file.edited");
+    assert!(
+        edited["properties"]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("/mock-edit.txt")
+    );
     let kinds: Vec<&str> = parts.iter().map(|p| p["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["text", "tool", "file", "text"]);
 }
@@ -311,19 +398,40 @@ async fn opencode_failed_turns_say_so_and_end_idle_once() {
     let d = daemon();
     let mut ev = Events::open(&d, "/global/event").await;
     let s = create(&d, json!({})).await;
-    let (st, msg) = call(&d, "POST", &format!("/session/{s}/message"), Some(prompt_body("error"))).await;
+    let (st, msg) = call(
+        &d,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("error")),
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(msg["info"]["error"]["name"], "UnknownError", "{msg}");
-    assert!(msg["info"]["error"]["data"]["message"].as_str().unwrap().contains("failed"));
+    assert!(
+        msg["info"]["error"]["data"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("failed")
+    );
     ev.until(|e| e["payload"]["type"] == "session.idle").await;
-    let errors: Vec<&Value> = ev.seen.iter().filter(|e| e["payload"]["type"] == "session.error").collect();
+    let errors: Vec<&Value> = ev
+        .seen
+        .iter()
+        .filter(|e| e["payload"]["type"] == "session.error")
+        .collect();
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0]["payload"]["properties"]["sessionID"], s);
     assert!(ev.seen.iter().all(|e| e["directory"].is_string()));
     let (_, status) = call(&d, "GET", "/session/status", None).await;
     assert_eq!(status[&s]["type"], "idle");
     // The session goes on after a failed turn.
-    let (st, msg) = call(&d, "POST", &format!("/session/{s}/message"), Some(prompt_body("again"))).await;
+    let (st, msg) = call(
+        &d,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("again")),
+    )
+    .await;
     assert_eq!((st, text_of(&msg)), (200, "again".to_string()));
     // An unknown provider is refused before any turn.
     let t = create(&d, json!({})).await;
@@ -349,76 +457,171 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     assert_eq!(asked["properties"]["sessionID"], s);
     let (_, list) = call(&d, "GET", "/permission", None).await;
     assert_eq!(list[0]["id"], id);
-    let (st, _) = call(&d, "POST", &format!("/session/{s}/permissions/{id}"), Some(json!({"response": "once"}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        &format!("/session/{s}/permissions/{id}"),
+        Some(json!({"response": "once"})),
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(text_of(&turn.await), "permission: allow-once");
     // A request answered already is gone.
-    let (st, _) = call(&d, "POST", &format!("/permission/{id}/reply"), Some(json!({"reply": "once"}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        &format!("/permission/{id}/reply"),
+        Some(json!({"reply": "once"})),
+    )
+    .await;
     assert_eq!(st, 404);
 
     // reject.
     let turn = prompt(&d, &s, "permission");
-    let asked = ev.until(|e| e["type"] == "permission.asked" && e["properties"]["id"] != id).await;
+    let asked = ev
+        .until(|e| e["type"] == "permission.asked" && e["properties"]["id"] != id)
+        .await;
     let id2 = asked["properties"]["id"].as_str().unwrap().to_string();
-    let (st, _) = call(&d, "POST", &format!("/permission/{id2}/reply"), Some(json!({"reply": "reject"}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        &format!("/permission/{id2}/reply"),
+        Some(json!({"reply": "reject"})),
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(text_of(&turn.await), "permission: reject-once");
 
     // always: answered, then remembered.
     let turn = prompt(&d, &s, "permission");
-    let asked = ev.until(|e| e["type"] == "permission.asked" && e["properties"]["id"] != id && e["properties"]["id"] != id2).await;
+    let asked = ev
+        .until(|e| {
+            e["type"] == "permission.asked"
+                && e["properties"]["id"] != id
+                && e["properties"]["id"] != id2
+        })
+        .await;
     let id3 = asked["properties"]["id"].as_str().unwrap().to_string();
-    let (st, _) = call(&d, "POST", &format!("/permission/{id3}/reply"), Some(json!({"reply": "always"}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        &format!("/permission/{id3}/reply"),
+        Some(json!({"reply": "always"})),
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(text_of(&turn.await), "permission: allow-always");
-    let replied = ev.until(|e| e["type"] == "permission.replied" && e["properties"]["requestID"] == id3).await;
+    let replied = ev
+        .until(|e| e["type"] == "permission.replied" && e["properties"]["requestID"] == id3)
+        .await;
     assert_eq!(replied["properties"]["reply"], "always");
-    let asked_before = ev.seen.iter().filter(|e| e["type"] == "permission.asked").count();
-    let (st, msg) = call(&d, "POST", &format!("/session/{s}/message"), Some(prompt_body("permission"))).await;
-    assert_eq!((st, text_of(&msg)), (200, "permission: allow-always".to_string()));
-    let auto = ev.until(|e| e["type"] == "permission.replied" && e["properties"]["requestID"] != id3
-        && e["properties"]["reply"] == "always").await;
+    let asked_before = ev
+        .seen
+        .iter()
+        .filter(|e| e["type"] == "permission.asked")
+        .count();
+    let (st, msg) = call(
+        &d,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("permission")),
+    )
+    .await;
+    assert_eq!(
+        (st, text_of(&msg)),
+        (200, "permission: allow-always".to_string())
+    );
+    let auto = ev
+        .until(|e| {
+            e["type"] == "permission.replied"
+                && e["properties"]["requestID"] != id3
+                && e["properties"]["reply"] == "always"
+        })
+        .await;
     assert_eq!(auto["properties"]["sessionID"], s);
-    assert_eq!(ev.seen.iter().filter(|e| e["type"] == "permission.asked").count(), asked_before);
+    assert_eq!(
+        ev.seen
+            .iter()
+            .filter(|e| e["type"] == "permission.asked")
+            .count(),
+        asked_before
+    );
     let (_, list) = call(&d, "GET", "/permission", None).await;
     assert_eq!(list, json!([]));
     // Another session does not inherit the rule.
     let other = create(&d, json!({})).await;
     let turn = prompt(&d, &other, "permission");
-    let asked = ev.until(|e| e["type"] == "permission.asked" && e["properties"]["sessionID"] == other).await;
+    let asked = ev
+        .until(|e| e["type"] == "permission.asked" && e["properties"]["sessionID"] == other)
+        .await;
     let oid = asked["properties"]["id"].as_str().unwrap().to_string();
-    call(&d, "POST", &format!("/permission/{oid}/reply"), Some(json!({"reply": "once"}))).await;
+    call(
+        &d,
+        "POST",
+        &format!("/permission/{oid}/reply"),
+        Some(json!({"reply": "once"})),
+    )
+    .await;
     assert_eq!(text_of(&turn.await), "permission: allow-once");
 
     // A question, answered.
     let turn = prompt(&d, &s, "question");
     let asked = ev.until(|e| e["type"] == "question.asked").await;
     let q = asked["properties"]["id"].as_str().unwrap().to_string();
-    assert_eq!(asked["properties"]["questions"][0]["options"][0]["label"], "Yes");
+    assert_eq!(
+        asked["properties"]["questions"][0]["options"][0]["label"],
+        "Yes"
+    );
     let (_, list) = call(&d, "GET", "/question", None).await;
     assert_eq!(list[0]["id"], q);
-    let (st, _) = call(&d, "POST", &format!("/question/{q}/reply"), Some(json!({"answers": [["Yes"]]}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        &format!("/question/{q}/reply"),
+        Some(json!({"answers": [["Yes"]]})),
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(text_of(&turn.await), r#"answer: [["Yes"]]"#);
-    ev.until(|e| e["type"] == "question.replied" && e["properties"]["requestID"] == q).await;
+    ev.until(|e| e["type"] == "question.replied" && e["properties"]["requestID"] == q)
+        .await;
     // A question, rejected.
     let turn = prompt(&d, &s, "question");
-    let asked = ev.until(|e| e["type"] == "question.asked" && e["properties"]["id"] != q).await;
+    let asked = ev
+        .until(|e| e["type"] == "question.asked" && e["properties"]["id"] != q)
+        .await;
     let q2 = asked["properties"]["id"].as_str().unwrap().to_string();
     let (st, _) = call(&d, "POST", &format!("/question/{q2}/reject"), None).await;
     assert_eq!(st, 200);
     assert_eq!(text_of(&turn.await), "permission: reject-once");
-    ev.until(|e| e["type"] == "question.rejected" && e["properties"]["requestID"] == q2).await;
+    ev.until(|e| e["type"] == "question.rejected" && e["properties"]["requestID"] == q2)
+        .await;
     // Bad replies.
-    let (st, _) = call(&d, "POST", "/permission/per_nope/reply", Some(json!({"reply": "sometimes"}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        "/permission/per_nope/reply",
+        Some(json!({"reply": "sometimes"})),
+    )
+    .await;
     assert_eq!(st, 400);
-    let (st, _) = call(&d, "POST", "/question/que_nope/reply", Some(json!({"answers": "Yes"}))).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        "/question/que_nope/reply",
+        Some(json!({"answers": "Yes"})),
+    )
+    .await;
     assert_eq!(st, 400);
 }
 
 /// A prompt sent with `prompt_async` (answered 204 at once); the future resolves to the turn's
 /// assistant message once the session is idle again.
-fn prompt(d: &Daemon, session: &str, text: &str) -> impl std::future::Future<Output = Value> + use<> {
+fn prompt(
+    d: &Daemon,
+    session: &str,
+    text: &str,
+) -> impl std::future::Future<Output = Value> + use<> {
     let url = d.url(&format!("/opencode/session/{session}/prompt_async"));
     let list = d.url(&format!("/opencode/session/{session}/message"));
     let status = d.url("/opencode/session/status");
@@ -428,9 +631,14 @@ fn prompt(d: &Daemon, session: &str, text: &str) -> impl std::future::Future<Out
     let sent = {
         let http = http.clone();
         async move {
-            let resp = http.post(url).header("authorization", basic(TOKEN))
-                .header("content-type", "application/json").body(body.to_string())
-                .send().await.unwrap();
+            let resp = http
+                .post(url)
+                .header("authorization", basic(TOKEN))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
             assert_eq!(resp.status(), 204);
         }
     };
@@ -438,15 +646,33 @@ fn prompt(d: &Daemon, session: &str, text: &str) -> impl std::future::Future<Out
     async move {
         handle.await.unwrap();
         crate::support::eventually_async(WAIT, "the turn ends", || {
-            let (http, status, list, session) = (http.clone(), status.clone(), list.clone(), session.clone());
+            let (http, status, list, session) =
+                (http.clone(), status.clone(), list.clone(), session.clone());
             async move {
-                let st: Value = http.get(status).header("authorization", basic(TOKEN)).send().await.ok()?.json().await.ok()?;
+                let st: Value = http
+                    .get(status)
+                    .header("authorization", basic(TOKEN))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
                 if st[&session]["type"] != "idle" {
                     return None;
                 }
-                let msgs: Value = http.get(list).header("authorization", basic(TOKEN)).send().await.ok()?.json().await.ok()?;
+                let msgs: Value = http
+                    .get(list)
+                    .header("authorization", basic(TOKEN))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
                 let last = msgs.as_array()?.last()?.clone();
-                (last["info"]["role"] == "assistant" && last["info"]["time"]["completed"].is_u64()).then_some(last)
+                (last["info"]["role"] == "assistant" && last["info"]["time"]["completed"].is_u64())
+                    .then_some(last)
             }
         })
         .await
@@ -472,7 +698,13 @@ async fn opencode_session_goes_on_prompting_after_a_restart_with_a_state_dir() {
     };
     let mut a = start();
     let s = create(&a, json!({"title": "Kept"})).await;
-    let (st, _) = call(&a, "POST", &format!("/session/{s}/message"), Some(prompt_body("before the restart"))).await;
+    let (st, _) = call(
+        &a,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("before the restart")),
+    )
+    .await;
     assert_eq!(st, 200);
     assert_eq!(a.stop(Duration::from_secs(10)), 0);
 
@@ -480,8 +712,18 @@ async fn opencode_session_goes_on_prompting_after_a_restart_with_a_state_dir() {
     let (st, got) = call(&b, "GET", &format!("/session/{s}"), None).await;
     assert_eq!((st, &got["title"]), (200, &json!("Kept")), "{got}");
     let rows = b.servers().await;
-    assert!(rows.iter().any(|r| r["serverId"] == format!("opencode-{s}")), "{rows:?}");
-    let (st, msg) = call(&b, "POST", &format!("/session/{s}/message"), Some(prompt_body("/history"))).await;
+    assert!(
+        rows.iter()
+            .any(|r| r["serverId"] == format!("opencode-{s}")),
+        "{rows:?}"
+    );
+    let (st, msg) = call(
+        &b,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("/history")),
+    )
+    .await;
     assert_eq!(st, 200, "{msg}");
     assert_eq!(text_of(&msg), "history: before the restart");
     let (_, msgs) = call(&b, "GET", &format!("/session/{s}/message"), None).await;
@@ -493,11 +735,16 @@ fn opencode_dir() -> Option<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/opencode");
     for tool in ["node", "npm"] {
         if !on_path(tool) {
-            skip(&format!("`{tool}` is not installed (.ci/install-opencode.sh)"));
+            skip(&format!(
+                "`{tool}` is not installed (.ci/install-opencode.sh)"
+            ));
             return None;
         }
     }
-    if !dir.join("node_modules/opencode-linux-x64/bin/opencode").exists() {
+    if !dir
+        .join("node_modules/opencode-linux-x64/bin/opencode")
+        .exists()
+    {
         skip("tests/opencode has no node_modules (.ci/install-opencode.sh runs npm ci)");
         return None;
     }
@@ -534,24 +781,45 @@ async fn opencode_cli_run_attach_completes_a_turn_with_the_mock() {
             .output()
             .expect("opencode runs");
         let stdout = std::fs::read_to_string(&log).unwrap_or_default();
-        (out.status, stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status,
+            stdout,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (status, out, err) = tokio::task::spawn_blocking({
         let run = run.clone();
         move || run(&["echo-from-the-cli"])
-    }).await.unwrap();
+    })
+    .await
+    .unwrap();
     assert!(status.success(), "{status}\nstdout:\n{out}\nstderr:\n{err}");
-    assert!(out.contains("echo-from-the-cli"), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("echo-from-the-cli"),
+        "stdout:\n{out}\nstderr:\n{err}"
+    );
     // The session it made is one of ours, on a mock instance.
     let (_, list) = call(&d, "GET", "/session", None).await;
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0]["agent"], "mock");
     // Its JSON output: the text part and nothing about an error.
-    let (status, out, err) = tokio::task::spawn_blocking(move || run(&["--format", "json", "second turn"])).await.unwrap();
+    let (status, out, err) =
+        tokio::task::spawn_blocking(move || run(&["--format", "json", "second turn"]))
+            .await
+            .unwrap();
     assert!(status.success(), "{status}\nstdout:\n{out}\nstderr:\n{err}");
-    let lines: Vec<Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    assert!(lines.iter().any(|l| l["type"] == "text" && l["part"]["text"].as_str().is_some_and(|t| t.contains("second turn"))), "{out}");
+    let lines: Vec<Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["type"] == "text"
+            && l["part"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("second turn"))),
+        "{out}"
+    );
     assert!(!lines.iter().any(|l| l["type"] == "error"), "{out}");
 }
 
@@ -567,7 +835,11 @@ fn opencode_sdk_suites_pass() {
         .stdin(Stdio::null())
         .output()
         .expect("npm test starts");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "npm test failed:\n{text}");
     let counts: HashMap<&str, u64> = text
         .lines()
