@@ -80,18 +80,18 @@ fn error(e: OcError) -> Response {
 }
 
 /// A request body as JSON: empty is `{}`; anything else must be a JSON object.
-fn body_json(body: &Bytes) -> Result<Value, Response> {
+fn body_json(body: &Bytes) -> Result<Value, Box<Response>> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(error(OcError::BadRequest(
+        Ok(_) => Err(Box::new(error(OcError::BadRequest(
             "the body must be a JSON object".into(),
-        ))),
-        Err(e) => Err(error(OcError::BadRequest(format!(
-            "the body is not JSON: {e}"
         )))),
+        Err(e) => Err(Box::new(error(OcError::BadRequest(format!(
+            "the body is not JSON: {e}"
+        ))))),
     }
 }
 
@@ -205,7 +205,7 @@ async fn session_create(State(state): State<AppState>, body: Bytes) -> Response 
             .opencode
             .create_session(&b, None)
             .map_or_else(error, ok),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -242,7 +242,7 @@ async fn session_update(
             .opencode
             .update_session(&id, &b)
             .map_or_else(error, ok),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -276,7 +276,7 @@ async fn session_init(
             .opencode
             .init_session(&id, &b)
             .map_or_else(error, |()| ok(true)),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -320,8 +320,8 @@ async fn message_send(
             .opencode
             .prompt(&id, &b, true)
             .await
-            .map_or_else(error, |m| ok(m)),
-        Err(r) => r,
+            .map_or_else(error, ok),
+        Err(r) => *r,
     }
 }
 
@@ -342,7 +342,7 @@ async fn prompt_async(
             Ok(_) => StatusCode::NO_CONTENT.into_response(),
             Err(e) => error(e),
         },
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -383,7 +383,7 @@ async fn session_permission(
                 "`response` must be once, always or reject".into(),
             ));
         }
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     state
         .opencode
@@ -442,7 +442,7 @@ async fn permission_reply(
                 "`reply` must be once, always or reject".into(),
             ));
         }
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     state
         .opencode
@@ -472,7 +472,7 @@ async fn question_reply(
 ) -> Response {
     let b = match body_json(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let answers = match b.get("answers") {
         Some(a @ Value::Array(list)) if list.len() <= 64 && list.iter().all(Value::is_array) => {

@@ -179,6 +179,9 @@ pub struct Pending {
     pub body: Value,
 }
 
+/// The models an agent offered, and its current one.
+type Offered = (Vec<ModelInfo>, Option<String>);
+
 /// A model of a provider.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
@@ -198,7 +201,7 @@ pub struct OpenCode {
     delivered_changed: tokio::sync::Notify,
     pending: Mutex<BTreeMap<String, Pending>>,
     /// Models each agent offered in its `session/new` answer (the newest answer wins).
-    models: Mutex<HashMap<String, (Vec<ModelInfo>, Option<String>)>>,
+    models: Mutex<HashMap<String, Offered>>,
     store: Option<store::Store>,
     last_id: AtomicU64,
     streams: Arc<tokio::sync::Semaphore>,
