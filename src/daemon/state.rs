@@ -75,12 +75,17 @@ impl AppState {
                 Some((s, _)) => Some(s.dir().join("opencode")),
                 None => config.opencode_store.clone(),
             };
-            Arc::new(
-                crate::sys::blocking(move || {
-                    crate::opencode::OpenCode::new(c, a, g, dir.as_deref())
-                })
-                .await,
-            )
+            // Only a store is read from disk (on the blocking pool, which nothing else needs
+            // at start otherwise).
+            Arc::new(match dir {
+                Some(dir) => {
+                    crate::sys::blocking(move || {
+                        crate::opencode::OpenCode::new(c, a, g, Some(&dir))
+                    })
+                    .await
+                }
+                None => crate::opencode::OpenCode::new(c, a, g, None),
+            })
         };
         // The per-instance process figures of `/metrics`, read off the runtime thread.
         crate::metrics::spawn_sampler(acp.clone(), services.child_token());
