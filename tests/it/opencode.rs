@@ -850,3 +850,53 @@ fn opencode_sdk_suites_pass() {
     assert!(counts.get("pass").copied().unwrap_or(0) >= 4, "{text}");
     assert_eq!(counts.get("fail").copied(), Some(0), "{text}");
 }
+
+/// A reload (SIGHUP) in the middle of a session with a state dir: the session, its messages and
+/// its running instance carry over, and its next prompt reaches the same ACP session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_session_goes_on_prompting_after_a_reload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut d = Daemon::builder()
+        .token(TOKEN)
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .start();
+    let s = create(&d, json!({"title": "Reloaded"})).await;
+    let (st, _) = call(
+        &d,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("before the reload")),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let pid_before: Vec<Value> = d
+        .servers()
+        .await
+        .into_iter()
+        .filter(|r| r["serverId"] == format!("opencode-{s}"))
+        .map(|r| r["pid"].clone())
+        .collect();
+    crate::reload::reload(&mut d);
+    let (st, got) = call(&d, "GET", &format!("/session/{s}"), None).await;
+    assert_eq!((st, &got["title"]), (200, &json!("Reloaded")), "{got}");
+    let pid_after: Vec<Value> = d
+        .servers()
+        .await
+        .into_iter()
+        .filter(|r| r["serverId"] == format!("opencode-{s}"))
+        .map(|r| r["pid"].clone())
+        .collect();
+    assert_eq!(pid_before, pid_after, "the agent runs on across the reload");
+    let (st, msg) = call(
+        &d,
+        "POST",
+        &format!("/session/{s}/message"),
+        Some(prompt_body("/history")),
+    )
+    .await;
+    assert_eq!(st, 200, "{msg}");
+    assert_eq!(text_of(&msg), "history: before the reload");
+    let (_, msgs) = call(&d, "GET", &format!("/session/{s}/message"), None).await;
+    assert_eq!(msgs.as_array().unwrap().len(), 4);
+}
