@@ -15,6 +15,7 @@ pub mod http;
 pub mod http_client;
 pub mod logging;
 pub mod metrics;
+pub mod opencode;
 pub mod processes;
 pub mod state;
 pub mod supervisor;
