@@ -143,7 +143,8 @@ pub enum Command {
 
 /// The mock agent's prompt commands (also in docs/acp.md, "The mock agent").
 const MOCK_AGENT_COMMANDS: &str = "\
-It answers initialize, session/new, session/load, session/prompt, session/cancel and _mock/echo
+It answers initialize, session/new, session/load, session/prompt, session/cancel,
+session/set_config_option (its one option, `model`: mock or mock-fast) and _mock/echo
 (which returns its params as its result). Its sessions are kept in .mock-agent-sessions/ under
 its working directory, so that session/load works in a later process (a session/load also writes
 the mcpServers it was given to <session id>.mcp.json there). A prompt's text is echoed
@@ -153,6 +154,11 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /sleep MS        wait MS milliseconds (a session/cancel ends it: stopReason cancelled)
   /hang            never end the turn until cancelled
   /permission      ask session/request_permission; the chunk \"permission: OPTION\" reports the answer
+  /question        ask a question (a permission request for the tool AskUserQuestion, with
+                   rawInput.questions); the chunk \"answer: […]\" reports the result's _meta.answers
+  /tool [PATH]     a tool call (kind edit) whose completed update holds a diff of PATH
+                   (default mock-edit.txt in its working directory; nothing is written)
+  /error           end the turn with a JSON-RPC error instead of a stop reason
   /crash N         exit at once with code N (default 1)
   /stderr TEXT     write TEXT to stderr (the daemon logs it)
   /garbage         write a line that is not JSON
@@ -161,6 +167,9 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /fork N          start N sleeping children in the same group
   /alloc MB        allocate and touch MB MiB of memory, kept until exit
   /history         one chunk \"history: P1 | P2 ...\" of the session's earlier prompts
+
+A prompt that is exactly one of the bare words tool, error, permission or question acts as
+that command (the prompts OpenCode compatibility suites send).
 
 Example: sandbox-agent mock-agent, then type
   {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"s\",\"prompt\":[{\"type\":\"text\",\"text\":\"/stream 3\"}]}}";

@@ -4,6 +4,7 @@
 pub mod acp;
 pub mod agents;
 pub mod archive;
+pub mod carried;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod http;
 pub mod http_client;
 pub mod logging;
 pub mod metrics;
+pub mod opencode;
 pub mod processes;
 pub mod state;
 pub mod supervisor;

@@ -26,7 +26,7 @@ pub struct LogLimits {
 pub struct EventsState {
     pub next_id: u64,
     /// (id, complete SSE frame), oldest first.
-    pub frames: Vec<(u64, crate::daemon::reload::Payload)>,
+    pub frames: Vec<(u64, crate::carried::Payload)>,
 }
 
 struct Retained {
@@ -242,7 +242,7 @@ impl EventLog {
             next_id: st.next_id,
             frames: std::mem::take(&mut st.ring)
                 .into_iter()
-                .map(|r| (r.id, crate::daemon::reload::Payload(r.frame)))
+                .map(|r| (r.id, crate::carried::Payload(r.frame)))
                 .collect(),
         }
     }

@@ -251,12 +251,35 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
             let sid = format!("mock-{n}");
             crate::sys::lock(&mock.sessions).insert(sid.clone(), Vec::new());
             mock.save(&sid, &[]);
-            mock.result(&id, json!({"sessionId": sid}));
+            mock.result(&id, json!({"sessionId": sid, "configOptions": model_options(MODELS[0])}));
+        }
+        "session/set_config_option" => {
+            let value = params.get("value").and_then(Value::as_str);
+            let known = params.get("configId").and_then(Value::as_str) == Some("model");
+            match value.filter(|v| known && MODELS.contains(v)) {
+                Some(v) => mock.result(&id, json!({"configOptions": model_options(v)})),
+                None => mock.error(&id, -32602, "unknown config option or value"),
+            }
         }
         "session/load" if mock.load_session => mock.load(&id, &params),
         "session/prompt" => start_prompt(mock, id, &params),
         _ => mock.error(&id, -32601, &format!("Method not found: {method}")),
     }
+}
+
+/// The models the mock offers (its `model` config option); the first is the default.
+const MODELS: [&str; 2] = ["mock", "mock-fast"];
+
+/// The `configOptions` of a session whose model is `current`.
+fn model_options(current: &str) -> Value {
+    json!([{
+        "id": "model",
+        "name": "Model",
+        "category": "model",
+        "type": "select",
+        "currentValue": current,
+        "options": MODELS.iter().map(|m| json!({"value": m, "name": m})).collect::<Vec<_>>(),
+    }])
 }
 
 /// Registers the prompt (so a `session/cancel` right behind it is seen) and runs it on its own
@@ -287,6 +310,9 @@ fn start_prompt(mock: &Arc<Mock>, id: Value, params: &Value) {
             let stop = run_prompt(&m, &session, &text, &rx);
             m.record_prompt(&session, &text);
             crate::sys::lock(&m.prompts).remove(&token);
+            if stop == FAIL {
+                return m.error(&id, -32603, "mock: the turn failed (/error)");
+            }
             let mut result = json!({"stopReason": stop});
             if let Some(meta) = received_meta {
                 result["_meta"] = json!({"received": meta});
@@ -312,11 +338,25 @@ fn prompt_text(prompt: Option<&Value>) -> String {
     }
 }
 
-/// Runs one prompt and returns its stop reason.
+/// The stop reason `run_prompt` gives for a turn that must end with a JSON-RPC error.
+const FAIL: &str = "\0fail";
+
+/// Runs one prompt and returns its stop reason (or `FAIL`).
 fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &'static str {
     let (command, arg) = match text.trim_start().split_once(char::is_whitespace) {
         Some((c, a)) => (c, a.trim()),
         None => (text.trim(), ""),
+    };
+    // A whole prompt of one of these bare words acts as the command (what OpenCode
+    // compatibility suites send).
+    let command = match command {
+        "tool" | "error" | "permission" | "question" if arg.is_empty() => match command {
+            "tool" => "/tool",
+            "error" => "/error",
+            "permission" => "/permission",
+            _ => "/question",
+        },
+        c => c,
     };
     let cancelled = |r: Result<Event, RecvTimeoutError>| matches!(r, Ok(Event::Cancel));
     match command {
@@ -361,7 +401,10 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             };
             mock.chunk(session, &text);
         }
-        "/permission" => return permission(mock, session, rx),
+        "/permission" => return permission(mock, session, rx, false),
+        "/question" => return permission(mock, session, rx, true),
+        "/error" => return FAIL,
+        "/tool" => tool(mock, session, arg),
         "/spawn-orphan" => match spawn_orphan() {
             Ok(pid) => {
                 eprintln!("mock: orphan pid {pid}");
@@ -411,18 +454,79 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
     "end_turn"
 }
 
-/// Asks the client for permission and reports the option it chose.
-fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str {
+/// A tool call that edits a file: `tool_call` (pending), `tool_call_update` (in progress), then
+/// `tool_call_update` (completed) whose content is a diff of `PATH` (default `mock-edit.txt`
+/// under the working directory). Nothing is written to disk.
+fn tool(mock: &Mock, session: &str, arg: &str) {
+    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+    let call = format!("mock-edit-{n}");
+    let name = if arg.is_empty() { "mock-edit.txt" } else { arg };
+    let path = std::env::current_dir()
+        .map(|d| d.join(name))
+        .unwrap_or_else(|_| std::path::PathBuf::from(name))
+        .to_string_lossy()
+        .into_owned();
+    let update = |u: Value| {
+        mock.send(&json!({
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": session, "update": u},
+        }));
+    };
+    mock.chunk(session, "editing a file");
+    update(json!({
+        "sessionUpdate": "tool_call",
+        "toolCallId": call,
+        "title": format!("Edit {name}"),
+        "kind": "edit",
+        "status": "pending",
+        "rawInput": {"path": path},
+        "locations": [{"path": path}],
+    }));
+    update(
+        json!({"sessionUpdate": "tool_call_update", "toolCallId": call, "status": "in_progress"}),
+    );
+    update(json!({
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": call,
+        "status": "completed",
+        "content": [{"type": "diff", "path": path, "oldText": "old\n", "newText": "new\n"}],
+    }));
+    mock.chunk(session, &format!("edited {name}"));
+}
+
+/// Asks the client for permission and reports the option it chose. `question`: the request is
+/// a question (a `toolCall` titled `AskUserQuestion` whose `rawInput.questions` lists them); the
+/// chunk then reports `answer: …` from the result's `_meta.answers` when there is one.
+fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) -> &'static str {
     let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     let (tx, answer) = mpsc::channel();
     crate::sys::lock(&mock.waiting).insert(n, tx);
+    let tool_call = if question {
+        json!({
+            "toolCallId": format!("mock-question-{n}"),
+            "title": "AskUserQuestion",
+            "kind": "other",
+            "rawInput": {"questions": [{
+                "question": "Proceed?",
+                "header": "Confirm",
+                "options": [
+                    {"label": "Yes", "description": "Go on"},
+                    {"label": "No", "description": "Stop here"},
+                ],
+                "multiSelect": false,
+            }]},
+        })
+    } else {
+        json!({"toolCallId": format!("mock-tool-{n}"), "title": "Mock tool call", "kind": "execute"})
+    };
     mock.send(&json!({
         "jsonrpc": "2.0",
         "id": n,
         "method": "session/request_permission",
         "params": {
             "sessionId": session,
-            "toolCall": {"toolCallId": format!("mock-tool-{n}"), "title": "Mock tool call"},
+            "toolCall": tool_call,
             "options": [
                 {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
                 {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
@@ -456,7 +560,13 @@ fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str 
             None => "error".to_string(),
         },
     };
-    mock.chunk(session, &format!("permission: {chosen}"));
+    let answers = response
+        .pointer("/result/_meta/answers")
+        .filter(|_| question);
+    match answers {
+        Some(a) => mock.chunk(session, &format!("answer: {a}")),
+        None => mock.chunk(session, &format!("permission: {chosen}")),
+    }
     "end_turn"
 }
 

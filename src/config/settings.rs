@@ -97,6 +97,22 @@ settings! {
                      disk, so that they survive a restart (docs/durable-state.md); empty: memory \
                      only",
             );
+        /// Keep the OpenCode bridge's sessions here when there is no --state-dir
+        opencode_store: Option<PathBuf>, Option<std::ffi::OsString> =
+            path("DIR", state_dir)
+                .default_from(
+                    "`$OPENCODE_COMPAT_DB_PATH` (the reference implementation's variable), else \
+                     none",
+                    |cx| {
+                        cx.var("OPENCODE_COMPAT_DB_PATH")
+                            .filter(|v| !v.is_empty())
+                            .map(|v| cx.cwd.join(v))
+                    },
+                )
+                .docs(
+                    "keep the OpenCode bridge's sessions (`/opencode/*`) in DIR when there is no \
+                     `--state-dir` (with one they live in `<state-dir>/opencode`); empty: not kept",
+                );
         /// When the state dir's writes reach the disk: every, batch:<ms> or os
         state_sync: StateSync, Option<String> =
             text("POLICY", StateSync::parse).default("batch:100").docs(

@@ -321,6 +321,8 @@ pub async fn reload(r: Reloading<'_>) -> Failed {
     if let Some(store) = r.state.state.clone() {
         crate::sys::blocking(move || store.flush_blocking(Duration::from_secs(2))).await;
     }
+    let opencode = r.state.opencode.clone();
+    crate::sys::blocking(move || opencode.flush_blocking(Duration::from_secs(2))).await;
     let carried = (
         handoff.acp.instances.len(),
         handoff.processes.processes.len(),

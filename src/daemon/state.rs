@@ -77,6 +77,24 @@ impl AppState {
             acp.clone(),
             services.child_token(),
         )?);
+        let opencode = {
+            let (c, a, g) = (config.clone(), acp.clone(), agents.clone());
+            let dir = match &state {
+                Some((s, _)) => Some(s.dir().join("opencode")),
+                None => config.opencode_store.clone(),
+            };
+            // Only a store is read from disk (on the blocking pool, which nothing else needs
+            // at start otherwise).
+            Arc::new(match dir {
+                Some(dir) => {
+                    crate::sys::blocking(move || {
+                        crate::opencode::OpenCode::new(c, a, g, Some(&dir))
+                    })
+                    .await
+                }
+                None => crate::opencode::OpenCode::new(c, a, g, None),
+            })
+        };
         // The per-instance process figures of `/metrics`, read off the runtime thread.
         super::sampler::spawn(acp.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
@@ -91,6 +109,7 @@ impl AppState {
             config_store,
             processes,
             workspace,
+            opencode,
             state: state.map(|(s, _)| s),
             tasks,
         })))
@@ -104,6 +123,9 @@ impl AppState {
         self.acp.stop_all(deadline).await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;
+        let opencode = self.opencode.clone();
+        crate::sys::blocking(move || opencode.flush_blocking(std::time::Duration::from_secs(2)))
+            .await;
         // Whatever the state writer still holds reaches the disk before the process ends.
         if let Some(store) = self.state.clone() {
             let left = deadline

@@ -22,7 +22,13 @@ const QUERY_TOKEN: &str = "access_token";
 /// Whether `path` is behind the token: every `/v1` path, and `/metrics` (scrapers send
 /// `Authorization: Bearer …` as well).
 pub fn needs_token(path: &str) -> bool {
-    path == "/v1" || path.starts_with("/v1/") || path == "/metrics"
+    path == "/v1" || path.starts_with("/v1/") || path == "/metrics" || is_opencode(path)
+}
+
+/// The OpenCode bridge, whose clients send the token as an HTTP basic password (user `opencode`,
+/// OpenCode's `OPENCODE_SERVER_PASSWORD`); a bearer token works there too.
+fn is_opencode(path: &str) -> bool {
+    path == "/opencode" || path.starts_with("/opencode/")
 }
 
 /// `None` when the request may go on, else the 401 answer. A plain function called by the one
@@ -36,10 +42,15 @@ pub fn check_token(state: &AppState, req: &mut Request) -> Option<Response> {
     if !needs_token(req.uri().path()) {
         return None;
     }
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| v.to_str().ok().and_then(bearer_credentials));
+    let header = req.headers().get(header::AUTHORIZATION).map(|v| {
+        v.to_str().ok().and_then(|v| {
+            bearer_credentials(v).map(str::to_string).or_else(|| {
+                is_opencode(req.uri().path())
+                    .then(|| basic_password(v))
+                    .flatten()
+            })
+        })
+    });
     let query = query_token(req.uri());
     if let QueryToken::Present(_) | QueryToken::Repeated = query
         && !is_websocket_upgrade(req)
@@ -194,6 +205,20 @@ fn strip_query_token(req: &mut Request) {
 fn bearer_credentials(value: &str) -> Option<&str> {
     let (scheme, rest) = value.trim_start().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// The password of an `Authorization: Basic` header (any user name).
+fn basic_password(value: &str) -> Option<String> {
+    use base64::Engine as _;
+    let (scheme, rest) = value.trim_start().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    text.split_once(':').map(|(_, pass)| pass.to_string())
 }
 
 fn unauthorized(detail: &str) -> Response {

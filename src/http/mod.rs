@@ -11,6 +11,7 @@ pub mod files;
 pub mod guard;
 pub mod metrics;
 pub mod openapi;
+pub mod opencode;
 pub mod processes;
 pub mod rfd;
 mod trace;
@@ -63,6 +64,8 @@ pub struct Services {
     pub processes: Arc<crate::processes::ProcessService>,
     /// git, search, ports, the proxy and preview links (`http/workspace.rs`).
     pub workspace: Arc<crate::workspace::Workspace>,
+    /// The OpenCode bridge (`/opencode/*`), over `acp`.
+    pub opencode: Arc<crate::opencode::OpenCode>,
     /// `--state-dir`'s store, when there is one.
     pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
@@ -126,6 +129,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(processes::routes())
         .merge(metrics::routes())
         .merge(workspace::routes())
+        .merge(opencode::routes())
 }
 
 pub fn router(state: AppState) -> Router {
@@ -316,7 +320,9 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
 /// limit, a 405 from the router) is rewritten into one, keeping its status and headers.
 async fn problem_safety_net(state: &AppState, resp: Response) -> Response {
     let status = resp.status();
-    if !(status.is_client_error() || status.is_server_error()) {
+    if !(status.is_client_error() || status.is_server_error())
+        || resp.extensions().get::<opencode::NativeError>().is_some()
+    {
         return resp;
     }
     // An app's own answer through the port proxy is passed on as it is.

@@ -278,7 +278,7 @@ impl OutputLog {
 pub struct LogState {
     pub cap: u64,
     pub end: u64,
-    pub chunks: Vec<(u64, LogStream, u64, crate::daemon::reload::HexPayload)>,
+    pub chunks: Vec<(u64, LogStream, u64, crate::carried::HexPayload)>,
 }
 
 impl OutputLog {
@@ -294,7 +294,7 @@ impl OutputLog {
             chunks: std::mem::take(&mut g.chunks)
                 .into_iter()
                 .map(|c| {
-                    let data = crate::daemon::reload::HexPayload(c.data);
+                    let data = crate::carried::HexPayload(c.data);
                     (c.start, c.stream, c.at_ms, data)
                 })
                 .collect(),

@@ -18,6 +18,7 @@ mod lifecycle;
 mod metrics;
 mod mock_agent;
 mod openapi;
+mod opencode;
 mod packaging;
 mod processes;
 mod providers;

@@ -115,10 +115,10 @@ fn mock_agent_answers_the_protocol_basics() {
     assert_eq!(init["result"]["agentInfo"]["name"], "mock");
     assert_eq!(init["result"]["authMethods"], json!([]));
     m.send(json!({"jsonrpc": "2.0", "id": "s", "method": "session/new", "params": {}}));
-    assert_eq!(
-        m.next(),
-        json!({"jsonrpc": "2.0", "id": "s", "result": {"sessionId": "mock-1"}})
-    );
+    let new = m.next();
+    assert_eq!(new["id"], "s");
+    assert_eq!(new["result"]["sessionId"], "mock-1");
+    assert_eq!(new["result"]["configOptions"][0]["currentValue"], "mock");
     m.request(2, "session/new", json!({}));
     assert_eq!(m.next()["result"]["sessionId"], "mock-2");
     m.request(3, "no/such/method", json!({}));

@@ -128,7 +128,7 @@ async fn every_documented_operation_is_routed() {
             }
             let r = req.send().await.unwrap();
             let status = r.status();
-            // A stream (the ports' change feed) never ends: its head is the answer.
+            // A stream (the ports' change feed, OpenCode's `/event`) never ends: its head is the answer.
             let streaming = r
                 .headers()
                 .get("content-type")

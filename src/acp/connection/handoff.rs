@@ -102,7 +102,7 @@ pub struct ConnectionState {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct OutboxState {
     /// Event id and SSE frame of each queued message.
-    pub frames: Vec<(u64, crate::daemon::reload::Payload)>,
+    pub frames: Vec<(u64, crate::carried::Payload)>,
     pub lost: Option<(u64, u64)>,
 }
 
@@ -112,7 +112,7 @@ impl OutboxState {
             frames: o
                 .frames
                 .iter()
-                .map(|(id, f)| (*id, crate::daemon::reload::Payload(f.clone())))
+                .map(|(id, f)| (*id, crate::carried::Payload(f.clone())))
                 .collect(),
             lost: o.lost,
         }

@@ -34,7 +34,7 @@ pub struct InstanceState {
     pub stdin_fd: i32,
     pub stdout_fd: i32,
     /// `carry` of `FrozenStdout` (hex in versions 1 and 2).
-    pub stdout_carry: crate::daemon::reload::HexPayload,
+    pub stdout_carry: crate::carried::HexPayload,
     pub stdout_skipping: bool,
     pub events: EventsState,
     /// Ids of requests written and not yet answered (their answers go to the event log).
@@ -103,7 +103,7 @@ impl AcpInstance {
             child,
             stdin_fd: stdin_dup.as_raw_fd(),
             stdout_fd: stdout.as_raw_fd(),
-            stdout_carry: crate::daemon::reload::HexPayload(frozen.carry.into()),
+            stdout_carry: crate::carried::HexPayload(frozen.carry.into()),
             stdout_skipping: frozen.skipping,
             events: self.events.export(),
             pending: self

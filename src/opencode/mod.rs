@@ -1,0 +1,925 @@
+//! The OpenCode bridge (`/opencode/*`, docs/opencode.md): OpenCode's server API over the ACP
+//! agents the daemon already supervises. Not a second engine: each OpenCode session is one ACP
+//! session on its own instance of `AcpService` (serverId `opencode-<sessionID>`), started,
+//! limited, logged, listed in `GET /v1/acp` and kept across restarts like any other. This module
+//! keeps what OpenCode has and ACP has not: the session's title and model choice, its messages
+//! and parts (built from the agent's `session/update` notifications, in stream order), the
+//! pending permission and question requests, the "always" rules, and the event bus behind
+//! `/event` and `/global/event`.
+//!
+//! `turn.rs` drives one prompt turn; `store.rs` keeps sessions in `--state-dir`.
+//! **Invariant:** every map here is capped (sessions, messages per session, parts per message,
+//! text per part, pending requests, event streams) and nothing reachable from a request panics.
+
+mod store;
+mod turn;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::acp::AcpService;
+use crate::agents::Agents;
+use crate::config::Config;
+
+/// Most OpenCode sessions kept (each may hold one agent instance).
+pub const MAX_SESSIONS: usize = 256;
+/// Most messages kept per session (the oldest are dropped).
+pub const MAX_MESSAGES: usize = 1000;
+/// Most parts per message; later updates of new parts are dropped (counted in the log).
+pub const MAX_PARTS: usize = 2000;
+/// Most bytes of text kept per text or reasoning part; the rest is cut.
+pub const MAX_PART_TEXT: usize = 1024 * 1024;
+/// Most permission and question requests waiting for an answer, all sessions together.
+pub const MAX_PENDING: usize = 1024;
+/// Longest a turn's answer waits for the open event streams to carry the turn's events.
+pub const DELIVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most `/event` and `/global/event` streams open at once.
+pub const MAX_STREAMS: usize = 64;
+/// Events queued per stream; a stream that falls further behind skips what it missed.
+pub const STREAM_QUEUE: usize = 1024;
+
+/// The message every refused model change carries.
+pub const MODEL_LOCKED: &str = "OpenCode compatibility currently does not support changing the \
+     model after creating a session. Export with /export and load in to a new session.";
+
+/// What a call on the bridge can fail with; `http/opencode.rs` maps it to OpenCode's shapes.
+#[derive(Debug, thiserror::Error)]
+pub enum OcError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    Capacity(String),
+}
+
+/// One message: OpenCode's `info` and its parts, as OpenCode shapes them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Msg {
+    pub info: Value,
+    pub parts: Vec<Value>,
+}
+
+/// An allow/deny rule: OpenCode's `{permission, pattern, action}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Rule {
+    pub permission: String,
+    pub pattern: String,
+    pub action: String,
+}
+
+/// What is kept of a session (in memory, and in the state dir).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionData {
+    pub id: String,
+    pub title: String,
+    pub created: u64,
+    pub updated: u64,
+    pub directory: String,
+    #[serde(default)]
+    pub parent_id: Option<String>,
+    /// The provider (an agent id) and model, once chosen.
+    #[serde(default)]
+    pub provider: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The ACP session on the instance, once `session/new` answered.
+    #[serde(default)]
+    pub acp_session: Option<String>,
+    /// Whether the instance got its `initialize`.
+    #[serde(default)]
+    pub initialized: bool,
+    #[serde(default)]
+    pub prompted: bool,
+    #[serde(default)]
+    pub permission_mode: Option<String>,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub messages: Vec<Msg>,
+}
+
+pub struct Session {
+    pub id: String,
+    pub server_id: String,
+    data: Mutex<SessionData>,
+    /// One turn at a time.
+    turn: tokio::sync::Mutex<()>,
+    busy: AtomicBool,
+    aborted: AtomicBool,
+    /// The turn's assistant message id while one runs.
+    current: Mutex<Option<String>>,
+}
+
+impl Session {
+    fn new(data: SessionData) -> Arc<Session> {
+        Arc::new(Session {
+            id: data.id.clone(),
+            server_id: server_id_of(&data.id),
+            data: Mutex::new(data),
+            turn: tokio::sync::Mutex::new(()),
+            busy: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
+            current: Mutex::new(None),
+        })
+    }
+
+    fn data(&self) -> std::sync::MutexGuard<'_, SessionData> {
+        crate::sys::lock(&self.data)
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+}
+
+/// The ACP serverId of a session.
+pub fn server_id_of(session: &str) -> String {
+    format!("opencode-{session}")
+}
+
+/// A session id a client may choose (`init` of an unknown id creates it): what a serverId allows.
+fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 100
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
+/// What kind of request waits for an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskKind {
+    Permission,
+    Question,
+}
+
+/// A permission or question request of an agent, waiting for the client.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub id: String,
+    pub kind: AskKind,
+    pub session: String,
+    pub server_id: String,
+    /// The agent's JSON-RPC id, as it sent it.
+    pub rpc_id: Value,
+    /// `(optionId, kind)` of the agent's options.
+    pub options: Vec<(String, String)>,
+    pub permission: String,
+    pub patterns: Vec<String>,
+    /// The OpenCode shape (`PermissionRequest` or `QuestionRequest`).
+    pub body: Value,
+}
+
+/// The models an agent offered, and its current one.
+type Offered = (Vec<ModelInfo>, Option<String>);
+
+/// A model of a provider.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub id: String,
+    pub name: String,
+}
+
+pub struct OpenCode {
+    acp: Arc<AcpService>,
+    agents: Arc<Agents>,
+    sessions: Mutex<BTreeMap<String, Arc<Session>>>,
+    events: broadcast::Sender<Arc<Event>>,
+    /// The last event's number; the lock keeps numbers and bus order the same.
+    seq: Mutex<u64>,
+    /// Each open stream's last event handed to its connection (see `wait_delivered`).
+    delivered: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
+    delivered_changed: tokio::sync::Notify,
+    pending: Mutex<BTreeMap<String, Pending>>,
+    /// Models each agent offered in its `session/new` answer (the newest answer wins).
+    models: Mutex<HashMap<String, Offered>>,
+    store: Option<store::Store>,
+    last_id: AtomicU64,
+    streams: Arc<tokio::sync::Semaphore>,
+    directory: String,
+}
+
+impl OpenCode {
+    /// Builds the bridge; with a state dir, the sessions kept there are read back (blocking:
+    /// call on the blocking pool).
+    pub fn new(
+        config: Arc<Config>,
+        acp: Arc<AcpService>,
+        agents: Arc<Agents>,
+        store_dir: Option<&std::path::Path>,
+    ) -> OpenCode {
+        let (events, _) = broadcast::channel(STREAM_QUEUE);
+        let directory = config.work_dir.to_string_lossy().into_owned();
+        let (store, recovered) = match store_dir {
+            Some(dir) => match store::Store::open(dir) {
+                Ok((s, r)) => (Some(s), r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot keep OpenCode sessions in the state dir");
+                    (None, Vec::new())
+                }
+            },
+            None => (None, Vec::new()),
+        };
+        let mut sessions = BTreeMap::new();
+        for d in recovered.into_iter().take(MAX_SESSIONS) {
+            sessions.insert(d.id.clone(), Session::new(d));
+        }
+        OpenCode {
+            acp,
+            agents,
+            sessions: Mutex::new(sessions),
+            events,
+            seq: Mutex::new(0),
+            delivered: Mutex::new(Vec::new()),
+            delivered_changed: tokio::sync::Notify::new(),
+            pending: Mutex::new(BTreeMap::new()),
+            models: Mutex::new(HashMap::new()),
+            store,
+            last_id: AtomicU64::new(0),
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+            directory,
+        }
+    }
+
+    /// Waits (at most `timeout`) until every session change made so far is on disk (before a
+    /// reload's exec and at shutdown). Blocking.
+    pub fn flush_blocking(&self, timeout: std::time::Duration) {
+        if let Some(store) = &self.store {
+            store.flush_blocking(timeout);
+        }
+    }
+
+    pub fn directory(&self) -> &str {
+        &self.directory
+    }
+
+    /// A new id with OpenCode's prefix (`ses`, `msg`, `prt`, `per`, `que`): ids sort in the
+    /// order they were made (OpenCode's clients rely on it), across restarts too.
+    pub fn new_id(&self, prefix: &str) -> String {
+        let now = crate::processes::now_ms() << 16;
+        let mut last = self.last_id.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(last + 1);
+            match self
+                .last_id
+                .compare_exchange(last, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return format!("{prefix}_{next:014x}{}", crate::sys::random_hex::<3>());
+                }
+                Err(actual) => last = actual,
+            }
+        }
+    }
+
+    // ---- events ----
+
+    /// Publishes one event (`{type, properties}`) to every `/event` and `/global/event` stream;
+    /// its number.
+    pub fn emit(&self, kind: &str, properties: Value) -> u64 {
+        let json = json!({"type": kind, "properties": properties}).to_string();
+        let mut seq = crate::sys::lock(&self.seq);
+        *seq += 1;
+        let _ = self.events.send(Arc::new(Event { seq: *seq, json }));
+        *seq
+    }
+
+    /// A new event stream: a permit of `MAX_STREAMS`, the bus, and the counter the stream sets
+    /// to the number of each event it hands to its connection.
+    pub fn subscribe(&self) -> Result<Stream, OcError> {
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            OcError::Capacity(format!(
+                "at most {MAX_STREAMS} OpenCode event streams may be open at once"
+            ))
+        })?;
+        let seq = crate::sys::lock(&self.seq);
+        let rx = self.events.subscribe();
+        let delivered = Arc::new(AtomicU64::new(*seq));
+        drop(seq);
+        let mut all = crate::sys::lock(&self.delivered);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&delivered));
+        Ok(Stream {
+            permit,
+            rx,
+            delivered,
+        })
+    }
+
+    /// A stream handed events up to `seq` to its connection.
+    pub fn mark_delivered(&self, counter: &AtomicU64, seq: u64) {
+        counter.fetch_max(seq, Ordering::AcqRel);
+        self.delivered_changed.notify_waiters();
+    }
+
+    /// Waits until every open stream has handed event `seq` to its connection, at most
+    /// `DELIVERY_WAIT`: a turn's answer then reaches a client after the turn's events, as it
+    /// would from OpenCode (whose CLI stops reading events once the answer is in).
+    pub async fn wait_delivered(&self, seq: u64) {
+        let deadline = tokio::time::Instant::now() + DELIVERY_WAIT;
+        loop {
+            let notified = self.delivered_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let behind = crate::sys::lock(&self.delivered)
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .any(|c| c.load(Ordering::Acquire) < seq);
+            if !behind || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    // ---- sessions ----
+
+    fn get(&self, id: &str) -> Result<Arc<Session>, OcError> {
+        crate::sys::lock(&self.sessions)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| OcError::NotFound(format!("Session not found: {id}")))
+    }
+
+    fn persist(&self, s: &Session) {
+        if let Some(store) = &self.store {
+            store.save(&s.data());
+        }
+    }
+
+    /// OpenCode's `Session` shape (plus the backing agent, model and ACP instance).
+    pub fn session_info(&self, s: &Session) -> Value {
+        let d = s.data();
+        let mut v = json!({
+            "id": d.id,
+            "slug": d.id,
+            "projectID": "global",
+            "directory": d.directory,
+            "title": d.title,
+            "version": env!("CARGO_PKG_VERSION"),
+            "time": {"created": d.created, "updated": d.updated},
+            "acpServerId": s.server_id,
+        });
+        if let Some(p) = &d.parent_id {
+            v["parentID"] = json!(p);
+        }
+        if let Some(p) = &d.provider {
+            v["agent"] = json!(p);
+            v["providerID"] = json!(p);
+        }
+        if let Some(m) = &d.model {
+            v["model"] = json!(m);
+            v["modelID"] = json!(m);
+        }
+        if let Some(m) = &d.permission_mode {
+            v["permissionMode"] = json!(m);
+        }
+        if let Some(a) = &d.acp_session {
+            v["acpSessionId"] = json!(a);
+        }
+        v
+    }
+
+    /// `POST /session`.
+    pub fn create_session(&self, body: &Value, id: Option<String>) -> Result<Value, OcError> {
+        let now = crate::processes::now_ms();
+        let id = id.unwrap_or_else(|| self.new_id("ses"));
+        let title = body
+            .get("title")
+            .and_then(Value::as_str)
+            .map(|t| t.chars().take(1000).collect::<String>())
+            .unwrap_or_else(|| {
+                format!(
+                    "New session - {}",
+                    httpdate::fmt_http_date(std::time::SystemTime::now())
+                )
+            });
+        let (provider, model) = model_choice(body);
+        let provider = provider
+            .or_else(|| {
+                body.get("agent")
+                    .and_then(Value::as_str)
+                    .filter(|a| self.agents.is_known(a))
+                    .map(String::from)
+            })
+            .filter(|p| self.agents.is_known(p));
+        let permission_mode = ["permissionMode", "permission_mode"]
+            .iter()
+            .find_map(|k| body.get(*k).and_then(Value::as_str))
+            .map(|m| m.chars().take(64).collect());
+        let rules = body
+            .get("permission")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .take(256)
+                    .filter_map(|r| serde_json::from_value::<Rule>(r.clone()).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let data = SessionData {
+            id: id.clone(),
+            title,
+            created: now,
+            updated: now,
+            directory: self.directory.clone(),
+            parent_id: body
+                .get("parentID")
+                .and_then(Value::as_str)
+                .map(String::from),
+            model: model.filter(|_| provider.is_some()),
+            provider,
+            acp_session: None,
+            initialized: false,
+            prompted: false,
+            permission_mode,
+            rules,
+            messages: Vec::new(),
+        };
+        let s = Session::new(data);
+        {
+            let mut map = crate::sys::lock(&self.sessions);
+            if map.len() >= MAX_SESSIONS {
+                return Err(OcError::Capacity(format!(
+                    "at most {MAX_SESSIONS} OpenCode sessions may exist; delete one first"
+                )));
+            }
+            if map.contains_key(&id) {
+                return Err(OcError::BadRequest(format!("session {id} exists")));
+            }
+            map.insert(id, s.clone());
+        }
+        self.persist(&s);
+        let info = self.session_info(&s);
+        self.emit("session.created", json!({"info": info}));
+        self.emit("session.updated", json!({"info": info}));
+        Ok(info)
+    }
+
+    pub fn list_sessions(&self) -> Vec<Value> {
+        let all: Vec<Arc<Session>> = crate::sys::lock(&self.sessions).values().cloned().collect();
+        let mut out: Vec<Value> = all.iter().map(|s| self.session_info(s)).collect();
+        // Newest first, as OpenCode lists them.
+        out.reverse();
+        out
+    }
+
+    pub fn get_session(&self, id: &str) -> Result<Value, OcError> {
+        let s = self.get(id)?;
+        Ok(self.session_info(&s))
+    }
+
+    /// `PATCH /session/{id}`: the title; a model change is refused with `MODEL_LOCKED`.
+    pub fn update_session(&self, id: &str, body: &Value) -> Result<Value, OcError> {
+        let s = self.get(id)?;
+        let (provider, model) = model_choice(body);
+        if provider.is_some() || model.is_some() {
+            return Err(OcError::BadRequest(MODEL_LOCKED.into()));
+        }
+        {
+            let mut d = s.data();
+            if let Some(t) = body.get("title").and_then(Value::as_str) {
+                d.title = t.chars().take(1000).collect();
+            }
+            d.updated = crate::processes::now_ms();
+        }
+        self.persist(&s);
+        let info = self.session_info(&s);
+        self.emit("session.updated", json!({"info": info}));
+        Ok(info)
+    }
+
+    /// `DELETE /session/{id}`: the session, its instance and its pending requests.
+    pub fn delete_session(&self, id: &str) -> Result<(), OcError> {
+        let s = crate::sys::lock(&self.sessions)
+            .remove(id)
+            .ok_or_else(|| OcError::NotFound(format!("Session not found: {id}")))?;
+        crate::sys::lock(&self.pending).retain(|_, p| p.session != id);
+        self.acp.delete(&s.server_id);
+        if let Some(store) = &self.store {
+            store.remove(id);
+        }
+        let info = self.session_info(&s);
+        self.emit("session.deleted", json!({"info": info}));
+        Ok(())
+    }
+
+    /// `POST /session/{id}/init`: creates an unknown session under that id, and records the
+    /// model choice (refused once the session has prompted with another model).
+    pub fn init_session(&self, id: &str, body: &Value) -> Result<(), OcError> {
+        let s = match self.get(id) {
+            Ok(s) => s,
+            Err(_) if valid_session_id(id) => {
+                self.create_session(&json!({}), Some(id.to_string()))?;
+                self.get(id)?
+            }
+            Err(e) => return Err(e),
+        };
+        let (provider, model) = model_choice(body);
+        if let Some(p) = provider {
+            self.choose_model(&s, Some(&p), model.as_deref())?;
+            self.persist(&s);
+        }
+        Ok(())
+    }
+
+    /// Sets or checks the session's provider and model: free until the first prompt, then a
+    /// different choice is `MODEL_LOCKED`.
+    fn choose_model(
+        &self,
+        s: &Session,
+        provider: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<(String, String), OcError> {
+        if let Some(p) = provider
+            && !self.agents.is_known(p)
+        {
+            return Err(OcError::BadRequest(format!(
+                "unknown provider `{p}`: the providers are the daemon's agents (GET /opencode/provider)"
+            )));
+        }
+        let mut d = s.data();
+        if d.prompted || d.acp_session.is_some() {
+            let cur_p = d.provider.clone().unwrap_or_default();
+            let cur_m = d.model.clone().unwrap_or_default();
+            if provider.is_some_and(|p| p != cur_p) || model.is_some_and(|m| m != cur_m) {
+                return Err(OcError::BadRequest(MODEL_LOCKED.into()));
+            }
+            return Ok((cur_p, cur_m));
+        }
+        let p = provider
+            .map(String::from)
+            .or_else(|| d.provider.clone())
+            .unwrap_or_else(|| self.default_provider());
+        let m = match model {
+            Some(m) => m.to_string(),
+            None if Some(&p) == d.provider.as_ref() && d.model.is_some() => {
+                d.model.clone().unwrap_or_default()
+            }
+            None => self.default_model(&p),
+        };
+        d.provider = Some(p.clone());
+        d.model = Some(m.clone());
+        Ok((p, m))
+    }
+
+    pub fn status(&self) -> Value {
+        let all: Vec<Arc<Session>> = crate::sys::lock(&self.sessions).values().cloned().collect();
+        let mut out = serde_json::Map::new();
+        for s in all {
+            let t = if s.is_busy() { "busy" } else { "idle" };
+            out.insert(s.id.clone(), json!({"type": t}));
+        }
+        Value::Object(out)
+    }
+
+    pub fn messages(&self, id: &str, limit: Option<usize>) -> Result<Vec<Msg>, OcError> {
+        let s = self.get(id)?;
+        let d = s.data();
+        let n = limit.unwrap_or(usize::MAX).min(d.messages.len());
+        Ok(d.messages[d.messages.len() - n..].to_vec())
+    }
+
+    pub fn message(&self, id: &str, message: &str) -> Result<Msg, OcError> {
+        let s = self.get(id)?;
+        let d = s.data();
+        d.messages
+            .iter()
+            .find(|m| m.info["id"] == message)
+            .cloned()
+            .ok_or_else(|| OcError::NotFound(format!("Message not found: {message}")))
+    }
+
+    /// `POST /session/{id}/abort`: cancels the running turn (true), or nothing (true as well).
+    pub async fn abort(&self, id: &str) -> Result<bool, OcError> {
+        let s = self.get(id)?;
+        if !s.is_busy() {
+            return Ok(true);
+        }
+        s.aborted.store(true, Ordering::Release);
+        let acp_session = s.data().acp_session.clone();
+        // Requests of the turn can no longer be answered by the client.
+        let waiting: Vec<Pending> = crate::sys::lock(&self.pending)
+            .values()
+            .filter(|p| p.session == id)
+            .cloned()
+            .collect();
+        for p in waiting {
+            let _ = self.answer(&p, Answer::Cancelled).await;
+        }
+        if let Some(acp_session) = acp_session {
+            let line = json!({"jsonrpc": "2.0", "method": "session/cancel",
+                "params": {"sessionId": acp_session}});
+            let _ = self.post_line(&s.server_id, None, &line, false).await;
+        }
+        Ok(true)
+    }
+
+    // ---- providers ----
+
+    /// The provider used when a prompt names none: the first installed agent that is not the
+    /// mock, else the mock.
+    fn default_provider(&self) -> String {
+        "mock".to_string()
+    }
+
+    fn models_of(&self, agent: &str) -> (Vec<ModelInfo>, Option<String>) {
+        if let Some(m) = crate::sys::lock(&self.models).get(agent)
+            && !m.0.is_empty()
+        {
+            return m.clone();
+        }
+        let fallback: &[(&str, &str)] = match agent {
+            "mock" => &[("mock", "Mock"), ("mock-fast", "Mock Fast")],
+            "amp" => &[("amp-default", "Amp Default")],
+            "codex" => &[("gpt-5", "GPT-5")],
+            _ => &[("default", "Default")],
+        };
+        (
+            fallback
+                .iter()
+                .map(|(id, name)| ModelInfo {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                })
+                .collect(),
+            None,
+        )
+    }
+
+    fn default_model(&self, agent: &str) -> String {
+        let (models, current) = self.models_of(agent);
+        current
+            .or_else(|| models.first().map(|m| m.id.clone()))
+            .unwrap_or_else(|| "default".into())
+    }
+
+    /// Records the models an agent's `session/new` answer offered.
+    fn learn_models(&self, agent: &str, answer: &Value) {
+        if let Some((models, current)) = turn::models_in(answer)
+            && !models.is_empty()
+        {
+            crate::sys::lock(&self.models).insert(agent.to_string(), (models, current));
+        }
+    }
+
+    /// `GET /provider` (and `/config/providers`): every agent the daemon knows is a provider,
+    /// installed or not (so the list stays whole when discovery fails); `connected` are the
+    /// installed ones.
+    pub async fn providers(&self) -> Value {
+        let agents = self.agents.clone();
+        let statuses = crate::sys::blocking(move || agents.statuses()).await;
+        let mut all = Vec::new();
+        let mut default = serde_json::Map::new();
+        let mut connected = Vec::new();
+        let mut ids: Vec<(String, String, bool)> = statuses
+            .into_iter()
+            .map(|s| (s.id, s.name, s.installed))
+            .collect();
+        if !ids.iter().any(|(id, _, _)| id == "mock") {
+            ids.push(("mock".into(), "Mock".into(), true));
+        }
+        for (id, name, installed) in ids {
+            let (models, current) = self.models_of(&id);
+            let family = if id == "mock" {
+                "Mock".to_string()
+            } else {
+                name.split_whitespace().next().unwrap_or(&name).to_string()
+            };
+            let mut map = serde_json::Map::new();
+            for m in &models {
+                map.insert(m.id.clone(), model_shape(&id, &m.id, &m.name, &family));
+            }
+            let first = current.or_else(|| models.first().map(|m| m.id.clone()));
+            if let Some(f) = first {
+                default.insert(id.clone(), json!(f));
+            }
+            if installed || id == "mock" {
+                connected.push(json!(id));
+            }
+            all.push(json!({
+                "id": id,
+                "name": if id == "mock" { "Mock".to_string() } else { name },
+                "source": "custom",
+                "env": [],
+                "options": {},
+                "models": map,
+            }));
+        }
+        json!({"all": all, "default": default, "connected": connected})
+    }
+
+    // ---- permissions and questions ----
+
+    pub fn list_pending(&self, kind: AskKind) -> Vec<Value> {
+        crate::sys::lock(&self.pending)
+            .values()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.body.clone())
+            .collect()
+    }
+
+    fn take_pending(&self, id: &str, kind: AskKind) -> Result<Pending, OcError> {
+        let mut map = crate::sys::lock(&self.pending);
+        match map.get(id) {
+            Some(p) if p.kind == kind => Ok(map.remove(id).expect("present")),
+            _ => Err(OcError::NotFound(format!("Request not found: {id}"))),
+        }
+    }
+
+    /// `POST /permission/{id}/reply` (`reply`: once, always, reject) and the older
+    /// `POST /session/{id}/permissions/{permissionID}` (`response`: the same, or allow/deny).
+    pub async fn reply_permission(
+        &self,
+        id: &str,
+        reply: &str,
+        session: Option<&str>,
+    ) -> Result<(), OcError> {
+        let reply = match reply {
+            "once" | "allow" | "allow_once" => "once",
+            "always" | "allow_always" => "always",
+            "reject" | "deny" | "reject_once" => "reject",
+            other => {
+                return Err(OcError::BadRequest(format!(
+                    "reply must be once, always or reject, not `{}`",
+                    other.chars().take(40).collect::<String>()
+                )));
+            }
+        };
+        if let Some(sid) = session {
+            self.get(sid)?;
+        }
+        let p = self.take_pending(id, AskKind::Permission)?;
+        if reply == "always"
+            && let Ok(s) = self.get(&p.session)
+        {
+            let mut d = s.data();
+            for pat in &p.patterns {
+                if d.rules.len() < 512 {
+                    d.rules.push(Rule {
+                        permission: p.permission.clone(),
+                        pattern: pat.clone(),
+                        action: "allow".into(),
+                    });
+                }
+            }
+            drop(d);
+            self.persist(&s);
+        }
+        let answer = match reply {
+            "once" => Answer::Allow { always: false },
+            "always" => Answer::Allow { always: true },
+            _ => Answer::Reject,
+        };
+        self.answer(&p, answer).await;
+        self.emit_replied(&p, reply);
+        Ok(())
+    }
+
+    fn emit_replied(&self, p: &Pending, reply: &str) {
+        self.emit(
+            "permission.replied",
+            json!({"sessionID": p.session, "requestID": p.id, "reply": reply,
+                "permissionID": p.id, "response": reply}),
+        );
+    }
+
+    pub async fn reply_question(&self, id: &str, answers: Value) -> Result<(), OcError> {
+        let p = self.take_pending(id, AskKind::Question)?;
+        self.answer(&p, Answer::Answers(answers.clone())).await;
+        self.emit(
+            "question.replied",
+            json!({"sessionID": p.session, "requestID": p.id, "answers": answers}),
+        );
+        Ok(())
+    }
+
+    pub async fn reject_question(&self, id: &str) -> Result<(), OcError> {
+        let p = self.take_pending(id, AskKind::Question)?;
+        self.answer(&p, Answer::Reject).await;
+        self.emit(
+            "question.rejected",
+            json!({"sessionID": p.session, "requestID": p.id}),
+        );
+        Ok(())
+    }
+
+    /// Sends the agent its answer to a `session/request_permission`.
+    async fn answer(&self, p: &Pending, answer: Answer) {
+        crate::sys::lock(&self.pending).remove(&p.id);
+        let pick = |kinds: &[&str]| {
+            kinds.iter().find_map(|k| {
+                p.options
+                    .iter()
+                    .find(|(_, kind)| kind == k)
+                    .map(|(id, _)| id.clone())
+            })
+        };
+        let mut result = match &answer {
+            Answer::Allow { always: true } => pick(&["allow_always", "allow_once"]),
+            Answer::Allow { always: false } | Answer::Answers(_) => {
+                pick(&["allow_once", "allow_always"])
+            }
+            Answer::Reject => pick(&["reject_once", "reject_always"]),
+            Answer::Cancelled => None,
+        }
+        .map(|option| json!({"outcome": {"outcome": "selected", "optionId": option}}))
+        .unwrap_or_else(|| json!({"outcome": {"outcome": "cancelled"}}));
+        if let Answer::Answers(a) = answer {
+            result["_meta"] = json!({"answers": a});
+        }
+        let line = json!({"jsonrpc": "2.0", "id": p.rpc_id, "result": result});
+        if let Err(e) = self.post_line(&p.server_id, None, &line, false).await {
+            tracing::debug!(server_id = %p.server_id, error = %e, "cannot answer the agent's request");
+        }
+    }
+
+    /// Posts one JSON-RPC line to an instance through the proxy, as any client would.
+    async fn post_line(
+        &self,
+        server_id: &str,
+        agent: Option<&str>,
+        line: &Value,
+        wait: bool,
+    ) -> Result<crate::acp::Delivered, crate::acp::AcpError> {
+        let env = crate::acp::jsonrpc::parse_envelope(bytes::Bytes::from(line.to_string()))?;
+        self.acp.post(server_id, agent, env, !wait).await
+    }
+}
+
+/// One event on the bus: its number and its JSON.
+pub struct Event {
+    pub seq: u64,
+    pub json: String,
+}
+
+/// One open event stream.
+pub struct Stream {
+    pub permit: tokio::sync::OwnedSemaphorePermit,
+    pub rx: broadcast::Receiver<Arc<Event>>,
+    pub delivered: Arc<AtomicU64>,
+}
+
+/// How the client answered a request.
+enum Answer {
+    Allow { always: bool },
+    Reject,
+    Answers(Value),
+    Cancelled,
+}
+
+/// The provider and model a body names, in any of the spellings clients use (`model:
+/// {providerID, modelID}`, `providerID`/`modelID`, `provider_id`/`model_id`,
+/// `providerId`/`modelId`, or `model: "provider/model"`).
+fn model_choice(body: &Value) -> (Option<String>, Option<String>) {
+    let s = |v: &Value, keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_str))
+            .map(|x| x.chars().take(200).collect::<String>())
+    };
+    if let Some(m) = body.get("model") {
+        if let Some(text) = m.as_str() {
+            return match text.split_once('/') {
+                Some((p, m)) => (Some(p.to_string()), Some(m.to_string())),
+                None => (None, Some(text.to_string())),
+            };
+        }
+        let p = s(m, &["providerID", "provider_id", "providerId"]);
+        let id = s(m, &["modelID", "model_id", "modelId", "id"]);
+        if p.is_some() || id.is_some() {
+            return (p, id);
+        }
+    }
+    (
+        s(body, &["providerID", "provider_id", "providerId"]),
+        s(body, &["modelID", "model_id", "modelId"]),
+    )
+}
+
+/// OpenCode's `Model` shape for one of an agent's models.
+fn model_shape(provider: &str, id: &str, name: &str, family: &str) -> Value {
+    let io = json!({"text": true, "audio": false, "image": false, "video": false, "pdf": false});
+    json!({
+        "id": id,
+        "providerID": provider,
+        "name": name,
+        "family": family,
+        "api": {"id": id, "url": "", "npm": ""},
+        "capabilities": {"temperature": false, "reasoning": false, "attachment": false,
+            "toolcall": true, "input": io, "output": io, "interleaved": false},
+        "cost": {"input": 0, "output": 0, "cache": {"read": 0, "write": 0}},
+        "limit": {"context": 200000, "output": 32000},
+        "status": "active",
+        "options": {},
+        "headers": {},
+        "release_date": "",
+    })
+}
