@@ -481,7 +481,7 @@ fn container_image_runs_the_daemon_as_pid1_under_podman() {
         &[
             "image builds without pulling",
             "no token: refuses to listen on 0.0.0.0 (exit 78)",
-            "the daemon is PID 1",
+            "the daemon's init is PID 1",
             "/v1/health answers with the token",
             "an agent runs in the container",
             "HEALTHCHECK passes",
