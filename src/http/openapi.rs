@@ -246,6 +246,20 @@ const SSE_STREAMS: &[SseStream] = &[
                 (no `id`; `data` a problem; the stream ends).",
     },
     SseStream {
+        path: "/opencode/event",
+        schema: "OpencodeStreamEvent",
+        events: &["message"],
+        about: "One event of OpenCode's event stream: `data` one event `{type, properties}` \
+                (`server.connected` first, then `server.heartbeat` and the sessions' events).",
+    },
+    SseStream {
+        path: "/opencode/global/event",
+        schema: "OpencodeGlobalStreamEvent",
+        events: &["message"],
+        about: "One event of OpenCode's global event stream: `data` `{directory, payload}`, the \
+                payload one event `{type, properties}`.",
+    },
+    SseStream {
         path: "/v1/processes/{id}/logs",
         schema: "ProcessLogEvent",
         events: &["log", "gap"],

@@ -249,7 +249,7 @@ async fn session_update(
 /// Deletes a session and its agent instance.
 #[utoipa::path(delete, path = "/opencode/session/{id}", operation_id = "opencodeSessionDelete", tag = "opencode",
     params(("id" = String, Path, description = "Session id"), DirQuery),
-    responses((status = 200, description = "Deleted", body = bool),
+    responses((status = 200, description = "Deleted", body = bool, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
 async fn session_delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     state
@@ -262,7 +262,7 @@ async fn session_delete(State(state): State<AppState>, Path(id): Path<String>) -
 #[utoipa::path(post, path = "/opencode/session/{id}/init", operation_id = "opencodeSessionInit", tag = "opencode",
     params(("id" = String, Path, description = "Session id"), DirQuery),
     request_body(content = Object, content_type = "application/json"),
-    responses((status = 200, description = "Done", body = bool),
+    responses((status = 200, description = "Done", body = bool, content_type = "application/json"),
         (status = 400, description = "Bad body, or a model change after the first prompt", body = Object, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json"),
         (status = 429, description = "Too many sessions", body = Object, content_type = "application/json")))]
@@ -283,7 +283,7 @@ async fn session_init(
 /// Cancels the running turn (true also when none runs).
 #[utoipa::path(post, path = "/opencode/session/{id}/abort", operation_id = "opencodeSessionAbort", tag = "opencode",
     params(("id" = String, Path, description = "Session id"), DirQuery),
-    responses((status = 200, description = "Done", body = bool),
+    responses((status = 200, description = "Done", body = bool, content_type = "application/json"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
 async fn session_abort(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     state.opencode.abort(&id).await.map_or_else(error, ok)
@@ -293,6 +293,7 @@ async fn session_abort(State(state): State<AppState>, Path(id): Path<String>) ->
 #[utoipa::path(get, path = "/opencode/session/{id}/message", operation_id = "opencodeMessageList", tag = "opencode",
     params(("id" = String, Path, description = "Session id"), DirQuery),
     responses((status = 200, description = "Messages", body = Vec<Object>),
+        (status = 400, description = "A query parameter that is not of its type (`limit`)"),
         (status = 404, description = "No such session", body = Object, content_type = "application/json")))]
 async fn message_list(
     State(state): State<AppState>,
@@ -368,7 +369,7 @@ struct ReplyBody {
 #[utoipa::path(post, path = "/opencode/session/{id}/permissions/{permissionID}", operation_id = "opencodeSessionPermission", tag = "opencode",
     params(("id" = String, Path, description = "Session id"), ("permissionID" = String, Path, description = "Request id"), DirQuery),
     request_body(content = Object, content_type = "application/json"),
-    responses((status = 200, description = "Answered", body = bool),
+    responses((status = 200, description = "Answered", body = bool, content_type = "application/json"),
         (status = 400, description = "Bad body", body = Object, content_type = "application/json"),
         (status = 404, description = "No such session or request", body = Object, content_type = "application/json")))]
 async fn session_permission(
@@ -427,7 +428,7 @@ async fn permission_list(State(state): State<AppState>) -> Response {
 #[utoipa::path(post, path = "/opencode/permission/{requestID}/reply", operation_id = "opencodePermissionReply", tag = "opencode",
     params(("requestID" = String, Path, description = "Request id"), DirQuery),
     request_body(content = Object, content_type = "application/json"),
-    responses((status = 200, description = "Answered", body = bool),
+    responses((status = 200, description = "Answered", body = bool, content_type = "application/json"),
         (status = 400, description = "Bad body", body = Object, content_type = "application/json"),
         (status = 404, description = "No such request", body = Object, content_type = "application/json")))]
 async fn permission_reply(
@@ -462,7 +463,7 @@ async fn question_list(State(state): State<AppState>) -> Response {
 #[utoipa::path(post, path = "/opencode/question/{requestID}/reply", operation_id = "opencodeQuestionReply", tag = "opencode",
     params(("requestID" = String, Path, description = "Request id"), DirQuery),
     request_body(content = Object, content_type = "application/json"),
-    responses((status = 200, description = "Answered", body = bool),
+    responses((status = 200, description = "Answered", body = bool, content_type = "application/json"),
         (status = 400, description = "Bad body", body = Object, content_type = "application/json"),
         (status = 404, description = "No such request", body = Object, content_type = "application/json")))]
 async fn question_reply(
@@ -494,7 +495,7 @@ async fn question_reply(
 /// Rejects a question.
 #[utoipa::path(post, path = "/opencode/question/{requestID}/reject", operation_id = "opencodeQuestionReject", tag = "opencode",
     params(("requestID" = String, Path, description = "Request id"), DirQuery),
-    responses((status = 200, description = "Rejected", body = bool),
+    responses((status = 200, description = "Rejected", body = bool, content_type = "application/json"),
         (status = 404, description = "No such request", body = Object, content_type = "application/json")))]
 async fn question_reject(State(state): State<AppState>, Path(request): Path<String>) -> Response {
     state

@@ -1700,6 +1700,20 @@ export interface components {
         };
         /** @enum {string} */
         McpTransport: "http" | "sse";
+        /** @description One event of OpenCode's global event stream: `data` `{directory, payload}`, the payload one event `{type, properties}`. */
+        OpencodeGlobalStreamEvent: {
+            /** @enum {string} */
+            event: "message";
+            id?: string;
+            data: string;
+        };
+        /** @description One event of OpenCode's event stream: `data` one event `{type, properties}` (`server.connected` first, then `server.heartbeat` and the sessions' events). */
+        OpencodeStreamEvent: {
+            /** @enum {string} */
+            event: "message";
+            id?: string;
+            data: string;
+        };
         PortInfo: {
             /** Format: int32 */
             port: number;
@@ -6493,7 +6507,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["OpencodeStreamEvent"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -6527,7 +6541,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["OpencodeGlobalStreamEvent"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -6726,7 +6740,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -6829,7 +6843,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             /** @description Bad body, or a model change after the first prompt */
@@ -6889,7 +6903,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -6933,6 +6947,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": Record<string, never>[];
+                };
+            };
+            /** @description A query parameter that is not of its type (`limit`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -7145,7 +7168,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             /** @description Bad body */
@@ -7318,7 +7341,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             /** @description Bad body */
@@ -7405,7 +7428,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             /** @description Bad body */
@@ -7457,7 +7480,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/plain": boolean;
+                    "application/json": boolean;
                 };
             };
             401: components["responses"]["Unauthorized"];
