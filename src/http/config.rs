@@ -40,7 +40,7 @@ macro_rules! config_routes {
                 (status = 200, description = "The entry as stored", body = $entry),
                 (status = 400, description = "A missing parameter, or `directory` is not a directory"),
                 (status = 404, description = "No such entry, or no such directory"),
-                (status = 500, description = "The stored file is corrupt"),
+                (status = 409, description = "The stored file is not a JSON object: fix or remove it"),
             )
         )]
         async fn $get(s: State<AppState>, q: Params) -> Result<Response, Problem> {
@@ -64,7 +64,7 @@ macro_rules! config_routes {
                 (status = 400, description = "A missing parameter, an invalid entry (the reason \
                     names the field), or `directory` is not a directory"),
                 (status = 404, description = "No such directory"),
-                (status = 500, description = "The stored file is corrupt"),
+                (status = 409, description = "The stored file is not a JSON object: fix or remove it"),
                 (status = 507, description = "No space left on the device"),
             )
         )]
@@ -87,7 +87,7 @@ macro_rules! config_routes {
                 (status = 204, description = "Deleted"),
                 (status = 400, description = "A missing parameter, or `directory` is not a directory"),
                 (status = 404, description = "No such entry, or no such directory"),
-                (status = 500, description = "The stored file is corrupt"),
+                (status = 409, description = "The stored file is not a JSON object: fix or remove it"),
             )
         )]
         async fn $delete(s: State<AppState>, q: Params) -> Result<Response, Problem> {

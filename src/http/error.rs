@@ -388,7 +388,9 @@ impl From<crate::config_store::ConfigError> for Problem {
                 Problem::bad_request(detail)
             }
             E::NotFound { .. } => Problem::not_found(detail),
-            E::Corrupt { .. } => Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail),
+            // The stored file is the client's (or an agent's) data, not a fault of the daemon:
+            // the state of the resource refuses the request until the file is fixed or removed.
+            E::Corrupt { .. } => Problem::new(StatusCode::CONFLICT, detail),
             E::TooLarge { limit, .. } => {
                 crate::metrics::refused(crate::metrics::Limit::ConfigEntryBytes);
                 Problem::new(StatusCode::PAYLOAD_TOO_LARGE, detail).with("limit", limit)

@@ -419,3 +419,34 @@ async fn every_fs_contract_status_is_answered() {
     assert_eq!(del("path=m/n").await.status, 200, "an empty directory");
     assert_eq!(del("path=dir&recursive=true").await.status, 200);
 }
+
+/// A stored config file that is not a JSON object (written by hand, or through the fs API) is the
+/// client's data, not a fault of the daemon: 409 naming the file, for reads, writes and deletes.
+#[tokio::test]
+async fn a_corrupt_stored_config_file_is_409_naming_it() {
+    let app = App::start::<_, &str>([]).await;
+    let dir = app.path("proj");
+    std::fs::create_dir_all(dir.join(".sandbox-agent/config")).unwrap();
+    let file = dir.join(".sandbox-agent/config/skills.json");
+    std::fs::write(&file, "not json").unwrap();
+    let q = format!("directory={}&skillName=s", dir.display());
+    let p = app
+        .get(&format!("/v1/config/skills?{q}"))
+        .await
+        .problem(StatusCode::CONFLICT);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&file.display().to_string()),
+        "{p}"
+    );
+    app.delete(&format!("/v1/config/skills?{q}"))
+        .await
+        .problem(StatusCode::CONFLICT);
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "not json",
+        "nothing was changed"
+    );
+}
