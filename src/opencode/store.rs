@@ -33,7 +33,16 @@ impl Store {
     /// Creates `dir`, reads every session back and starts the writer. Blocking.
     pub fn open(dir: &Path) -> std::io::Result<(Store, Vec<SessionData>)> {
         let dir = dir.to_path_buf();
-        std::fs::create_dir_all(&dir)?;
+        // Private like the state dir it usually lives in (prompts and answers are in it): 0700
+        // whatever the umask, and every file 0600 (`save`).
+        {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        }
         let mut found = Vec::new();
         for e in std::fs::read_dir(&dir)?.flatten() {
             let path = e.path();
@@ -101,6 +110,22 @@ fn file_of(dir: &Path, id: &str) -> Option<PathBuf> {
     ok.then(|| dir.join(format!("{id}.json")))
 }
 
+/// Writes `bytes` to a new file at `path`, readable by the daemon's user only (0600 whatever the
+/// umask; a leftover of a crash is replaced).
+fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(bytes)
+}
+
 fn writer(dir: PathBuf, rx: Receiver<Op>) {
     while let Ok(op) = rx.recv() {
         match op {
@@ -109,7 +134,7 @@ fn writer(dir: PathBuf, rx: Receiver<Op>) {
                     continue;
                 };
                 let tmp = path.with_extension("tmp");
-                let done = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
+                let done = save(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
                 if let Err(e) = done {
                     tracing::warn!(error = %e, path = %path.display(), "cannot save an OpenCode session");
                     let _ = std::fs::remove_file(&tmp);

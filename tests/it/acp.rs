@@ -789,8 +789,9 @@ async fn permission_round_trip_through_sse_and_a_posted_response() {
 
 #[tokio::test]
 async fn invalid_stdout_lines_are_dropped_and_counted() {
-    let d = Daemon::builder().args(["--max-line", "150"]).start();
-    // Straight to session/new: the answer to initialize would be over the 150-byte maximum.
+    // 260 bytes: the mock's session/new answer (~245 bytes, with its model option) passes.
+    let d = Daemon::builder().args(["--max-line", "260"]).start();
+    // Straight to session/new: the answer to initialize would be over the maximum.
     let a = post(
         &d,
         "/v1/acp/dirty?agent=mock",
@@ -809,9 +810,12 @@ async fn invalid_stdout_lines_are_dropped_and_counted() {
     let a = post(&d, "/v1/acp/dirty", prompt(json!(2), &session, "/garbage")).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.json()["result"]["stopReason"], "end_turn");
-    // Chunk notifications are ~170 bytes: over the 150-byte maximum.
-    let a = post(&d, "/v1/acp/dirty", prompt(json!(3), &session, "/stream 3")).await;
-    assert_eq!(a.status, 200);
+    // The echo of a 300-character prompt is one chunk notification over the 260-byte maximum.
+    let long = "x".repeat(300);
+    for id in 3..6 {
+        let a = post(&d, "/v1/acp/dirty", prompt(json!(id), &session, &long)).await;
+        assert_eq!(a.status, 200);
+    }
     let info = server_info(&d, "dirty").await.unwrap();
     assert_eq!(info["invalidStdoutLines"], 4);
     assert_eq!(info["lastEventId"], 0, "nothing was forwarded");
