@@ -105,7 +105,10 @@ test("an overflow becomes a rescan item and the feed goes on", async () => {
     mkdirSync(join(d.workDir, "burst"));
     const it = c.watch("burst");
     assert.equal((await it.next()).value.reason, "start");
-    for (let i = 0; i < 1000; i++) writeFileSync(join(d.workDir, `burst/f${i}`), "");
+    // Nothing is read while the loop runs (it is synchronous): 20,000 changes are megabytes of
+    // events, more than the socket buffers between the daemon and this reader can absorb, so the
+    // daemon's own 1 KiB queue must overflow (1,000 could fit in the buffers and arrive whole).
+    for (let i = 0; i < 20000; i++) writeFileSync(join(d.workDir, `burst/f${i}`), "");
     const items = await until(it, (xs) => xs.some((i) => i.kind === "rescan"));
     const rescan = items.find((i) => i.kind === "rescan");
     assert.equal(rescan.reason, "overflow");
