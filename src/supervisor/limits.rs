@@ -53,9 +53,20 @@ impl Limits {
 /// The user agents run as: uid, gid and supplementary groups.
 pub type AgentUser = (Uid, Gid, Vec<Gid>);
 
+/// Why `--agent-user` names no usable user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentUserError {
+    #[error("cannot look up agent user `{spec}`: {errno}")]
+    Lookup { spec: String, errno: nix::Error },
+    #[error("agent user `{0}` does not exist")]
+    Missing(String),
+    #[error("agent user `{0}` has an invalid name")]
+    BadName(String),
+}
+
 /// Resolves `--agent-user` (a name or a numeric uid). Only meaningful when we are root; otherwise
 /// the setting is ignored with a warning (an unprivileged process cannot switch users).
-pub fn resolve_user(spec: Option<&str>) -> Result<Option<AgentUser>, String> {
+pub fn resolve_user(spec: Option<&str>) -> Result<Option<AgentUser>, AgentUserError> {
     let Some(spec) = spec.filter(|s| !s.is_empty()) else {
         return Ok(None);
     };
@@ -70,10 +81,13 @@ pub fn resolve_user(spec: Option<&str>) -> Result<Option<AgentUser>, String> {
         Ok(uid) => User::from_uid(Uid::from_raw(uid)),
         Err(_) => User::from_name(spec),
     }
-    .map_err(|e| format!("cannot look up agent user `{spec}`: {e}"))?
-    .ok_or_else(|| format!("agent user `{spec}` does not exist"))?;
+    .map_err(|errno| AgentUserError::Lookup {
+        spec: spec.to_string(),
+        errno,
+    })?
+    .ok_or_else(|| AgentUserError::Missing(spec.to_string()))?;
     let name = std::ffi::CString::new(user.name.clone())
-        .map_err(|_| format!("agent user `{spec}` has an invalid name"))?;
+        .map_err(|_| AgentUserError::BadName(spec.to_string()))?;
     let groups = nix::unistd::getgrouplist(&name, user.gid).unwrap_or_else(|_| vec![user.gid]);
     Ok(Some((user.uid, user.gid, groups)))
 }

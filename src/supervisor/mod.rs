@@ -636,7 +636,7 @@ fn classify((code, signal): RawStatus, oom: bool) -> ExitInfo {
 pub struct Supervisor {
     base_env: Vec<(OsString, OsString)>,
     limits: Limits,
-    user: Result<Option<limits::AgentUser>, String>,
+    user: Result<Option<limits::AgentUser>, limits::AgentUserError>,
     cgroups: Arc<cgroup::Cgroups>,
     agent_grace: Duration,
     live: Registry,
@@ -661,7 +661,7 @@ impl Supervisor {
         let mut base_env = config.agent_base_env.clone();
         let user = limits::resolve_user(config.agent_user.as_deref());
         if let Err(e) = &user {
-            tracing::error!(error = e, "agents cannot start until --agent-user is fixed");
+            tracing::error!(error = %e, "agents cannot start until --agent-user is fixed");
         }
         // An agent user gets its own HOME, not the daemon's (`--agent-env HOME=…` still wins).
         if let Ok(Some(u)) = &user {

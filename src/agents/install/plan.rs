@@ -22,8 +22,28 @@ use super::{Artifact, InstallError, InstallRequest, Manifest, Progress, Staging}
 /// (and `file://`) URLs and needs no CA roots.
 #[derive(Default)]
 pub struct LazyClient {
-    https: std::sync::OnceLock<Result<reqwest::Client, String>>,
-    plain: std::sync::OnceLock<Result<reqwest::Client, String>>,
+    https: std::sync::OnceLock<Result<reqwest::Client, Unbuilt>>,
+    plain: std::sync::OnceLock<Result<reqwest::Client, Unbuilt>>,
+}
+
+/// Why an HTTP client could not be built, kept for every later install to report.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct Unbuilt {
+    reason: String,
+}
+
+/// Why the registry's entry for an agent cannot be installed here (the fallback is tried next).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum UnusableEntry {
+    #[error("the registry has version {have}, not the requested {want}")]
+    OtherVersion { have: String, want: String },
+    #[error(
+        "the registry distributes this agent only through uvx (Python), which is not supported"
+    )]
+    UvxOnly,
+    #[error("the registry has no build of this agent for {platform}")]
+    NoBuild { platform: String },
 }
 
 impl LazyClient {
@@ -44,12 +64,12 @@ impl LazyClient {
             } else {
                 crate::http_client::plain_http(builder)
             };
-            builder
-                .build()
-                .map_err(|e| crate::http_client::build_error(&e))
+            builder.build().map_err(|e| Unbuilt {
+                reason: crate::http_client::build_error(&e),
+            })
         });
-        built.as_ref().map_err(|reason| InstallError::Client {
-            reason: reason.clone(),
+        built.as_ref().map_err(|e| InstallError::Client {
+            reason: e.reason.clone(),
         })
     }
 }
@@ -103,7 +123,7 @@ impl Installer<'_> {
                         Ok(plan) => return self.run_plan(def, plan, req, dir, progress).await,
                         Err(why) => {
                             tracing::info!(agent = %def.id, reason = %why, "registry entry not usable; trying the fallback");
-                            registry_note = why;
+                            registry_note = why.to_string();
                         }
                     },
                 },
@@ -173,7 +193,7 @@ impl Installer<'_> {
         &self,
         entry: &registry::RegistryAgent,
         pin: Option<&str>,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, UnusableEntry> {
         let dist = &entry.distribution;
         let platform = registry::platform_key();
         let entry_version = entry.version.clone().unwrap_or_else(|| "unknown".into());
@@ -211,21 +231,15 @@ impl Installer<'_> {
             .as_ref()
             .is_some_and(|b| b.contains_key(&platform))
         {
-            return Err(format!(
-                "the registry has version {entry_version}, not the requested {}",
-                pin.unwrap_or_default()
-            ));
+            return Err(UnusableEntry::OtherVersion {
+                have: entry_version,
+                want: pin.unwrap_or_default().to_string(),
+            });
         }
         if dist.uvx.is_some() {
-            return Err(
-                "the registry distributes this agent only through uvx (Python), which is \
-                        not supported"
-                    .into(),
-            );
+            return Err(UnusableEntry::UvxOnly);
         }
-        Err(format!(
-            "the registry has no build of this agent for {platform}"
-        ))
+        Err(UnusableEntry::NoBuild { platform })
     }
 
     async fn run_plan(
