@@ -3,6 +3,7 @@
 //! translates. **Invariant:** a serverId maps to at most one instance, and every instance that
 //! leaves the registry (DELETE, shutdown) is stopped to completion by a tracked task.
 
+pub mod bundle;
 pub mod caps;
 pub mod connection;
 pub mod durable;

@@ -252,6 +252,41 @@ impl AcpService {
         }
     }
 
+    /// The state dir's store, when there is one (session bundles need it).
+    pub(crate) fn state_store(&self) -> Option<Arc<crate::state::StateStore>> {
+        self.state.clone()
+    }
+
+    pub(crate) fn knows_agent(&self, agent: &str) -> bool {
+        self.deps.agents.is_known(agent)
+    }
+
+    pub(crate) fn log_limits(&self) -> LogLimits {
+        self.limits
+    }
+
+    /// Lists an imported serverId as a recovered one (`exited`, restored by its first POST);
+    /// false when the serverId exists meanwhile.
+    pub(crate) fn insert_imported(
+        &self,
+        server_id: &str,
+        m: &super::bundle::Manifest,
+        events: Vec<(u64, bytes::Bytes)>,
+        next_id: u64,
+        t: Arc<super::durable::Tracked>,
+    ) -> bool {
+        let mut map = self.instances();
+        if map.contains_key(server_id) || self.stops.is_closed() {
+            return false;
+        }
+        let base = self.make_instance(server_id, &m.agent);
+        let log = super::events::EventLog::recovered(self.limits, events, next_id, None);
+        let inst = AcpInstance::recovered(base, m.created_at_ms, log);
+        inst.events.set_durable(t);
+        map.insert(server_id.to_string(), Arc::new(inst));
+        true
+    }
+
     /// Gives a new instance its durable state, when there is a state dir.
     fn track_new(&self, inst: &AcpInstance) {
         if let Some(store) = &self.state {

@@ -141,7 +141,7 @@ impl Agents {
             .unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"))
     }
 
-    fn home(&self) -> Option<PathBuf> {
+    pub fn home(&self) -> Option<PathBuf> {
         self.home.clone()
     }
 

@@ -1,0 +1,206 @@
+//! Where each agent keeps its own session files, as the agent lays them out (found by the
+//! session id, never by guessing a whole path), and where an import puts them back.
+//!
+//! - `mock`: `<work dir>/.mock-agent-sessions/<sessionId>.json`.
+//! - `claude` (the Claude Code ACP adapter): `~/.claude/projects/<cwd, every character but
+//!   A-Z a-z 0-9 turned into `-`>/<sessionId>.jsonl`; the import puts it under the directory of
+//!   the mapped cwd and rewrites the cwd paths inside.
+//! - `codex`: `~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<sessionId>.jsonl`; the import
+//!   rewrites the cwd paths inside.
+//! - any other agent (Gemini included): no files are carried; its restore reports each session
+//!   it cannot load.
+
+use std::path::{Path, PathBuf};
+
+use super::{BundleError, CwdMap};
+
+/// Where the agents' files are: their HOME and their working directory.
+#[derive(Debug, Clone)]
+pub struct Places {
+    pub home: Option<PathBuf>,
+    pub work_dir: PathBuf,
+}
+
+pub const HOME_PREFIX: &str = "files/home/";
+pub const WORKDIR_PREFIX: &str = "files/workdir/";
+
+/// Most directory entries looked at while finding one session's files.
+const SCAN_MAX: usize = 20_000;
+
+/// A session id that can be part of a file name.
+fn plain(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The files of session `sid`: (path in the bundle, path on disk). Blocking.
+pub fn find(agent: &str, at: &Places, sid: &str) -> Vec<(String, PathBuf)> {
+    if !plain(sid) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    match agent {
+        "mock" => {
+            let rel = format!(".mock-agent-sessions/{sid}.json");
+            let p = at.work_dir.join(&rel);
+            if is_file(&p) {
+                out.push((format!("{WORKDIR_PREFIX}{rel}"), p));
+            }
+        }
+        "claude" => {
+            let Some(home) = &at.home else { return out };
+            let name = format!("{sid}.jsonl");
+            for dir in subdirs(&home.join(".claude/projects")) {
+                let p = dir.join(&name);
+                if is_file(&p)
+                    && let Some(d) = dir.file_name().and_then(|d| d.to_str())
+                {
+                    out.push((format!("{HOME_PREFIX}.claude/projects/{d}/{name}"), p));
+                }
+            }
+        }
+        "codex" => {
+            let Some(home) = &at.home else { return out };
+            let root = home.join(".codex/sessions");
+            let tail = format!("-{sid}.jsonl");
+            let mut seen = 0;
+            for y in subdirs(&root) {
+                for m in subdirs(&y) {
+                    for d in subdirs(&m) {
+                        let Ok(rd) = std::fs::read_dir(&d) else {
+                            continue;
+                        };
+                        for e in rd.flatten() {
+                            seen += 1;
+                            if seen > SCAN_MAX {
+                                return out;
+                            }
+                            let name = e.file_name();
+                            let Some(name) = name.to_str() else { continue };
+                            if name.starts_with("rollout-") && name.ends_with(&tail) {
+                                let p = e.path();
+                                if let Ok(rel) = p.strip_prefix(home)
+                                    && let Some(rel) = rel.to_str()
+                                    && is_file(&p)
+                                {
+                                    out.push((format!("{HOME_PREFIX}{rel}"), p));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+fn is_file(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// The subdirectories of `dir` (not following symlinks), bounded.
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .take(SCAN_MAX)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Claude Code's directory name for a project at `cwd`.
+pub fn claude_project_dir(cwd: &str) -> String {
+    cwd.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+/// Where an agent file of the bundle goes on this machine, given its session's cwd here.
+pub fn target(
+    agent: &str,
+    at: &Places,
+    bundle_path: &str,
+    new_cwd: Option<&str>,
+) -> Result<PathBuf, BundleError> {
+    if let Some(rel) = bundle_path.strip_prefix(WORKDIR_PREFIX) {
+        return Ok(at.work_dir.join(rel));
+    }
+    let rel = bundle_path
+        .strip_prefix(HOME_PREFIX)
+        .ok_or_else(|| BundleError::invalid(format!("`{bundle_path}` is not an agent file")))?;
+    let home = at.home.as_ref().ok_or_else(|| BundleError::NoHome {
+        path: bundle_path.to_string(),
+    })?;
+    if agent == "claude"
+        && let (Some(rest), Some(cwd)) = (rel.strip_prefix(".claude/projects/"), new_cwd)
+        && let Some((_, file)) = rest.split_once('/')
+    {
+        return Ok(home
+            .join(".claude/projects")
+            .join(claude_project_dir(cwd))
+            .join(file));
+    }
+    Ok(home.join(rel))
+}
+
+/// Whether the agent's files name their cwd inside (and so are rewritten by a cwd mapping).
+pub fn names_cwd(agent: &str) -> bool {
+    matches!(agent, "claude" | "codex")
+}
+
+/// One line with every JSON string naming a mapped directory (or a path beneath it) rewritten.
+pub fn rewrite_line(line: &[u8], maps: &[CwdMap]) -> Vec<u8> {
+    let mut cur = line.to_vec();
+    for m in maps {
+        let enc = |s: &str| serde_json::to_string(s).unwrap_or_default();
+        let (old, new) = (enc(&m.old), enc(&m.new));
+        // `"OLD"` exactly, and `"OLD/…` (a path beneath it).
+        let old_exact = old.as_bytes();
+        let old_open = &old.as_bytes()[..old.len() - 1];
+        let new_open = &new.as_bytes()[..new.len() - 1];
+        let mut out = Vec::with_capacity(cur.len());
+        let mut i = 0;
+        while i < cur.len() {
+            let rest = &cur[i..];
+            if rest.starts_with(old_exact) {
+                out.extend_from_slice(new.as_bytes());
+                i += old_exact.len();
+            } else if rest.starts_with(old_open) && rest.get(old_open.len()) == Some(&b'/') {
+                out.extend_from_slice(new_open);
+                i += old_open.len();
+            } else {
+                out.push(cur[i]);
+                i += 1;
+            }
+        }
+        cur = out;
+    }
+    cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cwd_strings_are_rewritten_whole_or_as_a_prefix() {
+        let maps = [CwdMap::parse("/work/a=/srv/b").unwrap()];
+        let got = rewrite_line(
+            br#"{"cwd":"/work/a","f":"/work/a/x.rs","g":"/work/ab","h":"x /work/a"}"#,
+            &maps,
+        );
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            r#"{"cwd":"/srv/b","f":"/srv/b/x.rs","g":"/work/ab","h":"x /work/a"}"#
+        );
+        assert_eq!(claude_project_dir("/tmp/x.y/z"), "-tmp-x-y-z");
+    }
+}
