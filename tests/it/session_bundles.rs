@@ -440,3 +440,70 @@ async fn export_is_refused_while_a_turn_runs_and_for_unknown_ids() {
     let (s, body) = import(&n, "x", "", b"\x1f\x8b".to_vec()).await;
     assert_eq!(s, 409, "{body}");
 }
+
+/// The CLI: `acp export > f.tgz` from A, `acp import --cwd OLD=NEW < f.tgz` into B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_exports_to_stdout_and_imports_from_stdin() {
+    let (a, da, sid, _) = a_with_codeword().await;
+    let file = da._tmp.path().join("s1.tgz");
+    let bin = env!("CARGO_BIN_EXE_sandbox-agent");
+    let out = std::process::Command::new(bin)
+        .args(["acp", "export", "s1", "--url", &a.url("")])
+        .stdout(std::fs::File::create(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        manifest_of(&std::fs::read(&file).unwrap())["sessions"][0]["sessionId"],
+        sid.as_str()
+    );
+
+    let db = dirs();
+    let b = daemon(&db, &[]);
+    let map = format!("{}={}", da.work.display(), db.work.display());
+    let out = std::process::Command::new(bin)
+        .args([
+            "acp",
+            "import",
+            "moved",
+            "--cwd",
+            &map,
+            "--json",
+            "--url",
+            &b.url(""),
+        ])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(done["sessions"], json!([sid]));
+    let (s, body) = post(&b, "/v1/acp/moved", &prompt(json!(3), &sid, "/history")).await;
+    assert_eq!(s, 200, "{body}");
+    let mut sse = Sse::open(&b, "moved", None).await;
+    sse.until(SECS10, |e| {
+        e.iter()
+            .any(|e| chunk_text(e) == "history: codeword PLUM-42")
+    })
+    .await;
+    // Importing the same again is refused (exit 65, a problem on stderr).
+    let out = std::process::Command::new(bin)
+        .args(["acp", "import", "moved", "--url", &b.url("")])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(65),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
