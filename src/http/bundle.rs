@@ -21,10 +21,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
     )
 }
 
-fn places(st: &AppState) -> Places {
+fn places(st: &AppState, agent: &str) -> Places {
     Places {
-        home: st.agents.home(),
+        home: st.agents.home_of(agent),
         work_dir: st.config.work_dir.clone(),
+        codex_home: st
+            .agents
+            .agent_var(agent, "CODEX_HOME")
+            .map(std::path::PathBuf::from),
     }
 }
 
@@ -55,7 +59,7 @@ async fn export_bundle(
     Path(server_id): Path<String>,
 ) -> Result<Response, Problem> {
     check_id(&server_id)?;
-    let snap = bundle::export::snapshot(&st.acp, places(&st), &server_id).await?;
+    let snap = bundle::export::snapshot(&st.acp, &|a| places(&st, a), &server_id).await?;
     let body = Body::from_stream(ReceiverStream::new(bundle::export::stream(snap)));
     let name = format!("attachment; filename=\"{server_id}.tgz\"");
     Ok((
@@ -142,7 +146,7 @@ async fn import_bundle(
         .map(|r| r.map_err(|e| e.to_string()));
     let done = bundle::import::import(
         &st.acp,
-        places(&st),
+        &|a| places(&st, a),
         &server_id,
         maps,
         Box::pin(stream),

@@ -23,6 +23,7 @@ mod packaging;
 mod processes;
 mod providers;
 mod python_sdk;
+mod real_agent_bundles;
 mod real_agents;
 mod reload;
 mod reload_processes;

@@ -5,8 +5,8 @@
 //! - `claude` (the Claude Code ACP adapter): `~/.claude/projects/<cwd, every character but
 //!   A-Z a-z 0-9 turned into `-`>/<sessionId>.jsonl`; the import puts it under the directory of
 //!   the mapped cwd and rewrites the cwd paths inside.
-//! - `codex`: `~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<sessionId>.jsonl`; the import
-//!   rewrites the cwd paths inside.
+//! - `codex`: `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<sessionId>.jsonl` (`CODEX_HOME`
+//!   defaults to `~/.codex`); the import rewrites the cwd paths inside.
 //! - any other agent (Gemini included): no files are carried; its restore reports each session
 //!   it cannot load.
 
@@ -14,11 +14,21 @@ use std::path::{Path, PathBuf};
 
 use super::{BundleError, CwdMap};
 
-/// Where the agents' files are: their HOME and their working directory.
+/// Where one agent's files are: its HOME, its working directory and, for Codex, `CODEX_HOME`
+/// (default `~/.codex`; its files are carried as `files/home/.codex/…` either way).
 #[derive(Debug, Clone)]
 pub struct Places {
     pub home: Option<PathBuf>,
     pub work_dir: PathBuf,
+    pub codex_home: Option<PathBuf>,
+}
+
+impl Places {
+    fn codex(&self) -> Option<PathBuf> {
+        self.codex_home
+            .clone()
+            .or_else(|| self.home.as_ref().map(|h| h.join(".codex")))
+    }
 }
 
 pub const HOME_PREFIX: &str = "files/home/";
@@ -64,8 +74,8 @@ pub fn find(agent: &str, at: &Places, sid: &str) -> Vec<(String, PathBuf)> {
             }
         }
         "codex" => {
-            let Some(home) = &at.home else { return out };
-            let root = home.join(".codex/sessions");
+            let Some(codex) = at.codex() else { return out };
+            let root = codex.join("sessions");
             let tail = format!("-{sid}.jsonl");
             let mut seen = 0;
             for y in subdirs(&root) {
@@ -83,11 +93,11 @@ pub fn find(agent: &str, at: &Places, sid: &str) -> Vec<(String, PathBuf)> {
                             let Some(name) = name.to_str() else { continue };
                             if name.starts_with("rollout-") && name.ends_with(&tail) {
                                 let p = e.path();
-                                if let Ok(rel) = p.strip_prefix(home)
+                                if let Ok(rel) = p.strip_prefix(&codex)
                                     && let Some(rel) = rel.to_str()
                                     && is_file(&p)
                                 {
-                                    out.push((format!("{HOME_PREFIX}{rel}"), p));
+                                    out.push((format!("{HOME_PREFIX}.codex/{rel}"), p));
                                 }
                             }
                         }
@@ -136,6 +146,12 @@ pub fn target(
     let rel = bundle_path
         .strip_prefix(HOME_PREFIX)
         .ok_or_else(|| BundleError::invalid(format!("`{bundle_path}` is not an agent file")))?;
+    if agent == "codex"
+        && let Some(rest) = rel.strip_prefix(".codex/")
+        && let Some(codex) = at.codex()
+    {
+        return Ok(codex.join(rest));
+    }
     let home = at.home.as_ref().ok_or_else(|| BundleError::NoHome {
         path: bundle_path.to_string(),
     })?;

@@ -31,7 +31,7 @@ pub struct Snapshot {
 /// Takes the snapshot of `server_id` (refused while a request to its agent is in progress).
 pub async fn snapshot(
     acp: &AcpService,
-    places: Places,
+    places: &(dyn Fn(&str) -> Places + Sync),
     server_id: &str,
 ) -> Result<Snapshot, BundleError> {
     let inst = acp.get(server_id).ok_or_else(|| BundleError::NotFound {
@@ -62,6 +62,7 @@ pub async fn snapshot(
         })
         .collect();
     let agent = meta.agent.clone();
+    let places = places(&agent);
     let ids: Vec<String> = sessions.iter().map(|s| s.session_id.clone()).collect();
     let files = crate::sys::blocking(move || {
         let mut out = Vec::new();

@@ -37,7 +37,7 @@ pub struct Imported {
 /// to (each); `declared`: the body's Content-Length, if any.
 pub async fn import<S, E>(
     acp: &AcpService,
-    places: Places,
+    places: &(dyn Fn(&str) -> Places + Sync),
     server_id: &str,
     maps: Vec<CwdMap>,
     body: S,
@@ -75,7 +75,7 @@ where
 
 async fn import_staged<S, E>(
     acp: &AcpService,
-    places: Places,
+    places: &(dyn Fn(&str) -> Places + Sync),
     server_id: &str,
     maps: Vec<CwdMap>,
     mut body: S,
@@ -144,6 +144,7 @@ where
         .iter()
         .map(|s| (s.session_id.clone(), s.cwd.as_str().map(str::to_string)))
         .collect();
+    let places = places(&m.agent);
     let mut place = Vec::new();
     for f in m.files.iter().filter(|f| f.path != EVENTS) {
         let cwd = f
