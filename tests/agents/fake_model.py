@@ -320,7 +320,8 @@ class Handler(BaseHTTPRequestHandler):
         has_result = any("functionResponse" in p for p in last.get("parts") or []
                          if isinstance(p, dict))
         kind, name, text = find_marker([last] if not has_result else contents)
-        entry.update(marker=kind, stream=stream, tools=tools, tool_result=has_result)
+        entry.update(marker=kind, stream=stream, tools=tools, tool_result=has_result,
+                     conversation=json.dumps(contents))
         what, chunks = self.script(kind, has_result)
         if what == "tool" and "run_shell_command" not in tools:
             what, chunks = "text", ["no shell tool offered"]

@@ -3,7 +3,9 @@
 //! removed, the bundle imported into daemon B (another HOME, state dir, work dir and cwd), and the
 //! next prompt in B reaches the model with the whole earlier conversation, the codeword and the
 //! tool call included: the agent's own session files were carried and restored with
-//! `session/load`.
+//! `session/load`. (Gemini CLI 0.61's files are carried and placed where it finds them, but its
+//! own `session/load` starts a fresh record in the session's file before reading it and then
+//! finds nothing to resume: docs/acp.md, "Session bundles".)
 
 use std::io::Read;
 use std::path::Path;

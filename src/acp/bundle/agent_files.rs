@@ -7,8 +7,12 @@
 //!   the mapped cwd and rewrites the cwd paths inside.
 //! - `codex`: `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<sessionId>.jsonl` (`CODEX_HOME`
 //!   defaults to `~/.codex`); the import rewrites the cwd paths inside.
-//! - any other agent (Gemini included): no files are carried; its restore reports each session
-//!   it cannot load.
+//! - `gemini` (Gemini CLI): `~/.gemini/tmp/<project name>/chats/session-<time>-<first 8 of the
+//!   sessionId>.jsonl` (the first line names the whole id); the project name is what
+//!   `~/.gemini/projects.json` maps the cwd to. The import puts the file under the mapped cwd's
+//!   project name (registering it the way Gemini CLI would when it has none) and rewrites the
+//!   cwd paths and the cwd's sha256 (`projectHash`) inside.
+//! - any other agent: no files are carried; its restore reports each session it cannot load.
 
 use std::path::{Path, PathBuf};
 
@@ -105,9 +109,101 @@ pub fn find(agent: &str, at: &Places, sid: &str) -> Vec<(String, PathBuf)> {
                 }
             }
         }
+        "gemini" => {
+            let Some(home) = &at.home else { return out };
+            let tail = format!("-{}.jsonl", sid.get(..8).unwrap_or(sid));
+            let needle = format!("\"sessionId\":\"{sid}\"");
+            for project in subdirs(&home.join(".gemini/tmp")) {
+                let Some(name) = project.file_name().and_then(|n| n.to_str()) else {
+                    continue;
+                };
+                let Ok(rd) = std::fs::read_dir(project.join("chats")) else {
+                    continue;
+                };
+                for e in rd.flatten().take(SCAN_MAX) {
+                    let f = e.file_name();
+                    let Some(f) = f.to_str() else { continue };
+                    let p = e.path();
+                    if f.starts_with("session-")
+                        && f.ends_with(&tail)
+                        && is_file(&p)
+                        && first_line_has(&p, &needle)
+                    {
+                        out.push((format!("{HOME_PREFIX}.gemini/tmp/{name}/chats/{f}"), p));
+                    }
+                }
+            }
+        }
         _ => {}
     }
     out
+}
+
+/// Whether the file's first line (at most 64 KiB of it) holds `needle`.
+fn first_line_has(p: &Path, needle: &str) -> bool {
+    use std::io::Read;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = std::fs::File::open(p)
+        .and_then(|mut f| f.read(&mut buf))
+        .unwrap_or(0);
+    let line = buf[..n].split(|b| *b == b'\n').next().unwrap_or(&[]);
+    memchr::memmem::find(line, needle.as_bytes()).is_some()
+}
+
+/// Gemini CLI's project name for `cwd` on this machine: the one its `~/.gemini/projects.json`
+/// gives, else the one it would give a new project (the directory's name, lower case, every
+/// character but a-z 0-9 as `-`). `None` when that name is another project's.
+pub fn gemini_project(home: &Path, cwd: &str) -> Result<(String, bool), BundleError> {
+    let map: serde_json::Value = std::fs::read(home.join(".gemini/projects.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let projects = map.get("projects").and_then(|p| p.as_object());
+    if let Some(name) = projects.and_then(|p| p.get(cwd)).and_then(|n| n.as_str()) {
+        return Ok((name.to_string(), true));
+    }
+    let base = Path::new(cwd)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("root");
+    let name: String = base
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_alphanumeric() { c } else { '-' }
+        })
+        .collect();
+    let taken = projects.is_some_and(|p| p.values().any(|v| v.as_str() == Some(&name)));
+    if taken || home.join(".gemini/tmp").join(&name).exists() {
+        return Err(BundleError::TargetExists {
+            path: home.join(".gemini/tmp").join(&name).display().to_string(),
+        });
+    }
+    Ok((name, false))
+}
+
+/// Registers a Gemini project (`projects.json` entry and its `.project_root` markers), as Gemini
+/// CLI would at its first start there. Blocking.
+pub fn register_gemini_project(home: &Path, cwd: &str, name: &str) -> std::io::Result<()> {
+    let path = home.join(".gemini/projects.json");
+    let mut map: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({"projects": {}}));
+    if !map.get("projects").is_some_and(|p| p.is_object()) {
+        map["projects"] = serde_json::json!({});
+    }
+    map["projects"][cwd] = serde_json::Value::String(name.to_string());
+    std::fs::create_dir_all(home.join(".gemini"))?;
+    let tmp = path.with_extension(format!("json.{}.tmp", crate::sys::random_hex::<4>()));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&map).unwrap_or_default())?;
+    std::fs::rename(&tmp, &path)?;
+    for d in ["tmp", "history"] {
+        let dir = home.join(".gemini").join(d).join(name);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(".project_root"), cwd)?;
+    }
+    Ok(())
 }
 
 fn is_file(p: &Path) -> bool {
@@ -146,6 +242,14 @@ pub fn target(
     let rel = bundle_path
         .strip_prefix(HOME_PREFIX)
         .ok_or_else(|| BundleError::invalid(format!("`{bundle_path}` is not an agent file")))?;
+    if agent == "gemini"
+        && let (Some(rest), Some(cwd), Some(home)) =
+            (rel.strip_prefix(".gemini/tmp/"), new_cwd, at.home.as_ref())
+        && let Some((_, file)) = rest.split_once('/')
+    {
+        let (name, _) = gemini_project(home, cwd)?;
+        return Ok(home.join(".gemini/tmp").join(name).join(file));
+    }
     if agent == "codex"
         && let Some(rest) = rel.strip_prefix(".codex/")
         && let Some(codex) = at.codex()
@@ -169,13 +273,30 @@ pub fn target(
 
 /// Whether the agent's files name their cwd inside (and so are rewritten by a cwd mapping).
 pub fn names_cwd(agent: &str) -> bool {
-    matches!(agent, "claude" | "codex")
+    matches!(agent, "claude" | "codex" | "gemini")
 }
 
-/// One line with every JSON string naming a mapped directory (or a path beneath it) rewritten.
+/// One line with every JSON string naming a mapped directory (or a path beneath it) rewritten,
+/// and the sha256 of a mapped directory (Gemini's `projectHash`) replaced by the new one's.
 pub fn rewrite_line(line: &[u8], maps: &[CwdMap]) -> Vec<u8> {
     let mut cur = line.to_vec();
     for m in maps {
+        use sha2::Digest;
+        let (old_h, new_h) = (
+            crate::sys::hex(&sha2::Sha256::digest(m.old.as_bytes())),
+            crate::sys::hex(&sha2::Sha256::digest(m.new.as_bytes())),
+        );
+        if memchr::memmem::find(&cur, old_h.as_bytes()).is_some() {
+            let mut out = Vec::with_capacity(cur.len());
+            let mut rest = &cur[..];
+            while let Some(i) = memchr::memmem::find(rest, old_h.as_bytes()) {
+                out.extend_from_slice(&rest[..i]);
+                out.extend_from_slice(new_h.as_bytes());
+                rest = &rest[i + old_h.len()..];
+            }
+            out.extend_from_slice(rest);
+            cur = out;
+        }
         let enc = |s: &str| serde_json::to_string(s).unwrap_or_default();
         let (old, new) = (enc(&m.old), enc(&m.new));
         // `"OLD"` exactly, and `"OLD/…` (a path beneath it).
@@ -218,5 +339,11 @@ mod tests {
             r#"{"cwd":"/srv/b","f":"/srv/b/x.rs","g":"/work/ab","h":"x /work/a"}"#
         );
         assert_eq!(claude_project_dir("/tmp/x.y/z"), "-tmp-x-y-z");
+        // Gemini's projectHash: the sha256 of the cwd.
+        use sha2::Digest;
+        let h = |s: &str| crate::sys::hex(&sha2::Sha256::digest(s.as_bytes()));
+        let line = format!(r#"{{"projectHash":"{}"}}"#, h("/work/a"));
+        let got = String::from_utf8(rewrite_line(line.as_bytes(), &maps)).unwrap();
+        assert_eq!(got, format!(r#"{{"projectHash":"{}"}}"#, h("/srv/b")));
     }
 }

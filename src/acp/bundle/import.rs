@@ -155,9 +155,36 @@ where
         let from = staged.files.get(&f.path).cloned().unwrap_or_default();
         place.push((from, to));
     }
+    // Gemini CLI finds a session under its project's name: one the mapped cwd does not have yet
+    // is registered as Gemini CLI would at its first start there.
+    let mut projects: Vec<(PathBuf, String, String)> = Vec::new();
+    if m.agent == "gemini"
+        && let Some(home) = places.home.clone()
+    {
+        for f in m.files.iter().filter(|f| f.path != EVENTS) {
+            let cwd = f
+                .session_id
+                .as_ref()
+                .and_then(|s| cwd_of.get(s).cloned().flatten());
+            if let Some(cwd) = cwd
+                && !projects.iter().any(|p| p.1 == cwd)
+                && let (name, false) = agent_files::gemini_project(&home, &cwd)?
+            {
+                projects.push((home.clone(), cwd, name));
+            }
+        }
+    }
     let agent = m.agent.clone();
     let rewrite = agent_files::names_cwd(&agent) && !maps.is_empty();
-    let placed = crate::sys::blocking(move || place_all(place, rewrite.then_some(maps))).await?;
+    let placed = crate::sys::blocking(move || {
+        let placed = place_all(place, rewrite.then_some(maps))?;
+        for (home, cwd, name) in projects {
+            agent_files::register_gemini_project(&home, &cwd, &name)
+                .map_err(BundleError::io("registering the Gemini project"))?;
+        }
+        Ok::<_, BundleError>(placed)
+    })
+    .await?;
     match register(acp, server_id, &staged).await {
         Ok(events) => Ok(Imported {
             agent,
