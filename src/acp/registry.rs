@@ -70,6 +70,21 @@ pub struct AcpService {
     handoff: CancellationToken,
     /// `--state-dir`: where instances are kept across restarts (see `crate::state`).
     state: Option<Arc<crate::state::StateStore>>,
+    /// serverIds being imported from a session bundle: not created by a POST meanwhile, nor
+    /// imported twice at once (see `reserve_import`).
+    importing: Mutex<std::collections::HashSet<String>>,
+}
+
+/// A serverId held for its import until `insert_imported` lists it or the import fails.
+pub(crate) struct ImportReservation<'a> {
+    acp: &'a AcpService,
+    server_id: String,
+}
+
+impl Drop for ImportReservation<'_> {
+    fn drop(&mut self) {
+        crate::sys::lock(&self.acp.importing).remove(&self.server_id);
+    }
 }
 
 /// One instance as `GET /v1/acp` lists it (`http::wire::acp::ServerInfo` is its wire shape).
@@ -122,6 +137,7 @@ impl AcpService {
             stops: TaskTracker::new(),
             handoff: CancellationToken::new(),
             state: None,
+            importing: Mutex::new(Default::default()),
         }
     }
 
@@ -171,6 +187,11 @@ impl AcpService {
         // Another first POST may have created it since the lookup above.
         if let Some(inst) = map.get(server_id) {
             return check_agent(inst.clone(), Some(agent));
+        }
+        if crate::sys::lock(&self.importing).contains(server_id) {
+            return Err(AcpError::Importing {
+                server_id: server_id.to_string(),
+            });
         }
         // Exited instances count until they are deleted: their event logs still hold memory.
         // Recovered ones count only once they are started again (their logs are bounded by the
@@ -265,10 +286,25 @@ impl AcpService {
         self.limits
     }
 
+    /// Holds `server_id` for an import: `None` when it exists or is being imported already.
+    pub(crate) fn reserve_import(&self, server_id: &str) -> Option<ImportReservation<'_>> {
+        let map = self.instances();
+        if map.contains_key(server_id)
+            || !crate::sys::lock(&self.importing).insert(server_id.to_string())
+        {
+            return None;
+        }
+        Some(ImportReservation {
+            acp: self,
+            server_id: server_id.to_string(),
+        })
+    }
+
     /// Lists an imported serverId as a recovered one (`exited`, restored by its first POST);
     /// false when the serverId exists meanwhile.
     pub(crate) fn insert_imported(
         &self,
+        _held: &ImportReservation<'_>,
         server_id: &str,
         m: &super::bundle::Manifest,
         events: Vec<(u64, bytes::Bytes)>,

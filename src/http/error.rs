@@ -202,6 +202,9 @@ impl From<crate::acp::AcpError> for Problem {
                 .with("serverId", server_id)
                 .with("lastEventId", last_event_id)
                 .with("currentLastEventId", last_id),
+            E::Importing { server_id } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("ServerId Being Imported")
+                .with("serverId", server_id),
             E::Capacity {
                 what,
                 limit,

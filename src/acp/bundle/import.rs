@@ -20,9 +20,12 @@ use super::{
 };
 use crate::acp::AcpService;
 use crate::acp::durable::{AcpMeta, SessionRecord};
+use crate::acp::registry::ImportReservation;
 
 /// Events appended to the state dir between waits for the writer.
 const EVENT_BATCH: usize = 4096;
+/// Bytes of the body a refused import still reads (and drops) before it answers.
+const DRAIN_MAX: usize = 64 << 20;
 
 /// What an import did.
 #[derive(Debug)]
@@ -40,7 +43,34 @@ pub async fn import<S, E>(
     places: &(dyn Fn(&str) -> Places + Sync),
     server_id: &str,
     maps: Vec<CwdMap>,
-    body: S,
+    mut body: S,
+    (limit, declared): (u64, Option<u64>),
+) -> Result<Imported, BundleError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let res = import_body(acp, places, server_id, maps, &mut body, (limit, declared)).await;
+    if res.is_err() {
+        // A refusal reads on (a bounded amount) so that the client, still sending, gets the
+        // answer rather than a broken pipe.
+        let mut n = 0usize;
+        while n < DRAIN_MAX {
+            match body.next().await {
+                Some(Ok(b)) => n += b.len(),
+                _ => break,
+            }
+        }
+    }
+    res
+}
+
+async fn import_body<S, E>(
+    acp: &AcpService,
+    places: &(dyn Fn(&str) -> Places + Sync),
+    server_id: &str,
+    maps: Vec<CwdMap>,
+    body: &mut S,
     (limit, declared): (u64, Option<u64>),
 ) -> Result<Imported, BundleError>
 where
@@ -51,11 +81,12 @@ where
     if declared.is_some_and(|n| n > limit) {
         return Err(BundleError::TooLarge { limit });
     }
-    if acp.get(server_id).is_some() {
-        return Err(BundleError::Exists {
+    // Held until the import ends: no POST creates it, no second import takes it meanwhile.
+    let held = acp
+        .reserve_import(server_id)
+        .ok_or_else(|| BundleError::Exists {
             server_id: server_id.to_string(),
-        });
-    }
+        })?;
     let staging = store
         .dir()
         .join("imports")
@@ -65,7 +96,7 @@ where
         .mode(0o700)
         .create(&staging)
         .map_err(BundleError::io(format!("creating {}", staging.display())))?;
-    let res = import_staged(acp, places, server_id, maps, body, limit, &staging).await;
+    let res = import_staged(acp, &held, places, server_id, maps, body, limit, &staging).await;
     let s = staging.clone();
     crate::sys::blocking(move || std::fs::remove_dir_all(s))
         .await
@@ -73,12 +104,14 @@ where
     res
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn import_staged<S, E>(
     acp: &AcpService,
+    held: &ImportReservation<'_>,
     places: &(dyn Fn(&str) -> Places + Sync),
     server_id: &str,
     maps: Vec<CwdMap>,
-    mut body: S,
+    body: &mut S,
     limit: u64,
     staging: &Path,
 ) -> Result<Imported, BundleError>
@@ -185,7 +218,7 @@ where
         Ok::<_, BundleError>(placed)
     })
     .await?;
-    match register(acp, server_id, &staged).await {
+    match register(acp, held, server_id, &staged).await {
         Ok(events) => Ok(Imported {
             agent,
             sessions: staged
@@ -211,7 +244,12 @@ where
 
 /// The serverId made restorable: its durable state written (meta, then every event with its
 /// id, waiting for the writer every few thousand), then the instance listed as `exited`.
-async fn register(acp: &AcpService, server_id: &str, staged: &Staged) -> Result<u64, BundleError> {
+async fn register(
+    acp: &AcpService,
+    held: &ImportReservation<'_>,
+    server_id: &str,
+    staged: &Staged,
+) -> Result<u64, BundleError> {
     let store = acp.state_store().ok_or(BundleError::NoStateDir)?;
     let m = &staged.manifest;
     let meta = AcpMeta {
@@ -262,7 +300,7 @@ async fn register(acp: &AcpService, server_id: &str, staged: &Staged) -> Result<
     })
     .await?;
     let next_id = m.events.last_id + crate::state::RESTART_ID_SKIP + 1;
-    if !acp.insert_imported(server_id, m, tail.into(), next_id, t.clone()) {
+    if !acp.insert_imported(held, server_id, m, tail.into(), next_id, t.clone()) {
         t.forget();
         return Err(BundleError::Exists {
             server_id: server_id.to_string(),
