@@ -150,7 +150,7 @@ async fn import_bundle(
         &server_id,
         maps,
         Box::pin(stream),
-        (limit, declared),
+        (limit, declared, st.config.idle_timeout),
     )
     .await?;
     let files: Vec<String> = done.files.iter().map(|p| p.display().to_string()).collect();

@@ -44,20 +44,28 @@ pub async fn import<S, E>(
     server_id: &str,
     maps: Vec<CwdMap>,
     mut body: S,
-    (limit, declared): (u64, Option<u64>),
+    (limit, declared, idle): (u64, Option<u64>, std::time::Duration),
 ) -> Result<Imported, BundleError>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let res = import_body(acp, places, server_id, maps, &mut body, (limit, declared)).await;
+    let res = import_body(
+        acp,
+        places,
+        server_id,
+        maps,
+        &mut body,
+        (limit, declared, idle),
+    )
+    .await;
     if res.is_err() {
         // A refusal reads on (a bounded amount) so that the client, still sending, gets the
         // answer rather than a broken pipe.
         let mut n = 0usize;
         while n < DRAIN_MAX {
-            match body.next().await {
-                Some(Ok(b)) => n += b.len(),
+            match tokio::time::timeout(idle, body.next()).await {
+                Ok(Some(Ok(b))) => n += b.len(),
                 _ => break,
             }
         }
@@ -71,7 +79,7 @@ async fn import_body<S, E>(
     server_id: &str,
     maps: Vec<CwdMap>,
     body: &mut S,
-    (limit, declared): (u64, Option<u64>),
+    (limit, declared, idle): (u64, Option<u64>, std::time::Duration),
 ) -> Result<Imported, BundleError>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
@@ -91,12 +99,26 @@ where
         .dir()
         .join("imports")
         .join(crate::sys::random_hex::<8>());
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&staging)
-        .map_err(BundleError::io(format!("creating {}", staging.display())))?;
-    let res = import_staged(acp, &held, places, server_id, maps, body, limit, &staging).await;
+    let dir = staging.clone();
+    crate::sys::blocking(move || {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+    })
+    .await
+    .map_err(BundleError::io(format!("creating {}", staging.display())))?;
+    let res = import_staged(
+        acp,
+        &held,
+        places,
+        server_id,
+        maps,
+        body,
+        (limit, idle),
+        &staging,
+    )
+    .await;
     let s = staging.clone();
     crate::sys::blocking(move || std::fs::remove_dir_all(s))
         .await
@@ -112,7 +134,7 @@ async fn import_staged<S, E>(
     server_id: &str,
     maps: Vec<CwdMap>,
     body: &mut S,
-    limit: u64,
+    (limit, idle): (u64, std::time::Duration),
     staging: &Path,
 ) -> Result<Imported, BundleError>
 where
@@ -134,7 +156,16 @@ where
     });
     let mut received: u64 = 0;
     let mut body_err = None;
-    while let Some(chunk) = body.next().await {
+    loop {
+        // A body that stalls for the idle timeout ends the import (the unpacking waits for it).
+        let Ok(next) = tokio::time::timeout(idle, body.next()).await else {
+            body_err = Some(BundleError::invalid(format!(
+                "the body stalled for {} s",
+                idle.as_secs()
+            )));
+            break;
+        };
+        let Some(chunk) = next else { break };
         match chunk {
             Ok(b) => {
                 received += b.len() as u64;
