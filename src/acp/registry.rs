@@ -49,6 +49,9 @@ impl Retirement {
     }
 }
 
+mod bundles;
+pub(crate) use bundles::ImportReservation;
+
 type Instances = BTreeMap<String, Arc<AcpInstance>>;
 
 /// The proxy: every live serverId and the stops still running.
@@ -73,18 +76,6 @@ pub struct AcpService {
     /// serverIds being imported from a session bundle: not created by a POST meanwhile, nor
     /// imported twice at once (see `reserve_import`).
     importing: Mutex<std::collections::HashSet<String>>,
-}
-
-/// A serverId held for its import until `insert_imported` lists it or the import fails.
-pub(crate) struct ImportReservation<'a> {
-    acp: &'a AcpService,
-    server_id: String,
-}
-
-impl Drop for ImportReservation<'_> {
-    fn drop(&mut self) {
-        crate::sys::lock(&self.acp.importing).remove(&self.server_id);
-    }
 }
 
 /// One instance as `GET /v1/acp` lists it (`http::wire::acp::ServerInfo` is its wire shape).
@@ -271,56 +262,6 @@ impl AcpService {
                 t.break_promises(&inst.events);
             }
         }
-    }
-
-    /// The state dir's store, when there is one (session bundles need it).
-    pub(crate) fn state_store(&self) -> Option<Arc<crate::state::StateStore>> {
-        self.state.clone()
-    }
-
-    pub(crate) fn knows_agent(&self, agent: &str) -> bool {
-        self.deps.agents.is_known(agent)
-    }
-
-    pub(crate) fn log_limits(&self) -> LogLimits {
-        self.limits
-    }
-
-    /// Holds `server_id` for an import: `None` when it exists or is being imported already.
-    pub(crate) fn reserve_import(&self, server_id: &str) -> Option<ImportReservation<'_>> {
-        let map = self.instances();
-        if map.contains_key(server_id)
-            || !crate::sys::lock(&self.importing).insert(server_id.to_string())
-        {
-            return None;
-        }
-        Some(ImportReservation {
-            acp: self,
-            server_id: server_id.to_string(),
-        })
-    }
-
-    /// Lists an imported serverId as a recovered one (`exited`, restored by its first POST);
-    /// false when the serverId exists meanwhile.
-    pub(crate) fn insert_imported(
-        &self,
-        _held: &ImportReservation<'_>,
-        server_id: &str,
-        m: &super::bundle::Manifest,
-        events: Vec<(u64, bytes::Bytes)>,
-        next_id: u64,
-        t: Arc<super::durable::Tracked>,
-    ) -> bool {
-        let mut map = self.instances();
-        if map.contains_key(server_id) || self.stops.is_closed() {
-            return false;
-        }
-        let base = self.make_instance(server_id, &m.agent);
-        let log = super::events::EventLog::recovered(self.limits, events, next_id, None);
-        let inst = AcpInstance::recovered(base, m.created_at_ms, log);
-        inst.events.set_durable(t);
-        map.insert(server_id.to_string(), Arc::new(inst));
-        true
     }
 
     /// Gives a new instance its durable state, when there is a state dir.
