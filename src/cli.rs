@@ -274,6 +274,25 @@ pub enum AcpCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Write an instance's session bundle (tar+gzip) to stdout, e.g. `> s1.tgz`
+    Export {
+        /// The instance's serverId
+        #[arg(value_name = "SERVER_ID")]
+        server_id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Import a session bundle read from stdin as a new instance, restored by its next POST
+    Import {
+        /// The serverId to import as (must not exist)
+        #[arg(value_name = "SERVER_ID")]
+        server_id: String,
+        /// Map a session cwd: OLD=NEW, both absolute (repeatable)
+        #[arg(long = "cwd", value_name = "OLD=NEW")]
+        cwd: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Detach an instance and stop its agent
     Stop {
         /// The instance's serverId

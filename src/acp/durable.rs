@@ -237,6 +237,8 @@ pub struct Tracked {
     muted: AtomicBool,
     /// For a recovered instance: the restore, run once by the first POST.
     restore: Option<tokio::sync::OnceCell<Restored>>,
+    /// Imported from a session bundle (the restore's note says `import`).
+    imported: AtomicBool,
 }
 
 impl Tracked {
@@ -295,11 +297,30 @@ impl Tracked {
             pending_count: AtomicUsize::new(0),
             muted: AtomicBool::new(false),
             restore: restore.then(tokio::sync::OnceCell::new),
+            imported: AtomicBool::new(false),
         });
         if rewrite {
             t.write_meta();
         }
         t
+    }
+
+    /// A serverId imported from a session bundle: a new entry (its meta written now, its events
+    /// by `append_imported`) whose sessions the first POST restores, as after a restart.
+    pub fn imported(store: &Arc<StateStore>, server_id: &str, meta: AcpMeta) -> Arc<Self> {
+        let t = Self::build(store, server_id, meta, None, true, true);
+        t.imported.store(true, Ordering::Release);
+        t
+    }
+
+    /// Writes one event of an imported log with its original id (never blocks).
+    pub fn append_imported(&self, id: u64, line: Bytes) {
+        self.d.append(id, line);
+    }
+
+    /// A copy of the meta (agent, `initialize`, sessions with their secrets blanked).
+    pub fn meta(&self) -> AcpMeta {
+        crate::sys::lock(&self.meta).clone()
     }
 
     /// The same serverId's state for its instance carried live across a reload: the sessions
@@ -686,7 +707,7 @@ impl Tracked {
             "jsonrpc": "2.0",
             "method": "_sandboxagent/restored",
             "params": {
-                "reason": "daemon_restart",
+                "reason": if self.imported.load(Ordering::Acquire) { "import" } else { "daemon_restart" },
                 "sessions": restored,
                 "failed": failed,
                 "missingCapability": missing_cap,

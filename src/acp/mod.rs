@@ -3,6 +3,7 @@
 //! translates. **Invariant:** a serverId maps to at most one instance, and every instance that
 //! leaves the registry (DELETE, shutdown) is stopped to completion by a tracked task.
 
+pub mod bundle;
 pub mod caps;
 pub mod connection;
 pub mod durable;
@@ -10,7 +11,7 @@ pub mod events;
 pub mod frames;
 pub mod instance;
 pub mod jsonrpc;
-mod registry;
+pub(crate) mod registry;
 mod stdout;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -99,6 +100,8 @@ pub enum AcpError {
         last_event_id: u64,
         last_id: u64,
     },
+    #[error("serverId `{server_id}` is being imported from a session bundle")]
+    Importing { server_id: String },
     #[error("{what}: the limit of {limit} is reached")]
     Capacity {
         /// What is full, for the problem's title and the log.

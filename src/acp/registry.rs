@@ -49,6 +49,9 @@ impl Retirement {
     }
 }
 
+mod bundles;
+pub(crate) use bundles::ImportReservation;
+
 type Instances = BTreeMap<String, Arc<AcpInstance>>;
 
 /// The proxy: every live serverId and the stops still running.
@@ -70,6 +73,9 @@ pub struct AcpService {
     handoff: CancellationToken,
     /// `--state-dir`: where instances are kept across restarts (see `crate::state`).
     state: Option<Arc<crate::state::StateStore>>,
+    /// serverIds being imported from a session bundle: not created by a POST meanwhile, nor
+    /// imported twice at once (see `reserve_import`).
+    importing: Mutex<std::collections::HashSet<String>>,
 }
 
 /// One instance as `GET /v1/acp` lists it (`http::wire::acp::ServerInfo` is its wire shape).
@@ -122,6 +128,7 @@ impl AcpService {
             stops: TaskTracker::new(),
             handoff: CancellationToken::new(),
             state: None,
+            importing: Mutex::new(Default::default()),
         }
     }
 
@@ -171,6 +178,11 @@ impl AcpService {
         // Another first POST may have created it since the lookup above.
         if let Some(inst) = map.get(server_id) {
             return check_agent(inst.clone(), Some(agent));
+        }
+        if crate::sys::lock(&self.importing).contains(server_id) {
+            return Err(AcpError::Importing {
+                server_id: server_id.to_string(),
+            });
         }
         // Exited instances count until they are deleted: their event logs still hold memory.
         // Recovered ones count only once they are started again (their logs are bounded by the

@@ -141,8 +141,26 @@ impl Agents {
             .unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"))
     }
 
-    fn home(&self) -> Option<PathBuf> {
+    pub fn home(&self) -> Option<PathBuf> {
         self.home.clone()
+    }
+
+    /// A variable the operator or the catalog sets for `agent` (agents file `env`, then the
+    /// catalog's launch environment), as its start would see it; the installed package's own
+    /// variables are not looked at.
+    pub fn agent_var(&self, agent: &str, name: &str) -> Option<String> {
+        let def = self.catalog.get(agent)?;
+        def.env
+            .get(name)
+            .or_else(|| def.launch_env.get(name))
+            .cloned()
+    }
+
+    /// The HOME `agent` runs with: its own `HOME` variable, else the agents' HOME.
+    pub fn home_of(&self, agent: &str) -> Option<PathBuf> {
+        self.agent_var(agent, "HOME")
+            .map(PathBuf::from)
+            .or_else(|| self.home())
     }
 
     /// The HOME agents are started with, as the supervisor decided it (an `--agent-user` gets

@@ -1,4 +1,5 @@
-//! `sandbox-agent acp send|stream|stop`: one agent instance (serverId) of a running daemon.
+//! `sandbox-agent acp send|stream|stop|export|import`: one agent instance (serverId) of a
+//! running daemon.
 
 use std::io::Read;
 
@@ -22,7 +23,58 @@ pub async fn run(api: &Api, command: AcpCommand, json: bool) -> Result<u8, Clien
             server_id, from, ..
         } => stream(api, &server_id, from).await,
         AcpCommand::Stop { server_id, .. } => stop(api, &server_id, json).await,
+        AcpCommand::Export { server_id, .. } => export(api, &server_id).await,
+        AcpCommand::Import { server_id, cwd, .. } => import(api, &server_id, &cwd, json).await,
     }
+}
+
+/// The bundle's bytes to stdout as they arrive (never whole in memory).
+async fn export(api: &Api, server_id: &str) -> Result<u8, ClientError> {
+    use futures_util::StreamExt;
+    let rb = api.request(
+        Method::GET,
+        api.url(&["v1", "acp", server_id, "bundle"], &[]),
+    );
+    let resp = api.send(&format!("exporting {server_id}"), rb).await?;
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        out(&chunk.map_err(|e| api.transport(e))?)?;
+    }
+    Ok(0)
+}
+
+/// stdin, streamed, as the bundle to import.
+async fn import(api: &Api, server_id: &str, cwd: &[String], json: bool) -> Result<u8, ClientError> {
+    let query: Vec<(&str, &str)> = cwd.iter().map(|c| ("cwd", c.as_str())).collect();
+    let read_error: std::sync::Arc<std::sync::Mutex<Option<std::io::Error>>> = Default::default();
+    let body = reqwest::Body::wrap_stream(super::fs::chunks(
+        Box::new(tokio::io::stdin()),
+        read_error.clone(),
+    ));
+    let rb = api
+        .request(
+            Method::POST,
+            api.url(&["v1", "acp", server_id, "bundle"], &query),
+        )
+        .header(CONTENT_TYPE, "application/gzip")
+        .body(body);
+    let result = api.json(&format!("importing {server_id}"), rb).await;
+    if let Some(e) = crate::sys::lock(&read_error).take() {
+        return Err(ClientError::local("reading stdin", e));
+    }
+    let done = result?;
+    if json {
+        return out_json(&done).map(|()| 0);
+    }
+    out(format!(
+        "imported {} ({}): {} session(s), {} event(s)\n",
+        super::table::printable(server_id),
+        super::table::printable(&super::table::cell(&done["agent"])),
+        done["sessions"].as_array().map_or(0, Vec::len),
+        super::table::cell(&done["events"]),
+    )
+    .as_bytes())
+    .map(|()| 0)
 }
 
 /// POSTs the message as given (checked to be one JSON object, never re-serialized, so key order

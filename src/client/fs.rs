@@ -228,7 +228,7 @@ async fn put(api: &Api, local: &Path, remote: &str, json: bool) -> Result<u8, Cl
 }
 
 /// The reader as a stream of chunks; an error is stored in `error` and ends the stream with it.
-fn chunks(
+pub(super) fn chunks(
     reader: Box<dyn AsyncRead + Send + Unpin>,
     error: Arc<Mutex<Option<std::io::Error>>>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {

@@ -60,7 +60,11 @@ fn client_args(command: &Command) -> Option<&ClientArgs> {
     Some(match command {
         Command::Status { client } | Command::Instances { client } => client,
         Command::Acp { command } => match command {
-            A::Send { client, .. } | A::Stream { client, .. } | A::Stop { client, .. } => client,
+            A::Send { client, .. }
+            | A::Stream { client, .. }
+            | A::Stop { client, .. }
+            | A::Export { client, .. }
+            | A::Import { client, .. } => client,
         },
         Command::Processes { command } => match command {
             P::Run { client, .. }

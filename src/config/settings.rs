@@ -152,6 +152,12 @@ settings! {
             text("SIZE", size_required)
                 .default("32M")
                 .docs("largest JSON request body (ACP envelopes, config entries); larger is 413");
+        /// Largest session bundle imported (POST /v1/acp/{serverId}/bundle), compressed and unpacked
+        bundle_max_bytes: u64, Option<String> =
+            text("SIZE", size_required)
+                .default("1G")
+                .docs("largest session bundle an import takes, both as sent (gzip) and unpacked; \
+                       larger is 413 and nothing is written (docs/acp.md, \"Session bundles\")");
         /// Largest file upload body (PUT /v1/fs/file, upload-batch); `max` for none
         upload_limit: Option<u64>, Option<String> =
             text("SIZE", parse_size)

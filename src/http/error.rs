@@ -202,6 +202,9 @@ impl From<crate::acp::AcpError> for Problem {
                 .with("serverId", server_id)
                 .with("lastEventId", last_event_id)
                 .with("currentLastEventId", last_id),
+            E::Importing { server_id } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("ServerId Being Imported")
+                .with("serverId", server_id),
             E::Capacity {
                 what,
                 limit,
@@ -229,6 +232,41 @@ fn count_capacity(what: &str) {
         "SSE subscribers of this serverId" => refused(Limit::MaxSubscribers),
         "ACP request body bytes being received" => refused(Limit::AcpInflightBytes),
         _ => {}
+    }
+}
+
+impl From<crate::acp::bundle::BundleError> for Problem {
+    fn from(e: crate::acp::bundle::BundleError) -> Self {
+        use crate::acp::bundle::BundleError;
+        let detail = e.to_string();
+        match e {
+            BundleError::NotFound { server_id } => {
+                Problem::not_found(detail).with("serverId", server_id)
+            }
+            BundleError::NoStateDir | BundleError::NoHome { .. } => {
+                Problem::new(StatusCode::CONFLICT, detail)
+            }
+            BundleError::Busy { server_id, pending } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Turn In Progress")
+                .with("serverId", server_id)
+                .with("pendingRequests", pending),
+            BundleError::Exists { server_id } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("ServerId Exists")
+                .with("serverId", server_id),
+            BundleError::UnknownAgent { agent } => Problem::new(StatusCode::CONFLICT, detail)
+                .title("Unknown Agent")
+                .with("agent", agent),
+            BundleError::TargetExists { path } => {
+                Problem::new(StatusCode::CONFLICT, detail).with("path", path)
+            }
+            BundleError::Invalid { .. } => Problem::bad_request(detail).title("Invalid Bundle"),
+            BundleError::BadMapping { .. } => Problem::bad_request(detail),
+            BundleError::TooLarge { limit } => Problem::payload_too_large(limit),
+            BundleError::Io { .. } => {
+                tracing::warn!(error = %detail, "a session bundle failed");
+                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail)
+            }
+        }
     }
 }
 

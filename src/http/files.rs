@@ -35,7 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(utoipa::ToSchema)]
 #[schema(value_type = String, format = Binary)]
 #[allow(dead_code)] // only its schema is used: bodies are streamed
-struct Binary(Vec<u8>);
+pub(super) struct Binary(Vec<u8>);
 
 /// The answer of `mkdir` and `DELETE entry`: the absolute path concerned.
 #[derive(Serialize, utoipa::ToSchema)]

@@ -5,6 +5,7 @@ pub mod acp;
 pub mod agents;
 pub mod auth;
 mod body_rate;
+pub mod bundle;
 pub mod config;
 pub mod error;
 pub mod files;
@@ -121,6 +122,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(health))
         .merge(openapi::routes())
         .merge(acp::routes())
+        .merge(bundle::routes())
         .merge(rfd::routes())
         .merge(agents::routes())
         .merge(files::routes())

@@ -15,7 +15,7 @@ Anything else gets the [[text]] answer. Matching is on markers and on the reques
 versions that change models, headers or tool lists keep working.
 
 Every request is appended as one JSON line to the file named by --record (path, query, whether
-it asked for a stream, the marker seen, the tool names offered), and a request whose stream was
+it asked for a stream, the marker seen, the tool names offered, the conversation as JSON text), and a request whose stream was
 cut by the client is recorded with "aborted": true, so tests can check that a cancel aborted the
 model request. Listens on 127.0.0.1 (port 0 = any); prints "port N" on stdout once listening.
 """
@@ -187,7 +187,8 @@ class Handler(BaseHTTPRequestHandler):
         kind, name, text = find_marker([last] if not has_result else messages)
         entry.update(marker=kind, stream=bool(req.get("stream")), tools=tools,
                      tool_result=has_result, last=[t[:200] for t in texts(last)][-4:],
-                     roles=[m.get("role") for m in messages])
+                     roles=[m.get("role") for m in messages],
+                     conversation=json.dumps(messages))
         what, chunks = self.script(kind, has_result)
         if what == "tool" and "Write" not in tools:
             what, chunks = "text", ["no Write tool offered"]
@@ -251,7 +252,7 @@ class Handler(BaseHTTPRequestHandler):
         user = [i for i in items if isinstance(i, dict) and i.get("role") == "user"]
         kind, name, text = find_marker(user[-1:] if user else [])
         entry.update(marker=kind, stream=bool(req.get("stream")), tools=tools,
-                     tool_result=has_result)
+                     tool_result=has_result, conversation=json.dumps(items))
         what, chunks = self.script(kind, has_result)
         tool = next((t for t in ("exec_command", "shell", "local_shell") if t in tools), None)
         if what == "tool" and tool is None:
@@ -319,7 +320,8 @@ class Handler(BaseHTTPRequestHandler):
         has_result = any("functionResponse" in p for p in last.get("parts") or []
                          if isinstance(p, dict))
         kind, name, text = find_marker([last] if not has_result else contents)
-        entry.update(marker=kind, stream=stream, tools=tools, tool_result=has_result)
+        entry.update(marker=kind, stream=stream, tools=tools, tool_result=has_result,
+                     conversation=json.dumps(contents))
         what, chunks = self.script(kind, has_result)
         if what == "tool" and "run_shell_command" not in tools:
             what, chunks = "text", ["no shell tool offered"]

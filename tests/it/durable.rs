@@ -13,11 +13,11 @@ use crate::support::{Daemon, children_of, eventually, is_root, skip};
 
 const SECS10: Duration = Duration::from_secs(10);
 
-fn request(id: Value, method: &str, params: Value) -> Value {
+pub(crate) fn request(id: Value, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
-fn prompt(id: Value, session: &str, text: &str) -> Value {
+pub(crate) fn prompt(id: Value, session: &str, text: &str) -> Value {
     request(
         id,
         "session/prompt",
@@ -26,7 +26,7 @@ fn prompt(id: Value, session: &str, text: &str) -> Value {
 }
 
 /// POSTs one message; (status, body as JSON).
-async fn post(d: &Daemon, path: &str, msg: &Value) -> (u16, Value) {
+pub(crate) async fn post(d: &Daemon, path: &str, msg: &Value) -> (u16, Value) {
     let resp = d
         .client()
         .post(d.url(path))
@@ -68,20 +68,20 @@ async fn start_session(d: &Daemon, server_id: &str, agent: &str) -> String {
 }
 
 #[derive(Debug, Clone)]
-struct Event {
-    kind: String,
-    id: Option<u64>,
-    data: Value,
+pub(crate) struct Event {
+    pub(crate) kind: String,
+    pub(crate) id: Option<u64>,
+    pub(crate) data: Value,
 }
 
 /// An SSE reader of `GET /v1/acp/{serverId}`.
-struct Sse {
+pub(crate) struct Sse {
     resp: reqwest::Response,
     raw: String,
 }
 
 impl Sse {
-    async fn open(d: &Daemon, server_id: &str, last: Option<u64>) -> Sse {
+    pub(crate) async fn open(d: &Daemon, server_id: &str, last: Option<u64>) -> Sse {
         let mut req = d
             .client()
             .get(d.url(&format!("/v1/acp/{server_id}")))
@@ -126,7 +126,11 @@ impl Sse {
     }
 
     /// Reads until `done` holds for the events so far (panics after `timeout`).
-    async fn until(&mut self, timeout: Duration, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    pub(crate) async fn until(
+        &mut self,
+        timeout: Duration,
+        done: impl Fn(&[Event]) -> bool,
+    ) -> Vec<Event> {
         let deadline = Instant::now() + timeout;
         loop {
             let evs = self.events();
@@ -146,7 +150,7 @@ impl Sse {
     }
 }
 
-fn chunk_text(ev: &Event) -> &str {
+pub(crate) fn chunk_text(ev: &Event) -> &str {
     ev.data["params"]["update"]["content"]["text"]
         .as_str()
         .unwrap_or("")
@@ -189,7 +193,7 @@ pub(crate) fn state_args(state: &Path) -> Vec<String> {
     ]
 }
 
-async fn server(d: &Daemon, id: &str) -> Value {
+pub(crate) async fn server(d: &Daemon, id: &str) -> Value {
     d.servers()
         .await
         .into_iter()

@@ -23,11 +23,13 @@ mod packaging;
 mod processes;
 mod providers;
 mod python_sdk;
+mod real_agent_bundles;
 mod real_agents;
 mod reload;
 mod reload_processes;
 mod sdk;
 mod second_round;
+mod session_bundles;
 mod supervisor;
 mod support;
 // The in-process tier: the real router without a socket (support/app.rs).

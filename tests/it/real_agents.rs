@@ -18,14 +18,14 @@ use serde_json::{Value, json};
 use crate::support::{Daemon, descendants, eventually_async, on_path, pid_alive};
 
 /// The fake model server, a child of the test; killed on drop.
-struct FakeModel {
+pub(crate) struct FakeModel {
     child: Child,
     port: u16,
     record: PathBuf,
 }
 
 impl FakeModel {
-    fn start(dir: &Path) -> FakeModel {
+    pub(crate) fn start(dir: &Path) -> FakeModel {
         let record = dir.join("model-requests.jsonl");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/fake_model.py");
         let mut child = Command::new("python3")
@@ -57,7 +57,7 @@ impl FakeModel {
     }
 
     /// Every request recorded so far.
-    fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.record)
             .unwrap_or_default()
             .lines()
@@ -74,7 +74,7 @@ impl Drop for FakeModel {
 }
 
 /// Installs survive between the tests of a run (and between runs): one npm install per agent.
-fn shared_data_dir() -> PathBuf {
+pub(crate) fn shared_data_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/real-agents");
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -82,7 +82,7 @@ fn shared_data_dir() -> PathBuf {
 
 /// The agents file that points one agent at the fake model, with a private HOME (agents write
 /// a lot there) and any key (the fake does not check it).
-fn agents_file(dir: &Path, agent: &str, model: &FakeModel) -> PathBuf {
+pub(crate) fn agents_file(dir: &Path, agent: &str, model: &FakeModel) -> PathBuf {
     let home = dir.join("home");
     std::fs::create_dir_all(&home).unwrap();
     let env = match agent {
@@ -132,10 +132,10 @@ fn agents_file(dir: &Path, agent: &str, model: &FakeModel) -> PathBuf {
 
 /// Everything the agent says on the SSE stream, collected by a background reader.
 #[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<Value>>>);
+pub(crate) struct Events(Arc<Mutex<Vec<Value>>>);
 
 impl Events {
-    fn follow(d: &Daemon, server: &str) -> Events {
+    pub(crate) fn follow(d: &Daemon, server: &str) -> Events {
         let events = Events::default();
         let sink = events.clone();
         let client = d.client();
@@ -176,12 +176,12 @@ impl Events {
         events
     }
 
-    fn all(&self) -> Vec<Value> {
+    pub(crate) fn all(&self) -> Vec<Value> {
         self.0.lock().unwrap().clone()
     }
 
     /// The text of every `agent_message_chunk` of `session`, in order.
-    fn text(&self, session: &str) -> String {
+    pub(crate) fn text(&self, session: &str) -> String {
         self.all()
             .iter()
             .filter(|e| {
@@ -217,7 +217,7 @@ impl Events {
     }
 }
 
-async fn post(d: &Daemon, server: &str, query: &str, msg: Value) -> Value {
+pub(crate) async fn post(d: &Daemon, server: &str, query: &str, msg: Value) -> Value {
     let r = d
         .client()
         .post(d.url(&format!("/v1/acp/{server}{query}")))
@@ -235,7 +235,7 @@ async fn post(d: &Daemon, server: &str, query: &str, msg: Value) -> Value {
 }
 
 /// POSTs `msg` in a task of its own (a prompt that waits on a permission answer or a cancel).
-fn spawn_post(d: &Daemon, server: &str, msg: Value) -> tokio::task::JoinHandle<Value> {
+pub(crate) fn spawn_post(d: &Daemon, server: &str, msg: Value) -> tokio::task::JoinHandle<Value> {
     let (client, url) = (d.client(), d.url(&format!("/v1/acp/{server}")));
     tokio::spawn(async move {
         client
@@ -250,13 +250,19 @@ fn spawn_post(d: &Daemon, server: &str, msg: Value) -> tokio::task::JoinHandle<V
     })
 }
 
-fn prompt(id: u64, session: &str, text: &str) -> Value {
+pub(crate) fn prompt(id: u64, session: &str, text: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
            "params": {"sessionId": session, "prompt": [{"type": "text", "text": text}]}})
 }
 
 /// Answers the pending permission request of `session` with the first option of `kind`.
-async fn answer_permission(d: &Daemon, server: &str, events: &Events, session: &str, kind: &str) {
+pub(crate) async fn answer_permission(
+    d: &Daemon,
+    server: &str,
+    events: &Events,
+    session: &str,
+    kind: &str,
+) {
     let req = events.permission_request(session).await;
     events.mark_answered(&req);
     let option = req["params"]["options"]

@@ -8,6 +8,7 @@ import base64
 import inspect
 import json
 import warnings
+from urllib.parse import urlencode
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -205,6 +206,33 @@ class HostApi:
             headers={"Content-Type": "application/gzip" if gzip else "application/x-tar"},
         )
         return UploadBatchResult.model_validate(body)
+
+    def export_session(self, server_id: str, *, chunk_size: int = 65536) -> ByteStream:
+        """The serverId's session bundle (tar+gzip) as it arrives, nothing buffered beyond one
+        chunk (``async with host.export_session(id) as s: async for chunk in s``); opened on
+        entering the block, where a 409 (a turn in progress) or 404 is raised."""
+        return ByteStream(self, f"/v1/acp/{_seg(server_id)}/bundle", None, chunk_size, params={})
+
+    async def import_session(
+        self,
+        server_id: str,
+        bundle: bytes | AsyncIterable[bytes] | IO[bytes],
+        *,
+        cwd: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Imports a bundle (bytes, an async iterable of bytes, e.g. an ``export_session`` stream,
+        or a binary file object; streamed) as ``server_id``; its next POST restores the
+        sessions. ``cwd`` maps each old absolute cwd to the new one. Answers ``{serverId, agent,
+        sessions, events, files}``."""
+        query = urlencode([("cwd", f"{old}={new}") for old, new in (cwd or {}).items()])
+        path = f"/v1/acp/{_seg(server_id)}/bundle" + (f"?{query}" if query else "")
+        body = await self._json(
+            "POST",
+            path,
+            content=_body(bundle),
+            headers={"Content-Type": "application/gzip"},
+        )
+        return dict(body)
 
     def watch(
         self,
@@ -446,17 +474,29 @@ class _Stream(AsyncIterator[T]):
 class ByteStream(_Stream[bytes]):
     """A file's bytes as they arrive; nothing is buffered beyond one chunk."""
 
-    def __init__(self, host: HostApi, path: str, range: str | None, chunk_size: int) -> None:
+    def __init__(
+        self,
+        host: HostApi,
+        path: str,
+        range: str | None,
+        chunk_size: int,
+        *,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        """``params`` None: ``path`` is a file of the fs API; else the API path to GET."""
         self._host, self._path, self._range, self._chunk = host, path, range, chunk_size
+        self._params = params
         self._res: httpx.Response | None = None
         self._it: AsyncIterator[bytes] | None = None
         self.status: int | None = None
         self.headers: httpx.Headers | None = None
 
     async def _open(self) -> None:
-        self._res = await self._host._send(
-            "GET", "/v1/fs/file", params={"path": self._path}, headers=_range(self._range), stream=True
-        )
+        if self._params is None:
+            url, params = "/v1/fs/file", {"path": self._path}
+        else:
+            url, params = self._path, self._params
+        self._res = await self._host._send("GET", url, params=params, headers=_range(self._range), stream=True)
         self.status, self.headers = self._res.status_code, self._res.headers
         self._it = self._res.aiter_bytes(self._chunk)
 

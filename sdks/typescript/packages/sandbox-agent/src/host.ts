@@ -80,6 +80,18 @@ export interface HostOptions {
 }
 
 /** What `writeFile` and `uploadBatch` accept as a body. */
+/** What `importSession` answers. */
+export interface ImportedSession {
+  serverId: string;
+  agent: string;
+  /** The imported session ids. */
+  sessions: string[];
+  /** Events imported (with their original ids). */
+  events: number;
+  /** The agent's session files written on this machine. */
+  files: string[];
+}
+
 export type BodySource = ReadableStream<Uint8Array> | Uint8Array | ArrayBuffer | Blob | string;
 
 export interface ConfigKey {
@@ -187,6 +199,36 @@ export class HostApi {
 
   move(request: MoveRequest): Promise<MoveResult> {
     return this.json("POST", "/v1/fs/move", { body: request });
+  }
+
+  /**
+   * A serverId's session bundle (tar+gzip) as a stream, nothing buffered: its event log, its
+   * sessions and the agent's own session files (docs/acp.md, "Session bundles"). Taken between
+   * turns: a turn in progress is a 409 {@link HttpError}.
+   */
+  async exportSession(serverId: string): Promise<ReadableStream<Uint8Array>> {
+    const res = await this.send("GET", `/v1/acp/${encodeURIComponent(serverId)}/bundle`);
+    if (!res.body) throw new HttpError(networkProblem(new Error("response has no body")));
+    return res.body;
+  }
+
+  /**
+   * Imports a bundle (a stream, bytes or a Blob) as `serverId` on this daemon; its next POST
+   * restores the sessions. `cwd` maps each old absolute cwd to the new one.
+   */
+  importSession(
+    serverId: string,
+    bundle: BodySource,
+    options: { cwd?: Record<string, string> } = {},
+  ): Promise<ImportedSession> {
+    const maps = Object.entries(options.cwd ?? {})
+      .map(([from, to]) => `cwd=${encodeURIComponent(`${from}=${to}`)}`)
+      .join("&");
+    const path = `/v1/acp/${encodeURIComponent(serverId)}/bundle${maps ? `?${maps}` : ""}`;
+    return this.json("POST", path, {
+      raw: bundle,
+      headers: { "Content-Type": "application/gzip" },
+    });
   }
 
   /** Extracts a tar (or, with `gzip`, tar.gz) archive into `path` (default: the work dir), all or nothing. */

@@ -20,7 +20,7 @@ export {
   type SandboxStartOptions,
   type SandboxStep,
 } from "./sandbox.js";
-export { HostApi, type HostOptions, type BodySource, type ConfigKey } from "./host.js";
+export { HostApi, type HostOptions, type BodySource, type ConfigKey, type ImportedSession } from "./host.js";
 export {
   ProcessTerminalSession,
   type FollowProcessLogsOptions,

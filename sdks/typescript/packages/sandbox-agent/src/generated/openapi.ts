@@ -99,6 +99,24 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/acp/{serverId}/bundle": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Export a serverId's sessions as a bundle. */
+        get: operations["exportAcpBundle"];
+        put?: never;
+        /** Import a bundle as a new serverId, restored by its first POST. */
+        post: operations["importAcpBundle"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent}/acp": {
         parameters: {
             query?: never;
@@ -2496,6 +2514,143 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    exportAcpBundle: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The instance to export
+                 * @example s1
+                 */
+                serverId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The bundle (tar + gzip, layout version 1: `events.log`, the agent's session files under `files/`, `manifest.json` last), streamed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/gzip": components["schemas"]["Binary"];
+                };
+            };
+            /** @description An invalid serverId */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such serverId */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A request to the agent is in progress (export between turns), or the daemon has no --state-dir */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    importAcpBundle: {
+        parameters: {
+            query?: {
+                /**
+                 * @description `OLD=NEW`, both absolute: a session whose cwd is OLD (or beneath it) gets NEW instead, and the agent's files that name it are rewritten. Repeatable; the first that applies wins.
+                 * @example /work/a=/work/b
+                 */
+                cwd?: string[];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The serverId to import as (must not exist)
+                 * @example s1
+                 */
+                serverId: string;
+            };
+            cookie?: never;
+        };
+        /** @description A bundle as `GET /v1/acp/{serverId}/bundle` wrote it (gzip; `application/x-gzip` and `application/octet-stream` are taken as the same) */
+        requestBody: {
+            content: {
+                "application/gzip": components["schemas"]["Binary"];
+                "application/octet-stream": components["schemas"]["Binary"];
+            };
+        };
+        responses: {
+            /** @description Imported: listed as `exited`, restored by its next POST */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": Record<string, never>;
+                };
+            };
+            /** @description A tampered, truncated or hostile bundle, or a bad `cwd` mapping: nothing was written */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description The serverId exists, a file the bundle would install exists, its agent is unknown here, or the daemon has no --state-dir */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Larger than --bundle-max-bytes (sent or unpacked) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not sent as application/gzip */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["ServiceUnavailable"];
         };
