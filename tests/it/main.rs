@@ -2,6 +2,7 @@
 //! talks HTTP to it on loopback.
 
 mod acp;
+mod agent_user_isolation;
 mod agents;
 mod client;
 mod config;
@@ -9,7 +10,6 @@ mod docs_check;
 mod durable;
 mod edge;
 mod files;
-mod first_hour;
 mod hostile_agents;
 mod hostile_files;
 mod image_cli;
@@ -19,6 +19,7 @@ mod metrics;
 mod mock_agent;
 mod openapi;
 mod opencode;
+mod operator_messages;
 mod packaging;
 mod processes;
 mod providers;
@@ -28,8 +29,8 @@ mod real_agents;
 mod reload;
 mod reload_processes;
 mod sdk;
-mod second_round;
 mod session_bundles;
+mod slow_clients;
 mod supervisor;
 mod support;
 // The in-process tier: the real router without a socket (support/app.rs).

@@ -544,7 +544,7 @@ fn a_skipped_test_says_so_in_cargos_output() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("skipped.txt");
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "first_hour::skip_probe"])
+        .args(["--ignored", "--exact", "operator_messages::skip_probe"])
         .env("SANDBOX_AGENT_SKIP_PROBE", "1")
         .env("SANDBOX_AGENT_SKIP_REPORT", &report)
         .env_remove("SANDBOX_AGENT_TESTS_STRICT")
@@ -556,11 +556,14 @@ fn a_skipped_test_says_so_in_cargos_output() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{all}");
-    assert!(all.contains("test first_hour::skip_probe ... ok"), "{all}");
     assert!(
-        all.contains("SKIPPED: first_hour::skip_probe: the probe was asked to skip"),
+        all.contains("test operator_messages::skip_probe ... ok"),
+        "{all}"
+    );
+    assert!(
+        all.contains("SKIPPED: operator_messages::skip_probe: the probe was asked to skip"),
         "the skip is not in the harness's output:\n{all}"
     );
     let listed = std::fs::read_to_string(&report).unwrap();
-    assert!(listed.contains("first_hour::skip_probe"), "{listed}");
+    assert!(listed.contains("operator_messages::skip_probe"), "{listed}");
 }
