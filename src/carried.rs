@@ -55,18 +55,27 @@ impl<'de> serde::Deserialize<'de> for HexPayload {
     }
 }
 
+/// Why a hex string could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HexError {
+    #[error("hex text of odd length {0}")]
+    OddLength(usize),
+    #[error("not a hex digit at {0}")]
+    NotADigit(usize),
+}
+
 /// The bytes of a hex string; an error for anything that is not pairs of hex digits.
-pub fn unhex_strict(s: &str) -> Result<Vec<u8>, String> {
+pub fn unhex_strict(s: &str) -> Result<Vec<u8>, HexError> {
     let b = s.as_bytes();
     if !b.len().is_multiple_of(2) {
-        return Err(format!("hex text of odd length {}", b.len()));
+        return Err(HexError::OddLength(b.len()));
     }
-    let digit = |c: u8, at: usize| -> Result<u8, String> {
+    let digit = |c: u8, at: usize| -> Result<u8, HexError> {
         match c {
             b'0'..=b'9' => Ok(c - b'0'),
             b'a'..=b'f' => Ok(c - b'a' + 10),
             b'A'..=b'F' => Ok(c - b'A' + 10),
-            _ => Err(format!("not a hex digit at {at}")),
+            _ => Err(HexError::NotADigit(at)),
         }
     };
     b.chunks(2)

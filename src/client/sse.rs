@@ -15,6 +15,17 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// Why a stream could not be read (an agent controls the data, so each is bounded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SseError {
+    #[error("an event stream line is longer than {0} bytes")]
+    LineTooLong(usize),
+    #[error("an event is larger than {0} bytes")]
+    EventTooLarge(usize),
+    #[error("an event line is not UTF-8")]
+    NotUtf8,
+}
+
 pub struct SseParser {
     line: Vec<u8>,
     event: Option<String>,
@@ -35,7 +46,7 @@ impl SseParser {
     }
 
     /// Feeds a chunk; completed events are appended to `out`.
-    pub fn push(&mut self, mut chunk: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+    pub fn push(&mut self, mut chunk: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         while let Some(nl) = memchr::memchr(b'\n', chunk) {
             self.extend_line(&chunk[..nl])?;
             let mut line = std::mem::take(&mut self.line);
@@ -48,18 +59,15 @@ impl SseParser {
         self.extend_line(chunk)
     }
 
-    fn extend_line(&mut self, part: &[u8]) -> Result<(), String> {
+    fn extend_line(&mut self, part: &[u8]) -> Result<(), SseError> {
         if self.line.len() + part.len() > self.max_bytes {
-            return Err(format!(
-                "an event stream line is longer than {} bytes",
-                self.max_bytes
-            ));
+            return Err(SseError::LineTooLong(self.max_bytes));
         }
         self.line.extend_from_slice(part);
         Ok(())
     }
 
-    fn field(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+    fn field(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         if line.is_empty() {
             if let Some(data) = self.data.take() {
                 out.push(SseEvent {
@@ -75,7 +83,7 @@ impl SseParser {
         if line[0] == b':' {
             return Ok(()); // a comment (the keepalive)
         }
-        let line = std::str::from_utf8(line).map_err(|_| "an event line is not UTF-8")?;
+        let line = std::str::from_utf8(line).map_err(|_| SseError::NotUtf8)?;
         let (name, value) = match line.split_once(':') {
             Some((n, v)) => (n, v.strip_prefix(' ').unwrap_or(v)),
             None => (line, ""),
@@ -86,7 +94,7 @@ impl SseParser {
             "data" => match &mut self.data {
                 Some(d) => {
                     if d.len() + value.len() + 1 > self.max_bytes {
-                        return Err(format!("an event is larger than {} bytes", self.max_bytes));
+                        return Err(SseError::EventTooLarge(self.max_bytes));
                     }
                     d.push('\n');
                     d.push_str(value);
@@ -116,7 +124,7 @@ where
         let chunk: Bytes = chunk.map_err(|e| api.transport(e))?;
         parser
             .push(&chunk, &mut events)
-            .map_err(ClientError::Protocol)?;
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
         for event in events.drain(..) {
             on_event(event)?;
         }

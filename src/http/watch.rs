@@ -64,7 +64,7 @@ fn params(uri: &Uri) -> Result<(String, bool, IgnoreSet), Problem> {
     let path = path
         .filter(|p| !p.is_empty())
         .ok_or_else(|| Problem::bad_request("the `path` parameter is required"))?;
-    let ignore = IgnoreSet::parse(ignore).map_err(Problem::bad_request)?;
+    let ignore = IgnoreSet::parse(ignore).map_err(|e| Problem::bad_request(e.to_string()))?;
     Ok((path, recursive, ignore))
 }
 

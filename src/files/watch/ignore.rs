@@ -14,6 +14,17 @@ pub const MAX_PATTERNS: usize = 64;
 /// Longest pattern, in bytes.
 pub const MAX_PATTERN_LEN: usize = 256;
 
+/// Why the `ignore` values were refused (the text is the 400's detail).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IgnoreError {
+    #[error("more than {MAX_PATTERNS} ignore patterns")]
+    TooMany,
+    #[error("an ignore pattern is longer than {MAX_PATTERN_LEN} bytes")]
+    TooLong,
+    #[error("an ignore pattern contains a NUL byte")]
+    Nul,
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct IgnoreSet {
     /// Patterns without `/`, matched against the entry's name.
@@ -24,22 +35,20 @@ pub struct IgnoreSet {
 
 impl IgnoreSet {
     /// Parses the `ignore` values: each a comma-separated list; empty items are skipped.
-    pub fn parse<'a>(values: impl IntoIterator<Item = &'a str>) -> Result<IgnoreSet, String> {
+    pub fn parse<'a>(values: impl IntoIterator<Item = &'a str>) -> Result<IgnoreSet, IgnoreError> {
         let mut set = IgnoreSet::default();
         let mut count = 0;
         for value in values {
             for pattern in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                 count += 1;
                 if count > MAX_PATTERNS {
-                    return Err(format!("more than {MAX_PATTERNS} ignore patterns"));
+                    return Err(IgnoreError::TooMany);
                 }
                 if pattern.len() > MAX_PATTERN_LEN {
-                    return Err(format!(
-                        "an ignore pattern is longer than {MAX_PATTERN_LEN} bytes"
-                    ));
+                    return Err(IgnoreError::TooLong);
                 }
                 if pattern.contains('\0') {
-                    return Err("an ignore pattern contains a NUL byte".into());
+                    return Err(IgnoreError::Nul);
                 }
                 let trimmed = pattern.trim_start_matches('/');
                 if trimmed.contains('/') {
