@@ -337,15 +337,17 @@ mod tests {
     }
 
     /// Writes `bytes` to a file and unpacks it as `name` into a fresh directory.
-    fn unpack_bytes(bytes: &[u8], name: &str) -> (tempfile::TempDir, Result<PathBuf, String>) {
+    fn unpack_bytes(
+        bytes: &[u8],
+        name: &str,
+    ) -> (tempfile::TempDir, Result<PathBuf, InstallError>) {
         let tmp = tempfile::tempdir().unwrap();
         let archive = tmp.path().join(name);
         std::fs::write(&archive, bytes).unwrap();
         let dest = tmp.path().join("dest");
         std::fs::create_dir(&dest).unwrap();
         let mut f = std::fs::File::open(&archive).unwrap();
-        let r = unpack(&mut f, &format!("https://h/{name}"), "pkg/bin/agent", &dest)
-            .map_err(|e| e.to_string());
+        let r = unpack(&mut f, &format!("https://h/{name}"), "pkg/bin/agent", &dest);
         (tmp, r)
     }
 
@@ -361,7 +363,7 @@ mod tests {
         let mut bytes = header.as_bytes().to_vec();
         bytes.extend_from_slice(&[0u8; 1024]);
         let (tmp, r) = unpack_bytes(&bytes, "bomb.tar");
-        let err = r.unwrap_err();
+        let err = r.unwrap_err().to_string();
         assert!(err.contains("unpacks to more than"), "{err}");
         assert!(!tmp.path().join("dest/pkg/bin/agent").exists());
     }
@@ -457,7 +459,7 @@ mod tests {
         ];
         for (name, why, bytes) in cases {
             let (tmp, r) = unpack_bytes(&bytes, "a.zip");
-            let err = r.expect_err(name);
+            let err = r.expect_err(name).to_string();
             assert!(
                 err.contains("refused") && err.contains(why),
                 "{name}: {err}"
@@ -478,7 +480,7 @@ mod tests {
         let cd = bytes.windows(4).rposition(|w| w == b"PK\x01\x02").unwrap();
         bytes[cd + 38..cd + 42].copy_from_slice(&((0o020_666u32) << 16).to_le_bytes());
         let (_tmp, r) = unpack_bytes(&bytes, "a.zip");
-        let err = r.unwrap_err();
+        let err = r.unwrap_err().to_string();
         assert!(err.contains("refused") && err.contains("special"), "{err}");
     }
 
@@ -498,7 +500,7 @@ mod tests {
         let cd = bytes.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
         bytes[cd + 10..cd + 12].copy_from_slice(&12u16.to_le_bytes());
         let (tmp, r) = unpack_bytes(&bytes, "a.zip");
-        let err = r.unwrap_err();
+        let err = r.unwrap_err().to_string();
         assert!(err.to_lowercase().contains("zip"), "{err}");
         assert!(!tmp.path().join("dest/pkg/bin/agent").exists());
     }

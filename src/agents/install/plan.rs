@@ -54,6 +54,20 @@ impl LazyClient {
     }
 }
 
+/// Why the ACP registry's entry for an agent cannot be installed here (the fallback is tried
+/// next; the text becomes the note of `InstallError::NoSource`/`PinUnavailable`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    #[error("the registry has version {has}, not the requested {asked}")]
+    OtherVersion { has: String, asked: String },
+    #[error(
+        "the registry distributes this agent only through uvx (Python), which is not supported"
+    )]
+    UvxOnly,
+    #[error("the registry has no build of this agent for {platform}")]
+    NoBuild { platform: String },
+}
+
 /// What one install needs of the daemon: its settings, the HTTP client and the PATH agents (and
 /// npm) see.
 pub struct Installer<'a> {
@@ -103,7 +117,7 @@ impl Installer<'_> {
                         Ok(plan) => return self.run_plan(def, plan, req, dir, progress).await,
                         Err(why) => {
                             tracing::info!(agent = %def.id, reason = %why, "registry entry not usable; trying the fallback");
-                            registry_note = why;
+                            registry_note = why.to_string();
                         }
                     },
                 },
@@ -173,7 +187,7 @@ impl Installer<'_> {
         &self,
         entry: &registry::RegistryAgent,
         pin: Option<&str>,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, Unusable> {
         let dist = &entry.distribution;
         let platform = registry::platform_key();
         let entry_version = entry.version.clone().unwrap_or_else(|| "unknown".into());
@@ -211,21 +225,15 @@ impl Installer<'_> {
             .as_ref()
             .is_some_and(|b| b.contains_key(&platform))
         {
-            return Err(format!(
-                "the registry has version {entry_version}, not the requested {}",
-                pin.unwrap_or_default()
-            ));
+            return Err(Unusable::OtherVersion {
+                has: entry_version,
+                asked: pin.unwrap_or_default().to_string(),
+            });
         }
         if dist.uvx.is_some() {
-            return Err(
-                "the registry distributes this agent only through uvx (Python), which is \
-                        not supported"
-                    .into(),
-            );
+            return Err(Unusable::UvxOnly);
         }
-        Err(format!(
-            "the registry has no build of this agent for {platform}"
-        ))
+        Err(Unusable::NoBuild { platform })
     }
 
     async fn run_plan(
