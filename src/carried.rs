@@ -55,8 +55,8 @@ impl<'de> serde::Deserialize<'de> for HexPayload {
     }
 }
 
-/// Why a text is not hex.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a hex string could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HexError {
     #[error("hex text of odd length {0}")]
     OddLength(usize),

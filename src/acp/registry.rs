@@ -5,6 +5,10 @@
 //! (every subscriber gets its end), its stdin queue is dropped with its budget shares, and its
 //! process is stopped on the service's `TaskTracker`, which `stop_all` closes (no instance is
 //! created after that) and waits for.
+//!
+//! One concern although over 800 lines: the map and every way into and out of it (creation,
+//! retirement, shutdown, a reload's export and adoption) share the instances lock and its
+//! ordering rules, which is what splitting them would scatter.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -467,10 +471,10 @@ impl AcpService {
     /// the instances lock: the stop joins the tracker while the lock is held, and a `stop_all`
     /// that takes the lock next sees it.
     ///
-    /// This is also the seam for what would keep an instance across the daemon's own life: an
-    /// in-place reload (re-exec) would take the instance out here under a new `Retirement`
-    /// without `AcpInstance::retire`'s stop, and hand its process, pipes and log over instead;
-    /// durable state forgets each removal here (a shutdown keeps the entry for the next start).
+    /// A reload does not come through here for what it carries: `export` writes the running
+    /// instances down and leaves them in the map (the old image ends with them); only what
+    /// cannot be carried is retired, as at shutdown. Durable state forgets each removal here (a
+    /// shutdown keeps the entry for the next start).
     fn retire(
         &self,
         map: &mut Instances,

@@ -15,8 +15,8 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// Why a stream could not be read as events.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a stream could not be read (an agent controls the data, so each is bounded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SseError {
     #[error("an event stream line is longer than {0} bytes")]
     LineTooLong(usize),

@@ -13,6 +13,9 @@
 //! from descriptor or memory exhaustion backs off instead of spinning. Timeouts never apply to a
 //! request in flight, so SSE streams and long POSTs keep working. A panic in a handler becomes a
 //! plain 500 problem (the panic hook logged it once) and the connection goes on.
+//!
+//! One concern although over 800 lines: the cap, the idle and head timeouts and the eviction at
+//! the cap all read and write the same per-connection activity record, so they stay together.
 
 use std::convert::Infallible;
 use std::io;

@@ -22,28 +22,8 @@ use super::{Artifact, InstallError, InstallRequest, Manifest, Progress, Staging}
 /// (and `file://`) URLs and needs no CA roots.
 #[derive(Default)]
 pub struct LazyClient {
-    https: std::sync::OnceLock<Result<reqwest::Client, Unbuilt>>,
-    plain: std::sync::OnceLock<Result<reqwest::Client, Unbuilt>>,
-}
-
-/// Why an HTTP client could not be built, kept for every later install to report.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{reason}")]
-pub struct Unbuilt {
-    reason: String,
-}
-
-/// Why the registry's entry for an agent cannot be installed here (the fallback is tried next).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum UnusableEntry {
-    #[error("the registry has version {have}, not the requested {want}")]
-    OtherVersion { have: String, want: String },
-    #[error(
-        "the registry distributes this agent only through uvx (Python), which is not supported"
-    )]
-    UvxOnly,
-    #[error("the registry has no build of this agent for {platform}")]
-    NoBuild { platform: String },
+    https: std::sync::OnceLock<Result<reqwest::Client, String>>,
+    plain: std::sync::OnceLock<Result<reqwest::Client, String>>,
 }
 
 impl LazyClient {
@@ -64,14 +44,28 @@ impl LazyClient {
             } else {
                 crate::http_client::plain_http(builder)
             };
-            builder.build().map_err(|e| Unbuilt {
-                reason: crate::http_client::build_error(&e),
-            })
+            builder
+                .build()
+                .map_err(|e| crate::http_client::build_error(&e))
         });
-        built.as_ref().map_err(|e| InstallError::Client {
-            reason: e.reason.clone(),
+        built.as_ref().map_err(|reason| InstallError::Client {
+            reason: reason.clone(),
         })
     }
+}
+
+/// Why the ACP registry's entry for an agent cannot be installed here (the fallback is tried
+/// next; the text becomes the note of `InstallError::NoSource`/`PinUnavailable`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    #[error("the registry has version {has}, not the requested {asked}")]
+    OtherVersion { has: String, asked: String },
+    #[error(
+        "the registry distributes this agent only through uvx (Python), which is not supported"
+    )]
+    UvxOnly,
+    #[error("the registry has no build of this agent for {platform}")]
+    NoBuild { platform: String },
 }
 
 /// What one install needs of the daemon: its settings, the HTTP client and the PATH agents (and
@@ -193,7 +187,7 @@ impl Installer<'_> {
         &self,
         entry: &registry::RegistryAgent,
         pin: Option<&str>,
-    ) -> Result<Plan, UnusableEntry> {
+    ) -> Result<Plan, Unusable> {
         let dist = &entry.distribution;
         let platform = registry::platform_key();
         let entry_version = entry.version.clone().unwrap_or_else(|| "unknown".into());
@@ -231,15 +225,15 @@ impl Installer<'_> {
             .as_ref()
             .is_some_and(|b| b.contains_key(&platform))
         {
-            return Err(UnusableEntry::OtherVersion {
-                have: entry_version,
-                want: pin.unwrap_or_default().to_string(),
+            return Err(Unusable::OtherVersion {
+                has: entry_version,
+                asked: pin.unwrap_or_default().to_string(),
             });
         }
         if dist.uvx.is_some() {
-            return Err(UnusableEntry::UvxOnly);
+            return Err(Unusable::UvxOnly);
         }
-        Err(UnusableEntry::NoBuild { platform })
+        Err(Unusable::NoBuild { platform })
     }
 
     async fn run_plan(

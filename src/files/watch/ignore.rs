@@ -14,8 +14,8 @@ pub const MAX_PATTERNS: usize = 64;
 /// Longest pattern, in bytes.
 pub const MAX_PATTERN_LEN: usize = 256;
 
-/// Why an `ignore` value is refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why the `ignore` values were refused (the text is the 400's detail).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IgnoreError {
     #[error("more than {MAX_PATTERNS} ignore patterns")]
     TooMany,
