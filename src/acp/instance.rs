@@ -168,6 +168,8 @@ pub struct AcpInstance {
     /// Cancelled by `export`: the stdout reader stops and hands its pipe to `frozen`.
     pub(super) freeze: tokio_util::sync::CancellationToken,
     frozen: Mutex<Option<oneshot::Sender<FrozenStdout>>>,
+    /// The service's session inventory, told of each `session/update` the agent sends.
+    inventory: Option<Arc<super::inventory::Inventory>>,
 }
 
 impl AcpInstance {
@@ -205,7 +207,14 @@ impl AcpInstance {
             handoff: tokio_util::sync::CancellationToken::new(),
             freeze: tokio_util::sync::CancellationToken::new(),
             frozen: Mutex::new(None),
+            inventory: None,
         }
+    }
+
+    /// The inventory this instance's updates feed (title, activity, usage).
+    pub fn with_inventory(mut self, inventory: Arc<super::inventory::Inventory>) -> Self {
+        self.inventory = Some(inventory);
+        self
     }
 
     /// The token a reload cancels (see the `handoff` field).
@@ -432,6 +441,11 @@ impl AcpInstance {
                 }
             }
             Ok(AgentLine::Message) => {
+                if let Some(inv) = &self.inventory
+                    && let Some(update) = inv.on_agent_message(&self.server_id, &line)
+                {
+                    crate::metrics::usage_update(&self.agent, &update);
+                }
                 self.events.push(&line);
             }
             Err(why) => self.invalid_line(&line, &why.to_string()),

@@ -9,6 +9,7 @@ pub mod durable;
 pub mod events;
 pub mod frames;
 pub mod instance;
+pub mod inventory;
 pub mod jsonrpc;
 mod registry;
 mod stdout;

@@ -14,6 +14,7 @@ pub mod openapi;
 pub mod opencode;
 pub mod processes;
 pub mod rfd;
+pub mod sessions;
 mod trace;
 pub mod ui;
 pub mod watch;
@@ -130,6 +131,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(metrics::routes())
         .merge(workspace::routes())
         .merge(opencode::routes())
+        .merge(sessions::routes())
 }
 
 pub fn router(state: AppState) -> Router {

@@ -28,6 +28,7 @@ mod reload;
 mod reload_processes;
 mod sdk;
 mod second_round;
+mod sessions;
 mod supervisor;
 mod support;
 // The in-process tier: the real router without a socket (support/app.rs).
