@@ -70,6 +70,11 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// List every ACP session a running daemon knows (the `GET /v1/sessions` table, every page)
+    Sessions {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Talk to one agent instance of a running daemon: send, stream, stop
     Acp {
         #[command(subcommand)]

@@ -86,6 +86,7 @@ fn main() -> ExitCode {
         Some(
             command @ (Command::Status { .. }
             | Command::Instances { .. }
+            | Command::Sessions { .. }
             | Command::Acp { .. }
             | Command::Processes { .. }
             | Command::Git { .. }

@@ -422,3 +422,74 @@ async fn a_restart_restores_with_session_resume_where_the_agent_advertises_it() 
 async fn a_restart_restores_with_session_load_otherwise() {
     restart_restores_with("loader", &[], "session/load").await;
 }
+
+/// `sandbox-agent sessions`: every page as a table, or `{"sessions": [...]}` with `--json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_sessions_as_a_table_and_as_json() {
+    let d = Daemon::start();
+    let cli = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(crate::support::BIN);
+        cmd.args(args).stdin(std::process::Stdio::null());
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("SANDBOX_AGENT_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("SANDBOX_AGENT_URL", d.url(""));
+        if let Some(t) = &d.token {
+            cmd.env("SANDBOX_AGENT_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let none = cli(&["sessions"]);
+    assert_eq!(none.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&none.stdout), "no sessions\n");
+
+    let (s, _) = post(
+        &d,
+        "/v1/acp/cli1?agent=mock",
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (_, new) = post(
+        &d,
+        "/v1/acp/cli1",
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+    post(
+        &d,
+        "/v1/acp/cli1",
+        &prompt(json!(2), &session, "/title Tidy up"),
+    )
+    .await;
+
+    let o = cli(&["sessions", "--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed["sessions"][0]["sessionId"], session.as_str());
+    assert_eq!(listed["sessions"][0]["title"], "Tidy up");
+
+    let o = cli(&["sessions"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("SERVER ID"), "{text}");
+    let row = lines.next().unwrap();
+    assert!(row.starts_with("cli1"), "{text}");
+    assert!(
+        row.contains(&session) && row.contains("live") && row.contains("Tidy up"),
+        "{text}"
+    );
+}
