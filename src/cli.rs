@@ -181,6 +181,8 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /fork N          start N sleeping children in the same group
   /alloc MB        allocate and touch MB MiB of memory, kept until exit
   /history         one chunk \"history: P1 | P2 ...\" of the session's earlier prompts
+  /elicit          ask elicitation/create for a string `branch`; the chunk
+                   \"elicitation: ACTION VALUE\" reports the answer
   /title TEXT      a session_info_update giving the session the title TEXT
   /usage USED SIZE [COST]  a usage_update (context tokens used and window; cost in USD)
 

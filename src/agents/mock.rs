@@ -485,6 +485,7 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             mock.chunk(session, &text);
         }
         "/permission" => return permission(mock, session, rx, false),
+        "/elicit" => return elicit(mock, session, rx),
         "/question" => return permission(mock, session, rx, true),
         "/error" => return FAIL,
         "/tool" => tool(mock, session, arg),
@@ -581,6 +582,44 @@ fn tool(mock: &Mock, session: &str, arg: &str) {
 /// Asks the client for permission and reports the option it chose. `question`: the request is
 /// a question (a `toolCall` titled `AskUserQuestion` whose `rawInput.questions` lists them); the
 /// chunk then reports `answer: …` from the result's `_meta.answers` when there is one.
+/// `/elicit`: the request `elicitation/create` (a message and a schema of one string field) to
+/// the client; the chunk `elicitation: ACTION VALUE` reports the answer.
+fn elicit(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str {
+    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+    let (tx, answer) = mpsc::channel();
+    crate::sys::lock(&mock.waiting).insert(n, tx);
+    mock.send(&json!({
+        "jsonrpc": "2.0",
+        "id": n,
+        "method": "elicitation/create",
+        "params": {
+            "sessionId": session,
+            "message": "Which branch should I use?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"branch": {"type": "string", "title": "Branch"}},
+                "required": ["branch"],
+            },
+        },
+    }));
+    let response = loop {
+        match answer.recv_timeout(Duration::from_millis(20)) {
+            Ok(Event::Response(r)) => break r,
+            Ok(Event::Cancel) | Err(RecvTimeoutError::Disconnected) => break Value::Null,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if matches!(rx.try_recv(), Ok(Event::Cancel)) {
+            crate::sys::lock(&mock.waiting).remove(&n);
+            return "cancelled";
+        }
+    };
+    let result = &response["result"];
+    let action = result["action"].as_str().unwrap_or("none");
+    let value = result["content"]["branch"].as_str().unwrap_or("");
+    mock.chunk(session, &format!("elicitation: {action} {value}"));
+    "end_turn"
+}
+
 fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) -> &'static str {
     let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     let (tx, answer) = mpsc::channel();

@@ -493,3 +493,115 @@ async fn the_cli_lists_sessions_as_a_table_and_as_json() {
         "{text}"
     );
 }
+
+/// Reads `GET /v1/acp/{server}` from the start until an event's data satisfies `done`; every
+/// event's (id, data) so far.
+async fn events_until(
+    d: &Daemon,
+    server: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Vec<(u64, Value)> {
+    crate::support::eventually_async(SECS10, "the awaited event", || {
+        let done = &done;
+        async move {
+            let mut resp = d
+                .client()
+                .get(d.url(&format!("/v1/acp/{server}")))
+                .header("accept", "text/event-stream")
+                .timeout(Duration::from_millis(800))
+                .send()
+                .await
+                .ok()?;
+            let mut text = String::new();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+                let mut events = Vec::new();
+                let mut id = 0;
+                for l in text.lines() {
+                    if let Some(v) = l.strip_prefix("id: ") {
+                        id = v.parse().unwrap_or(0);
+                    } else if let Some(v) = l.strip_prefix("data: ")
+                        && let Ok(v) = serde_json::from_str::<Value>(v)
+                    {
+                        events.push((id, v));
+                    }
+                }
+                if events.iter().any(|(_, v)| done(v)) {
+                    return Some(events);
+                }
+            }
+            None
+        }
+    })
+    .await
+}
+
+/// `elicitation/create` is kept like a permission request: a subscriber that comes after it was
+/// sent gets it replayed, any client answers it with a POST, and after a restart the request is
+/// still in the replayed log with its original id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elicitation_is_replayed_to_late_subscribers_and_survives_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let args = |b: crate::support::DaemonBuilder| b.args(super::durable::state_args(&state));
+    let mut a = args(Daemon::builder()).start();
+    let (s, _) = post(
+        &a,
+        "/v1/acp/el?agent=mock",
+        &request(json!(0), "initialize", json!({"protocolVersion": 1})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (_, new) = post(
+        &a,
+        "/v1/acp/el",
+        &request(
+            json!(1),
+            "session/new",
+            json!({"cwd": "/", "mcpServers": []}),
+        ),
+    )
+    .await;
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+    // The prompt waits for the answer: respond-async, so the POST returns at once.
+    let resp = a
+        .client()
+        .post(a.url("/v1/acp/el"))
+        .header("content-type", "application/json")
+        .header("prefer", "respond-async")
+        .body(prompt(json!(2), &session, "/elicit").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    // A subscriber arriving only now still gets the request.
+    let events = events_until(&a, "el", |v| v["method"] == "elicitation/create").await;
+    let (event_id, req) = events
+        .iter()
+        .find(|(_, v)| v["method"] == "elicitation/create")
+        .cloned()
+        .unwrap();
+    assert_eq!(req["params"]["sessionId"], session.as_str());
+    let answer = json!({"jsonrpc": "2.0", "id": req["id"],
+        "result": {"action": "accept", "content": {"branch": "main"}}});
+    let (s, _) = post(&a, "/v1/acp/el", &answer).await;
+    assert_eq!(s, 202);
+    let done = events_until(&a, "el", |v| {
+        v["params"]["update"]["content"]["text"] == "elicitation: accept main"
+    })
+    .await;
+    assert!(
+        done.iter()
+            .any(|(_, v)| v["id"] == 2 && v["result"]["stopReason"] == "end_turn")
+    );
+    assert_eq!(a.stop(SECS10), 0);
+
+    let b = args(Daemon::builder()).start();
+    let replayed = events_until(&b, "el", |v| v["method"] == "elicitation/create").await;
+    assert!(
+        replayed
+            .iter()
+            .any(|(id, v)| *id == event_id && v["method"] == "elicitation/create"),
+        "{replayed:?}"
+    );
+}
