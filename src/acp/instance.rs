@@ -452,6 +452,32 @@ impl AcpInstance {
         }
     }
 
+    /// A client's `$/cancel_request` for request `key` (already relayed to the agent): the POST
+    /// waiting for that request is answered at once with the JSON-RPC error -32800 (request
+    /// cancelled); the agent's own answer, when it comes, goes to the event stream as any answer
+    /// whose POST is gone. False when no POST waits for `key`.
+    pub fn cancel_waiter(&self, key: &IdKey, raw_id: &serde_json::value::RawValue) -> bool {
+        let tx = {
+            let mut life = self.life();
+            match life.waiters.get_mut(key) {
+                Some(slot @ Some(_)) => {
+                    let tx = slot.take();
+                    life.waiters.remove(key);
+                    tx
+                }
+                _ => None,
+            }
+        };
+        let Some(tx) = tx else { return false };
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32800,"message":"request cancelled by the client ($/cancel_request)"}}}}"#,
+            raw_id.get()
+        );
+        self.events.wake();
+        let _ = tx.send((Bytes::from(line), self.events.last_id()));
+        true
+    }
+
     pub(super) fn invalid_line(&self, line: &[u8], why: &str) {
         self.invalid_lines.fetch_add(1, Ordering::Relaxed);
         let (admit, report) = {

@@ -74,6 +74,22 @@ pub struct AcpService {
     inventory: Arc<super::inventory::Inventory>,
 }
 
+/// The `params.id` of a `$/cancel_request` notification (one substring scan for every other).
+fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
+    memchr::memmem::find(line, b"\"$/cancel_request\"")?;
+    #[derive(serde::Deserialize)]
+    struct Params {
+        id: Box<serde_json::value::RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Msg {
+        method: String,
+        params: Params,
+    }
+    let m: Msg = serde_json::from_slice(line).ok()?;
+    (m.method == "$/cancel_request").then_some(m.params.id)
+}
+
 /// Sessions per `session/list` page the daemon answers itself.
 pub const LIST_PAGE: usize = 100;
 
@@ -335,6 +351,10 @@ impl AcpService {
         if let Some(answer) = self.answer_list(&inst, &envelope, respond_async) {
             return Ok(answer);
         }
+        let cancels = match &envelope.kind {
+            Kind::Notification => cancelled_id(&envelope.line),
+            _ => None,
+        };
         let (key, wait, method) = match envelope.kind {
             Kind::Request { key, method, .. } => (Some(key), !respond_async, Some(method)),
             Kind::Notification | Kind::Response => (None, false, None),
@@ -346,6 +366,9 @@ impl AcpService {
             (durable, &key, &delivered)
         {
             t.observe_response(key, line);
+        }
+        if let (Some(raw), Ok(_)) = (&cancels, &delivered) {
+            inst.cancel_waiter(&IdKey::from_raw(raw), raw);
         }
         if let (Some(w), Ok(Delivered::Response { line, .. })) = (watched, &delivered) {
             self.inventory

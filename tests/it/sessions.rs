@@ -605,3 +605,41 @@ async fn an_elicitation_is_replayed_to_late_subscribers_and_survives_a_restart()
         "{replayed:?}"
     );
 }
+
+/// `$/cancel_request` from a client is relayed to the agent, and the POST waiting for the
+/// cancelled request is answered at once with the JSON-RPC error -32800 (the mock ignores the
+/// notification, so only the daemon can have answered).
+#[tokio::test]
+async fn a_cancel_request_answers_the_pending_post() {
+    let app = App::start::<_, &str>([]).await;
+    let s = new_session(&app, "cancel", Some("mock"), "/").await;
+    let hang = app.post("/v1/acp/cancel", prompt(json!("slow-1"), &s, "/hang"));
+    let cancel = async {
+        // Cancel once the prompt is in flight (listed as a pending request).
+        crate::support::eventually_async(SECS10, "the prompt in flight", || async {
+            let list = app.get("/v1/acp").await.json();
+            (list["servers"][0]["pendingRequests"] == 1).then_some(())
+        })
+        .await;
+        let a = app
+            .post(
+                "/v1/acp/cancel",
+                json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": "slow-1"}}),
+            )
+            .await;
+        assert_eq!(a.status, 202);
+    };
+    let (answer, ()) = tokio::join!(hang, cancel);
+    assert_eq!(answer.status, 200);
+    let body = answer.json();
+    assert_eq!(body["id"], "slow-1");
+    assert_eq!(body["error"]["code"], -32800, "{body}");
+    // A cancel for an id nobody waits for is relayed and changes nothing.
+    let a = app
+        .post(
+            "/v1/acp/cancel",
+            json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": 99}}),
+        )
+        .await;
+    assert_eq!(a.status, 202);
+}
