@@ -261,36 +261,45 @@ impl Inventory {
 
     /// An agent's notification or request: a `session_info_update` sets the title, any
     /// `session/update` is activity. One substring scan for every line; a parse only for an
-    /// update. Returns the parsed update's `sessionUpdate` body when it is one.
+    /// update (the update object itself only when it is one of those two kinds, which is then
+    /// returned).
     pub fn on_agent_message(&self, server_id: &str, line: &[u8]) -> Option<Value> {
         memchr::memmem::find(line, b"\"session/update\"")?;
         #[derive(serde::Deserialize)]
-        struct Params {
+        struct Params<'a> {
             #[serde(rename = "sessionId")]
-            session_id: String,
-            update: Value,
+            session_id: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            update: &'a serde_json::value::RawValue,
         }
         #[derive(serde::Deserialize)]
-        struct Msg {
-            method: String,
-            params: Params,
+        struct Msg<'a> {
+            method: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            params: Params<'a>,
         }
         let m: Msg = serde_json::from_slice(line).ok()?;
         if m.method != "session/update" {
             return None;
         }
-        let kind = m.params.update.get("sessionUpdate").and_then(Value::as_str);
-        let title = match kind {
-            Some("session_info_update") => m
-                .params
-                .update
+        // Only the two kinds the daemon reads are parsed whole; a chunk is only activity.
+        let raw = m.params.update.get().as_bytes();
+        let wanted = memchr::memmem::find(raw, b"session_info_update").is_some()
+            || memchr::memmem::find(raw, b"usage_update").is_some();
+        if !wanted {
+            self.touch(server_id, &m.params.session_id, None);
+            return None;
+        }
+        let update: Value = serde_json::from_slice(raw).ok()?;
+        let title = match update.get("sessionUpdate").and_then(Value::as_str) {
+            Some("session_info_update") => update
                 .get("title")
                 .and_then(Value::as_str)
                 .map(str::to_string),
             _ => None,
         };
         self.touch(server_id, &m.params.session_id, title);
-        Some(m.params.update)
+        Some(update)
     }
 
     /// What `server_id`'s agent advertised, once its `initialize` was answered.

@@ -586,13 +586,15 @@ async fn an_elicitation_is_replayed_to_late_subscribers_and_survives_a_restart()
         "result": {"action": "accept", "content": {"branch": "main"}}});
     let (s, _) = post(&a, "/v1/acp/el", &answer).await;
     assert_eq!(s, 202);
+    // The prompt's answer (on the stream: its POST was answered 202) follows the report.
     let done = events_until(&a, "el", |v| {
-        v["params"]["update"]["content"]["text"] == "elicitation: accept main"
+        v["id"] == 2 && v["result"]["stopReason"] == "end_turn"
     })
     .await;
     assert!(
-        done.iter()
-            .any(|(_, v)| v["id"] == 2 && v["result"]["stopReason"] == "end_turn")
+        done.iter().any(|(_, v)| {
+            v["params"]["update"]["content"]["text"] == "elicitation: accept main"
+        })
     );
     assert_eq!(a.stop(SECS10), 0);
 
