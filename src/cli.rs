@@ -50,6 +50,13 @@ pub enum Command {
         /// restore sessions)
         #[arg(long)]
         no_load_session: bool,
+        /// Advertise `sessionCapabilities.list` and answer session/list itself
+        #[arg(long)]
+        list_sessions: bool,
+        /// Advertise `sessionCapabilities.resume` and answer session/resume (reattach without
+        /// a replay)
+        #[arg(long)]
+        resume_session: bool,
     },
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
@@ -60,6 +67,11 @@ pub enum Command {
     },
     /// List the agent instances of a running daemon (the `GET /v1/acp` table)
     Instances {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List every ACP session a running daemon knows (the `GET /v1/sessions` table, every page)
+    Sessions {
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -144,6 +156,8 @@ pub enum Command {
 /// The mock agent's prompt commands (also in docs/acp.md, "The mock agent").
 const MOCK_AGENT_COMMANDS: &str = "\
 It answers initialize, session/new, session/load, session/prompt, session/cancel,
+session/close, session/delete (which forgets the session's file), with --resume-session
+session/resume, with --list-sessions session/list,
 session/set_config_option (its one option, `model`: mock or mock-fast) and _mock/echo
 (which returns its params as its result). Its sessions are kept in .mock-agent-sessions/ under
 its working directory, so that session/load works in a later process (a session/load also writes
@@ -167,6 +181,10 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /fork N          start N sleeping children in the same group
   /alloc MB        allocate and touch MB MiB of memory, kept until exit
   /history         one chunk \"history: P1 | P2 ...\" of the session's earlier prompts
+  /elicit          ask elicitation/create for a string `branch`; the chunk
+                   \"elicitation: ACTION VALUE\" reports the answer
+  /title TEXT      a session_info_update giving the session the title TEXT
+  /usage USED SIZE [COST]  a usage_update (context tokens used and window; cost in USD)
 
 A prompt that is exactly one of the bare words tool, error, permission or question acts as
 that command (the prompts OpenCode compatibility suites send).

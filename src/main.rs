@@ -64,9 +64,15 @@ fn main() -> ExitCode {
         }
     }
     match cli.command {
-        Some(Command::MockAgent { no_load_session }) => {
-            sandbox_agent::agents::mock::run(!no_load_session)
-        }
+        Some(Command::MockAgent {
+            no_load_session,
+            list_sessions,
+            resume_session,
+        }) => sandbox_agent::agents::mock::run(sandbox_agent::agents::mock::Options {
+            load_session: !no_load_session,
+            list_sessions,
+            resume_session,
+        }),
         Some(Command::Agents { command }) => sandbox_agent::agents::cli::run(command),
         Some(Command::Openapi) => print_openapi(),
         Some(Command::SpawnStub { fd }) => sandbox_agent::supervisor::stub_main(fd),
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
         Some(
             command @ (Command::Status { .. }
             | Command::Instances { .. }
+            | Command::Sessions { .. }
             | Command::Acp { .. }
             | Command::Processes { .. }
             | Command::Git { .. }

@@ -4,8 +4,8 @@
 //!
 //! The restore: the agent is started again (the same agent id, so the same program, environment,
 //! working directory and limits as any start of it), sent the client's original `initialize`,
-//! then for every recorded session `session/load` (or `session/resume` where the agent advertises
-//! only that). The `session/update` notifications an agent sends while it loads (its replay of
+//! then for every recorded session `session/resume` where the agent advertises it (it reattaches
+//! without a replay), else `session/load`. The `session/update` notifications an agent sends while it loads (its replay of
 //! the conversation) are swallowed: the event log already holds the originals. One
 //! `_sandboxagent/restored` notification then names the sessions restored, and how, and those
 //! that were not, and why. Each step is bounded by the request timeout (at most a minute).
@@ -72,6 +72,9 @@ pub struct SessionRecord {
     /// How many values were blanked (0: the servers need none).
     #[serde(default)]
     pub secrets: usize,
+    /// When the daemon first saw the session (0: recorded by an older build).
+    #[serde(default)]
+    pub created_at_ms: u64,
 }
 
 impl SessionRecord {
@@ -93,6 +96,27 @@ impl SessionRecord {
             mcp_servers,
             sealed,
             secrets: values.len(),
+            created_at_ms: super::inventory::now_ms(),
+        }
+    }
+
+    /// The session as the inventory lists it after a restart (its last activity unknown: the
+    /// time it was recorded).
+    pub fn entry(&self, server_id: &str, meta: &AcpMeta) -> super::inventory::SessionEntry {
+        let at = if self.created_at_ms > 0 {
+            self.created_at_ms
+        } else {
+            meta.created_at_ms
+        };
+        super::inventory::SessionEntry {
+            server_id: server_id.to_string(),
+            session_id: self.session_id.clone(),
+            agent: meta.agent.clone(),
+            cwd: self.cwd.as_str().map(str::to_string),
+            title: None,
+            created_at_ms: at,
+            last_activity_ms: at,
+            closed: false,
         }
     }
 
@@ -267,13 +291,15 @@ impl Tracked {
         // Sessions recorded in clear by an older build are sealed now.
         let mut rewrite = fresh;
         for s in meta.sessions.iter_mut().filter(|s| s.secrets == 0) {
-            let fresh = SessionRecord::new(
+            let created = s.created_at_ms;
+            let mut fresh = SessionRecord::new(
                 std::mem::take(&mut s.session_id),
                 std::mem::take(&mut s.cwd),
                 std::mem::take(&mut s.mcp_servers),
                 store.sealer(),
             );
             rewrite |= fresh.secrets > 0;
+            fresh.created_at_ms = created;
             *s = fresh;
         }
         let broken = if recovered.is_some() {
@@ -369,6 +395,16 @@ impl Tracked {
     /// The id of the last event appended.
     pub fn last_sent(&self) -> u64 {
         self.d.last_sent()
+    }
+
+    /// When the record of `session_id` was first made (the inventory shows the same time).
+    pub fn session_created(&self, session_id: &str) -> Option<u64> {
+        crate::sys::lock(&self.meta)
+            .sessions
+            .iter()
+            .find(|s| s.session_id == session_id)
+            .map(|s| s.created_at_ms)
+            .filter(|&t| t > 0)
     }
 
     /// A recovered serverId whose restore has not run yet (not started since the restart).
@@ -559,7 +595,7 @@ impl Tracked {
                     let Some(id) = id.and_then(Value::as_str) else {
                         return;
                     };
-                    let rec = SessionRecord::new(
+                    let mut rec = SessionRecord::new(
                         id.to_string(),
                         pending.params.get("cwd").cloned().unwrap_or(Value::Null),
                         pending
@@ -569,6 +605,13 @@ impl Tracked {
                             .unwrap_or(Value::Array(Vec::new())),
                         self.d.store().sealer(),
                     );
+                    if let Some(old) = meta
+                        .sessions
+                        .iter()
+                        .find(|s| s.session_id == rec.session_id)
+                    {
+                        rec.created_at_ms = old.created_at_ms;
+                    }
                     meta.sessions.retain(|s| s.session_id != rec.session_id);
                     meta.sessions.push(rec);
                     if meta.sessions.len() > MAX_SESSIONS {
@@ -654,10 +697,12 @@ impl Tracked {
                     .and_then(|c| c.get("sessionCapabilities"))
                     .and_then(|c| c.get("resume"))
                     .is_some_and(|r| !r.is_null());
-                let how = if load {
-                    Some("session/load")
-                } else if resume {
+                // Resume where the agent advertises it: it reattaches without replaying the
+                // conversation, which the event log already holds.
+                let how = if resume {
                     Some("session/resume")
+                } else if load {
+                    Some("session/load")
                 } else {
                     None
                 };

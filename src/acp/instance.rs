@@ -168,6 +168,8 @@ pub struct AcpInstance {
     /// Cancelled by `export`: the stdout reader stops and hands its pipe to `frozen`.
     pub(super) freeze: tokio_util::sync::CancellationToken,
     frozen: Mutex<Option<oneshot::Sender<FrozenStdout>>>,
+    /// The service's session inventory, told of each `session/update` the agent sends.
+    inventory: Option<Arc<super::inventory::Inventory>>,
 }
 
 impl AcpInstance {
@@ -205,7 +207,14 @@ impl AcpInstance {
             handoff: tokio_util::sync::CancellationToken::new(),
             freeze: tokio_util::sync::CancellationToken::new(),
             frozen: Mutex::new(None),
+            inventory: None,
         }
+    }
+
+    /// The inventory this instance's updates feed (title, activity, usage).
+    pub fn with_inventory(mut self, inventory: Arc<super::inventory::Inventory>) -> Self {
+        self.inventory = Some(inventory);
+        self
     }
 
     /// The token a reload cancels (see the `handoff` field).
@@ -432,10 +441,41 @@ impl AcpInstance {
                 }
             }
             Ok(AgentLine::Message) => {
+                if let Some(inv) = &self.inventory
+                    && let Some(update) = inv.on_agent_message(&self.server_id, &line)
+                {
+                    crate::metrics::usage_update(&self.agent, &update);
+                }
                 self.events.push(&line);
             }
             Err(why) => self.invalid_line(&line, &why.to_string()),
         }
+    }
+
+    /// A client's `$/cancel_request` for request `key` (already relayed to the agent): the POST
+    /// waiting for that request is answered at once with the JSON-RPC error -32800 (request
+    /// cancelled); the agent's own answer, when it comes, goes to the event stream as any answer
+    /// whose POST is gone. False when no POST waits for `key`.
+    pub fn cancel_waiter(&self, key: &IdKey, raw_id: &serde_json::value::RawValue) -> bool {
+        let tx = {
+            let mut life = self.life();
+            match life.waiters.get_mut(key) {
+                Some(slot @ Some(_)) => {
+                    let tx = slot.take();
+                    life.waiters.remove(key);
+                    tx
+                }
+                _ => None,
+            }
+        };
+        let Some(tx) = tx else { return false };
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32800,"message":"request cancelled by the client ($/cancel_request)"}}}}"#,
+            raw_id.get()
+        );
+        self.events.wake();
+        let _ = tx.send((Bytes::from(line), self.events.last_id()));
+        true
     }
 
     pub(super) fn invalid_line(&self, line: &[u8], why: &str) {

@@ -10,6 +10,7 @@ pub mod durable;
 pub mod events;
 pub mod frames;
 pub mod instance;
+pub mod inventory;
 pub mod jsonrpc;
 pub(crate) mod registry;
 mod stdout;

@@ -10,7 +10,7 @@
 //! retirement, shutdown, a reload's export and adoption) share the instances lock and its
 //! ordering rules, which is what splitting them would scatter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,6 +80,40 @@ pub struct AcpService {
     /// serverIds being imported from a session bundle: not created by a POST meanwhile, nor
     /// imported twice at once (see `reserve_import`).
     importing: Mutex<std::collections::HashSet<String>>,
+    /// Every session seen, across serverIds (`GET /v1/sessions`, `session/list`).
+    inventory: Arc<super::inventory::Inventory>,
+}
+
+/// The `params.id` of a `$/cancel_request` notification (one substring scan for every other).
+fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
+    memchr::memmem::find(line, b"\"$/cancel_request\"")?;
+    #[derive(serde::Deserialize)]
+    struct Params {
+        id: Box<serde_json::value::RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Msg {
+        method: String,
+        params: Params,
+    }
+    let m: Msg = serde_json::from_slice(line).ok()?;
+    (m.method == "$/cancel_request").then_some(m.params.id)
+}
+
+/// Sessions per `session/list` page the daemon answers itself.
+pub const LIST_PAGE: usize = 100;
+
+/// One session as ACP's `session/list` gives it (`updatedAt` RFC 3339).
+fn list_item(e: &super::inventory::SessionEntry) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "sessionId": e.session_id,
+        "cwd": e.cwd,
+        "updatedAt": crate::acp::inventory::rfc3339(e.last_activity_ms),
+    });
+    if let Some(t) = &e.title {
+        v["title"] = t.clone().into();
+    }
+    v
 }
 
 /// One instance as `GET /v1/acp` lists it (`http::wire::acp::ServerInfo` is its wire shape).
@@ -133,7 +167,13 @@ impl AcpService {
             handoff: CancellationToken::new(),
             state: None,
             importing: Mutex::new(Default::default()),
+            inventory: Arc::default(),
         }
+    }
+
+    /// The session inventory (`GET /v1/sessions`).
+    pub fn inventory(&self) -> &Arc<super::inventory::Inventory> {
+        &self.inventory
     }
 
     fn instances(&self) -> std::sync::MutexGuard<'_, Instances> {
@@ -223,6 +263,7 @@ impl AcpService {
             },
         )
         .with_handoff(self.handoff.clone())
+        .with_inventory(self.inventory.clone())
     }
 
     /// Durable state (`--state-dir`): keeps the instances recovered from the state dir, each
@@ -249,6 +290,9 @@ impl AcpService {
                     super::events::EventLog::recovered(self.limits, events, r.next_id, r.lost);
                 let inst = AcpInstance::recovered(base, r.meta.created_at_ms, log);
                 inst.events.set_durable(t);
+                for s in &r.meta.sessions {
+                    self.inventory.record(s.entry(&r.server_id, &r.meta));
+                }
                 map.insert(r.server_id, Arc::new(inst));
             }
         }
@@ -316,6 +360,17 @@ impl AcpService {
             t.before_post(&inst, Some(&envelope), timeout).await?;
             t.observe_request(&envelope);
         }
+        let watched = match &envelope.kind {
+            Kind::Request { .. } => super::inventory::watch(&envelope.line),
+            _ => None,
+        };
+        if let Some(answer) = self.answer_list(&inst, &envelope, respond_async) {
+            return Ok(answer);
+        }
+        let cancels = match &envelope.kind {
+            Kind::Notification => cancelled_id(&envelope.line),
+            _ => None,
+        };
         let (key, wait, method) = match envelope.kind {
             Kind::Request { key, method, .. } => (Some(key), !respond_async, Some(method)),
             Kind::Notification | Kind::Response => (None, false, None),
@@ -328,11 +383,104 @@ impl AcpService {
         {
             t.observe_response(key, line);
         }
+        if let (Some(raw), Ok(_)) = (&cancels, &delivered) {
+            inst.cancel_waiter(&IdKey::from_raw(raw), raw);
+        }
+        if let (Some(w), Ok(Delivered::Response { line, .. })) = (watched, &delivered) {
+            self.inventory
+                .on_answer(&inst.server_id, &inst.agent, w, line, |sid| {
+                    durable.and_then(|t| t.session_created(sid))
+                });
+        }
         // A request answered by the agent: POST to answer, by method.
         if let (Some(method), true, Ok(Delivered::Response { .. })) = (method, wait, &delivered) {
             crate::metrics::acp_request(method, started.elapsed());
         }
         delivered
+    }
+
+    /// `session/list` to an agent whose `initialize` answer did not advertise
+    /// `sessionCapabilities.list`: answered by the daemon from its inventory (this serverId's
+    /// sessions, `cwd` filter and `cursor` honoured, pages of [`LIST_PAGE`]). Relayed (`None`)
+    /// when the agent advertises it, when its `initialize` has not been answered through this
+    /// daemon yet, and with `Prefer: respond-async` (whose answer belongs on the stream).
+    fn answer_list(
+        &self,
+        inst: &AcpInstance,
+        envelope: &Envelope,
+        respond_async: bool,
+    ) -> Option<Delivered> {
+        let Kind::Request { raw_id, .. } = &envelope.kind else {
+            return None;
+        };
+        if respond_async || memchr::memmem::find(&envelope.line, b"\"session/list\"").is_none() {
+            return None;
+        }
+        if self.inventory.caps(&inst.server_id)?.list {
+            return None;
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct Params {
+            cwd: Option<String>,
+            cursor: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Msg {
+            method: String,
+            params: Option<Params>,
+        }
+        let msg = serde_json::from_slice::<Msg>(&envelope.line).ok()?;
+        if msg.method != "session/list" {
+            return None;
+        }
+        let params = msg.params.unwrap_or_default();
+        let after = match params.cursor.as_deref() {
+            None => None,
+            Some(c) => match super::inventory::decode_cursor(c) {
+                Some(k) if k.0 == inst.server_id => Some(k),
+                _ => {
+                    let line = serde_json::json!({"jsonrpc": "2.0", "id": raw_id,
+                        "error": {"code": -32602, "message": "invalid cursor"}});
+                    return Some(Delivered::Response {
+                        line: serde_json::to_vec(&line).unwrap_or_default().into(),
+                        last_event_id: inst.events.last_id(),
+                    });
+                }
+            },
+        };
+        let mut sessions = Vec::new();
+        let mut after = after;
+        let mut next = None;
+        // Filtering by cwd may skip entries: pages are read until one is full or none is left.
+        'pages: loop {
+            let (page, more) =
+                self.inventory
+                    .page(after.as_ref(), LIST_PAGE, Some(&inst.server_id));
+            for (i, e) in page.iter().enumerate() {
+                after = Some((e.server_id.clone(), e.session_id.clone()));
+                if params.cwd.is_none() || e.cwd == params.cwd {
+                    sessions.push(list_item(e));
+                }
+                if sessions.len() == LIST_PAGE {
+                    if more || i + 1 < page.len() {
+                        next = Some(super::inventory::encode_cursor(&e.server_id, &e.session_id));
+                    }
+                    break 'pages;
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        let mut result = serde_json::json!({ "sessions": sessions });
+        if let Some(c) = next {
+            result["nextCursor"] = c.into();
+        }
+        let line = serde_json::json!({"jsonrpc": "2.0", "id": raw_id, "result": result});
+        Some(Delivered::Response {
+            line: serde_json::to_vec(&line).unwrap_or_default().into(),
+            last_event_id: inst.events.last_id(),
+        })
     }
 
     /// Delivers envelopes that arrived together (one WebSocket read) to `server_id`, in order,
@@ -495,11 +643,17 @@ impl AcpService {
         let mut keep = None;
         if let Some(t) = inst.events.durable() {
             match why {
-                Retirement::Deleted => t.forget(),
+                Retirement::Deleted => {
+                    t.forget();
+                }
                 Retirement::StartFailed if t.has_history() => keep = Some(t.clone()),
                 Retirement::Shutdown => {}
                 _ => t.forget(),
             }
+        }
+        // The inventory follows the map: a serverId gone for good takes its sessions along.
+        if !matches!(why, Retirement::Shutdown) && keep.is_none() {
+            self.inventory.forget_server(&inst.server_id);
         }
         let handle = inst.retire();
         if let Some(t) = keep
@@ -541,6 +695,25 @@ impl AcpService {
             }] += 1;
         }
         n
+    }
+
+    /// Each serverId's state as the session inventory shows it, from what is in memory (no
+    /// procfs): `live` (starting or running), `restored` (recovered from the state dir, its
+    /// sessions to be restored by the next POST) or `exited`.
+    pub fn session_states(&self) -> HashMap<String, &'static str> {
+        self.instances()
+            .iter()
+            .map(|(id, i)| {
+                let state = match i.status() {
+                    Status::Starting | Status::Running => "live",
+                    Status::Exited if i.events.durable().is_some_and(|t| t.awaits_restore()) => {
+                        "restored"
+                    }
+                    Status::Exited => "exited",
+                };
+                (id.clone(), state)
+            })
+            .collect()
     }
 
     /// Every serverId, sorted.

@@ -41,6 +41,19 @@ struct Mock {
     /// `session/load` in a later process (after a restart) has something to load.
     sessions: Mutex<HashMap<String, Vec<String>>>,
     load_session: bool,
+    list_sessions: bool,
+    resume_session: bool,
+}
+
+/// What the mock advertises and answers beyond its defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Advertise and answer `session/load` (`--no-load-session` turns it off).
+    pub load_session: bool,
+    /// Advertise `sessionCapabilities.list` and answer `session/list` (`--list-sessions`).
+    pub list_sessions: bool,
+    /// Advertise `sessionCapabilities.resume` and answer `session/resume` (`--resume-session`).
+    pub resume_session: bool,
 }
 
 /// Where the mock keeps its sessions, under its working directory: one JSON file per session.
@@ -95,8 +108,9 @@ impl Mock {
         self.save(id, &h);
     }
 
-    /// `session/load`: the session's history from its file, replayed as updates, then the answer.
-    fn load(&self, id: &Value, params: &Value) {
+    /// `session/load` (`replay`): the session's history from its file, replayed as updates,
+    /// then the answer; `session/resume` the same without the replay.
+    fn load(&self, id: &Value, params: &Value, replay: bool) {
         let sid = params
             .get("sessionId")
             .and_then(Value::as_str)
@@ -113,7 +127,7 @@ impl Mock {
             let servers = params.get("mcpServers").cloned().unwrap_or(Value::Null);
             let _ = std::fs::write(p.with_extension("mcp.json"), servers.to_string());
         }
-        for text in &history {
+        for text in history.iter().filter(|_| replay) {
             self.update(sid, "user_message_chunk", text);
             self.update(sid, "agent_message_chunk", text);
         }
@@ -180,10 +194,11 @@ impl Mock {
     }
 }
 
-/// `load_session`: advertise and answer `session/load` (`--no-load-session` turns it off).
-pub fn run(load_session: bool) -> ExitCode {
+pub fn run(options: Options) -> ExitCode {
     let mock = Arc::new(Mock {
-        load_session,
+        load_session: options.load_session,
+        list_sessions: options.list_sessions,
+        resume_session: options.resume_session,
         ..Mock::default()
     });
     let stdin = std::io::stdin();
@@ -241,6 +256,7 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
                 "agentCapabilities": {
                     "loadSession": mock.load_session,
                     "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+                    "sessionCapabilities": session_capabilities(mock),
                 },
                 "agentInfo": {"name": "mock", "title": "Mock agent", "version": env!("CARGO_PKG_VERSION")},
                 "authMethods": [],
@@ -261,10 +277,49 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
                 None => mock.error(&id, -32602, "unknown config option or value"),
             }
         }
-        "session/load" if mock.load_session => mock.load(&id, &params),
+        "session/load" if mock.load_session => mock.load(&id, &params, true),
+        "session/resume" if mock.resume_session => mock.load(&id, &params, false),
+        "session/list" if mock.list_sessions => {
+            let mut ids: Vec<String> = crate::sys::lock(&mock.sessions).keys().cloned().collect();
+            ids.sort();
+            let cwd = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            let sessions: Vec<Value> = ids
+                .iter()
+                .map(|s| json!({"sessionId": s, "cwd": cwd, "title": "listed by the mock"}))
+                .collect();
+            mock.result(&id, json!({"sessions": sessions}));
+        }
+        "session/close" | "session/delete" => {
+            let sid = params.get("sessionId").and_then(Value::as_str).unwrap_or("");
+            let known = crate::sys::lock(&mock.sessions).remove(sid).is_some();
+            if method == "session/delete"
+                && let Some(p) = session_file(sid)
+            {
+                let _ = std::fs::remove_file(p);
+            }
+            if known {
+                mock.result(&id, json!({}));
+            } else {
+                mock.error(&id, -32602, &format!("unknown session `{sid}`"));
+            }
+        }
         "session/prompt" => start_prompt(mock, id, &params),
         _ => mock.error(&id, -32601, &format!("Method not found: {method}")),
     }
+}
+
+/// The `sessionCapabilities` the mock advertises (each an empty object when on).
+fn session_capabilities(mock: &Mock) -> Value {
+    let mut caps = serde_json::Map::new();
+    if mock.list_sessions {
+        caps.insert("list".into(), json!({}));
+    }
+    if mock.resume_session {
+        caps.insert("resume".into(), json!({}));
+    }
+    Value::Object(caps)
 }
 
 /// The models the mock offers (its `model` config option); the first is the default.
@@ -393,6 +448,34 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
         }
         "/garbage" => mock.send_raw(b"this line is not JSON {\n"),
         // The session's earlier prompts (what a `session/load` brought back, after a restart).
+        "/title" => mock.send(&json!({
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": session,
+                "update": {"sessionUpdate": "session_info_update", "title": arg},
+            },
+        })),
+        "/usage" => {
+            let mut words = arg.split_whitespace();
+            let mut int = || {
+                words
+                    .next()
+                    .and_then(|w| w.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let (used, size) = (int(), int());
+            let cost = words.next().and_then(|w| w.parse::<f64>().ok());
+            let mut update = json!({"sessionUpdate": "usage_update", "used": used, "size": size});
+            if let Some(c) = cost {
+                update["cost"] = json!({"amount": c, "currency": "USD"});
+            }
+            mock.send(&json!({
+                "jsonrpc": "2.0",
+                "method": "session/update",
+                "params": {"sessionId": session, "update": update},
+            }));
+        }
         "/history" => {
             let h = crate::sys::lock(&mock.sessions).get(session).cloned();
             let text = match h {
@@ -402,6 +485,7 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             mock.chunk(session, &text);
         }
         "/permission" => return permission(mock, session, rx, false),
+        "/elicit" => return elicit(mock, session, rx),
         "/question" => return permission(mock, session, rx, true),
         "/error" => return FAIL,
         "/tool" => tool(mock, session, arg),
@@ -498,6 +582,44 @@ fn tool(mock: &Mock, session: &str, arg: &str) {
 /// Asks the client for permission and reports the option it chose. `question`: the request is
 /// a question (a `toolCall` titled `AskUserQuestion` whose `rawInput.questions` lists them); the
 /// chunk then reports `answer: …` from the result's `_meta.answers` when there is one.
+/// `/elicit`: the request `elicitation/create` (a message and a schema of one string field) to
+/// the client; the chunk `elicitation: ACTION VALUE` reports the answer.
+fn elicit(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str {
+    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+    let (tx, answer) = mpsc::channel();
+    crate::sys::lock(&mock.waiting).insert(n, tx);
+    mock.send(&json!({
+        "jsonrpc": "2.0",
+        "id": n,
+        "method": "elicitation/create",
+        "params": {
+            "sessionId": session,
+            "message": "Which branch should I use?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"branch": {"type": "string", "title": "Branch"}},
+                "required": ["branch"],
+            },
+        },
+    }));
+    let response = loop {
+        match answer.recv_timeout(Duration::from_millis(20)) {
+            Ok(Event::Response(r)) => break r,
+            Ok(Event::Cancel) | Err(RecvTimeoutError::Disconnected) => break Value::Null,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if matches!(rx.try_recv(), Ok(Event::Cancel)) {
+            crate::sys::lock(&mock.waiting).remove(&n);
+            return "cancelled";
+        }
+    };
+    let result = &response["result"];
+    let action = result["action"].as_str().unwrap_or("none");
+    let value = result["content"]["branch"].as_str().unwrap_or("");
+    mock.chunk(session, &format!("elicitation: {action} {value}"));
+    "end_turn"
+}
+
 fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) -> &'static str {
     let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     let (tx, answer) = mpsc::channel();

@@ -58,7 +58,9 @@ fn hide_token(target: &ClientTarget) {
 fn client_args(command: &Command) -> Option<&ClientArgs> {
     use crate::cli::{AcpCommand as A, FsCommand as F, ProcessesCommand as P};
     Some(match command {
-        Command::Status { client } | Command::Instances { client } => client,
+        Command::Status { client }
+        | Command::Instances { client }
+        | Command::Sessions { client } => client,
         Command::Acp { command } => match command {
             A::Send { client, .. }
             | A::Stream { client, .. }
@@ -98,6 +100,7 @@ fn execute(command: Command, target: ClientTarget, json: bool) -> Result<u8, Cli
             match command {
                 Command::Status { .. } => status::status(&api, json).await,
                 Command::Instances { .. } => status::instances(&api, json).await,
+                Command::Sessions { .. } => status::sessions(&api, json).await,
                 Command::Acp { command } => acp::run(&api, command, json).await,
                 Command::Processes { command } => processes::run(&api, command, json).await,
                 Command::Fs { command } => fs::run(&api, command, json).await,

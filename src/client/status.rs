@@ -97,6 +97,66 @@ pub async fn instances(api: &Api, json: bool) -> Result<u8, ClientError> {
     out(table::render(&header, &rows).as_bytes()).map(|()| 0)
 }
 
+/// Most sessions the command reads (pages of 1000); the daemon holds at most 4096.
+const SESSIONS_MAX: usize = 10_000;
+
+/// `sandbox-agent sessions`: every page of `GET /v1/sessions`, as a table or one JSON object
+/// `{"sessions": [...]}`.
+pub async fn sessions(api: &Api, json: bool) -> Result<u8, ClientError> {
+    let mut all: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = vec![("limit", "1000")];
+        if let Some(c) = &cursor {
+            query.push(("cursor", c.as_str()));
+        }
+        let page = api
+            .get_json("sessions", &["v1", "sessions"], &query)
+            .await?;
+        let items = page["sessions"]
+            .as_array()
+            .ok_or_else(|| ClientError::Protocol("sessions: no `sessions` list".into()))?;
+        all.extend(items.iter().cloned());
+        match page["nextCursor"].as_str() {
+            Some(c) if all.len() < SESSIONS_MAX => cursor = Some(c.to_string()),
+            _ => break,
+        }
+    }
+    if json {
+        return out_json(&json!({ "sessions": all })).map(|()| 0);
+    }
+    if all.is_empty() {
+        return out(b"no sessions\n").map(|()| 0);
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|s| {
+            vec![
+                table::cell(&s["serverId"]),
+                table::cell(&s["sessionId"]),
+                table::cell(&s["agent"]),
+                table::cell(&s["state"]),
+                s["cwd"].as_str().map_or("-".into(), table::printable),
+                s["title"].as_str().map_or("-".into(), table::printable),
+                s["lastActivityAtMs"].as_u64().map_or("-".into(), |ms| {
+                    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                    humantime::format_rfc3339_seconds(t).to_string()
+                }),
+            ]
+        })
+        .collect();
+    let header = [
+        "SERVER ID",
+        "SESSION ID",
+        "AGENT",
+        "STATE",
+        "CWD",
+        "TITLE",
+        "LAST ACTIVITY",
+    ];
+    out(table::render(&header, &rows).as_bytes()).map(|()| 0)
+}
+
 /// `{"total": n, "<status>": n, …}` over a list of records with a `status` member.
 fn count_by_status(list: &Value, statuses: &[&str]) -> Value {
     let items = list.as_array().map(Vec::as_slice).unwrap_or_default();

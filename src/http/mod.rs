@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod opencode;
 pub mod processes;
 pub mod rfd;
+pub mod sessions;
 mod trace;
 pub mod ui;
 pub mod watch;
@@ -132,6 +133,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(metrics::routes())
         .merge(workspace::routes())
         .merge(opencode::routes())
+        .merge(sessions::routes())
 }
 
 pub fn router(state: AppState) -> Router {

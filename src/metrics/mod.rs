@@ -219,6 +219,21 @@ pub struct Counters {
     pub agent_starts: Mutex<BTreeMap<String, u64>>,
     /// Exits per agent id and `exitReason`.
     pub agent_exits: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// ACP `usage_update` session updates per agent id.
+    pub usage: Mutex<BTreeMap<String, Usage>>,
+}
+
+/// What the `usage_update`s of one agent's sessions reported.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    /// How many updates arrived.
+    pub updates: u64,
+    /// The latest `used` (context tokens in use), as reported.
+    pub used_tokens: Option<f64>,
+    /// The latest `size` (the context window), as reported.
+    pub size_tokens: Option<f64>,
+    /// The latest `cost.amount` and its `cost.currency` (at most 8 characters kept).
+    pub cost: Option<(f64, String)>,
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -234,6 +249,7 @@ pub static COUNTERS: Counters = Counters {
     log_records_dropped: AtomicU64::new(0),
     agent_starts: Mutex::new(BTreeMap::new()),
     agent_exits: Mutex::new(BTreeMap::new()),
+    usage: Mutex::new(BTreeMap::new()),
 };
 
 const _: () = assert!(ACP_METHODS.len() == 10);
@@ -298,6 +314,42 @@ pub fn agent_started(agent: &str) {
 pub fn agent_exited(agent: &str, reason: &'static str) {
     let mut m = crate::sys::lock(&COUNTERS.agent_exits);
     *m.entry((agent.to_string(), reason)).or_insert(0) += 1;
+}
+
+/// A `session/update` of an agent `agent` (the update object): counted when it is a
+/// `usage_update` (ACP: `used`, `size`, optional `cost {amount, currency}`).
+pub fn usage_update(agent: &str, update: &serde_json::Value) {
+    if update.get("sessionUpdate").and_then(|v| v.as_str()) != Some("usage_update") {
+        return;
+    }
+    let num = |k: &str| update.get(k).and_then(serde_json::Value::as_f64);
+    let cost = update.get("cost").and_then(|c| {
+        let amount = c.get("amount").and_then(serde_json::Value::as_f64)?;
+        let currency: String = c
+            .get("currency")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect();
+        Some((amount, currency))
+    });
+    let mut m = crate::sys::lock(&COUNTERS.usage);
+    let u = match m.get_mut(agent) {
+        Some(u) => u,
+        None => m.entry(agent.to_string()).or_default(),
+    };
+    u.updates += 1;
+    if let Some(v) = num("used") {
+        u.used_tokens = Some(v);
+    }
+    if let Some(v) = num("size") {
+        u.size_tokens = Some(v);
+    }
+    if cost.is_some() {
+        u.cost = cost;
+    }
 }
 
 /// Held while a WebSocket is open (the `sandbox_agent_websocket_connections` gauge).

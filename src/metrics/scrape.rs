@@ -148,6 +148,55 @@ impl Collector for Snapshot {
                     .encode_counter::<NoLabelSet, _, f64>(n, None::<&Ex>)?;
             }
         }
+        {
+            let usage = crate::sys::lock(&COUNTERS.usage).clone();
+            let mut m = enc.encode_descriptor(
+                "sandbox_agent_acp_usage_updates",
+                "ACP usage_update session updates received, by agent.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (agent, u) in &usage {
+                m.encode_family(&[("agent", agent.as_str())])?
+                    .encode_counter::<NoLabelSet, _, f64>(&u.updates, None::<&Ex>)?;
+            }
+            let mut m = enc.encode_descriptor(
+                "sandbox_agent_acp_usage_used_tokens",
+                "The latest context tokens in use an agent's usage_update reported, by agent.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (agent, u) in &usage {
+                if let Some(v) = u.used_tokens {
+                    m.encode_family(&[("agent", agent.as_str())])?
+                        .encode_gauge(&v)?;
+                }
+            }
+            let mut m = enc.encode_descriptor(
+                "sandbox_agent_acp_usage_size_tokens",
+                "The latest context window size an agent's usage_update reported, by agent.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (agent, u) in &usage {
+                if let Some(v) = u.size_tokens {
+                    m.encode_family(&[("agent", agent.as_str())])?
+                        .encode_gauge(&v)?;
+                }
+            }
+            let mut m = enc.encode_descriptor(
+                "sandbox_agent_acp_usage_cost",
+                "The latest session cost an agent's usage_update reported, by agent and currency.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (agent, u) in &usage {
+                if let Some((v, cur)) = &u.cost {
+                    m.encode_family(&[("agent", agent.as_str()), ("currency", cur.as_str())])?
+                        .encode_gauge(v)?;
+                }
+            }
+        }
         let (counts, durations) = super::http::snapshot();
         {
             let mut m = enc.encode_descriptor(

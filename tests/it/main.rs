@@ -30,6 +30,7 @@ mod reload;
 mod reload_processes;
 mod sdk;
 mod session_bundles;
+mod sessions;
 mod slow_clients;
 mod supervisor;
 mod support;

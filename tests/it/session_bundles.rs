@@ -174,6 +174,11 @@ async fn a_mock_session_moves_to_a_fresh_daemon_and_remembers_its_codeword() {
     let row = server(&b, "s1").await;
     assert_eq!(row["status"], "exited", "{row}");
     assert_eq!(row["agent"], "mock");
+    // The session inventory lists the imported session, under its mapped cwd.
+    let inv = b.get_json("/v1/sessions?serverId=s1").await;
+    let listed = &inv["sessions"][0];
+    assert_eq!(listed["sessionId"], sid, "{inv}");
+    assert_eq!(listed["cwd"], db.work.display().to_string(), "{inv}");
     // The session's cwd is the mapped one.
     let meta: Value =
         serde_json::from_slice(&std::fs::read(db.state.join("acp/s1/meta.json")).unwrap()).unwrap();

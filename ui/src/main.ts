@@ -7,6 +7,7 @@ import { AgentsPanel } from "./agents";
 import { byId } from "./dom";
 import { FilesPanel } from "./files";
 import { InstancesPanel } from "./instances";
+import { SessionsPanel } from "./sessions";
 import { PermissionDialog } from "./permission";
 import { RawLog } from "./rawlog";
 import { SessionView } from "./session";
@@ -58,6 +59,7 @@ instances = new InstancesPanel(
 );
 const agents = new AgentsPanel((agent, serverId) => void session.connect(agent, serverId), showError);
 const files = new FilesPanel(showError);
+const sessionsPanel = new SessionsPanel(showError);
 
 /** (Re)loads everything that depends on the token. */
 async function load(): Promise<void> {
@@ -96,6 +98,7 @@ function selectTab(tab: HTMLButtonElement) {
   }
   tab.focus();
   if (tab.id === "tab-instances") void instances.refresh();
+  if (tab.id === "tab-sessions") void sessionsPanel.refresh();
 }
 for (const [i, tab] of tabs.entries()) {
   tab.addEventListener("click", () => selectTab(tab));

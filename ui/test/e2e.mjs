@@ -247,6 +247,16 @@ try {
     await page.locator("#tab-agents").click();
   });
 
+  await run("sessions", async () => {
+    // The Sessions tab lists the page's session from the daemon's inventory (GET /v1/sessions).
+    await page.locator("#tab-sessions").click();
+    const row = byTestId(page, "sessions-table").locator(`tr[data-server-id="${serverId}"][data-state="live"]`);
+    await row.first().waitFor({ timeout: WAIT });
+    assert((await row.first().getAttribute("data-session-id"))?.length > 0, "the session row names its session id");
+    await shot(page, "sessions");
+    await page.locator("#tab-agents").click();
+  });
+
   await run("5-crash", async () => {
     await sendPrompt(page, "/stderr last words from the mock");
     await turnEnds(page, 6);

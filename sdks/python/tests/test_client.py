@@ -202,6 +202,25 @@ async def test_connection_gates_and_capabilities(daemon: SandboxAgent) -> None:
         await c.prompt("x", "y")
 
 
+async def test_the_daemon_session_inventory_pages_across_server_ids(daemon: SandboxAgent) -> None:
+    c = SandboxAgentClient(daemon.base_url, agent="mock")
+    async with c:
+        a = await c.new_session()
+        b = await c.new_session()
+        first = await c.list_all_sessions(limit=1, server_id=c.server_id)
+        assert [s.session_id for s in first.sessions] == [a.session_id]
+        assert first.sessions[0].agent == "mock" and first.sessions[0].state == "live"
+        assert first.next_cursor is not None
+        second = await c.list_all_sessions(limit=1, cursor=first.next_cursor, server_id=c.server_id)
+        assert [s.session_id for s in second.sessions] == [b.session_id]
+        assert second.next_cursor is None
+        with pytest.raises(BadRequestError):
+            await c.list_all_sessions(cursor="not-a-cursor")
+        # The mock does not advertise session/list: the daemon answers it from the inventory.
+        listed = await c.list_sessions()
+        assert [s.session_id for s in listed.sessions] == [a.session_id, b.session_id]
+
+
 async def test_reattach_to_a_running_agent_resumes_after_last_event_id(daemon: SandboxAgent) -> None:
     first: list[str] = []
     c = SandboxAgentClient(daemon.base_url, agent="mock", on_session_update=lambda e: first.append(text(e)))

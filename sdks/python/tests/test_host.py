@@ -15,6 +15,7 @@ import pytest
 
 from conftest import CutProxy, start_daemon
 from sandbox_agent import (
+    BadRequestError,
     ConflictError,
     ForbiddenError,
     HostApi,
@@ -227,6 +228,10 @@ async def test_agents_instances_and_process_config(daemon: SandboxAgent) -> None
         outcome = await host.install_agent("mock")
         assert "alreadyInstalled" in outcome
         assert await host.list_instances() == []
+        empty = await host.list_all_sessions()
+        assert empty.sessions == [] and empty.next_cursor is None
+        with pytest.raises(BadRequestError):
+            await host.list_all_sessions(limit=0)
         cfg = await host.get_process_config()
         changed = await host.set_process_config(cfg.model_copy(update={"max_output_bytes": 12345}))
         assert isinstance(changed, ProcessConfig) and changed.max_output_bytes == 12345

@@ -150,6 +150,21 @@ test("health, agents, install, instances; a wrong token is a 401 HttpError", () 
     const [one] = await c.listInstances();
     assert.equal(one.serverId, c.serverId);
     assert.equal(one.agent, "mock");
+    // The daemon's session inventory, paged.
+    assert.deepEqual(await c.listAllSessions(), { sessions: [] });
+    const a = await c.newSession();
+    const b = await c.newSession();
+    const first = await c.listAllSessions({ limit: 1 });
+    assert.equal(first.sessions.length, 1);
+    assert.equal(first.sessions[0].sessionId, a.sessionId);
+    assert.equal(first.sessions[0].serverId, c.serverId);
+    assert.equal(first.sessions[0].state, "live");
+    const second = await c.listAllSessions({ limit: 1, cursor: first.nextCursor });
+    assert.deepEqual(second.sessions.map((s) => s.sessionId), [b.sessionId]);
+    assert.equal(second.nextCursor, undefined);
+    const bad = await c.listAllSessions({ limit: 0 }).catch((err) => err);
+    assert.ok(bad instanceof HttpError);
+    assert.equal(bad.status, 400);
     await c.disconnect();
     const wrong = new SandboxAgentClient({ baseUrl: d.url, token: "nope", agent: "mock", autoConnect: false });
     const e = await wrong.listAgents().catch((err) => err);

@@ -237,10 +237,11 @@ test("missing capabilities and unknown methods are clear errors", () =>
     const c = new SandboxAgentClient({ baseUrl: d.url, agent: "mock" });
     const { sessionId } = await c.newSession();
     // The mock advertises loadSession (it keeps its sessions in a file), but no session
-    // list/fork/resume.
+    // list/fork/resume. `session/list` is answered by the daemon from its inventory.
     assert.deepEqual(await c.loadSession({ sessionId }), {});
+    const listed = await c.listSessions();
+    assert.deepEqual(listed.sessions.map((s) => s.sessionId), [sessionId]);
     for (const [name, call] of [
-      ["listSessions", () => c.listSessions()],
       ["forkSession", () => c.forkSession({ sessionId })],
       ["resumeSession", () => c.resumeSession({ sessionId })],
     ]) {

@@ -59,6 +59,7 @@ pub async fn snapshot(
             cwd: s.cwd.clone(),
             mcp_servers: s.mcp_servers.clone(),
             redacted: s.secrets,
+            created_at_ms: s.created_at_ms,
         })
         .collect();
     let agent = meta.agent.clone();

@@ -299,6 +299,7 @@ async fn register(
                 mcp_servers: s.mcp_servers.clone(),
                 sealed: None,
                 secrets: 0,
+                created_at_ms: s.created_at_ms,
             })
             .collect(),
         promised: Vec::new(),

@@ -66,6 +66,10 @@ pub struct BundleSession {
     /// How many values were blanked.
     #[serde(default)]
     pub redacted: usize,
+    /// When the exporting daemon first saw the session (0: unknown), kept by the import so the
+    /// session inventory shows the conversation's real age.
+    #[serde(default)]
+    pub created_at_ms: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -65,6 +65,11 @@ impl AcpService {
         let base = self.make_instance(server_id, &m.agent);
         let log = crate::acp::events::EventLog::recovered(self.limits, events, next_id, None);
         let inst = AcpInstance::recovered(base, m.created_at_ms, log);
+        // The inventory lists an imported session like one restored after a restart.
+        let meta = t.meta();
+        for s in &meta.sessions {
+            self.inventory.record(s.entry(server_id, &meta));
+        }
         inst.events.set_durable(t);
         map.insert(server_id.to_string(), Arc::new(inst));
         true

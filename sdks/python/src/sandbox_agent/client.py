@@ -545,10 +545,9 @@ class SandboxAgentClient(HostApi):
         return resp
 
     async def list_sessions(self, **request: Any) -> schema.ListSessionsResponse:
+        """ACP ``session/list``: the agent's own list where it advertises ``sessionCapabilities.list``,
+        else the daemon's answer from its session inventory (this serverId's sessions)."""
         conn = self._need()
-        caps = self._caps()
-        if not (caps and caps.session_capabilities and caps.session_capabilities.list is not None):
-            raise UnsupportedError(self._agent, "session/list")
         resp: schema.ListSessionsResponse = await self._rpc(conn.list_sessions(**request), "session/list")
         return resp
 

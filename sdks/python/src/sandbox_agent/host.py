@@ -24,6 +24,7 @@ from .models import (
     Gap,
     Health,
     InstanceInfo,
+    SessionPage,
     MoveResult,
     PathResult,
     ProcessConfig,
@@ -151,6 +152,19 @@ class HostApi:
 
     async def list_instances(self) -> list[InstanceInfo]:
         return [InstanceInfo.model_validate(s) for s in (await self._json("GET", "/v1/acp"))["servers"]]
+
+    async def list_all_sessions(
+        self, *, limit: int | None = None, cursor: str | None = None, server_id: str | None = None
+    ) -> SessionPage:
+        """One page of every ACP session the daemon knows, across all serverIds
+        (``GET /v1/sessions``); pass ``next_cursor`` as ``cursor`` for the next page. (``list_sessions``
+        is the ACP method of one connected agent; this is the daemon's inventory.)"""
+        params = {
+            "limit": None if limit is None else str(limit),
+            "cursor": cursor,
+            "serverId": server_id,
+        }
+        return SessionPage.model_validate(await self._json("GET", "/v1/sessions", params=params))
 
     # -- files -----------------------------------------------------------------------------------
 

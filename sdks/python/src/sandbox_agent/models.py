@@ -14,6 +14,8 @@ __all__ = [
     "Health",
     "AgentInfo",
     "InstanceInfo",
+    "SessionItem",
+    "SessionPage",
     "FsEntry",
     "FsStat",
     "WriteFileResult",
@@ -58,6 +60,27 @@ class InstanceInfo(Model):
     last_event_id: int = 0
     subscribers: int = 0
     pending_requests: int = 0
+
+
+class SessionItem(Model):
+    """One session of the daemon's inventory (``GET /v1/sessions``)."""
+
+    server_id: str
+    session_id: str
+    agent: str
+    state: str
+    created_at_ms: int
+    last_activity_at_ms: int
+    cwd: str | None = None
+    title: str | None = None
+    git_base: str | None = None
+
+
+class SessionPage(Model):
+    """One page of ``GET /v1/sessions``; ``next_cursor`` is ``None`` on the last page."""
+
+    sessions: list[SessionItem]
+    next_cursor: str | None = None
 
 
 class FsEntry(Model):

@@ -290,10 +290,13 @@ export class SandboxAgentClient extends HostApi {
     return res;
   }
 
-  /** The agent's own session list (needs `sessionCapabilities.list`). See also `sessions.list()`. */
+  /**
+   * ACP `session/list`: the agent's own list where it advertises `sessionCapabilities.list`,
+   * else the daemon's answer from its inventory (this serverId's sessions). See also
+   * `sessions.list()` and `listAllSessions()` (every serverId).
+   */
   async listSessions(request: acp.ListSessionsRequest = {}): Promise<acp.ListSessionsResponse> {
     const c = await this.conn();
-    this.require(!!this.initResult?.agentCapabilities?.sessionCapabilities?.list, "listSessions");
     return this.run("listSessions", () => c.listSessions(request));
   }
 

@@ -30,6 +30,7 @@ import type {
   InstallAgentRequest,
   InstallAgentResult,
   InstanceInfo,
+  SessionPage,
   McpEntry,
   MoveRequest,
   ProcessConfig,
@@ -135,6 +136,22 @@ export class HostApi {
   /** Every agent instance (`serverId`) the daemon runs, with its status and process figures. */
   async listInstances(): Promise<InstanceInfo[]> {
     return (await this.json<{ servers: InstanceInfo[] }>("GET", "/v1/acp")).servers;
+  }
+
+  /**
+   * One page of every ACP session the daemon knows, across all serverIds (`GET /v1/sessions`):
+   * live, exited and restored after a restart, with agent, cwd, title, times and state. Pass the
+   * page's `nextCursor` as `cursor` for the next one. (`listSessions` is the ACP method of one
+   * connected agent; this is the daemon's inventory.)
+   */
+  listAllSessions(options: { limit?: number; cursor?: string; serverId?: string } = {}): Promise<SessionPage> {
+    return this.json("GET", "/v1/sessions", {
+      query: {
+        limit: options.limit === undefined ? undefined : String(options.limit),
+        cursor: options.cursor,
+        serverId: options.serverId,
+      },
+    });
   }
 
   listEntries(path?: string): Promise<FsEntry[]> {

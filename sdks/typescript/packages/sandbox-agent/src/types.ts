@@ -16,6 +16,9 @@ export type InstallArtifact = Schemas["Artifact"];
 /** One agent instance (`serverId`) as `GET /v1/acp` lists it. */
 export type InstanceInfo = Schemas["ServerInfo"];
 export type InstanceStatus = Schemas["ServerStatus"];
+/** One page of `GET /v1/sessions` and one session of it. */
+export type SessionPage = Schemas["SessionPage"];
+export type SessionItem = Schemas["SessionItem"];
 export type ExitReason = Schemas["ExitReason"];
 export type EntryType = Schemas["EntryType"];
 export type FsEntry = Schemas["FsEntry"];

@@ -1310,6 +1310,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every ACP session the daemon knows, across all serverIds: live, exited and restored after a
+         *     restart. Paged: `limit` (1–1000, default 100) and the opaque `cursor` of the previous page.
+         */
+        get: operations["listSessions"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1992,6 +2012,45 @@ export interface components {
             sessionId: string;
             cwd: string;
             gitBase: string;
+        };
+        /** @description One session the daemon knows. */
+        SessionItem: {
+            /** @example s1 */
+            serverId: string;
+            /** @example mock-1 */
+            sessionId: string;
+            /** @example mock */
+            agent: string;
+            /** @description The working directory the session was created or loaded with. */
+            cwd?: string;
+            /** @description The title the agent gave it (`session_info_update`), when it gave one. */
+            title?: string;
+            /**
+             * Format: int64
+             * @description When the daemon first saw the session (ms since the epoch).
+             */
+            createdAtMs: number;
+            /**
+             * Format: int64
+             * @description The last prompt or update of the session (ms since the epoch); after a restart, until
+             *     new activity, the time it was recorded.
+             */
+            lastActivityAtMs: number;
+            /**
+             * @description `live` (its agent is starting or running), `exited` (the agent ended; a POST starts it
+             *     again), `restored` (recovered from the state dir after a restart; the next POST restores
+             *     it), `closed` (the agent answered `session/close`).
+             * @example live
+             */
+            state: string;
+            /** @description The HEAD of the repository `cwd` was in when the session was created or loaded. */
+            gitBase?: string;
+        };
+        SessionPage: {
+            /** @description Ordered by serverId, then sessionId. */
+            sessions: components["schemas"]["SessionItem"][];
+            /** @description Pass as `cursor` for the next page; absent on the last page. */
+            nextCursor?: string;
         };
         SkillSource: {
             type: string;
@@ -7931,6 +7990,48 @@ export interface operations {
                 };
                 content: {
                     "application/json": Record<string, never>;
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listSessions: {
+        parameters: {
+            query?: {
+                /** @description Sessions per page (1-1000, default 100) */
+                limit?: number;
+                /** @description The `nextCursor` of the previous page (opaque; a cursor stays valid while sessions come and go) */
+                cursor?: string;
+                /** @description Only this serverId's sessions */
+                serverId?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of sessions */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionPage"];
+                };
+            };
+            /** @description A `limit` out of range, a `cursor` this daemon did not make, or an unknown parameter */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": unknown;
                 };
             };
             401: components["responses"]["Unauthorized"];
