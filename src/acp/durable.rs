@@ -121,7 +121,7 @@ impl SessionRecord {
     }
 
     /// The servers with their secrets back, or why not.
-    fn servers(&self, seal: Option<&crate::state::seal::Sealer>) -> Result<Value, String> {
+    fn servers(&self, seal: Option<&crate::state::seal::Sealer>) -> Result<Value, RestoreError> {
         let mut servers = self.mcp_servers.clone();
         if self.secrets == 0 {
             return Ok(servers);
@@ -137,7 +137,7 @@ impl SessionRecord {
                 put_secrets(&mut servers, &v);
                 Ok(servers)
             }
-            _ => Err("its MCP servers' credentials (env and header values) were not kept: the key in the data dir is missing or another one".to_string()),
+            _ => Err(RestoreError::SecretsLost),
         }
     }
 }
@@ -718,6 +718,7 @@ impl Tracked {
                     let servers = match s.servers(self.d.store().sealer()) {
                         Ok(v) => v,
                         Err(why) => {
+                            let why = why.to_string();
                             failed.push(json!({"sessionId": s.session_id, "reason": why}));
                             out.missing.insert(s.session_id.clone(), (why, None));
                             continue;
@@ -732,6 +733,7 @@ impl Tracked {
                     match call(inst, &id, how, params, step).await {
                         Ok(_) => restored.push(json!({"sessionId": s.session_id, "how": how})),
                         Err(why) => {
+                            let why = why.to_string();
                             failed.push(json!({"sessionId": s.session_id, "reason": why}));
                             out.missing.insert(s.session_id.clone(), (why, None));
                         }
@@ -772,6 +774,26 @@ impl Tracked {
     }
 }
 
+/// Why a session could not be restored in a restarted agent (the text is the `reason` of
+/// `_sandboxagent/restored`'s `failed` entries).
+#[derive(Debug, thiserror::Error)]
+enum RestoreError {
+    #[error(
+        "its MCP servers' credentials (env and header values) were not kept: the key in the data dir is missing or another one"
+    )]
+    SecretsLost,
+    #[error("{0}")]
+    Envelope(#[from] crate::acp::jsonrpc::EnvelopeError),
+    #[error("not a request")]
+    NotARequest,
+    #[error("{0}")]
+    Answer(#[from] serde_json::Error),
+    #[error("{method} failed: {error}")]
+    Failed { method: String, error: Value },
+    #[error("{0}")]
+    Deliver(#[from] AcpError),
+}
+
 /// Sends one request of our own to the agent and waits for its result (or says why not).
 async fn call(
     inst: &AcpInstance,
@@ -779,24 +801,25 @@ async fn call(
     method: &str,
     params: Value,
     timeout: Duration,
-) -> Result<Value, String> {
+) -> Result<Value, RestoreError> {
     let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-    let env = parse_envelope(Bytes::from(serde_json::to_vec(&line).unwrap_or_default()))
-        .map_err(|e| e.to_string())?;
+    let env = parse_envelope(Bytes::from(serde_json::to_vec(&line).unwrap_or_default()))?;
     let Kind::Request { key, .. } = env.kind else {
-        return Err("not a request".to_string());
+        return Err(RestoreError::NotARequest);
     };
-    match inst.deliver(env.line, Some(key), true, timeout).await {
-        Ok(Delivered::Response { line, .. }) => {
-            let resp: Full = serde_json::from_slice(&line).map_err(|e| e.to_string())?;
+    match inst.deliver(env.line, Some(key), true, timeout).await? {
+        Delivered::Response { line, .. } => {
+            let resp: Full = serde_json::from_slice(&line)?;
             match (resp.result, resp.error) {
                 (Some(r), _) => Ok(r),
-                (None, Some(e)) => Err(format!("{method} failed: {e}")),
+                (None, Some(error)) => Err(RestoreError::Failed {
+                    method: method.to_string(),
+                    error,
+                }),
                 (None, None) => Ok(Value::Null),
             }
         }
-        Ok(Delivered::Accepted) => Ok(Value::Null),
-        Err(e) => Err(e.to_string()),
+        Delivered::Accepted => Ok(Value::Null),
     }
 }
 
