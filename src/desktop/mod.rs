@@ -326,6 +326,7 @@ impl DesktopService {
         self.tool("xdotool")?;
         let socket = PathBuf::from(format!("/tmp/.X11-unix/X{num}"));
         let lock = PathBuf::from(format!("/tmp/.X{num}-lock"));
+        clear_stale(&lock, &socket);
         if socket.exists() || lock.exists() {
             return Err(DesktopError::Conflict(format!(
                 "display :{num} is in use by another X server ({} exists)",
@@ -594,4 +595,20 @@ pub fn discard(pipe: impl tokio::io::AsyncRead + Send + Unpin + 'static) {
         let mut pipe = pipe;
         let _ = tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await;
     });
+}
+
+/// Removes a display's lock file and socket when the server that wrote the lock is gone (killed
+/// with SIGKILL, it cannot clean up): what X servers themselves do with a stale lock.
+fn clear_stale(lock: &Path, socket: &Path) {
+    let Ok(text) = std::fs::read_to_string(lock) else {
+        return;
+    };
+    let Ok(pid) = text.trim().parse::<u32>() else {
+        return;
+    };
+    if pid > 0 && !Path::new(&format!("/proc/{pid}")).exists() {
+        tracing::info!(lock = %lock.display(), pid, "removing a dead X server's lock");
+        let _ = std::fs::remove_file(lock);
+        let _ = std::fs::remove_file(socket);
+    }
 }

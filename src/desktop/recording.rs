@@ -216,8 +216,17 @@ impl DesktopService {
             "libx264".into(),
             "-preset".into(),
             "ultrafast".into(),
+            "-tune".into(),
+            "zerolatency".into(),
             "-pix_fmt".into(),
             "yuv420p".into(),
+            // A keyframe each second, and a fragment written at each: the file grows as it
+            // records (a plain MP4 holds everything until the end) and what a crash leaves
+            // still plays.
+            "-g".into(),
+            fps.to_string(),
+            "-movflags".into(),
+            "+frag_keyframe+empty_moov+default_base_moof".into(),
             path.to_string_lossy().into_owned(),
         ];
         let handle = self

@@ -5,6 +5,7 @@ mod acp;
 mod agents;
 mod client;
 mod config;
+mod desktop;
 mod docs_check;
 mod durable;
 mod edge;
