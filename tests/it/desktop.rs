@@ -428,3 +428,94 @@ async fn desktop_recording_is_an_mp4_ffprobe_accepts_and_delete_removes_it() {
     );
     app.post("/v1/desktop/stop", json!(null)).await;
 }
+
+/// The published npm SDK (`sandbox-agent` 0.4.2), unchanged, drives every desktop method of its
+/// client against our daemon (`tests/processes-compat/desktop.mjs`).
+#[tokio::test]
+async fn published_npm_sdk_drives_the_desktop_api() {
+    if !have_tools() {
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/processes-compat");
+    if !dir.join("node_modules/sandbox-agent").exists() {
+        skip("tests/processes-compat/node_modules is missing; run .ci/install-processes.sh");
+        return;
+    }
+    let d = crate::support::Daemon::builder()
+        .token("desk-token")
+        .start();
+    let typed = d.work_dir().join("sdk-typed.txt");
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .arg(dir.join("desktop.mjs"))
+            .arg(format!("http://{}", d.addr))
+            .arg("desk-token")
+            .arg("165")
+            .arg(&typed)
+            .current_dir(&dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the SDK finished within 120 s")
+    .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "node failed ({}):\n{stdout}\n{}\ndaemon:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        d.stderr()
+    );
+    let s: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(s["notRunning"]["status"], 409, "{s}");
+    assert_eq!(s["started"]["state"], "active");
+    assert_eq!(s["display"]["display"], ":165");
+    assert_eq!(s["display"]["resolution"]["width"], 800);
+    assert_eq!(s["png"]["magic"], "PNG");
+    assert_eq!(
+        (s["jpeg"]["first"].as_u64(), s["jpeg"]["second"].as_u64()),
+        (Some(0xff), Some(0xd8))
+    );
+    assert_eq!(s["offScreen"]["status"], 400, "{s}");
+    assert_eq!(
+        (s["moved"]["x"].as_i64(), s["moved"]["y"].as_i64()),
+        (Some(50), Some(60))
+    );
+    assert_eq!(
+        (s["dragged"]["x"].as_i64(), s["dragged"]["y"].as_i64()),
+        (Some(30), Some(40))
+    );
+    assert_eq!(
+        (s["position"]["x"].as_i64(), s["position"]["y"].as_i64()),
+        (Some(100), Some(100))
+    );
+    for k in ["typed", "pressed", "keyDown", "keyUp", "clipSet"] {
+        assert_eq!(s[k]["ok"], true, "{k}: {s}");
+    }
+    assert_eq!(s["badKey"]["status"], 400, "{s}");
+    let win = s["launched"]["windowId"].as_str().expect("a window id");
+    assert_eq!(s["focused"]["id"], win);
+    assert_eq!(s["focusedWindow"]["title"], "sdk-term");
+    assert!(
+        s["windows"]["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["id"] == win)
+    );
+    assert_eq!(s["clip"]["text"], "sdk clipboard ✓");
+    assert_eq!(s["stream"]["active"], false);
+    assert_eq!(s["recStopped"]["status"], "completed", "{s}");
+    assert_eq!(s["mp4"]["ftyp"], "ftyp");
+    assert!(
+        s["afterDelete"]["recordings"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s["stopped"]["state"], "inactive");
+    let got = std::fs::read_to_string(&typed).unwrap_or_default();
+    assert_eq!(got, "from the sdk\n");
+}
