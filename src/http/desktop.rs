@@ -148,6 +148,8 @@ async fn stop(State(state): State<AppState>) -> Answer<DesktopStatusResponse> {
     responses(
         (status = 200, description = "The display", body = DesktopDisplayInfoResponse),
         (status = 409, description = "The desktop is not running"),
+        (status = 502, description = "A tool failed or timed out"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn display_info(State(state): State<AppState>) -> Answer<DesktopDisplayInfoResponse> {
     let d = state.desktop.display()?;
@@ -193,6 +195,7 @@ async fn shot(state: &AppState, shot: Shot) -> Result<Response, Problem> {
         (status = 400, description = "A query value out of range"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "The capture failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn screenshot(
     State(state): State<AppState>,
@@ -215,6 +218,7 @@ async fn screenshot(
         (status = 400, description = "The region is not wholly on the screen, or a value is out of range"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "The capture failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn screenshot_region(
     State(state): State<AppState>,
@@ -235,6 +239,7 @@ async fn screenshot_region(
         (status = 200, description = "The pointer", body = DesktopMousePositionResponse),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xdotool failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn mouse_position(State(state): State<AppState>) -> Answer<DesktopMousePositionResponse> {
     Ok(Json(state.desktop.mouse_position().await?.into()))
@@ -253,7 +258,8 @@ macro_rules! mouse_route {
                 (status = 400, description = "A coordinate off the screen or a value out of range (named in `field`)"),
                 (status = 409, description = "The desktop is not running"),
                 (status = 502, description = "xdotool failed"),
-            ))]
+                (status = 503, description = "A tool is missing (named with its Debian package)"),
+    ))]
         async fn $name(
             State(state): State<AppState>,
             body: Result<Json<$body>, JsonRejection>,
@@ -352,6 +358,7 @@ mouse_route!(
         (status = 400, description = "Text too long or delay out of range"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xdotool failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_type(
     State(state): State<AppState>,
@@ -369,6 +376,7 @@ async fn keyboard_type(
         (status = 400, description = "Not a key name X knows"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xdotool failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_press(
     State(state): State<AppState>,
@@ -397,6 +405,7 @@ async fn keyboard_press(
         (status = 400, description = "Not a key name X knows"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xdotool failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_down(
     State(state): State<AppState>,
@@ -413,6 +422,7 @@ async fn keyboard_down(
         (status = 400, description = "Not a key name X knows"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xdotool failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_up(
     State(state): State<AppState>,
@@ -427,6 +437,7 @@ async fn keyboard_up(
         (status = 200, description = "The window manager's client windows", body = DesktopWindowListResponse),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "The query failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn windows(State(state): State<AppState>) -> Answer<DesktopWindowListResponse> {
     let windows = state.desktop.windows().await?;
@@ -440,6 +451,8 @@ async fn windows(State(state): State<AppState>) -> Answer<DesktopWindowListRespo
         (status = 200, description = "The focused window", body = DesktopWindowInfo),
         (status = 404, description = "No window has the focus"),
         (status = 409, description = "The desktop is not running"),
+        (status = 502, description = "A tool failed or timed out"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn focused_window(State(state): State<AppState>) -> Answer<DesktopWindowInfo> {
     Ok(Json(state.desktop.focused_window().await?.into()))
@@ -451,6 +464,8 @@ async fn focused_window(State(state): State<AppState>) -> Answer<DesktopWindowIn
         (status = 200, description = "The window after the focus", body = DesktopWindowInfo),
         (status = 404, description = "No such window"),
         (status = 409, description = "The desktop is not running"),
+        (status = 502, description = "A tool failed or timed out"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn window_focus(
     State(state): State<AppState>,
@@ -469,6 +484,8 @@ async fn window_focus(
         (status = 400, description = "A coordinate out of range"),
         (status = 404, description = "No such window"),
         (status = 409, description = "The desktop is not running"),
+        (status = 502, description = "A tool failed or timed out"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn window_move(
     State(state): State<AppState>,
@@ -488,6 +505,8 @@ async fn window_move(
         (status = 400, description = "A side outside 1..=8192"),
         (status = 404, description = "No such window"),
         (status = 409, description = "The desktop is not running"),
+        (status = 502, description = "A tool failed or timed out"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn window_resize(
     State(state): State<AppState>,
@@ -509,6 +528,7 @@ async fn window_resize(
         (status = 400, description = "Not a selection name"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xclip failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn clipboard_get(
     State(state): State<AppState>,
@@ -529,6 +549,7 @@ async fn clipboard_get(
         (status = 400, description = "Text over 64 KiB or not a selection name"),
         (status = 409, description = "The desktop is not running"),
         (status = 502, description = "xclip failed"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn clipboard_set(
     State(state): State<AppState>,
@@ -547,6 +568,8 @@ async fn clipboard_set(
         (status = 400, description = "Too many arguments"),
         (status = 404, description = "No such program"),
         (status = 409, description = "The desktop is not running, or 64 programs run on it"),
+        (status = 502, description = "A tool failed or timed out"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn launch(
     State(state): State<AppState>,
@@ -572,6 +595,7 @@ async fn launch(
         (status = 400, description = "An empty or over-long target"),
         (status = 409, description = "The desktop is not running"),
         (status = 503, description = "xdg-open is not installed (package xdg-utils)"),
+        (status = 502, description = "A tool failed or timed out"),
     ))]
 async fn open(
     State(state): State<AppState>,
@@ -606,6 +630,7 @@ async fn open(
         (status = 400, description = "fps outside 1..=60"),
         (status = 409, description = "The desktop is not running, a recording runs, or 32 are kept"),
         (status = 502, description = "ffmpeg did not start"),
+        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn recording_start(
     State(state): State<AppState>,
