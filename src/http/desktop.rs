@@ -52,6 +52,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(recording_get, recording_delete))
         .routes(routes!(recording_download))
         .routes(routes!(stream_status))
+        .routes(routes!(super::desktop_stream::stream_frames))
 }
 
 impl From<DesktopError> for Problem {

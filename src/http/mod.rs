@@ -7,6 +7,7 @@ pub mod auth;
 mod body_rate;
 pub mod config;
 pub mod desktop;
+mod desktop_stream;
 pub mod error;
 pub mod files;
 pub mod guard;

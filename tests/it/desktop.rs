@@ -519,3 +519,95 @@ async fn published_npm_sdk_drives_the_desktop_api() {
     let got = std::fs::read_to_string(&typed).unwrap_or_default();
     assert_eq!(got, "from the sdk\n");
 }
+
+/// The live view: a WebSocket through the daemon's port with the token in its URL, JPEG frames
+/// out, input events back, ended when the desktop stops.
+#[tokio::test]
+async fn live_view_streams_jpeg_frames_and_takes_input() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    if !have_tools() {
+        return;
+    }
+    let d = crate::support::Daemon::builder()
+        .token("live-token")
+        .start();
+    let http = d.client();
+    let started = http
+        .post(d.url("/v1/desktop/start"))
+        .json(&json!({"displayNum": 166, "width": 320, "height": 200}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 200);
+    // Without the token the upgrade is refused.
+    let bare = format!("ws://{}/v1/desktop/stream/frames", d.addr);
+    assert!(
+        tokio_tungstenite::connect_async(bare.as_str())
+            .await
+            .is_err()
+    );
+    let url = format!(
+        "ws://{}/v1/desktop/stream/frames?access_token=live-token&fps=5",
+        d.addr
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("WebSocket");
+    let Message::Text(ready) = ws.next().await.unwrap().unwrap() else {
+        panic!("ready first")
+    };
+    let ready: serde_json::Value = serde_json::from_str(ready.as_str()).unwrap();
+    assert_eq!(ready, json!({"type": "ready", "width": 320, "height": 200}));
+    let Message::Binary(frame) = ws.next().await.unwrap().unwrap() else {
+        panic!("a frame")
+    };
+    assert_eq!(&frame[..3], b"\xff\xd8\xff", "a JPEG");
+    ws.send(Message::text(
+        json!({"type": "move", "x": 33, "y": 44}).to_string(),
+    ))
+    .await
+    .unwrap();
+    eventually_async(Duration::from_secs(10), "the pointer moved", || {
+        let (http, d) = (&http, &d);
+        async move {
+            let p: serde_json::Value = http
+                .get(d.url("/v1/desktop/mouse/position"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (p["x"] == 33 && p["y"] == 44).then_some(())
+        }
+    })
+    .await;
+    ws.send(Message::text(
+        json!({"type": "key", "key": "No Such"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let err = loop {
+        match ws.next().await.unwrap().unwrap() {
+            Message::Text(t) => {
+                break serde_json::from_str::<serde_json::Value>(t.as_str()).unwrap();
+            }
+            Message::Binary(_) => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(err["type"], "error", "{err}");
+    let stopped = http.post(d.url("/v1/desktop/stop")).send().await.unwrap();
+    assert_eq!(stopped.status(), 200);
+    let end = loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => {
+                break serde_json::from_str::<serde_json::Value>(t.as_str()).unwrap();
+            }
+            Some(Ok(Message::Binary(_))) => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(end["type"], "end", "{end}");
+}

@@ -1788,6 +1788,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/desktop/stream/frames": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The live view as a WebSocket: a `ready` text message (`{type, width, height}`), then one
+         *     binary message per frame (a JPEG image of the whole screen); the client sends input as JSON
+         *     text messages (`move`, `click`, `down`, `up`, `scroll`, `type`, `key`). Ends with the
+         *     desktop (an `end` text message) or the daemon.
+         */
+        get: operations["connectDesktopStream"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -10436,6 +10458,58 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    connectDesktopStream: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Frames per second, 1..=10; default 4. A slow reader gets fewer: the next frame is taken
+                 *     only once the last one was sent.
+                 */
+                fps?: number;
+                /** @description JPEG quality 1..=100; default 60. */
+                quality?: number;
+                /** @description 0 < scale <= 1; default 1. */
+                scale?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switched to the WebSocket protocol */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Not a WebSocket upgrade, or a query value out of range */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description The desktop is not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
