@@ -7,6 +7,7 @@
 //! display server could not start or died (reported at once: a task waits on its exit). While
 //! the desktop is active the supervisor gives every child it starts `DISPLAY`.
 
+pub mod install;
 pub mod recording;
 pub mod x;
 
