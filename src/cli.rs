@@ -58,6 +58,12 @@ pub enum Command {
         #[arg(long)]
         resume_session: bool,
     },
+    /// Install the Debian packages of the desktop or the browser (apt-get as root; otherwise
+    /// prints the command to run)
+    Install {
+        #[arg(value_enum)]
+        what: crate::desktop::install::Target,
+    },
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,
     /// Ask a running daemon how it is: health, version, instance and process counts

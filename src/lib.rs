@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod config_store;
 pub mod daemon;
+pub mod desktop;
 pub mod files;
 pub mod http;
 pub mod http_client;

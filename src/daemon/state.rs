@@ -95,6 +95,10 @@ impl AppState {
                 None => crate::opencode::OpenCode::new(c, a, g, None),
             })
         };
+        let desktop = Arc::new(crate::desktop::DesktopService::new(
+            &config,
+            supervisor.clone(),
+        ));
         // The per-instance process figures of `/metrics`, read off the runtime thread.
         super::sampler::spawn(acp.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
@@ -110,6 +114,7 @@ impl AppState {
             processes,
             workspace,
             opencode,
+            desktop,
             state: state.map(|(s, _)| s),
             tasks,
         })))
@@ -121,6 +126,8 @@ impl AppState {
             store.set_stopping();
         }
         self.acp.stop_all(deadline).await;
+        // The desktop's recording is finished cleanly before the supervisor ends the rest.
+        self.desktop.shutdown().await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;
         let opencode = self.opencode.clone();

@@ -7,6 +7,8 @@ pub mod auth;
 mod body_rate;
 pub mod bundle;
 pub mod config;
+pub mod desktop;
+mod desktop_stream;
 pub mod error;
 pub mod files;
 pub mod guard;
@@ -68,6 +70,8 @@ pub struct Services {
     pub workspace: Arc<crate::workspace::Workspace>,
     /// The OpenCode bridge (`/opencode/*`), over `acp`.
     pub opencode: Arc<crate::opencode::OpenCode>,
+    /// The supervised X desktop (`/v1/desktop/*`, `http/desktop.rs`).
+    pub desktop: Arc<crate::desktop::DesktopService>,
     /// `--state-dir`'s store, when there is one.
     pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
@@ -134,6 +138,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(workspace::routes())
         .merge(opencode::routes())
         .merge(sessions::routes())
+        .merge(desktop::routes())
 }
 
 pub fn router(state: AppState) -> Router {

@@ -648,6 +648,9 @@ pub struct Supervisor {
     removals: TaskTracker,
     /// Set by a reload's export: ended children are no longer reaped (the new image does it).
     reap_hold: Arc<ReapHold>,
+    /// `DISPLAY` while the desktop (`desktop/`) runs: every child started meanwhile gets it
+    /// (beneath the spec's own variables, so a caller's `DISPLAY` wins).
+    display: std::sync::Mutex<Option<OsString>>,
 }
 
 impl Supervisor {
@@ -709,7 +712,28 @@ impl Supervisor {
             warm,
             removals: TaskTracker::new(),
             reap_hold: Arc::default(),
+            display: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Sets (or clears) the `DISPLAY` children started from now on get.
+    pub fn set_display(&self, display: Option<OsString>) {
+        *self.display.lock().unwrap_or_else(|e| e.into_inner()) = display;
+    }
+
+    /// The base environment with `DISPLAY` when a desktop runs.
+    pub fn child_base_env(&self) -> Vec<(OsString, OsString)> {
+        let mut env = self.base_env.clone();
+        if let Some(d) = self
+            .display
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            env.retain(|(k, _)| k != "DISPLAY");
+            env.push(("DISPLAY".into(), d));
+        }
+        env
     }
 
     /// True when agents get their own cgroups (else only process groups and rlimits).

@@ -53,7 +53,7 @@ pub(super) fn spawn(
         Some(_) if pipes => warm::message(&warm::Launch {
             program: &spec.program,
             args: &spec.args,
-            env: merged_env(&sup.base_env, &spec.env),
+            env: merged_env(&sup.child_base_env(), &spec.env),
             cwd: &spec.cwd,
             user: user.as_ref(),
         }),
@@ -135,7 +135,7 @@ pub(super) fn spawn(
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
-        .envs(sup.base_env.iter().map(|(k, v)| (k, v)))
+        .envs(sup.child_base_env())
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .kill_on_drop(false);
     let terminal = match stdio {

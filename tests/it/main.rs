@@ -6,6 +6,7 @@ mod agent_user_isolation;
 mod agents;
 mod client;
 mod config;
+mod desktop;
 mod docs_check;
 mod durable;
 mod edge;

@@ -7,6 +7,7 @@
 pub mod acp;
 pub mod agents;
 pub mod config;
+pub mod desktop;
 pub mod files;
 pub mod processes;
 pub mod supervisor;
