@@ -698,9 +698,11 @@ async fn claude_session_continues_after_a_daemon_crash() {
             .find(|e| e["method"] == "_sandboxagent/restored")
     })
     .await;
+    // Claude's adapter advertises `sessionCapabilities.resume`, so the restore resumes (an
+    // agent without it is loaded: sessions::a_restart_restores_with_session_load_otherwise).
     assert_eq!(
         restored["params"]["sessions"],
-        json!([{"sessionId": session, "how": "session/load"}]),
+        json!([{"sessionId": session, "how": "session/resume"}]),
         "{restored}"
     );
     // The second turn's model request carries the first turn: user, assistant, user at least.
