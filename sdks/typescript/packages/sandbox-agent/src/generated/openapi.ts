@@ -1852,6 +1852,8 @@ export interface components {
         /** @description `GET /v1/processes`. */
         ProcessListResponse: {
             processes: components["schemas"]["ProcessInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         /** @description One event of a process's follow stream: `log` (`id` the entry's `sequence`, `data` a ProcessLogEntry) or `gap` (no `id`; `data` `{"from","to"}`, the output dropped before this reader got it). */
         ProcessLogEvent: {
@@ -1961,6 +1963,8 @@ export interface components {
         /** @description `GET /v1/acp`: every instance, sorted by serverId. */
         ServerList: {
             servers: components["schemas"]["ServerInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         /**
          * @description What `GET /v1/acp` says of the process: `starting` until it runs, `exited` once its whole
@@ -2170,20 +2174,34 @@ export interface operations {
     };
     listAcpServers: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description At most this many instances (1..=1000); without it, every instance */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every instance, sorted by serverId */
+            /** @description Every instance (or one page), sorted by serverId */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ServerList"];
+                };
+            };
+            /** @description A bad `limit` or `cursor` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -4098,6 +4116,10 @@ export interface operations {
                  * @example user
                  */
                 owner?: string;
+                /** @description At most this many records (1..=1000); without it, every record */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -4105,7 +4127,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The records */
+            /** @description The records (or one page), oldest first */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -4114,7 +4136,7 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessListResponse"];
                 };
             };
-            /** @description An unknown owner */
+            /** @description An unknown owner, a bad `limit` or `cursor` */
             400: {
                 headers: {
                     [name: string]: unknown;
