@@ -12,6 +12,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::Problem;
 
+/// The response header naming the next page of a list answered as a bare JSON array.
+pub const NEXT_CURSOR: &str = "sandbox-agent-next-cursor";
+
 /// The largest page a client may ask for.
 pub const MAX_LIMIT: usize = 1000;
 
@@ -65,6 +68,24 @@ impl Page {
             _ => None,
         }
     }
+
+    /// One page of a list computed whole, `key` giving each item its sort key: without
+    /// parameters every item in the given order; otherwise the items sorted by key, after the
+    /// cursor's, at most `limit`, and the next cursor when the page is full.
+    pub fn slice<T>(&self, items: Vec<T>, key: impl Fn(&T) -> String) -> (Vec<T>, Option<String>) {
+        if self.after.is_none() && self.limit.is_none() {
+            return (items, None);
+        }
+        let mut keyed: Vec<(String, T)> = items
+            .into_iter()
+            .map(|t| (key(&t), t))
+            .filter(|(k, _)| self.after.as_deref().is_none_or(|a| k.as_str() > a))
+            .collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        keyed.truncate(self.take());
+        let next = self.next(keyed.len(), keyed.last().map(|(k, _)| k.as_str()));
+        (keyed.into_iter().map(|(_, t)| t).collect(), next)
+    }
 }
 
 pub fn encode(key: &str) -> String {
@@ -96,6 +117,19 @@ mod tests {
         assert_eq!(p.next(2, Some("s-3")), Some(encode("s-3")));
         assert_eq!(p.next(1, Some("s-3")), None, "a short page is the last");
         assert_eq!(Page::from_query(&q(&[])).unwrap().limit, None);
+        let all = Page::from_query(&q(&[])).unwrap();
+        assert_eq!(
+            all.slice(vec!["b", "a"], |s| s.to_string()),
+            (vec!["b", "a"], None)
+        );
+        let two = Page::from_query(&q(&[("limit", "2")])).unwrap();
+        let (page, next) = two.slice(vec!["c", "a", "d", "b"], |s| s.to_string());
+        assert_eq!(page, ["a", "b"]);
+        let rest = Page::from_query(&q(&[("limit", "2"), ("cursor", &next.unwrap())])).unwrap();
+        assert_eq!(
+            rest.slice(vec!["d", "c", "a"], |s| s.to_string()).0,
+            ["c", "d"]
+        );
         for bad in [
             ("limit", "0"),
             ("limit", "1001"),

@@ -154,3 +154,77 @@ async fn process_records_page_oldest_first() {
             .await;
     }
 }
+
+#[tokio::test]
+async fn agents_page_by_id() {
+    let app = App::start::<_, &str>([]).await;
+    let all = app.get("/v1/agents").await.json();
+    assert!(all.get("nextCursor").is_none(), "{all}");
+    let mut ids: Vec<String> = all["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    assert!(ids.len() >= 3, "{ids:?}");
+    let pages = every_page(&app, "/v1/agents?limit=2", "agents").await;
+    assert!(pages.iter().all(|p| p.len() <= 2));
+    let paged: Vec<String> = pages
+        .iter()
+        .flatten()
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paged, ids);
+    app.get("/v1/agents?limit=1001")
+        .await
+        .problem(StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn directory_entries_page_by_name_with_the_cursor_in_a_header() {
+    let app = App::start::<_, &str>([]).await;
+    let dir = app.path("paged");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["e", "b", "d", "a", "c"] {
+        std::fs::write(dir.join(name), name).unwrap();
+    }
+    let path = dir.display().to_string();
+    let whole = app.get(&format!("/v1/fs/entries?path={path}")).await;
+    assert!(whole.headers.get("sandbox-agent-next-cursor").is_none());
+    assert_eq!(whole.json().as_array().unwrap().len(), 5);
+
+    let mut names = Vec::new();
+    let mut uri = format!("/v1/fs/entries?path={path}&limit=2");
+    loop {
+        let a = app.get(&uri).await;
+        assert_eq!(
+            a.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&a.body)
+        );
+        let page = a.json();
+        assert!(page.as_array().unwrap().len() <= 2);
+        names.extend(
+            page.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["name"].as_str().unwrap().to_string()),
+        );
+        match a.headers.get("sandbox-agent-next-cursor") {
+            Some(c) => {
+                uri = format!(
+                    "/v1/fs/entries?path={path}&limit=2&cursor={}",
+                    c.to_str().unwrap()
+                )
+            }
+            None => break,
+        }
+        assert!(names.len() <= 10, "paging does not end");
+    }
+    assert_eq!(names, ["a", "b", "c", "d", "e"]);
+    app.get(&format!("/v1/fs/entries?path={path}&cursor=!!"))
+        .await
+        .problem(StatusCode::BAD_REQUEST);
+}

@@ -1309,6 +1309,8 @@ export interface components {
         };
         AgentList: {
             agents: components["schemas"]["AgentInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         AgentServerStatus: {
             /** @description Agent processes of this agent running now. */
@@ -1730,6 +1732,8 @@ export interface components {
         };
         PortList: {
             ports: components["schemas"]["PortInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         Preview: {
             /** @description `/preview/<opaque>/`, relative to the daemon's address; needs no token. */
@@ -2799,20 +2803,34 @@ export interface operations {
     };
     listAgents: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description At most this many agents (1..=1000), by id; without it, every agent */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every known agent */
+            /** @description Every known agent (or one page, by id) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["AgentList"];
+                };
+            };
+            /** @description A bad `limit` or `cursor` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -2967,6 +2985,10 @@ export interface operations {
             query?: {
                 /** @description Absolute, or relative to the working root (`--work-dir`); default `.` */
                 path?: string;
+                /** @description At most this many entries (1..=1000), by name; without it, every entry */
+                limit?: number;
+                /** @description The `Sandbox-Agent-Next-Cursor` header of the page before, unchanged */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -2974,16 +2996,18 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The directory's entries */
+            /** @description The directory's entries (or one page), by name */
             200: {
                 headers: {
+                    /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next page */
+                    "Sandbox-Agent-Next-Cursor"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["FsEntry"][];
                 };
             };
-            /** @description Missing or invalid parameter, or the wrong kind of entry (file vs directory) */
+            /** @description Missing or invalid parameter (`limit`, `cursor` too), or the wrong kind of entry (file vs directory) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5794,20 +5818,34 @@ export interface operations {
     };
     listPorts: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description At most this many listeners (1..=1000), by port and address; without it, every listener */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description The listeners */
+            /** @description The listeners (or one page, by port and address) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["PortList"];
+                };
+            };
+            /** @description A bad `limit` or `cursor` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
