@@ -24,7 +24,7 @@ use super::jsonrpc::{Envelope, IdKey, Kind};
 use super::{AcpError, Deps};
 use crate::agents::{AgentError, Agents};
 use crate::config::Config;
-use crate::supervisor::{ChildHandle, ExitReason, GroupScan, SpawnSpec, Supervisor};
+use crate::supervisor::{ChildHandle, ExitReason, GroupScan, ProcessStats, SpawnSpec, Supervisor};
 
 /// Why an instance leaves the registry: every removal names one (see `AcpService::retire`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,9 @@ pub(crate) use bundles::ImportReservation;
 
 type Instances = BTreeMap<String, Arc<AcpInstance>>;
 
+/// The last sample's process figures: serverId → (the pid they were read under, figures).
+type Sampled = std::collections::HashMap<String, (u32, ProcessStats)>;
+
 /// The proxy: every live serverId and the stops still running.
 pub struct AcpService {
     deps: Deps,
@@ -69,6 +72,8 @@ pub struct AcpService {
     /// Request body bytes of ACP POSTs being received (`--acp-inflight-bytes`).
     inflight: Arc<Budget>,
     instances: Mutex<Instances>,
+    /// The process figures of the last `sample` (replaced whole; a listing clones the `Arc`).
+    sampled: Mutex<Arc<Sampled>>,
     /// Every agent stop (every retirement of a started instance). Closed by `stop_all` under the instances lock:
     /// from then on no instance is created, and `wait` covers every stop spawned before.
     stops: TaskTracker,
@@ -163,6 +168,7 @@ impl AcpService {
             },
             limits,
             instances: Mutex::new(BTreeMap::new()),
+            sampled: Mutex::new(Arc::default()),
             stops: TaskTracker::new(),
             handoff: CancellationToken::new(),
             state: None,
@@ -672,16 +678,75 @@ impl AcpService {
         self.stops.spawn(stop_instance(inst.clone(), handle, grace));
     }
 
-    /// Every instance, sorted by serverId. The process figures come from procfs (a few files per
-    /// process, a `/proc` scan for an agent without a cgroup), so they are read on the blocking
-    /// pool, never on the runtime thread.
-    pub async fn list(&self) -> Vec<ServerInfo> {
+    /// Reads the process figures of every running instance from procfs (a few files per
+    /// process, one `/proc` scan for the agents without a cgroup) on the blocking pool, keeps
+    /// them as the figures listings report, and returns every instance with them. The sampler
+    /// calls it every `metrics::SAMPLE_EVERY`; no request does.
+    pub async fn sample(&self) -> Vec<ServerInfo> {
         let all: Vec<Arc<AcpInstance>> = self.instances().values().cloned().collect();
-        crate::sys::blocking(move || {
+        if all.is_empty() {
+            *crate::sys::lock(&self.sampled) = Arc::default();
+            return Vec::new();
+        }
+        let rows: Vec<ServerInfo> = crate::sys::blocking(move || {
             let mut scan = GroupScan::default();
-            all.iter().map(|i| info(i, &mut scan)).collect()
+            all.iter().map(|i| info(i, Some(&mut scan), None)).collect()
         })
-        .await
+        .await;
+        let figures: Sampled = rows
+            .iter()
+            .filter_map(|r| Some((r.server_id.clone(), (r.pid?, stats_of(r)?))))
+            .collect();
+        *crate::sys::lock(&self.sampled) = Arc::new(figures);
+        rows
+    }
+
+    /// Every instance, sorted by serverId; see `page`.
+    pub async fn list(&self) -> Vec<ServerInfo> {
+        self.page(None, usize::MAX).await
+    }
+
+    /// At most `limit` instances whose serverId sorts after `after`, sorted by serverId. Their
+    /// process figures are the last sample's (at most `metrics::SAMPLE_EVERY` old), so a listing
+    /// costs the same whatever the number of agents; only an instance started since the last
+    /// sample has its figures read from procfs here (on the blocking pool).
+    pub async fn page(&self, after: Option<&str>, limit: usize) -> Vec<ServerInfo> {
+        use std::ops::Bound;
+        let page: Vec<Arc<AcpInstance>> = {
+            let map = self.instances();
+            let lower = match after {
+                Some(a) => Bound::Excluded(a),
+                None => Bound::Unbounded,
+            };
+            map.range::<str, _>((lower, Bound::Unbounded))
+                .take(limit)
+                .map(|(_, i)| i.clone())
+                .collect()
+        };
+        let sampled = crate::sys::lock(&self.sampled).clone();
+        let mut rows: Vec<ServerInfo> =
+            page.iter().map(|i| info(i, None, Some(&sampled))).collect();
+        // Running, yet not sampled under its current pid: started since the last sample.
+        let fresh: Vec<(usize, Arc<AcpInstance>)> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.status == Status::Running && r.rss_bytes.is_none())
+            .map(|(n, _)| (n, page[n].clone()))
+            .collect();
+        if !fresh.is_empty() {
+            let read: Vec<(usize, ServerInfo)> = crate::sys::blocking(move || {
+                let mut scan = GroupScan::default();
+                fresh
+                    .into_iter()
+                    .map(|(n, i)| (n, info(&i, Some(&mut scan), None)))
+                    .collect()
+            })
+            .await;
+            for (n, row) in read {
+                rows[n] = row;
+            }
+        }
+        rows
     }
 
     /// Instances per state (starting, running, exited), for the metrics.
@@ -974,13 +1039,29 @@ async fn stop_instance(inst: Arc<AcpInstance>, handle: ChildHandle, grace: Durat
     inst.wait_for(|s| s.ended && s.exited).await;
 }
 
-fn info(i: &AcpInstance, scan: &mut GroupScan) -> ServerInfo {
+/// The figures of a listed row, when it has them.
+fn stats_of(r: &ServerInfo) -> Option<ProcessStats> {
+    Some(ProcessStats {
+        rss_bytes: r.rss_bytes?,
+        cpu_ms: r.cpu_ms?,
+        processes: r.processes?,
+        open_fds: r.open_fds?,
+    })
+}
+
+/// One instance's row: its process figures read from procfs when `scan` is given, otherwise
+/// taken from `sampled` when it holds them for the instance's current pid.
+fn info(i: &AcpInstance, scan: Option<&mut GroupScan>, sampled: Option<&Sampled>) -> ServerInfo {
     // Status and exit come from one reading of the instance's state, so they always agree.
     let snap = i.snapshot();
     let status = snap.status;
     let exit = snap.exit;
-    let stats = match (status, &snap.handle) {
-        (Status::Running, Some(h)) => Some(h.stats_in(scan)),
+    let stats = match (status, &snap.handle, scan) {
+        (Status::Running, Some(h), Some(scan)) => Some(h.stats_in(scan)),
+        (Status::Running, Some(h), None) => sampled
+            .and_then(|m| m.get(&i.server_id))
+            .filter(|(pid, _)| *pid == h.pid())
+            .map(|(_, s)| s.clone()),
         _ => None,
     };
     ServerInfo {

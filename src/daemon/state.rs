@@ -99,8 +99,8 @@ impl AppState {
             &config,
             supervisor.clone(),
         ));
-        // The per-instance process figures of `/metrics`, read off the runtime thread.
-        super::sampler::spawn(acp.clone(), services.child_token());
+        // The process figures of `/metrics` and the listings, read off the runtime thread.
+        super::sampler::spawn(acp.clone(), processes.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::http::Services {
             data_dir_problem,
             config,

@@ -28,6 +28,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ServerList {
     servers: Vec<super::wire::acp::ServerInfo>,
+    /// Present when `limit` was given and the page is full: pass it as `cursor` for the next.
+    #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 /// One JSON-RPC 2.0 message (request, notification or response), passed through untouched: the
@@ -58,11 +61,33 @@ pub(super) struct JsonRpcMessage {
     path = "/v1/acp",
     operation_id = "listAcpServers",
     tag = "acp",
-    responses((status = 200, description = "Every instance, sorted by serverId", body = ServerList)),
+    params(
+        ("limit" = Option<u32>, Query, description = "At most this many instances (1..=1000); \
+            without it, every instance", minimum = 1, maximum = 1000),
+        ("cursor" = Option<String>, Query, description = "The `nextCursor` of the page before, \
+            unchanged"),
+    ),
+    responses(
+        (status = 200, description = "Every instance (or one page), sorted by serverId", body = ServerList),
+        (status = 400, description = "A bad `limit` or `cursor`"),
+    ),
 )]
-async fn list(State(st): State<AppState>) -> Response {
-    let mut servers: Vec<super::wire::acp::ServerInfo> =
-        st.acp.list().await.into_iter().map(Into::into).collect();
+async fn list(
+    State(st): State<AppState>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let page = match super::paging::Page::from_query(&q) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let mut servers: Vec<super::wire::acp::ServerInfo> = st
+        .acp
+        .page(page.after.as_deref(), page.take())
+        .await
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let next_cursor = page.next(servers.len(), servers.last().map(|s| s.server_id.as_str()));
     let mut bases = st
         .workspace
         .sessions
@@ -79,7 +104,11 @@ async fn list(State(st): State<AppState>) -> Response {
                 .collect();
         }
     }
-    axum::Json(ServerList { servers }).into_response()
+    axum::Json(ServerList {
+        servers,
+        next_cursor,
+    })
+    .into_response()
 }
 
 /// Envelopes larger than this are parsed off the runtime thread (parsing time grows with size).

@@ -42,6 +42,9 @@ pub struct ServerStatus {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct AgentList {
     agents: Vec<AgentInfo>,
+    /// Present when `limit` was given and the page is full: pass it as `cursor` for the next.
+    #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 fn with_server_status(state: &AppState, status: crate::agents::AgentStatus) -> AgentInfo {
@@ -66,16 +69,33 @@ fn running_instances(state: &AppState, agent: &str) -> usize {
     path = "/v1/agents",
     operation_id = "listAgents",
     tag = "agents",
-    responses((status = 200, description = "Every known agent", body = AgentList)),
+    params(
+        ("limit" = Option<u32>, Query, description = "At most this many agents (1..=1000), by \
+            id; without it, every agent", minimum = 1, maximum = 1000),
+        ("cursor" = Option<String>, Query, description = "The `nextCursor` of the page before, \
+            unchanged"),
+    ),
+    responses(
+        (status = 200, description = "Every known agent (or one page, by id)", body = AgentList),
+        (status = 400, description = "A bad `limit` or `cursor`"),
+    ),
 )]
-async fn list(State(state): State<AppState>) -> Json<AgentList> {
+async fn list(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Result<Json<AgentList>, Problem> {
+    let page = super::paging::Page::from_query(&q)?;
     let agents: Vec<AgentInfo> = state
         .agents
         .statuses()
         .into_iter()
         .map(|s| with_server_status(&state, s))
         .collect();
-    Json(AgentList { agents })
+    let (agents, next_cursor) = page.slice(agents, |a| a.status.id.clone());
+    Ok(Json(AgentList {
+        agents,
+        next_cursor,
+    }))
 }
 
 /// One known agent.

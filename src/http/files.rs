@@ -112,11 +112,18 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
     operation_id = "listFsEntries",
     tag = "fs",
     params(("path" = Option<String>, Query, min_length = 1,
-        description = "Absolute, or relative to the working root (`--work-dir`); default `.`")),
+        description = "Absolute, or relative to the working root (`--work-dir`); default `.`"),
+        ("limit" = Option<u32>, Query, description = "At most this many entries (1..=1000), by \
+            name; without it, every entry", minimum = 1, maximum = 1000),
+        ("cursor" = Option<String>, Query, description = "The `Sandbox-Agent-Next-Cursor` \
+            header of the page before, unchanged"),
+    ),
     responses(
-        (status = 200, description = "The directory's entries", body = Vec<FsEntry>),
-        (status = 400, description = "Missing or invalid parameter, or the wrong kind of entry \
-            (file vs directory)"),
+        (status = 200, description = "The directory's entries (or one page), by name", body = Vec<FsEntry>,
+            headers(("Sandbox-Agent-Next-Cursor" = String, description = "Present when `limit` \
+                was given and the page is full: pass it as `cursor` for the next page"))),
+        (status = 400, description = "Missing or invalid parameter (`limit`, `cursor` too), or \
+            the wrong kind of entry (file vs directory)"),
         (status = 403, description = "Outside the configured fs root, or permission denied"),
         (status = 404, description = "No such file or directory"),
         (status = 500, description = "An unexpected I/O error"),
@@ -125,10 +132,17 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 async fn list(
     State(s): State<AppState>,
     Query(q): Query<OptionalPathQuery>,
+    Query(all): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, Problem> {
+    let page = super::paging::Page::from_query(&all)?;
     let entries = s.files.list(q.path.as_deref().unwrap_or(".")).await?;
+    let (entries, next) = page.slice(entries, |e| e.name.clone());
     let entries: Vec<FsEntry> = entries.into_iter().map(Into::into).collect();
-    Ok(Json(entries).into_response())
+    let mut res = Json(entries).into_response();
+    if let Some(next) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+        res.headers_mut().insert(super::paging::NEXT_CURSOR, next);
+    }
+    Ok(res)
 }
 
 /// What a path is: kind, size, modification time.

@@ -102,7 +102,8 @@ pub fn finish(pass: Pass, resp: &mut Response) {
         h.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
             HeaderValue::from_static(
-                "retry-after, location, content-range, www-authenticate, sandbox-agent-last-event-id",
+                "retry-after, location, content-range, www-authenticate, sandbox-agent-last-event-id, \
+                 sandbox-agent-next-cursor",
             ),
         );
     }

@@ -15,6 +15,7 @@ pub mod guard;
 pub mod metrics;
 pub mod openapi;
 pub mod opencode;
+pub mod paging;
 pub mod processes;
 pub mod rfd;
 pub mod sessions;

@@ -864,6 +864,9 @@ impl From<Listener> for PortInfo {
 #[derive(Serialize, ToSchema)]
 pub struct PortList {
     ports: Vec<PortInfo>,
+    /// Present when `limit` was given and the page is full: pass it as `cursor` for the next.
+    #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 /// TCP listeners inside the sandbox (the daemon's own excluded).
@@ -872,13 +875,29 @@ pub struct PortList {
     path = "/v1/ports",
     operation_id = "listPorts",
     tag = "ports",
-    responses((status = 200, description = "The listeners", body = PortList))
+    params(
+        ("limit" = Option<u32>, Query, description = "At most this many listeners (1..=1000), \
+            by port and address; without it, every listener", minimum = 1, maximum = 1000),
+        ("cursor" = Option<String>, Query, description = "The `nextCursor` of the page before, \
+            unchanged"),
+    ),
+    responses(
+        (status = 200, description = "The listeners (or one page, by port and address)", body = PortList),
+        (status = 400, description = "A bad `limit` or `cursor`"),
+    )
 )]
-async fn list_ports(State(s): State<AppState>) -> Json<PortList> {
+async fn list_ports(
+    State(s): State<AppState>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Json<PortList>, Problem> {
+    let page = super::paging::Page::from_query(&q)?;
     let ports = s.workspace.ports.list().await;
-    Json(PortList {
+    // Zero-padded, so that the text order of the keys is the numeric order of the ports.
+    let (ports, next_cursor) = page.slice(ports, |l| format!("{:05} {}", l.port, l.address));
+    Ok(Json(PortList {
         ports: ports.into_iter().map(Into::into).collect(),
-    })
+        next_cursor,
+    }))
 }
 
 fn sse_frame(event: &str, l: Listener) -> bytes::Bytes {

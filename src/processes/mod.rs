@@ -34,7 +34,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::supervisor::{ChildHandle, ChildStdio, ExitInfo, GroupScan, SpawnSpec, Supervisor};
+use crate::supervisor::{
+    ChildHandle, ChildStdio, ExitInfo, GroupScan, ProcessStats, SpawnSpec, Supervisor,
+};
 
 pub use error::ProcessError;
 pub use handoff::ProcessesState;
@@ -121,6 +123,15 @@ impl ManagedProcess {
     /// The record; blocking (a running process's figures come from `/proc`; its process group,
     /// without a cgroup, from `scan`).
     pub fn info_in(&self, scan: &mut GroupScan) -> ProcessInfo {
+        let mut info = self.info_without_stats();
+        if info.pid.is_some() {
+            info.stats = self.handle.as_ref().map(|h| h.stats_in(scan));
+        }
+        info
+    }
+
+    /// The record without its process figures (`stats` is `None`); reads nothing from procfs.
+    pub fn info_without_stats(&self) -> ProcessInfo {
         let ended = self.ended();
         let exit = ended.as_ref().map(|(e, _)| e);
         ProcessInfo {
@@ -143,11 +154,7 @@ impl ManagedProcess {
             created_at_ms: self.created_at_ms,
             exited_at_ms: ended.as_ref().map(|(_, at)| *at),
             log_end: self.log.end(),
-            stats: self
-                .handle
-                .as_ref()
-                .filter(|_| ended.is_none())
-                .map(|h| h.stats_in(scan)),
+            stats: None,
         }
     }
 }
@@ -195,12 +202,17 @@ impl Budget {
     }
 }
 
+/// The last sample's figures: record number → (the pid they were read under, figures).
+type SampledStats = std::collections::HashMap<u64, (u32, ProcessStats)>;
+
 pub struct ProcessService {
     supervisor: Arc<Supervisor>,
     work_dir: PathBuf,
     grace: Duration,
     settings: Mutex<ProcessConfig>,
     records: Mutex<BTreeMap<u64, Arc<ManagedProcess>>>,
+    /// The figures of the last `sample` (replaced whole; a listing clones the `Arc`).
+    sampled: Mutex<Arc<SampledStats>>,
     next_id: AtomicU64,
     /// Runs are labelled apart, so that background ids stay dense.
     next_run: AtomicU64,
@@ -259,6 +271,7 @@ impl ProcessService {
             grace: config.agent_grace,
             settings: Mutex::new(clamp(settings)),
             records: Mutex::new(BTreeMap::new()),
+            sampled: Mutex::new(Arc::default()),
             next_id: AtomicU64::new(1),
             next_run: AtomicU64::new(1),
             running: Arc::new(AtomicUsize::new(0)),
@@ -634,19 +647,75 @@ impl ProcessService {
     }
 
     /// Every record, read on the blocking pool with one `/proc` scan for all of them.
+    /// Every record, oldest first; see `page`.
     pub async fn list(&self) -> Vec<ProcessInfo> {
-        let records: Vec<Arc<ManagedProcess>> = self
-            .records
-            .lock()
-            .expect("records lock")
-            .values()
-            .cloned()
+        self.page(None, usize::MAX).await
+    }
+
+    /// Reads the figures of every running process from procfs on the blocking pool and keeps
+    /// them for listings. The sampler calls it every `metrics::SAMPLE_EVERY`; no request does.
+    pub async fn sample(&self) {
+        let running: Vec<(u64, Arc<ManagedProcess>)> = crate::sys::lock(&self.records)
+            .iter()
+            .filter(|(_, p)| p.ended().is_none())
+            .map(|(n, p)| (*n, p.clone()))
             .collect();
-        crate::sys::blocking(move || {
+        if running.is_empty() {
+            *crate::sys::lock(&self.sampled) = Arc::default();
+            return;
+        }
+        let figures: SampledStats = crate::sys::blocking(move || {
             let mut scan = GroupScan::default();
-            records.iter().map(|p| p.info_in(&mut scan)).collect()
+            running
+                .iter()
+                .filter_map(|(n, p)| {
+                    let info = p.info_in(&mut scan);
+                    Some((*n, (info.pid?, info.stats?)))
+                })
+                .collect()
         })
-        .await
+        .await;
+        *crate::sys::lock(&self.sampled) = Arc::new(figures);
+    }
+
+    /// At most `limit` records with an id number above `after`, oldest first. A running
+    /// process's figures are the last sample's (at most `metrics::SAMPLE_EVERY` old), so a
+    /// listing costs the same whatever the number of processes; only a process started since
+    /// the last sample has its figures read from procfs here (on the blocking pool).
+    pub async fn page(&self, after: Option<u64>, limit: usize) -> Vec<ProcessInfo> {
+        let start = after.map_or(0, |a| a.saturating_add(1));
+        let page: Vec<(u64, Arc<ManagedProcess>)> = crate::sys::lock(&self.records)
+            .range(start..)
+            .take(limit)
+            .map(|(n, p)| (*n, p.clone()))
+            .collect();
+        let sampled = crate::sys::lock(&self.sampled).clone();
+        let mut rows = Vec::with_capacity(page.len());
+        let mut fresh = Vec::new();
+        for (k, (n, p)) in page.iter().enumerate() {
+            let mut info = p.info_without_stats();
+            if let Some(pid) = info.pid {
+                match sampled.get(n).filter(|(at, _)| *at == pid) {
+                    Some((_, stats)) => info.stats = Some(stats.clone()),
+                    None => fresh.push((k, p.clone())),
+                }
+            }
+            rows.push(info);
+        }
+        if !fresh.is_empty() {
+            let read: Vec<(usize, ProcessInfo)> = crate::sys::blocking(move || {
+                let mut scan = GroupScan::default();
+                fresh
+                    .into_iter()
+                    .map(|(k, p)| (k, p.info_in(&mut scan)))
+                    .collect()
+            })
+            .await;
+            for (k, info) in read {
+                rows[k] = info;
+            }
+        }
+        rows
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {

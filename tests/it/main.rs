@@ -16,6 +16,7 @@ mod hostile_files;
 mod image_cli;
 mod inspector;
 mod lifecycle;
+mod list_paging;
 mod metrics;
 mod mock_agent;
 mod openapi;

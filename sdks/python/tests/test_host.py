@@ -269,3 +269,29 @@ async def test_log_follow_reports_the_output_the_daemon_dropped_as_a_gap(binary:
                         pass
     finally:
         await d.dispose()
+
+
+async def test_list_pages_walk_with_limit_and_cursor(daemon: SandboxAgent) -> None:
+    async with HostApi(daemon.base_url) as host:
+        await host.mkdir("pg")
+        for name in ["c", "a", "b"]:
+            await host.write_file(f"pg/{name}", name)
+        first = await host.list_entries_page("pg", limit=2)
+        assert [e.name for e in first.items] == ["a", "b"] and first.next_cursor
+        rest = await host.list_entries_page("pg", limit=2, cursor=first.next_cursor)
+        assert [e.name for e in rest.items] == ["c"] and rest.next_cursor is None
+
+        agents: list[str] = []
+        cursor = None
+        while True:
+            page = await host.list_agents_page(limit=1, cursor=cursor)
+            agents += [a.id for a in page.items]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert agents == sorted(a.id for a in await host.list_agents())
+
+        assert (await host.list_instances_page(limit=5)).items == []
+        assert (await host.list_processes_page(limit=5)).next_cursor is None
+        with pytest.raises(BadRequestError):
+            await host.list_instances_page(limit=0)

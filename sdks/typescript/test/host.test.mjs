@@ -171,3 +171,43 @@ test("health, agents, install, instances; a wrong token is a 401 HttpError", () 
     assert.ok(e instanceof HttpError);
     assert.equal(e.status, 401);
   }));
+
+test("list pages: limit and cursor walk instances, agents and entries; a bad limit is a typed 400", () =>
+  withHost(async (c, d) => {
+    for (const id of ["pg-c", "pg-a", "pg-b"]) {
+      const res = await fetch(`${d.url}/v1/acp/${id}?agent=mock`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: "Bearer tok" },
+        body: JSON.stringify({ jsonrpc: "2.0", id: 0, method: "initialize", params: { protocolVersion: 1 } }),
+      });
+      assert.equal(res.status, 200);
+    }
+    const first = await c.listInstancesPage({ limit: 2 });
+    assert.deepEqual(first.items.map((s) => s.serverId), ["pg-a", "pg-b"]);
+    assert.equal(typeof first.nextCursor, "string");
+    const second = await c.listInstancesPage({ limit: 2, cursor: first.nextCursor });
+    assert.deepEqual(second.items.map((s) => s.serverId), ["pg-c"]);
+    assert.equal(second.nextCursor, undefined);
+
+    const agents = [];
+    for (let cursor; ; ) {
+      const p = await c.listAgentsPage({ limit: 1, cursor });
+      agents.push(...p.items.map((a) => a.id));
+      if (!p.nextCursor) break;
+      cursor = p.nextCursor;
+    }
+    assert.deepEqual(agents, (await c.listAgents()).map((a) => a.id).sort());
+
+    mkdirSync(join(d.workDir, "pg"), { recursive: true });
+    for (const n of ["z", "x", "y"]) writeFileSync(join(d.workDir, "pg", n), n);
+    const e1 = await c.listEntriesPage("pg", { limit: 2 });
+    assert.deepEqual(e1.items.map((e) => e.name), ["x", "y"]);
+    const e2 = await c.listEntriesPage("pg", { limit: 2, cursor: e1.nextCursor });
+    assert.deepEqual(e2.items.map((e) => e.name), ["z"]);
+
+    const procs = await c.listProcesses({ limit: 5 });
+    assert.deepEqual(procs.processes, []);
+    const bad = await c.listInstancesPage({ limit: 0 }).catch((err) => err);
+    assert.ok(bad instanceof HttpError);
+    assert.equal(bad.status, 400);
+  }));

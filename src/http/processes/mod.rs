@@ -53,6 +53,9 @@ type Params = Query<HashMap<String, String>>;
 #[derive(serde::Serialize, utoipa::ToSchema)]
 struct ProcessListResponse {
     processes: Vec<ProcessInfo>,
+    /// Present when `limit` was given and the page is full: pass it as `cursor` for the next.
+    #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 /// `POST /v1/processes/{id}/input`.
@@ -110,15 +113,28 @@ fn wait_param(q: &HashMap<String, String>) -> Result<Duration, Problem> {
     params(
         ("owner" = Option<String>, Query, description = "`user` (every process of this API), \
             `desktop` or `system` (none)", example = "user"),
+        ("limit" = Option<u32>, Query, description = "At most this many records (1..=1000); \
+            without it, every record", minimum = 1, maximum = 1000),
+        ("cursor" = Option<String>, Query, description = "The `nextCursor` of the page before, \
+            unchanged"),
     ),
     responses(
-        (status = 200, description = "The records", body = ProcessListResponse),
-        (status = 400, description = "An unknown owner"),
+        (status = 200, description = "The records (or one page), oldest first", body = ProcessListResponse),
+        (status = 400, description = "An unknown owner, a bad `limit` or `cursor`"),
     )
 )]
 async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, Problem> {
+    let page = crate::http::paging::Page::from_query(&q)?;
+    let after = match page.after.as_deref() {
+        None => None,
+        Some(id) => Some(
+            id.strip_prefix("proc_")
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| Problem::bad_request("cursor is not one this daemon gave out"))?,
+        ),
+    };
     let processes = match q.get("owner").map(String::as_str) {
-        None | Some("") | Some("user") => st.processes.list().await,
+        None | Some("") | Some("user") => st.processes.page(after, page.take()).await,
         // Processes started through this API are all the user's.
         Some("desktop") | Some("system") => Vec::new(),
         Some(other) => {
@@ -127,8 +143,13 @@ async fn list(State(st): State<AppState>, Query(q): Params) -> Result<Response, 
             )));
         }
     };
+    let next_cursor = page.next(processes.len(), processes.last().map(|p| p.id.as_str()));
     let processes = processes.into_iter().map(ProcessInfo::from).collect();
-    Ok(axum::Json(ProcessListResponse { processes }).into_response())
+    Ok(axum::Json(ProcessListResponse {
+        processes,
+        next_cursor,
+    })
+    .into_response())
 }
 
 /// Starts a process in the background (pipes, or a terminal with `tty`).

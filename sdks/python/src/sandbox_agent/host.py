@@ -26,6 +26,7 @@ from .models import (
     InstanceInfo,
     SessionPage,
     MoveResult,
+    Page,
     PathResult,
     ProcessConfig,
     ProcessInfo,
@@ -166,10 +167,28 @@ class HostApi:
         }
         return SessionPage.model_validate(await self._json("GET", "/v1/sessions", params=params))
 
+    async def list_instances_page(self, *, limit: int | None = None, cursor: str | None = None) -> Page[InstanceInfo]:
+        """One page of the instances, by ``serverId``."""
+        body = await self._json("GET", "/v1/acp", params={"limit": limit, "cursor": cursor})
+        return Page([InstanceInfo.model_validate(s) for s in body["servers"]], body.get("nextCursor"))
+
+    async def list_agents_page(self, *, limit: int | None = None, cursor: str | None = None) -> Page[AgentInfo]:
+        """One page of the known agents, by id."""
+        body = await self._json("GET", "/v1/agents", params={"limit": limit, "cursor": cursor})
+        return Page([AgentInfo.model_validate(a) for a in body["agents"]], body.get("nextCursor"))
+
     # -- files -----------------------------------------------------------------------------------
 
     async def list_entries(self, path: str | None = None) -> list[FsEntry]:
         return [FsEntry.model_validate(e) for e in await self._json("GET", "/v1/fs/entries", params={"path": path})]
+
+    async def list_entries_page(
+        self, path: str | None = None, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[FsEntry]:
+        """One page of a directory's entries, by name (the next cursor travels in the
+        ``Sandbox-Agent-Next-Cursor`` response header)."""
+        res = await self._send("GET", "/v1/fs/entries", params={"path": path, "limit": limit, "cursor": cursor})
+        return Page([FsEntry.model_validate(e) for e in res.json()], res.headers.get("sandbox-agent-next-cursor"))
 
     async def stat(self, path: str) -> FsStat:
         return FsStat.model_validate(await self._json("GET", "/v1/fs/stat", params={"path": path}))
@@ -344,6 +363,11 @@ class HostApi:
 
     async def list_processes(self) -> list[ProcessInfo]:
         return [ProcessInfo.model_validate(p) for p in (await self._json("GET", "/v1/processes"))["processes"]]
+
+    async def list_processes_page(self, *, limit: int | None = None, cursor: str | None = None) -> Page[ProcessInfo]:
+        """One page of the process records, oldest first."""
+        body = await self._json("GET", "/v1/processes", params={"limit": limit, "cursor": cursor})
+        return Page([ProcessInfo.model_validate(p) for p in body["processes"]], body.get("nextCursor"))
 
     async def get_process(self, id: str) -> ProcessInfo:
         return ProcessInfo.model_validate(await self._json("GET", _proc(id)))

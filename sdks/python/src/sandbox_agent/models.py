@@ -4,7 +4,8 @@ are accepted as aliases), unknown fields kept."""
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -31,7 +32,20 @@ __all__ = [
     "ProcessLogEntry",
     "ProcessLogs",
     "ProcessConfig",
+    "Page",
 ]
+
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class Page(Generic[_T]):
+    """One page of a list route: ``items``, and ``next_cursor`` when more may follow (pass it back
+    unchanged as ``cursor``). ``limit`` is 1..1000; without it a list route answers every item."""
+
+    items: list[_T] = field(default_factory=list)
+    next_cursor: str | None = None
 
 
 class Model(BaseModel):

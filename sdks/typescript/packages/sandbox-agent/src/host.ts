@@ -67,6 +67,8 @@ import type {
   GrepResult,
   PortInfo,
   Preview,
+  Page,
+  PageQuery,
 } from "./types.js";
 
 export interface HostOptions {
@@ -136,6 +138,22 @@ export class HostApi {
   /** Every agent instance (`serverId`) the daemon runs, with its status and process figures. */
   async listInstances(): Promise<InstanceInfo[]> {
     return (await this.json<{ servers: InstanceInfo[] }>("GET", "/v1/acp")).servers;
+  }
+  /** One page of the instances, by `serverId` (see {@link PageQuery}). */
+  async listInstancesPage(query: PageQuery = {}): Promise<Page<InstanceInfo>> {
+    const r = await this.json<{ servers: InstanceInfo[]; nextCursor?: string }>("GET", "/v1/acp", { query: { ...query } });
+    return { items: r.servers, nextCursor: r.nextCursor };
+  }
+  /** One page of the known agents, by id. */
+  async listAgentsPage(query: PageQuery = {}): Promise<Page<AgentInfo>> {
+    const r = await this.json<{ agents: AgentInfo[]; nextCursor?: string }>("GET", "/v1/agents", { query: { ...query } });
+    return { items: r.agents, nextCursor: r.nextCursor };
+  }
+  /** One page of a directory's entries, by name (the cursor travels in a response header). */
+  async listEntriesPage(path: string | undefined, query: PageQuery = {}): Promise<Page<FsEntry>> {
+    const res = await this.send("GET", "/v1/fs/entries", { query: { path, ...query } });
+    const next = res.headers.get("sandbox-agent-next-cursor") ?? undefined;
+    return { items: (await res.json()) as FsEntry[], nextCursor: next };
   }
 
   /**
@@ -403,6 +421,11 @@ export class HostApi {
   async listPorts(): Promise<PortInfo[]> {
     const r = await this.json<{ ports: PortInfo[] }>("GET", "/v1/ports");
     return r.ports;
+  }
+  /** One page of the TCP listeners, by port and address. */
+  async listPortsPage(query: PageQuery = {}): Promise<Page<PortInfo>> {
+    const r = await this.json<{ ports: PortInfo[]; nextCursor?: string }>("GET", "/v1/ports", { query: { ...query } });
+    return { items: r.ports, nextCursor: r.nextCursor };
   }
   /** The URL of `path` on `port` through the daemon's proxy (needs the token). */
   portProxyUrl(port: number, path = "/"): string {

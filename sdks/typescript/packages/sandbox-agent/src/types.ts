@@ -45,7 +45,14 @@ export type ProcessState = "running" | "exited";
 export type ProcessOwner = "user" | "desktop" | "system";
 export type ProcessInputRequest = Schemas["InputRequest"];
 export type ProcessInputResponse = Schemas["InputResponse"];
-export type ProcessListQuery = { owner?: ProcessOwner };
+export type ProcessListQuery = { owner?: ProcessOwner } & PageQuery;
+/**
+ * One page of a list route: at most `limit` items (1..=1000), after the page whose `nextCursor`
+ * is `cursor`. Without `limit` a list route answers every item.
+ */
+export type PageQuery = { limit?: number; cursor?: string };
+/** A page of items; `nextCursor` is present when more may follow (pass it back unchanged). */
+export type Page<T> = { items: T[]; nextCursor?: string };
 export type ProcessListResponse = Schemas["ProcessListResponse"];
 export type ProcessLogEntry = Schemas["LogEntry"];
 export type ProcessLogStream = Schemas["LogStream"];

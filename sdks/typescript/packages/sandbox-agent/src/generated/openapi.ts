@@ -1865,6 +1865,8 @@ export interface components {
         };
         AgentList: {
             agents: components["schemas"]["AgentInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         AgentServerStatus: {
             /** @description Agent processes of this agent running now. */
@@ -2547,6 +2549,8 @@ export interface components {
         };
         PortList: {
             ports: components["schemas"]["PortInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         Preview: {
             /** @description `/preview/<opaque>/`, relative to the daemon's address; needs no token. */
@@ -2669,6 +2673,8 @@ export interface components {
         /** @description `GET /v1/processes`. */
         ProcessListResponse: {
             processes: components["schemas"]["ProcessInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         /** @description One event of a process's follow stream: `log` (`id` the entry's `sequence`, `data` a ProcessLogEntry) or `gap` (no `id`; `data` `{"from","to"}`, the output dropped before this reader got it). */
         ProcessLogEvent: {
@@ -2778,6 +2784,8 @@ export interface components {
         /** @description `GET /v1/acp`: every instance, sorted by serverId. */
         ServerList: {
             servers: components["schemas"]["ServerInfo"][];
+            /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next. */
+            nextCursor?: string | null;
         };
         /**
          * @description What `GET /v1/acp` says of the process: `starting` until it runs, `exited` once its whole
@@ -3026,20 +3034,34 @@ export interface operations {
     };
     listAcpServers: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description At most this many instances (1..=1000); without it, every instance */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every instance, sorted by serverId */
+            /** @description Every instance (or one page), sorted by serverId */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ServerList"];
+                };
+            };
+            /** @description A bad `limit` or `cursor` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -3774,20 +3796,34 @@ export interface operations {
     };
     listAgents: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description At most this many agents (1..=1000), by id; without it, every agent */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description Every known agent */
+            /** @description Every known agent (or one page, by id) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["AgentList"];
+                };
+            };
+            /** @description A bad `limit` or `cursor` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -3942,6 +3978,10 @@ export interface operations {
             query?: {
                 /** @description Absolute, or relative to the working root (`--work-dir`); default `.` */
                 path?: string;
+                /** @description At most this many entries (1..=1000), by name; without it, every entry */
+                limit?: number;
+                /** @description The `Sandbox-Agent-Next-Cursor` header of the page before, unchanged */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -3949,16 +3989,18 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The directory's entries */
+            /** @description The directory's entries (or one page), by name */
             200: {
                 headers: {
+                    /** @description Present when `limit` was given and the page is full: pass it as `cursor` for the next page */
+                    "Sandbox-Agent-Next-Cursor"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["FsEntry"][];
                 };
             };
-            /** @description Missing or invalid parameter, or the wrong kind of entry (file vs directory) */
+            /** @description Missing or invalid parameter (`limit`, `cursor` too), or the wrong kind of entry (file vs directory) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5091,6 +5133,10 @@ export interface operations {
                  * @example user
                  */
                 owner?: string;
+                /** @description At most this many records (1..=1000); without it, every record */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -5098,7 +5144,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The records */
+            /** @description The records (or one page), oldest first */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5107,7 +5153,7 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessListResponse"];
                 };
             };
-            /** @description An unknown owner */
+            /** @description An unknown owner, a bad `limit` or `cursor` */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6765,20 +6811,34 @@ export interface operations {
     };
     listPorts: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description At most this many listeners (1..=1000), by port and address; without it, every listener */
+                limit?: number;
+                /** @description The `nextCursor` of the page before, unchanged */
+                cursor?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description The listeners */
+            /** @description The listeners (or one page, by port and address) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["PortList"];
+                };
+            };
+            /** @description A bad `limit` or `cursor` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: components["responses"]["Unauthorized"];
