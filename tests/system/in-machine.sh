@@ -202,7 +202,14 @@ leftovers_ok() {
   ! journalctl -u "$1" --no-pager -o cat | grep -q 'Killing process'
 }
 systemctl start ctl-leftover.service
+# `start` returns once the shell is forked: wait for its background child, or the control has
+# nothing left over to detect.
+for _ in $(seq 100); do
+  [ "$(pgrep -c -f '^sleep 100[01]$')" -ge 2 ] && break
+  sleep 0.1
+done
 systemctl stop sandbox-agent.service ctl-leftover.service
+journalctl --sync 2>/dev/null || true
 r=$(prop sandbox-agent.service Result)/$(prop sandbox-agent.service ExecMainStatus)
 [ "$r" = success/0 ] && ok "stop: Result=success, exit 0" || fail "stop: Result=success, exit 0" "$r"
 left=$(pgrep -u sandbox-agent | tr '\n' ' ')
