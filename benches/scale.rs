@@ -40,8 +40,8 @@ use common::{daemon_bin, free_port, knob, percentile};
 
 const BUILT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
-/// SIGTERM (every agent stopped), SIGKILL after 30 s.
-struct DaemonGuard(Child);
+/// SIGTERM (every agent stopped), SIGKILL after 30 s; then its directory is removed.
+struct DaemonGuard(Child, std::path::PathBuf);
 
 impl Drop for DaemonGuard {
     fn drop(&mut self) {
@@ -50,12 +50,13 @@ impl Drop for DaemonGuard {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {
-                return;
+                break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
@@ -176,7 +177,9 @@ impl Bench {
                         return out;
                     };
                     let t = Instant::now();
-                    let r = b.rpc(&id, 0, "initialize", json!({"protocolVersion": 1})).await;
+                    let r = b
+                        .rpc(&id, 0, "initialize", json!({"protocolVersion": 1}))
+                        .await;
                     assert_eq!(r.status(), 200, "start {id}: {:?}", r.text().await);
                     out.push(t.elapsed());
                 }
@@ -191,7 +194,12 @@ impl Bench {
 
     async fn session(&self, server: &str) -> String {
         let r = self
-            .rpc(server, 1, "session/new", json!({"cwd": "/", "mcpServers": []}))
+            .rpc(
+                server,
+                1,
+                "session/new",
+                json!({"cwd": "/", "mcpServers": []}),
+            )
             .await;
         let v: Value = r.json().await.unwrap();
         v["result"]["sessionId"].as_str().unwrap().to_string()
@@ -215,7 +223,12 @@ impl Bench {
         let mut size = 0;
         for _ in 0..n {
             let t = Instant::now();
-            let r = self.c.get(format!("{}{path}", self.base)).send().await.unwrap();
+            let r = self
+                .c
+                .get(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap();
             assert_eq!(r.status(), 200, "{path}");
             size = r.bytes().await.unwrap().len();
             out.push(t.elapsed());
@@ -266,7 +279,9 @@ impl Bench {
         let mut e = Vec::new();
         for i in 0..300 {
             let t = Instant::now();
-            let r = self.rpc(server, 100 + i, "_mock/echo", json!({"n": i})).await;
+            let r = self
+                .rpc(server, 100 + i, "_mock/echo", json!({"n": i}))
+                .await;
             assert_eq!(r.status(), 200);
             r.bytes().await.unwrap();
             e.push(t.elapsed());
@@ -335,17 +350,94 @@ async fn per_thing(pid: u32, before: u64, n: usize) -> f64 {
     (rss(pid) as f64 - before as f64) / n.max(1) as f64
 }
 
+struct Limits {
+    agents: usize,
+    subscribers: usize,
+    connections: usize,
+}
+
+/// A fresh release daemon with room for `limits`, answering.
+async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
+    let bin = daemon_bin(BUILT);
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap().keep();
+    let mut cmd = Command::new(&bin);
+    cmd.args([
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--no-token",
+        "--log-level",
+        "warn",
+    ])
+    .args(["--port", &port.to_string()])
+    .arg("--work-dir")
+    .arg(&dir)
+    .arg("--data-dir")
+    .arg(dir.join("data"))
+    .args(["--max-agents", &limits.agents.to_string()])
+    .args(["--max-subscribers", &limits.subscribers.to_string()])
+    .args(["--max-subscribers-total", &limits.subscribers.to_string()])
+    .args(["--max-connections", &limits.connections.to_string()])
+    .args(["--idle-timeout", "10m"])
+    .stdout(Stdio::null())
+    // The exited instances' 502s are logged as warnings: not on the bench's output.
+    .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap());
+    if let Some(w) = std::env::var("SANDBOX_AGENT_WORKER_THREADS")
+        .ok()
+        .filter(|w| !w.is_empty())
+    {
+        cmd.args(["--worker-threads", &w]);
+    }
+    if let Ok(extra) = std::env::var("SCALE_ARGS") {
+        cmd.args(extra.split_whitespace());
+    }
+    let daemon = DaemonGuard(cmd.spawn().expect("start the daemon"), dir);
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(64)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let b = Arc::new(Bench {
+        base: format!("http://127.0.0.1:{port}"),
+        port,
+        pid: daemon.0.id(),
+        c,
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b
+        .c
+        .get(format!("{}/v1/health", b.base))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the daemon never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (daemon, b)
+}
+
+/// A fresh daemon with one running instance `hub` (and the honest client's first figures), for
+/// measuring one kind of held thing on memory nothing was freed into before.
+async fn hub_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
+    let (d, b) = start_daemon(limits).await;
+    b.start_all(vec!["hub".into()], 1).await;
+    b.honest("hub").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (d, b)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     sandbox_agent::install_crypto_provider();
     // Room for 10,000 client sockets here and as many in the daemon (which inherits the limit).
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
     {
-        let _ = nix::sys::resource::setrlimit(
-            nix::sys::resource::Resource::RLIMIT_NOFILE,
-            hard,
-            hard,
-        );
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
     let steps: Vec<usize> = std::env::var("SCALE_AGENTS")
         .unwrap_or_else(|_| "500,1000".into())
@@ -361,66 +453,38 @@ async fn main() {
     let procs = knob("SCALE_PROCS", 1000usize);
     let most = steps.iter().copied().max().unwrap_or(0).max(listed);
 
-    let bin = daemon_bin(BUILT);
-    let port = free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(&bin);
-    cmd.args(["server", "--host", "127.0.0.1", "--no-token", "--log-level", "warn"])
-        .args(["--port", &port.to_string()])
-        .arg("--work-dir")
-        .arg(dir.path())
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .args(["--max-agents", &(most + 10).to_string()])
-        .args(["--max-subscribers", &(subs.max(wss) + 10).to_string()])
-        .args(["--max-subscribers-total", &(subs.max(wss) + 10).to_string()])
-        .args(["--max-connections", &(subs.max(conns) + 500).to_string()])
-        .args(["--idle-timeout", "10m"])
-        .stdout(Stdio::null())
-        // The exited instances' 502s are logged as warnings: not on the bench's output.
-        .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap());
-    if let Ok(w) = std::env::var("SANDBOX_AGENT_WORKER_THREADS") {
-        cmd.args(["--worker-threads", &w]);
-    }
-    if let Ok(extra) = std::env::var("SCALE_ARGS") {
-        cmd.args(extra.split_whitespace());
-    }
-    let daemon = DaemonGuard(cmd.spawn().expect("start the daemon"));
-    let pid = daemon.0.id();
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(64)
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap();
-    let b = Arc::new(Bench {
-        base: format!("http://127.0.0.1:{port}"),
-        port,
-        pid,
-        c,
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while b.c.get(format!("{}/v1/health", b.base)).send().await.is_err() {
-        assert!(Instant::now() < deadline, "the daemon never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let limits = Limits {
+        agents: most + 10,
+        subscribers: subs.max(wss) + 10,
+        connections: subs.max(conns) + 500,
+    };
+    let (daemon, b) = start_daemon(&limits).await;
+    let pid = b.pid;
     // One instance started and deleted first: the lazily built parts of the daemon (the agent
     // registry's entry, the warm-spawn pool) are not counted as per-instance memory.
     b.start_all(vec!["warm".into()], 1).await;
-    b.c.delete(format!("{}/v1/acp/warm", b.base)).send().await.unwrap();
+    b.c.delete(format!("{}/v1/acp/warm", b.base))
+        .send()
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (rss0, fds0, kids0, groups0) = (rss(pid), open_fds(pid), children(pid), cgroups_below(pid));
     println!(
-        "daemon {bin}, worker threads {}; before: RSS {}, fds (not sockets) {fds0}, children {kids0}, agent cgroups {groups0}",
-        std::env::var("SANDBOX_AGENT_WORKER_THREADS").unwrap_or_else(|_| "auto".into()),
+        "daemon {}, worker threads {}; before: RSS {}, fds (not sockets) {fds0}, children {kids0}, agent cgroups {groups0}",
+        daemon_bin(BUILT),
+        std::env::var("SANDBOX_AGENT_WORKER_THREADS")
+            .ok()
+            .filter(|w| !w.is_empty())
+            .unwrap_or_else(|| "auto".into()),
         kib(rss0 as f64)
     );
 
     // Start rate and per-instance memory, then listing against N.
-    println!("\n| N running | started | agents/s | start p50 / p99 ms | daemon CPU per start | RSS per idle instance |");
+    println!(
+        "\n| N running | started | agents/s | start p50 / p99 ms | daemon CPU per start | RSS per idle instance |"
+    );
     println!("|---|---|---|---|---|---|");
     let mut have = 0;
-    let mut rows = Vec::new();
     for &n in &steps {
         let ids: Vec<String> = (have..n).map(|i| format!("sc-{i:05}")).collect();
         let count = ids.len();
@@ -437,11 +501,43 @@ async fn main() {
             kib(per)
         );
         have = n;
-        rows.push(n);
     }
+    // Full event buffers.
+    if full > 0 {
+        let before = rss(pid);
+        let ids: Vec<String> = (0..full.min(have)).map(|i| format!("sc-{i:05}")).collect();
+        for id in &ids {
+            let s = b.session(id).await;
+            assert_eq!(b.prompt(id, &s, "/stream 5000").await, 200);
+        }
+        let per = per_thing(pid, before, ids.len()).await;
+        let v: Value =
+            b.c.get(format!("{}/v1/acp", b.base))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+        let events = v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["serverId"] == ids[0])
+            .map(|s| s["lastEventId"].clone())
+            .unwrap_or_default();
+        println!(
+            "\nfull event buffer ({} instances, /stream 5000 each, lastEventId {events}): RSS per instance grew by {} (the events themselves: ~4,096 × their JSON size)",
+            ids.len(),
+            kib(per)
+        );
+    }
+
     // The sampler's next pass, so that listings read sampled figures.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    println!("\n| listed instances | `GET /v1/acp` p50 / p99 ms (size) | `?limit=100` p50 / p99 | `/metrics` p50 / p99 (size) | `/v1/health` meanwhile p50 / p99 |");
+    println!(
+        "\n| listed instances | `GET /v1/acp` p50 / p99 ms (size) | `?limit=100` p50 / p99 | `/metrics` p50 / p99 (size) | `/v1/health` meanwhile p50 / p99 |"
+    );
     println!("|---|---|---|---|---|");
     b.listing_row(&format!("{have} running")).await;
 
@@ -461,7 +557,9 @@ async fn main() {
                 let (b, q) = (b.clone(), queue.clone());
                 tasks.push(tokio::spawn(async move {
                     loop {
-                        let Some(id) = q.lock().unwrap().pop() else { return };
+                        let Some(id) = q.lock().unwrap().pop() else {
+                            return;
+                        };
                         let s = b.session(&id).await;
                         b.prompt(&id, &s, "/crash 0").await;
                     }
@@ -471,38 +569,25 @@ async fn main() {
                 t.await.unwrap();
             }
         }
-        println!("  ({} exited instances made in {:.1} s)", listed - have, t.elapsed().as_secs_f64());
+        println!(
+            "  ({} exited instances made in {:.1} s)",
+            listed - have,
+            t.elapsed().as_secs_f64()
+        );
         tokio::time::sleep(Duration::from_secs(3)).await;
         b.listing_row(&format!("{listed} ({have} running)")).await;
     }
 
-    // Full event buffers.
-    if full > 0 {
-        let before = rss(pid);
-        let ids: Vec<String> = (0..full.min(have)).map(|i| format!("sc-{i:05}")).collect();
-        for id in &ids {
-            let s = b.session(id).await;
-            assert_eq!(b.prompt(id, &s, "/stream 5000").await, 200);
-        }
-        let per = per_thing(pid, before, ids.len()).await;
-        let v: Value = b.c.get(format!("{}/v1/acp", b.base)).send().await.unwrap().json().await.unwrap();
-        let events = v["servers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["serverId"] == ids[0])
-            .map(|s| s["lastEventId"].clone())
-            .unwrap_or_default();
-        println!(
-            "\nfull event buffer ({} instances, /stream 5000 each, lastEventId {events}): RSS per instance grew by {} (the events themselves: ~4,096 × their JSON size)",
-            ids.len(),
-            kib(per)
-        );
-    }
-
     // Delete everything.
     let t = Instant::now();
-    let v: Value = b.c.get(format!("{}/v1/acp", b.base)).send().await.unwrap().json().await.unwrap();
+    let v: Value =
+        b.c.get(format!("{}/v1/acp", b.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     let all: Vec<String> = v["servers"]
         .as_array()
         .unwrap()
@@ -515,9 +600,19 @@ async fn main() {
         let (b, q) = (b.clone(), queue.clone());
         tasks.push(tokio::spawn(async move {
             loop {
-                let Some(id) = q.lock().unwrap().pop() else { return };
-                let r = b.c.delete(format!("{}/v1/acp/{id}", b.base)).send().await.unwrap();
-                assert!(r.status() == 204 || r.status() == 404, "{id}: {}", r.status());
+                let Some(id) = q.lock().unwrap().pop() else {
+                    return;
+                };
+                let r =
+                    b.c.delete(format!("{}/v1/acp/{id}", b.base))
+                        .send()
+                        .await
+                        .unwrap();
+                assert!(
+                    r.status() == 204 || r.status() == 404,
+                    "{id}: {}",
+                    r.status()
+                );
             }
         }));
     }
@@ -541,31 +636,56 @@ async fn main() {
         (rss_after as f64 / rss0 as f64 - 1.0) * 100.0
     );
 
-    // Connections and subscribers, one kind at a time, each with the honest client.
-    b.start_all(vec!["hub".into()], 1).await;
+    drop(daemon);
+
+    // Connections and subscribers, one kind at a time, each in a fresh daemon, each with the
+    // honest client.
+    let (mut daemon, mut b) = hub_daemon(&limits).await;
+    let mut pid = b.pid;
     println!("\nquiet: {}", b.honest("hub").await);
     println!("\n| held | count | RSS per thing | honest client meanwhile |");
     println!("|---|---|---|---|");
-    let head = |path: &str, extra: &str| {
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n")
-    };
+    let head =
+        |path: &str, extra: &str| format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n");
 
     let before = rss(pid);
     let held = b
-        .hold(subs, 2, &head("/v1/acp/hub", "Accept: text/event-stream\r\n"), b"\r\n\r\n")
+        .hold(
+            subs,
+            2,
+            &head("/v1/acp/hub", "Accept: text/event-stream\r\n"),
+            b"\r\n\r\n",
+        )
         .await;
     let per = per_thing(pid, before, held.len()).await;
-    println!("| idle SSE subscribers (with their HTTP/1 connection) | {} | {} | {} |", held.len(), kib(per), b.honest("hub").await);
+    println!(
+        "| idle SSE subscribers (with their HTTP/1 connection) | {} | {} | {} |",
+        held.len(),
+        kib(per),
+        b.honest("hub").await
+    );
     drop(held);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let held = b.hold(conns, 3, &head("/v1/health", ""), b"\"ok\"").await;
     let per_conn = per_thing(pid, before, held.len()).await;
-    println!("| idle HTTP/1 connections (one request each) | {} | {} | {} |", held.len(), kib(per_conn), b.honest("hub").await);
+    println!(
+        "| idle HTTP/1 connections (one request each) | {} | {} | {} |",
+        held.len(),
+        kib(per_conn),
+        b.honest("hub").await
+    );
     drop(held);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    println!("| → SSE subscriber beyond its connection | | {} | |", kib(per - per_conn));
+    println!(
+        "| → SSE subscriber beyond its connection | | {} | |",
+        kib(per - per_conn)
+    );
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let mut clients = Vec::new();
@@ -579,15 +699,25 @@ async fn main() {
         match c.get(format!("{}/v1/health", b.base)).send().await {
             Ok(r) if r.version() == reqwest::Version::HTTP_2 => clients.push(c),
             other => {
-                println!("  (HTTP/2 stopped at {i}: {:?})", other.map(|r| r.version()));
+                println!(
+                    "  (HTTP/2 stopped at {i}: {:?})",
+                    other.map(|r| r.version())
+                );
                 break;
             }
         }
     }
     let per = per_thing(pid, before, clients.len()).await;
-    println!("| idle HTTP/2 connections (one request each) | {} | {} | {} |", clients.len(), kib(per), b.honest("hub").await);
+    println!(
+        "| idle HTTP/2 connections (one request each) | {} | {} | {} |",
+        clients.len(),
+        kib(per),
+        b.honest("hub").await
+    );
     drop(clients);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let ws_head = head(
@@ -596,20 +726,26 @@ async fn main() {
     );
     let held = b.hold(wss, 5, &ws_head, b"\r\n\r\n").await;
     let per = per_thing(pid, before, held.len()).await;
-    println!("| idle WebSockets | {} | {} | {} |", held.len(), kib(per), b.honest("hub").await);
+    println!(
+        "| idle WebSockets | {} | {} | {} |",
+        held.len(),
+        kib(per),
+        b.honest("hub").await
+    );
     drop(held);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let mut ids = Vec::new();
     for _ in 0..procs {
-        let r = b
-            .c
-            .post(format!("{}/v1/processes", b.base))
-            .json(&json!({"command": "true"}))
-            .send()
-            .await
-            .unwrap();
+        let r =
+            b.c.post(format!("{}/v1/processes", b.base))
+                .json(&json!({"command": "true"}))
+                .send()
+                .await
+                .unwrap();
         assert_eq!(r.status(), 200);
         let v: Value = r.json().await.unwrap();
         ids.push(v["id"].as_str().unwrap().to_string());
@@ -620,10 +756,21 @@ async fn main() {
     }
     let per = per_thing(pid, before, ids.len()).await;
     let (l50, l99) = p50_p99(b.time_get("/v1/processes", 20).await.0);
-    println!("| exited `/v1/processes` records | {} | {} | `GET /v1/processes` {l50:.2}/{l99:.2} ms |", ids.len(), kib(per));
+    println!(
+        "| exited `/v1/processes` records | {} | {} | `GET /v1/processes` {l50:.2}/{l99:.2} ms |",
+        ids.len(),
+        kib(per)
+    );
     for id in ids {
-        let _ = b.c.delete(format!("{}/v1/processes/{id}", b.base)).send().await;
+        let _ =
+            b.c.delete(format!("{}/v1/processes/{id}", b.base))
+                .send()
+                .await;
     }
-    println!("\nafter everything: RSS {}, fds {}", kib(rss(b.pid) as f64), open_fds(b.pid));
+    println!(
+        "\nafter everything: RSS {}, fds {}",
+        kib(rss(b.pid) as f64),
+        open_fds(b.pid)
+    );
     drop(daemon);
 }
