@@ -36,7 +36,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 mod common;
-use common::{daemon_bin, free_port, knob, percentile};
+use common::{ab_figure, daemon_bin, free_port, knob, knows_flag, percentile};
 
 const BUILT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
@@ -254,7 +254,8 @@ impl Bench {
     }
 
     /// Listing and scraping at the current N, with health probed meanwhile.
-    async fn listing_row(&self, label: &str) {
+    /// Prints the row; returns the whole listing's p50 in ms.
+    async fn listing_row(&self, label: &str) -> f64 {
         let stop = Arc::new(AtomicBool::new(false));
         let prober = self.probe(stop.clone());
         let (whole, wsize) = self.time_get("/v1/acp", 40).await;
@@ -271,6 +272,7 @@ impl Bench {
             wsize / 1000,
             msize / 1000
         );
+        w50
     }
 
     /// The honest client's p50/p99 (health and `_mock/echo` on `server`), 300 each.
@@ -340,6 +342,11 @@ impl Bench {
     }
 }
 
+/// Things per MiB from bytes per thing (a delta under 64 bytes counts as 64: noise, not a gain).
+fn per_mib(bytes: f64) -> f64 {
+    1048576.0 / bytes.max(64.0)
+}
+
 fn kib(bytes: f64) -> String {
     format!("{:.1} KiB", bytes / 1024.0)
 }
@@ -375,14 +382,21 @@ async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
     .arg(&dir)
     .arg("--data-dir")
     .arg(dir.join("data"))
-    .args(["--max-agents", &limits.agents.to_string()])
-    .args(["--max-subscribers", &limits.subscribers.to_string()])
-    .args(["--max-subscribers-total", &limits.subscribers.to_string()])
-    .args(["--max-connections", &limits.connections.to_string()])
-    .args(["--idle-timeout", "10m"])
     .stdout(Stdio::null())
     // The exited instances' 502s are logged as warnings: not on the bench's output.
     .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap());
+    // An older build (the A/B harness's previous one) may lack a flag: it is left out.
+    for (flag, value) in [
+        ("--max-agents", limits.agents.to_string()),
+        ("--max-subscribers", limits.subscribers.to_string()),
+        ("--max-subscribers-total", limits.subscribers.to_string()),
+        ("--max-connections", limits.connections.to_string()),
+        ("--idle-timeout", "10m".to_string()),
+    ] {
+        if knows_flag(&bin, flag) {
+            cmd.args([flag, &value]);
+        }
+    }
     if let Some(w) = std::env::var("SANDBOX_AGENT_WORKER_THREADS")
         .ok()
         .filter(|w| !w.is_empty())
@@ -413,7 +427,11 @@ async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
         .await
         .is_err()
     {
-        assert!(Instant::now() < deadline, "the daemon never answered");
+        assert!(
+            Instant::now() < deadline,
+            "the daemon never answered: {}",
+            std::fs::read_to_string(daemon.1.join("daemon.log")).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (daemon, b)
@@ -501,6 +519,18 @@ async fn main() {
             kib(per)
         );
         have = n;
+        if Some(&n) == steps.last() {
+            ab_figure(
+                "scale: agent starts/s (32 clients)",
+                count as f64 / took.as_secs_f64(),
+                None,
+            );
+            ab_figure(
+                "scale: idle instances per MiB of daemon RSS",
+                per_mib(per),
+                None,
+            );
+        }
     }
     // Full event buffers.
     if full > 0 {
@@ -539,7 +569,12 @@ async fn main() {
         "\n| listed instances | `GET /v1/acp` p50 / p99 ms (size) | `?limit=100` p50 / p99 | `/metrics` p50 / p99 (size) | `/v1/health` meanwhile p50 / p99 |"
     );
     println!("|---|---|---|---|---|");
-    b.listing_row(&format!("{have} running")).await;
+    let w50 = b.listing_row(&format!("{have} running")).await;
+    ab_figure(
+        "scale: GET /v1/acp with every instance listed, 1/p50",
+        1000.0 / w50,
+        None,
+    );
 
     // Instances beyond the running ones: started, then exited (`/crash 0`), in batches.
     if listed > have {
@@ -658,6 +693,11 @@ async fn main() {
         )
         .await;
     let per = per_thing(pid, before, held.len()).await;
+    ab_figure(
+        "scale: idle SSE subscribers per MiB of daemon RSS",
+        per_mib(per),
+        None,
+    );
     println!(
         "| idle SSE subscribers (with their HTTP/1 connection) | {} | {} | {} |",
         held.len(),
@@ -672,6 +712,11 @@ async fn main() {
     let before = rss(pid);
     let held = b.hold(conns, 3, &head("/v1/health", ""), b"\"ok\"").await;
     let per_conn = per_thing(pid, before, held.len()).await;
+    ab_figure(
+        "scale: idle HTTP/1 connections per MiB of daemon RSS",
+        per_mib(per_conn),
+        None,
+    );
     println!(
         "| idle HTTP/1 connections (one request each) | {} | {} | {} |",
         held.len(),
