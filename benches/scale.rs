@@ -791,7 +791,11 @@ async fn main() {
                 .send()
                 .await
                 .unwrap();
-        assert_eq!(r.status(), 200);
+        if r.status() != 200 {
+            // An older build (the A/B harness's previous one) may not have the route.
+            println!("  (POST /v1/processes answered {})", r.status());
+            break;
+        }
         let v: Value = r.json().await.unwrap();
         ids.push(v["id"].as_str().unwrap().to_string());
     }
