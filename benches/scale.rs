@@ -803,13 +803,15 @@ async fn main() {
     while children(pid) > kids0 + 1 && Instant::now() < settle {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let per = per_thing(pid, before, ids.len()).await;
-    let (l50, l99) = p50_p99(b.time_get("/v1/processes", 20).await.0);
-    println!(
-        "| exited `/v1/processes` records | {} | {} | `GET /v1/processes` {l50:.2}/{l99:.2} ms |",
-        ids.len(),
-        kib(per)
-    );
+    if !ids.is_empty() {
+        let per = per_thing(pid, before, ids.len()).await;
+        let (l50, l99) = p50_p99(b.time_get("/v1/processes", 20).await.0);
+        println!(
+            "| exited `/v1/processes` records | {} | {} | `GET /v1/processes` {l50:.2}/{l99:.2} ms |",
+            ids.len(),
+            kib(per)
+        );
+    }
     for id in ids {
         let _ =
             b.c.delete(format!("{}/v1/processes/{id}", b.base))
