@@ -474,7 +474,7 @@ async fn main() {
     let limits = Limits {
         agents: most + 10,
         subscribers: subs.max(wss) + 10,
-        connections: subs.max(conns) + 500,
+        connections: subs.max(conns).max(wss).max(h2) + 500,
     };
     let (daemon, b) = start_daemon(&limits).await;
     let pid = b.pid;
