@@ -670,6 +670,15 @@ async fn main() {
         kib(rss0 as f64),
         (rss_after as f64 / rss0 as f64 - 1.0) * 100.0
     );
+    // The runtime's blocking-pool threads idle out after 10 s (their stacks and arenas with them).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let threads = status_kib(pid, "Threads:");
+    let later = rss(pid);
+    println!(
+        "15 s after: RSS {} ({:+.1} %), {threads} threads",
+        kib(later as f64),
+        (later as f64 / rss0 as f64 - 1.0) * 100.0
+    );
 
     drop(daemon);
 
