@@ -520,11 +520,8 @@ async fn main() {
         );
         have = n;
         if Some(&n) == steps.last() {
-            ab_figure(
-                "scale: agent starts/s (32 clients)",
-                count as f64 / took.as_secs_f64(),
-                None,
-            );
+            // Not the start rate: it swings by 2× with the machine's load even between
+            // alternating runs, and a gate on it would fail on a busy machine, not a regression.
             ab_figure(
                 "scale: idle instances per MiB of daemon RSS",
                 per_mib(per),
