@@ -17,7 +17,7 @@
 #   --confirm       with --check: a figure below RATIO has its bench group run again (as many
 #                   rounds) and fails only if the median over all its rounds is still below
 #                   (one unlucky round on a busy machine is not a regression; a real one stays)
-#   --only LIST     bench groups to run (default files,acp,processes)
+#   --only LIST     bench groups to run (default files,acp,processes,scale)
 #   --baseline REV  compare against REV instead of the commit in benches/ab-baseline
 # Exit: 0 fine; 1 a regression (with --check) or a bench failed against the current build;
 # 2 usage; 3 the baseline commit is not in this clone; 4 a bench failed against the previous build.
@@ -27,7 +27,7 @@
 # disk's). The full run is by hand (docs/performance.md).
 set -euo pipefail
 
-rounds= quick=0 check= confirm=0 only=files,acp,processes baseline=
+rounds= quick=0 check= confirm=0 only=files,acp,processes,scale baseline=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -75,7 +75,7 @@ say "building the current tree (release) and the benches"
 benches=()
 for b in ${only//,/ }; do
   case "$b" in
-    files|acp|processes) benches+=("$b") ;;
+    files|acp|processes|scale) benches+=("$b") ;;
     *) echo "ab.sh: unknown bench group $b" >&2; exit 2 ;;
   esac
 done
@@ -107,12 +107,19 @@ if [ "$quick" = 1 ]; then
   export BENCH_RUNS=1 FILES_BENCH_MIB=256 FILES_BENCH_DIRS=30
   export ACP_BENCH_N=3000 ACP_BENCH_DUR_MS=5000 ACP_BENCH_STREAM_N=100000 ACP_BENCH_ONLY=http,sse,wscore
   export PROC_BENCH_BYTES=$((64 << 20)) PROC_BENCH_RUNS=100
+  export SCALE_AGENTS=300 SCALE_LISTED=0 SCALE_FULL=0 SCALE_SUBSCRIBERS=2000 SCALE_CONNS=2000
+  export SCALE_H2=100 SCALE_WS=100 SCALE_PROCS=100
 else
   export BENCH_RUNS=1 FILES_BENCH_MIB=${FILES_BENCH_MIB:-1024} FILES_BENCH_DIRS=${FILES_BENCH_DIRS:-100}
   export ACP_BENCH_N=${ACP_BENCH_N:-20000} ACP_BENCH_DUR_MS=${ACP_BENCH_DUR_MS:-5000}
   export ACP_BENCH_STREAM_N=${ACP_BENCH_STREAM_N:-100000} ACP_BENCH_ONLY=${ACP_BENCH_ONLY:-http,sse,wscore}
   export PROC_BENCH_BYTES=${PROC_BENCH_BYTES:-$((256 << 20))} PROC_BENCH_RUNS=${PROC_BENCH_RUNS:-300}
+  export SCALE_AGENTS=${SCALE_AGENTS:-1000} SCALE_LISTED=${SCALE_LISTED:-0} SCALE_FULL=${SCALE_FULL:-0}
+  export SCALE_SUBSCRIBERS=${SCALE_SUBSCRIBERS:-5000} SCALE_CONNS=${SCALE_CONNS:-5000}
+  export SCALE_H2=${SCALE_H2:-500} SCALE_WS=${SCALE_WS:-500} SCALE_PROCS=${SCALE_PROCS:-300}
 fi
+# The scale bench holds thousands of sockets on both sides of loopback.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 run_dir=$ab/run-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$run_dir"

@@ -36,12 +36,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 mod common;
-use common::{daemon_bin, free_port, knob, percentile};
+use common::{ab_figure, daemon_bin, free_port, knob, knows_flag, percentile};
 
 const BUILT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
-/// SIGTERM (every agent stopped), SIGKILL after 30 s.
-struct DaemonGuard(Child);
+/// SIGTERM (every agent stopped), SIGKILL after 30 s; then its directory is removed.
+struct DaemonGuard(Child, std::path::PathBuf);
 
 impl Drop for DaemonGuard {
     fn drop(&mut self) {
@@ -50,12 +50,13 @@ impl Drop for DaemonGuard {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {
-                return;
+                break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
@@ -253,7 +254,8 @@ impl Bench {
     }
 
     /// Listing and scraping at the current N, with health probed meanwhile.
-    async fn listing_row(&self, label: &str) {
+    /// Prints the row; returns the whole listing's p50 in ms.
+    async fn listing_row(&self, label: &str) -> f64 {
         let stop = Arc::new(AtomicBool::new(false));
         let prober = self.probe(stop.clone());
         let (whole, wsize) = self.time_get("/v1/acp", 40).await;
@@ -270,6 +272,7 @@ impl Bench {
             wsize / 1000,
             msize / 1000
         );
+        w50
     }
 
     /// The honest client's p50/p99 (health and `_mock/echo` on `server`), 300 each.
@@ -339,6 +342,11 @@ impl Bench {
     }
 }
 
+/// Things per MiB from bytes per thing (a delta under 64 bytes counts as 64: noise, not a gain).
+fn per_mib(bytes: f64) -> f64 {
+    1048576.0 / bytes.max(64.0)
+}
+
 fn kib(bytes: f64) -> String {
     format!("{:.1} KiB", bytes / 1024.0)
 }
@@ -347,6 +355,96 @@ fn kib(bytes: f64) -> String {
 async fn per_thing(pid: u32, before: u64, n: usize) -> f64 {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     (rss(pid) as f64 - before as f64) / n.max(1) as f64
+}
+
+struct Limits {
+    agents: usize,
+    subscribers: usize,
+    connections: usize,
+}
+
+/// A fresh release daemon with room for `limits`, answering.
+async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
+    let bin = daemon_bin(BUILT);
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap().keep();
+    let mut cmd = Command::new(&bin);
+    cmd.args([
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--no-token",
+        "--log-level",
+        "warn",
+    ])
+    .args(["--port", &port.to_string()])
+    .arg("--work-dir")
+    .arg(&dir)
+    .arg("--data-dir")
+    .arg(dir.join("data"))
+    .stdout(Stdio::null())
+    // The exited instances' 502s are logged as warnings: not on the bench's output.
+    .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap());
+    // An older build (the A/B harness's previous one) may lack a flag: it is left out.
+    for (flag, value) in [
+        ("--max-agents", limits.agents.to_string()),
+        ("--max-subscribers", limits.subscribers.to_string()),
+        ("--max-subscribers-total", limits.subscribers.to_string()),
+        ("--max-connections", limits.connections.to_string()),
+        ("--idle-timeout", "10m".to_string()),
+    ] {
+        if knows_flag(&bin, flag) {
+            cmd.args([flag, &value]);
+        }
+    }
+    if let Some(w) = std::env::var("SANDBOX_AGENT_WORKER_THREADS")
+        .ok()
+        .filter(|w| !w.is_empty())
+    {
+        cmd.args(["--worker-threads", &w]);
+    }
+    if let Ok(extra) = std::env::var("SCALE_ARGS") {
+        cmd.args(extra.split_whitespace());
+    }
+    let daemon = DaemonGuard(cmd.spawn().expect("start the daemon"), dir);
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(64)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let b = Arc::new(Bench {
+        base: format!("http://127.0.0.1:{port}"),
+        port,
+        pid: daemon.0.id(),
+        c,
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b
+        .c
+        .get(format!("{}/v1/health", b.base))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon never answered: {}",
+            std::fs::read_to_string(daemon.1.join("daemon.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (daemon, b)
+}
+
+/// A fresh daemon with one running instance `hub` (and the honest client's first figures), for
+/// measuring one kind of held thing on memory nothing was freed into before.
+async fn hub_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
+    let (d, b) = start_daemon(limits).await;
+    b.start_all(vec!["hub".into()], 1).await;
+    b.honest("hub").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (d, b)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -373,62 +471,13 @@ async fn main() {
     let procs = knob("SCALE_PROCS", 1000usize);
     let most = steps.iter().copied().max().unwrap_or(0).max(listed);
 
-    let bin = daemon_bin(BUILT);
-    let port = free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(&bin);
-    cmd.args([
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--no-token",
-        "--log-level",
-        "warn",
-    ])
-    .args(["--port", &port.to_string()])
-    .arg("--work-dir")
-    .arg(dir.path())
-    .arg("--data-dir")
-    .arg(dir.path().join("data"))
-    .args(["--max-agents", &(most + 10).to_string()])
-    .args(["--max-subscribers", &(subs.max(wss) + 10).to_string()])
-    .args(["--max-subscribers-total", &(subs.max(wss) + 10).to_string()])
-    .args(["--max-connections", &(subs.max(conns) + 500).to_string()])
-    .args(["--idle-timeout", "10m"])
-    .stdout(Stdio::null())
-    // The exited instances' 502s are logged as warnings: not on the bench's output.
-    .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap());
-    if let Ok(w) = std::env::var("SANDBOX_AGENT_WORKER_THREADS") {
-        cmd.args(["--worker-threads", &w]);
-    }
-    if let Ok(extra) = std::env::var("SCALE_ARGS") {
-        cmd.args(extra.split_whitespace());
-    }
-    let daemon = DaemonGuard(cmd.spawn().expect("start the daemon"));
-    let pid = daemon.0.id();
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(64)
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap();
-    let b = Arc::new(Bench {
-        base: format!("http://127.0.0.1:{port}"),
-        port,
-        pid,
-        c,
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while b
-        .c
-        .get(format!("{}/v1/health", b.base))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "the daemon never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let limits = Limits {
+        agents: most + 10,
+        subscribers: subs.max(wss) + 10,
+        connections: subs.max(conns).max(wss).max(h2) + 500,
+    };
+    let (daemon, b) = start_daemon(&limits).await;
+    let pid = b.pid;
     // One instance started and deleted first: the lazily built parts of the daemon (the agent
     // registry's entry, the warm-spawn pool) are not counted as per-instance memory.
     b.start_all(vec!["warm".into()], 1).await;
@@ -439,8 +488,12 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (rss0, fds0, kids0, groups0) = (rss(pid), open_fds(pid), children(pid), cgroups_below(pid));
     println!(
-        "daemon {bin}, worker threads {}; before: RSS {}, fds (not sockets) {fds0}, children {kids0}, agent cgroups {groups0}",
-        std::env::var("SANDBOX_AGENT_WORKER_THREADS").unwrap_or_else(|_| "auto".into()),
+        "daemon {}, worker threads {}; before: RSS {}, fds (not sockets) {fds0}, children {kids0}, agent cgroups {groups0}",
+        daemon_bin(BUILT),
+        std::env::var("SANDBOX_AGENT_WORKER_THREADS")
+            .ok()
+            .filter(|w| !w.is_empty())
+            .unwrap_or_else(|| "auto".into()),
         kib(rss0 as f64)
     );
 
@@ -450,7 +503,6 @@ async fn main() {
     );
     println!("|---|---|---|---|---|---|");
     let mut have = 0;
-    let mut rows = Vec::new();
     for &n in &steps {
         let ids: Vec<String> = (have..n).map(|i| format!("sc-{i:05}")).collect();
         let count = ids.len();
@@ -467,15 +519,59 @@ async fn main() {
             kib(per)
         );
         have = n;
-        rows.push(n);
+        if Some(&n) == steps.last() {
+            // Not the start rate: it swings by 2× with the machine's load even between
+            // alternating runs, and a gate on it would fail on a busy machine, not a regression.
+            ab_figure(
+                "scale: idle instances per MiB of daemon RSS",
+                per_mib(per),
+                None,
+            );
+        }
     }
+    // Full event buffers.
+    if full > 0 {
+        let before = rss(pid);
+        let ids: Vec<String> = (0..full.min(have)).map(|i| format!("sc-{i:05}")).collect();
+        for id in &ids {
+            let s = b.session(id).await;
+            assert_eq!(b.prompt(id, &s, "/stream 5000").await, 200);
+        }
+        let per = per_thing(pid, before, ids.len()).await;
+        let v: Value =
+            b.c.get(format!("{}/v1/acp", b.base))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+        let events = v["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["serverId"] == ids[0])
+            .map(|s| s["lastEventId"].clone())
+            .unwrap_or_default();
+        println!(
+            "\nfull event buffer ({} instances, /stream 5000 each, lastEventId {events}): RSS per instance grew by {} (the events themselves: ~4,096 × their JSON size)",
+            ids.len(),
+            kib(per)
+        );
+    }
+
     // The sampler's next pass, so that listings read sampled figures.
     tokio::time::sleep(Duration::from_secs(3)).await;
     println!(
         "\n| listed instances | `GET /v1/acp` p50 / p99 ms (size) | `?limit=100` p50 / p99 | `/metrics` p50 / p99 (size) | `/v1/health` meanwhile p50 / p99 |"
     );
     println!("|---|---|---|---|---|");
-    b.listing_row(&format!("{have} running")).await;
+    let w50 = b.listing_row(&format!("{have} running")).await;
+    ab_figure(
+        "scale: GET /v1/acp with every instance listed, 1/p50",
+        1000.0 / w50,
+        None,
+    );
 
     // Instances beyond the running ones: started, then exited (`/crash 0`), in batches.
     if listed > have {
@@ -512,37 +608,6 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_secs(3)).await;
         b.listing_row(&format!("{listed} ({have} running)")).await;
-    }
-
-    // Full event buffers.
-    if full > 0 {
-        let before = rss(pid);
-        let ids: Vec<String> = (0..full.min(have)).map(|i| format!("sc-{i:05}")).collect();
-        for id in &ids {
-            let s = b.session(id).await;
-            assert_eq!(b.prompt(id, &s, "/stream 5000").await, 200);
-        }
-        let per = per_thing(pid, before, ids.len()).await;
-        let v: Value =
-            b.c.get(format!("{}/v1/acp", b.base))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-        let events = v["servers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["serverId"] == ids[0])
-            .map(|s| s["lastEventId"].clone())
-            .unwrap_or_default();
-        println!(
-            "\nfull event buffer ({} instances, /stream 5000 each, lastEventId {events}): RSS per instance grew by {} (the events themselves: ~4,096 × their JSON size)",
-            ids.len(),
-            kib(per)
-        );
     }
 
     // Delete everything.
@@ -602,9 +667,22 @@ async fn main() {
         kib(rss0 as f64),
         (rss_after as f64 / rss0 as f64 - 1.0) * 100.0
     );
+    // The runtime's blocking-pool threads idle out after 10 s (their stacks and arenas with them).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let threads = status_kib(pid, "Threads:");
+    let later = rss(pid);
+    println!(
+        "15 s after: RSS {} ({:+.1} %), {threads} threads",
+        kib(later as f64),
+        (later as f64 / rss0 as f64 - 1.0) * 100.0
+    );
 
-    // Connections and subscribers, one kind at a time, each with the honest client.
-    b.start_all(vec!["hub".into()], 1).await;
+    drop(daemon);
+
+    // Connections and subscribers, one kind at a time, each in a fresh daemon, each with the
+    // honest client.
+    let (mut daemon, mut b) = hub_daemon(&limits).await;
+    let mut pid = b.pid;
     println!("\nquiet: {}", b.honest("hub").await);
     println!("\n| held | count | RSS per thing | honest client meanwhile |");
     println!("|---|---|---|---|");
@@ -621,6 +699,11 @@ async fn main() {
         )
         .await;
     let per = per_thing(pid, before, held.len()).await;
+    ab_figure(
+        "scale: idle SSE subscribers per MiB of daemon RSS",
+        per_mib(per),
+        None,
+    );
     println!(
         "| idle SSE subscribers (with their HTTP/1 connection) | {} | {} | {} |",
         held.len(),
@@ -628,11 +711,18 @@ async fn main() {
         b.honest("hub").await
     );
     drop(held);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let held = b.hold(conns, 3, &head("/v1/health", ""), b"\"ok\"").await;
     let per_conn = per_thing(pid, before, held.len()).await;
+    ab_figure(
+        "scale: idle HTTP/1 connections per MiB of daemon RSS",
+        per_mib(per_conn),
+        None,
+    );
     println!(
         "| idle HTTP/1 connections (one request each) | {} | {} | {} |",
         held.len(),
@@ -640,11 +730,13 @@ async fn main() {
         b.honest("hub").await
     );
     drop(held);
-    tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
         "| → SSE subscriber beyond its connection | | {} | |",
         kib(per - per_conn)
     );
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let mut clients = Vec::new();
@@ -674,7 +766,9 @@ async fn main() {
         b.honest("hub").await
     );
     drop(clients);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let ws_head = head(
@@ -690,7 +784,9 @@ async fn main() {
         b.honest("hub").await
     );
     drop(held);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(daemon);
+    (daemon, b) = hub_daemon(&limits).await;
+    pid = b.pid;
 
     let before = rss(pid);
     let mut ids = Vec::new();
@@ -701,7 +797,11 @@ async fn main() {
                 .send()
                 .await
                 .unwrap();
-        assert_eq!(r.status(), 200);
+        if r.status() != 200 {
+            // An older build (the A/B harness's previous one) may not have the route.
+            println!("  (POST /v1/processes answered {})", r.status());
+            break;
+        }
         let v: Value = r.json().await.unwrap();
         ids.push(v["id"].as_str().unwrap().to_string());
     }
@@ -709,13 +809,15 @@ async fn main() {
     while children(pid) > kids0 + 1 && Instant::now() < settle {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let per = per_thing(pid, before, ids.len()).await;
-    let (l50, l99) = p50_p99(b.time_get("/v1/processes", 20).await.0);
-    println!(
-        "| exited `/v1/processes` records | {} | {} | `GET /v1/processes` {l50:.2}/{l99:.2} ms |",
-        ids.len(),
-        kib(per)
-    );
+    if !ids.is_empty() {
+        let per = per_thing(pid, before, ids.len()).await;
+        let (l50, l99) = p50_p99(b.time_get("/v1/processes", 20).await.0);
+        println!(
+            "| exited `/v1/processes` records | {} | {} | `GET /v1/processes` {l50:.2}/{l99:.2} ms |",
+            ids.len(),
+            kib(per)
+        );
+    }
     for id in ids {
         let _ =
             b.c.delete(format!("{}/v1/processes/{id}", b.base))

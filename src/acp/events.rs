@@ -157,6 +157,14 @@ impl EventLog {
             d.append(id, json_line);
         }
         let frame = message_frame(id, json_line);
+        // At the count bound the oldest goes first, so that the ring never holds one more than
+        // the bound: a `VecDeque` at capacity would double (4,096 → 8,192 slots, 160 KiB more
+        // for every instance with a full log).
+        if st.ring.len() >= self.limits.max_events.max(1) {
+            let old = st.ring.pop_front().expect("ring is not empty");
+            st.ring_bytes -= old.frame.len();
+            st.evicted = old.id;
+        }
         st.ring_bytes += frame.len();
         st.ring.push_back(Retained {
             id,
@@ -621,6 +629,20 @@ mod tests {
             Subscribe::Full => "<full>".to_string(),
         };
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn the_ring_never_holds_more_than_its_bound() {
+        let l = log(64, usize::MAX);
+        for i in 0..1000 {
+            l.push(format!("{{\"n\":{i}}}").as_bytes());
+            let st = l.lock();
+            assert!(st.ring.len() <= 64, "{} events held", st.ring.len());
+            // One over the bound would double the ring's allocation for good.
+            assert!(st.ring.capacity() < 128, "capacity {}", st.ring.capacity());
+        }
+        let st = l.lock();
+        assert_eq!((st.ring.front().unwrap().id, st.evicted), (937, 936));
     }
 
     #[test]

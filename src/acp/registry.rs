@@ -671,7 +671,10 @@ impl AcpService {
             again.events.set_durable(t);
             map.insert(inst.server_id.clone(), Arc::new(again));
         }
-        let Some(handle) = handle else { return };
+        let Some(handle) = handle else {
+            crate::sys::trim_soon();
+            return;
+        };
         // DEBUG: the stop it starts is logged once, as "agent ended" with the exit's reason.
         tracing::debug!(server_id = %inst.server_id, agent = %inst.agent, cause = why.as_str(),
             "ACP server retired");
@@ -1037,6 +1040,10 @@ async fn stop_instance(inst: Arc<AcpInstance>, handle: ChildHandle, grace: Durat
     let _exit = handle.stop(grace).await;
     // The reader records the exit and fails whatever still waited.
     inst.wait_for(|s| s.ended && s.exited).await;
+    drop(inst);
+    // What the instance held (buffers, its event log) goes back to the system, not only to the
+    // allocator: after deleting many instances the daemon's RSS returns to near where it was.
+    crate::sys::trim_soon();
 }
 
 /// The figures of a listed row, when it has them.

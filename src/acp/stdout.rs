@@ -166,7 +166,15 @@ struct LineReader<R> {
     /// A large line went through: `buf` may still share its big allocation, which would stay
     /// with this reader for good; start a fresh buffer before the next read.
     shrink: bool,
+    /// Bytes the last read returned: a small read means a quiet agent, whose buffer goes back
+    /// to `QUIET_BUF` once emptied.
+    last_read: usize,
 }
+
+/// The buffer of an agent that writes little (most agents, most of the time, are idle): an idle
+/// instance must not hold 64 KiB for its stdout (docs/performance.md, "Density"). A read that
+/// fills it grows it to 64 KiB for as long as the agent keeps writing that much.
+const QUIET_BUF: usize = 4 * 1024;
 
 /// Lines at least this long make the reader start a fresh buffer afterwards.
 const SHRINK_AFTER: usize = 1 << 20;
@@ -175,11 +183,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     fn new(inner: R, max: usize) -> Self {
         LineReader {
             inner,
-            buf: BytesMut::with_capacity(64 * 1024),
+            buf: BytesMut::with_capacity(QUIET_BUF),
             max: max.max(1),
             scanned: 0,
             skipping: false,
             shrink: false,
+            last_read: 0,
         }
     }
 
@@ -235,10 +244,18 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 // The big line itself is freed once its POST or the event log is done with it.
                 crate::sys::trim_soon();
             }
-            if self.buf.capacity() - self.buf.len() < 4096 {
+            if self.buf.is_empty()
+                && self.buf.capacity() > QUIET_BUF
+                && self.last_read < QUIET_BUF / 2
+            {
+                // Quiet again: the big buffer is freed (the lines split off it keep only what
+                // they still use).
+                self.buf = BytesMut::with_capacity(QUIET_BUF);
+            } else if self.buf.capacity() - self.buf.len() < QUIET_BUF / 4 {
                 self.buf.reserve(64 * 1024);
             }
             let n = self.inner.read_buf(&mut self.buf).await?;
+            self.last_read = n;
             if n == 0 {
                 if std::mem::take(&mut self.skipping) {
                     self.buf.clear();
@@ -286,6 +303,47 @@ mod tests {
             }
         });
         assert_eq!(got, expected);
+    }
+
+    /// A burst grows the buffer; once the agent is quiet again the reader goes back to a small
+    /// one, and every line arrives whole either way.
+    #[test]
+    fn a_quiet_reader_holds_a_small_buffer() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (mut tx, rx) = tokio::io::duplex(1 << 20);
+            let mut r = LineReader::new(rx, 1 << 20);
+            assert!(r.buf.capacity() <= QUIET_BUF);
+            let burst: String = (0..2000).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+            tokio::io::AsyncWriteExt::write_all(&mut tx, burst.as_bytes())
+                .await
+                .unwrap();
+            for i in 0..2000 {
+                match r.next_line().await.unwrap() {
+                    Some(Line::Data(b)) => assert_eq!(&b[..], format!("{{\"i\":{i}}}").as_bytes()),
+                    _ => panic!("line {i}"),
+                }
+            }
+            assert!(r.buf.capacity() > QUIET_BUF || r.last_read > QUIET_BUF / 2);
+            // Small writes: the next reads shrink the buffer back.
+            for i in 0..3 {
+                tokio::io::AsyncWriteExt::write_all(&mut tx, b"{}\n")
+                    .await
+                    .unwrap();
+                assert!(
+                    matches!(r.next_line().await.unwrap(), Some(Line::Data(_))),
+                    "{i}"
+                );
+            }
+            assert!(
+                r.buf.capacity() <= QUIET_BUF,
+                "capacity {}",
+                r.buf.capacity()
+            );
+        });
     }
 
     #[test]

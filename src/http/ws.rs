@@ -138,9 +138,11 @@ fn body_limit(st: &AppState) -> usize {
 }
 
 /// The library zeroes its whole read buffer before every read (128 KiB by default, twice per
-/// batch of frames: the read that brings them and the one that finds the socket empty); 32 KiB
-/// still takes hundreds of small frames per read.
-const READ_BUFFER: usize = 32 * 1024;
+/// batch of frames: the read that brings them and the one that finds the socket empty), so the
+/// buffer is resident for every idle socket: 8 KiB keeps an idle WebSocket under 16 KiB of the
+/// daemon's memory (32 KiB cost 39.6 KiB each) and still takes ~80 small frames per read; the
+/// 32-in-flight rate did not move (docs/performance.md, "Density").
+const READ_BUFFER: usize = 8 * 1024;
 
 /// The socket a handler gets: the library's stream over the upgraded connection, every read
 /// through `Metered`.

@@ -73,12 +73,18 @@ pub async fn forward(
     mut budget: RateLimit,
 ) {
     let mut pending: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
+    // Small until the agent writes a full one: most agents write little or nothing to stderr,
+    // and this buffer is held for as long as the agent runs (64 KiB zeroed per idle agent was
+    // most of what an idle instance cost; docs/performance.md, "Density").
+    let mut chunk = vec![0u8; 1024];
     loop {
         let n = match stderr.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if n == chunk.len() && chunk.len() < 64 * 1024 {
+            chunk.resize(64 * 1024, 0);
+        }
         let data = &chunk[..n];
         crate::sys::lock(&tail).push(data);
         let mut start = 0;
