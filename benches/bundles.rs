@@ -8,7 +8,7 @@
 //! Run: `cargo bench --bench bundles`.
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -17,29 +17,11 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 mod common;
-use common::{free_port, knob};
+use common::{Stopping, free_port, knob};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
-struct DaemonGuard(Child);
-
-impl Drop for DaemonGuard {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn start(dir: &std::path::Path, extra: &[&str]) -> (DaemonGuard, String) {
+async fn start(dir: &std::path::Path, extra: &[&str]) -> (Stopping, String) {
     let port = free_port();
     std::fs::create_dir_all(dir.join("work")).unwrap();
     let child = Command::new(BIN)
@@ -71,7 +53,7 @@ async fn start(dir: &std::path::Path, extra: &[&str]) -> (DaemonGuard, String) {
         assert!(Instant::now() < deadline, "the daemon never answered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (DaemonGuard(child), base)
+    (Stopping::new(child), base)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -155,9 +137,9 @@ async fn main() {
 
     // Export to a file.
     let file = tmp.path().join("long.tgz");
-    let before = rss_kib(a.0.id());
+    let before = rss_kib(a.id());
     let stop = Arc::new(AtomicBool::new(false));
-    let peak = sampler(a.0.id(), stop.clone());
+    let peak = sampler(a.id(), stop.clone());
     let t = Instant::now();
     let r = c
         .get(format!("{base_a}/v1/acp/long/bundle"))
@@ -182,15 +164,15 @@ async fn main() {
         mib(before),
         mib(peak),
         mib(peak.saturating_sub(before)),
-        mib(rss_kib(a.0.id()))
+        mib(rss_kib(a.id()))
     );
     drop(a);
 
     // Import from the file, streamed.
     let (b, base_b) = start(&tmp.path().join("b"), &[]).await;
-    let before = rss_kib(b.0.id());
+    let before = rss_kib(b.id());
     let stop = Arc::new(AtomicBool::new(false));
-    let peak = sampler(b.0.id(), stop.clone());
+    let peak = sampler(b.id(), stop.clone());
     let t = Instant::now();
     let f = tokio::fs::File::open(&file).await.unwrap();
     let stream = futures_util::stream::unfold(f, |mut f| async move {
@@ -226,7 +208,7 @@ async fn main() {
         mib(before),
         mib(peak),
         mib(peak.saturating_sub(before)),
-        mib(rss_kib(b.0.id()))
+        mib(rss_kib(b.id()))
     );
     drop(b);
 }

@@ -58,3 +58,40 @@ pub fn ab_figure(name: &str, value: f64, reference: Option<(&str, f64)>) {
         _ => println!("AB\t{name}\t{value}\t-\t0"),
     }
 }
+
+/// A daemon (or any child) stopped when the bench ends or panics: SIGTERM first (the daemon stops
+/// every agent tree), SIGKILL only if it has not exited within `grace`.
+pub struct Stopping {
+    pub child: std::process::Child,
+    pub grace: Duration,
+}
+
+impl Stopping {
+    /// `child` with the usual 30 s grace.
+    pub fn new(child: std::process::Child) -> Stopping {
+        Stopping {
+            child,
+            grace: Duration::from_secs(30),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + self.grace;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -9,7 +9,7 @@
 //!
 //! Run: `cargo bench --bench listing`.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,29 +17,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod common;
-use common::{free_port, knob, percentile};
+use common::{Stopping, free_port, knob, percentile};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-
-/// Stops the daemon (SIGTERM: it stops every agent tree) when the bench ends or panics; SIGKILL
-/// only if it has not exited within 30 s.
-struct DaemonGuard(Child);
-
-impl Drop for DaemonGuard {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn summary(mut v: Vec<Duration>) -> String {
     v.sort();
@@ -110,7 +90,7 @@ async fn main() {
     if let Ok(extra) = std::env::var("LIST_BENCH_ARGS") {
         cmd.args(extra.split_whitespace());
     }
-    let daemon = DaemonGuard(cmd.spawn().expect("start the daemon"));
+    let daemon = Stopping::new(cmd.spawn().expect("start the daemon"));
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while c.get(format!("{base}/v1/health")).send().await.is_err() {

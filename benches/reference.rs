@@ -11,35 +11,19 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{free_port, knob, percentile};
+use common::{Stopping, free_port, knob, percentile};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
 struct Daemon {
-    child: Child,
+    _child: Stopping,
     port: u16,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// One keep-alive HTTP/1.1 connection.
@@ -151,7 +135,13 @@ fn ours(threads: usize) -> Daemon {
         .spawn()
         .expect("start ours");
     wait_up(port);
-    Daemon { child, port }
+    Daemon {
+        _child: Stopping {
+            child,
+            grace: Duration::from_secs(10),
+        },
+        port,
+    }
 }
 
 fn reference(bin: &str, home: &str) -> Daemon {
@@ -171,7 +161,13 @@ fn reference(bin: &str, home: &str) -> Daemon {
         .spawn()
         .expect("start the reference");
     wait_up(port);
-    Daemon { child, port }
+    Daemon {
+        _child: Stopping {
+            child,
+            grace: Duration::from_secs(10),
+        },
+        port,
+    }
 }
 
 /// c=1 p50/p99 in µs and c=32 requests/s against `d`.

@@ -26,7 +26,7 @@
 //! loopback source address (127.0.0.2, .3, …) so that the phases do not share one ephemeral port
 //! range. `SANDBOX_AGENT_WORKER_THREADS` sets `--worker-threads`.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -36,26 +36,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 mod common;
-use common::{ab_figure, daemon_bin, free_port, knob, knows_flag, percentile};
+use common::{Stopping, ab_figure, daemon_bin, free_port, knob, knows_flag, percentile};
 
 const BUILT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
-/// SIGTERM (every agent stopped), SIGKILL after 30 s; then its directory is removed.
-struct DaemonGuard(Child, std::path::PathBuf);
+/// The daemon stopped (`Stopping`), then its directory removed.
+struct DaemonGuard(Option<Stopping>, std::path::PathBuf);
 
 impl Drop for DaemonGuard {
     fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        drop(self.0.take());
         let _ = std::fs::remove_dir_all(&self.1);
     }
 }
@@ -406,7 +396,10 @@ async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
     if let Ok(extra) = std::env::var("SCALE_ARGS") {
         cmd.args(extra.split_whitespace());
     }
-    let daemon = DaemonGuard(cmd.spawn().expect("start the daemon"), dir);
+    let daemon = DaemonGuard(
+        Some(Stopping::new(cmd.spawn().expect("start the daemon"))),
+        dir,
+    );
     let c = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(64)
@@ -416,7 +409,7 @@ async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
     let b = Arc::new(Bench {
         base: format!("http://127.0.0.1:{port}"),
         port,
-        pid: daemon.0.id(),
+        pid: daemon.0.as_ref().map_or(0, Stopping::id),
         c,
     });
     let deadline = Instant::now() + Duration::from_secs(20);
