@@ -651,6 +651,44 @@ fn http_concurrent(port: u16, conns: u64, dur: Duration) -> (f64, u64) {
     )
 }
 
+/// `conns` keep-alive connections, connection `t` posting to serverId `s{t % agents}`, for `dur`:
+/// req/s and errors.
+fn http_spread(port: u16, conns: u64, agents: u64, dur: Duration) -> (f64, u64) {
+    let agents = agents.clamp(1, conns.max(1));
+    for a in 0..agents {
+        bootstrap(port, &format!("s{a}"));
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conns)
+        .map(|t| {
+            let (done, errors) = (done.clone(), errors.clone());
+            std::thread::spawn(move || {
+                let path = format!("/v1/acp/s{}", t % agents);
+                let mut c = Conn::open(port);
+                let mut i = 0u64;
+                while start.elapsed() < dur {
+                    let id = t * 100_000_000 + i + 1;
+                    i += 1;
+                    let (st, resp) = c.post(&path, &echo_line(id), "");
+                    if st != 200 || answer_id(&resp) != Some(id) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    (
+        done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
+        errors.load(Ordering::Relaxed),
+    )
+}
+
 /// `GET /v1/health` at c=1 (p50) and c=`conns` (req/s): the HTTP stack's own ceiling here.
 fn http_health(port: u16, n: u64, conns: u64, dur: Duration) -> (Latency, f64) {
     let mut c = Conn::open(port);
@@ -1152,8 +1190,9 @@ fn main() {
     let dur = Duration::from_millis(knob("ACP_BENCH_DUR_MS", 5000));
     let stream_n: u64 = knob("ACP_BENCH_STREAM_N", 100_000);
     // For profiling: `ACP_BENCH_PROFILE=<port>` drives a daemon started by hand, HTTP (c=1 and
-    // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown|rfd1|rfd32` (our WebSocket at c=1, 32 in
-    // flight on one socket, 32 sockets on 32 serverIds; the RFD's WebSocket at c=1 and 32 in flight). `ACP_BENCH_SECS` is the length of the
+    // c=32) by default, or `ACP_BENCH_PROFILE_PATH=ws1|ws32|wsown|rfd1|rfd32|spread` (our WebSocket at c=1, 32 in
+    // flight on one socket, 32 sockets on 32 serverIds; the RFD's WebSocket at c=1 and 32 in flight;
+    // HTTP from ACP_BENCH_CONNS connections over ACP_BENCH_AGENTS serverIds). `ACP_BENCH_SECS` is the length of the
     // concurrent phase (0 skips it, e.g. to count the syscalls of c=1 alone).
     if let Some(port) = std::env::var("ACP_BENCH_PROFILE")
         .ok()
@@ -1189,6 +1228,14 @@ fn main() {
             Ok("rfd32") => {
                 let (w, e) = ws_one_socket(port, "/v1/agents/mock/acp", 32, secs);
                 println!("RFD WS 32 in flight {w:.0} msg/s errors {e}");
+            }
+            Ok("spread") => {
+                // ACP_BENCH_CONNS connections spread over ACP_BENCH_AGENTS serverIds (the
+                // contention profile: many clients, many agents, nothing shared but the daemon).
+                let conns = knob("ACP_BENCH_CONNS", 128);
+                let agents = knob("ACP_BENCH_AGENTS", 64);
+                let (r, e) = http_spread(port, conns, agents, secs);
+                println!("HTTP c={conns} over {agents} agents {r:.0} req/s errors {e}");
             }
             Ok("wsown") => {
                 let (w, e) = ws_many_sockets(port, &format!("p{tag}"), 32, false, secs);
