@@ -1,6 +1,18 @@
 //! Sandbox Agent: a daemon that supervises ACP coding agents inside a sandbox and serves them over
 //! HTTP. `main.rs` only dispatches; everything lives in these modules (see docs/architecture.md).
 
+/// Where the byte string literal `$needle` first occurs in `$hay` (`Option<usize>`), with the
+/// searcher built once per call site: `memchr::memmem::find` builds one per call, which on the
+/// short lines of the proxy's hot path cost more than the search (found in the flame graph,
+/// docs/performance.md). Defined before the modules so that every module can use it.
+macro_rules! find_bytes {
+    ($hay:expr, $needle:literal) => {{
+        static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new($needle));
+        FINDER.find($hay)
+    }};
+}
+
 pub mod acp;
 pub mod agents;
 pub mod archive;

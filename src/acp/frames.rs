@@ -20,7 +20,7 @@ pub fn split(chunk: &Bytes) -> Vec<LogItem> {
     let mut out = Vec::new();
     let mut rest = chunk.clone();
     while !rest.is_empty() {
-        let Some(end) = memchr::memmem::find(&rest, b"\n\n") else {
+        let Some(end) = find_bytes!(&rest, b"\n\n") else {
             break;
         };
         let frame = rest.slice(..end + 2);

@@ -91,8 +91,8 @@ pub enum Watched {
 /// Whether a client request is one the inventory follows. Substring scans first; a parse only
 /// for a candidate.
 pub fn watch(line: &[u8]) -> Option<Watched> {
-    let initialize = memchr::memmem::find(line, b"\"initialize\"").is_some();
-    if !initialize && memchr::memmem::find(line, b"\"session/").is_none() {
+    let initialize = find_bytes!(line, b"\"initialize\"").is_some();
+    if !initialize && find_bytes!(line, b"\"session/").is_none() {
         return None;
     }
     #[derive(serde::Deserialize)]
@@ -264,7 +264,7 @@ impl Inventory {
     /// update (the update object itself only when it is one of those two kinds, which is then
     /// returned).
     pub fn on_agent_message(&self, server_id: &str, line: &[u8]) -> Option<Value> {
-        memchr::memmem::find(line, b"\"session/update\"")?;
+        find_bytes!(line, b"\"session/update\"")?;
         #[derive(serde::Deserialize)]
         struct Params<'a> {
             #[serde(rename = "sessionId")]
@@ -284,8 +284,8 @@ impl Inventory {
         }
         // Only the two kinds the daemon reads are parsed whole; a chunk is only activity.
         let raw = m.params.update.get().as_bytes();
-        let wanted = memchr::memmem::find(raw, b"session_info_update").is_some()
-            || memchr::memmem::find(raw, b"usage_update").is_some();
+        let wanted = find_bytes!(raw, b"session_info_update").is_some()
+            || find_bytes!(raw, b"usage_update").is_some();
         if !wanted {
             self.touch(server_id, &m.params.session_id, None);
             return None;

@@ -260,7 +260,7 @@ async fn post_message(
             if let Some((w, head)) = session_base {
                 let id = match w.session_id {
                     // A load that failed answers an error, not a result.
-                    Some(id) => memchr::memmem::find(&line, b"\"result\"").map(|_| id),
+                    Some(id) => find_bytes!(&line, b"\"result\"").map(|_| id),
                     None => crate::workspace::sessions::new_session_id(&line),
                 };
                 if let Some(session_id) = id {

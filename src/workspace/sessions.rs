@@ -30,8 +30,8 @@ pub struct Watched {
 
 /// Two substring scans for every request; a parse only for a candidate.
 pub fn watch(line: &[u8]) -> Option<Watched> {
-    let candidate = memchr::memmem::find(line, b"\"session/new\"").is_some()
-        || memchr::memmem::find(line, b"\"session/load\"").is_some();
+    let candidate = find_bytes!(line, b"\"session/new\"").is_some()
+        || find_bytes!(line, b"\"session/load\"").is_some();
     if !candidate {
         return None;
     }
