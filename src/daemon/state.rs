@@ -60,6 +60,9 @@ impl AppState {
             &config,
         ));
         let files = Arc::new(crate::files::FileService::new(&config)?);
+        if data_dir_problem.is_none() {
+            sweep_temporaries(config.data_dir.clone()).await;
+        }
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         let mut processes = crate::processes::ProcessService::new(
             &config,
@@ -140,5 +143,24 @@ impl AppState {
                 .max(std::time::Duration::from_millis(500));
             crate::sys::blocking(move || store.flush_blocking(left)).await;
         }
+    }
+}
+
+/// Removes the temporaries a crashed run left in users' trees (listed in its journal) and opens
+/// this run's journal. Never stops the start: without a journal, only a crash's leftovers stay.
+async fn sweep_temporaries(data_dir: std::path::PathBuf) {
+    match crate::sys::blocking(move || crate::files::journal::start(&data_dir)).await {
+        Ok(s) if s.journals > 0 => tracing::warn!(
+            removed = s.removed,
+            left_alone = s.left,
+            journals = s.journals,
+            "removed the temporaries of transfers a crashed run left in users' trees"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot keep the temporaries journal in the data dir: a temporary a crash leaves in \
+             a user's tree will not be removed at the next start"
+        ),
     }
 }

@@ -4,6 +4,7 @@
 
 mod body;
 mod entries;
+pub mod journal;
 mod path;
 mod read;
 #[cfg(test)]

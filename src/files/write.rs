@@ -34,8 +34,10 @@ pub(super) fn random_name(stem: &str) -> OsString {
 
 /// Every temporary this process holds in a user's tree (a file being written, an upload's
 /// staging directory), by (directory, name): a reload's `execve` and the end of a stop run no
-/// destructor, so they remove what is still listed first (`remove_live_temporaries`). A
-/// process-wide table because a temporary is made deep inside a transfer's blocking step.
+/// destructor, so they remove what is still listed first (`remove_live_temporaries`); a crash
+/// cannot, so each is also written down in the temporaries journal (`journal.rs`), which the next
+/// start sweeps. A process-wide table because a temporary is made deep inside a transfer's
+/// blocking step.
 static LIVE: std::sync::Mutex<std::collections::BTreeMap<u64, (OwnedFd, OsString)>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 static NEXT_LIVE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -47,6 +49,7 @@ impl Live {
     pub(super) fn register(dir: &OwnedFd, name: &std::ffi::OsStr) -> Option<Live> {
         let dup = dir.try_clone().ok()?;
         let n = NEXT_LIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        super::journal::added(n, &dup, name);
         crate::sys::lock(&LIVE).insert(n, (dup, name.to_os_string()));
         Some(Live(n))
     }
@@ -55,6 +58,7 @@ impl Live {
 impl Drop for Live {
     fn drop(&mut self) {
         crate::sys::lock(&LIVE).remove(&self.0);
+        super::journal::removed(self.0);
     }
 }
 

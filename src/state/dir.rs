@@ -23,6 +23,10 @@ pub const DURABLE: &str = "durable";
 pub const LOCK: &str = "lock";
 /// Where entries that do not read back are moved aside.
 pub const QUARANTINE: &str = "quarantine";
+/// Where a bundle import stages what it received until it has checked all of it (one random
+/// directory per import, removed when the import ends). What is there at start, a crash or a
+/// reload cut: removed by `claim`.
+pub const IMPORTS: &str = "imports";
 /// The services' subdirectories.
 pub const SUBDIRS: [&str; 2] = ["acp", "processes"];
 /// The files of one entry (the `.tmp` ones are what a crash can leave of a rewrite).
@@ -140,12 +144,36 @@ pub fn claim(dir: &Path) -> Result<(Lock, bool), StateError> {
         true
     };
     tighten(dir, 0o700);
+    sweep_imports(&dir.join(IMPORTS));
     for sub in SUBDIRS {
         let p = dir.join(sub);
         make_dir(&p)?;
         tighten(&p, 0o700);
     }
     Ok((lock, was_durable))
+}
+
+/// Removes the staging of imports that a crash or a reload cut (the dir is locked: no import of
+/// this daemon runs yet). `remove_dir_all` removes a symlink itself, never what it points to.
+fn sweep_imports(imports: &Path) {
+    let Ok(entries) = std::fs::read_dir(imports) else {
+        return;
+    };
+    let cut: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    let mut removed = 0usize;
+    for p in &cut {
+        match std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p)) {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!(path = %p.display(), error = %e,
+                "cannot remove the staging of a bundle import a crash or reload cut"),
+        }
+    }
+    if removed > 0 {
+        tracing::warn!(
+            removed,
+            "removed the staging of bundle imports a crash or reload cut"
+        );
+    }
 }
 
 /// Writes the "durable" flag (at start, once the store is open).

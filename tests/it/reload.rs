@@ -1566,3 +1566,106 @@ async fn uploads_cut_by_a_reload_or_a_stop_leave_no_temporaries() {
     );
     put.abort();
 }
+
+/// Starts an upload-batch into `dest` whose tar body holds one whole entry and then never ends:
+/// the upload's staging directory exists from its first whole entry on.
+fn stalled_upload_batch(d: &Daemon, dest: &str) -> tokio::task::JoinHandle<()> {
+    let client = d.client();
+    let url = d.url(&format!("/v1/fs/upload-batch?path={dest}"));
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    let data = vec![b'y'; 64 << 10];
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "first.txt", &data[..]).unwrap();
+    // The entry without the archive's end: more is always to come.
+    let head = bytes::Bytes::from(b.get_ref().clone());
+    tokio::spawn(async move {
+        let first = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(head)]);
+        let stalled = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        let _ = client
+            .post(url)
+            .header("content-type", "application/x-tar")
+            .body(reqwest::Body::wrap_stream(stalled))
+            .send()
+            .await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_batch_cut_by_a_reload_leaves_no_staging_directory() {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("dest")).unwrap();
+    let mut d = Daemon::builder().work_dir(work.path()).start();
+    let up = stalled_upload_batch(&d, "dest");
+    eventually(Duration::from_secs(10), "the staging directory", || {
+        (temporaries(&work.path().join("dest")).len() == 1).then_some(())
+    });
+    reload(&mut d);
+    assert_eq!(
+        temporaries(&work.path().join("dest")),
+        Vec::<String>::new(),
+        "left by the reload"
+    );
+    // Nothing of the cut upload reached the destination either.
+    assert!(!work.path().join("dest/first.txt").exists());
+    up.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn temporaries_a_crash_left_are_removed_at_the_next_start_and_nothing_else() {
+    let work = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("dest")).unwrap();
+    // A user's files that only look like temporaries: never ours, never removed.
+    let lookalike = work.path().join(".sandbox-agent-write-0123456789ab");
+    std::fs::write(&lookalike, b"the user's").unwrap();
+    let d = Daemon::builder()
+        .work_dir(work.path())
+        .data_dir(data.path())
+        .start();
+    let put = stalled_upload(&d, "/v1/fs/file?path=cut.bin");
+    let batch = stalled_upload_batch(&d, "dest");
+    eventually(Duration::from_secs(10), "both temporaries", || {
+        (temporaries(work.path()).len() == 2 && temporaries(&work.path().join("dest")).len() == 1)
+            .then_some(())
+    });
+    let left: Vec<String> = temporaries(work.path());
+    d.signal(Signal::SIGKILL);
+    let mut d = d;
+    d.wait_exit(Duration::from_secs(10), "SIGKILL");
+    put.abort();
+    batch.abort();
+    // The crash ran no destructor: the temporaries are still there.
+    assert_eq!(temporaries(work.path()).len(), 2, "{left:?}");
+    assert_eq!(temporaries(&work.path().join("dest")).len(), 1);
+
+    let d = Daemon::builder()
+        .work_dir(work.path())
+        .data_dir(data.path())
+        .start();
+    assert_eq!(
+        temporaries(work.path()),
+        vec![".sandbox-agent-write-0123456789ab".to_string()],
+        "only the user's look-alike is left"
+    );
+    assert_eq!(temporaries(&work.path().join("dest")), Vec::<String>::new());
+    assert_eq!(std::fs::read(&lookalike).unwrap(), b"the user's");
+    assert!(
+        d.stderr()
+            .contains("removed the temporaries of transfers a crashed run left"),
+        "{}",
+        d.stderr()
+    );
+    // The dead run's journal is gone; this run's is held.
+    let journals: Vec<_> = std::fs::read_dir(data.path().join("temporaries"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(journals.len(), 1, "{journals:?}");
+    assert!(
+        journals[0].starts_with(&format!("{}-", d.pid())),
+        "{journals:?}"
+    );
+}

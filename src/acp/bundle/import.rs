@@ -97,7 +97,7 @@ where
         })?;
     let staging = store
         .dir()
-        .join("imports")
+        .join(crate::state::dir::IMPORTS)
         .join(crate::sys::random_hex::<8>());
     let dir = staging.clone();
     crate::sys::blocking(move || {
