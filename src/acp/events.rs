@@ -27,6 +27,15 @@ pub struct EventsState {
     pub next_id: u64,
     /// (id, complete SSE frame), oldest first.
     pub frames: Vec<(u64, crate::carried::Payload)>,
+    /// The last real event's id, the newest evicted id and the ids the run before a restart
+    /// lost: what the frames alone cannot say (a restart's skipped ids held no event, lost ids
+    /// did). Absent in the hand-off of a build before them (then derived from the frames).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<(u64, u64)>,
 }
 
 struct Retained {
@@ -254,6 +263,9 @@ impl EventLog {
                 .into_iter()
                 .map(|r| (r.id, crate::carried::Payload(r.frame)))
                 .collect(),
+            last_event: Some(st.last_event),
+            evicted: Some(st.evicted),
+            lost: st.lost,
         }
     }
 
@@ -275,15 +287,22 @@ impl EventLog {
             st.ring_bytes += frame.len();
             st.ring.push_back(Retained { id: *id, frame });
         }
-        st.last_event = st.ring.back().map_or(st.next_id - 1, |r| r.id);
+        let newest = st.ring.back().map(|r| r.id);
+        st.last_event = match (state.last_event, newest) {
+            (Some(last), newest) => last.max(newest.unwrap_or(0)),
+            // An older build's hand-off: the newest frame, else the id before the next.
+            (None, newest) => newest.unwrap_or(st.next_id - 1),
+        };
+        st.evicted = state.evicted.unwrap_or(0);
+        st.lost = state.lost;
         while st.ring.len() > 1
             && (st.ring.len() > self.limits.max_events || st.ring_bytes > self.limits.max_bytes)
         {
             let old = st.ring.pop_front().expect("ring is not empty");
             st.ring_bytes -= old.frame.len();
-            st.evicted = old.id;
+            st.evicted = st.evicted.max(old.id);
         }
-        if st.evicted == 0 {
+        if state.evicted.is_none() && st.evicted == 0 {
             st.evicted = st.ring.front().map_or(0, |r| r.id.saturating_sub(1));
         }
     }
@@ -650,6 +669,60 @@ mod tests {
             Subscribe::Full => "<full>".to_string(),
         };
         assert_eq!(got, expected);
+    }
+
+    /// Everything a reader from `after` is sent, and the log's last id.
+    fn replayed(l: &Arc<EventLog>, after: u64) -> (String, u64) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let got = match l.subscribe(after, usize::MAX) {
+            Subscribe::Live(s) => {
+                l.close();
+                rt.block_on(drain(&s))
+            }
+            Subscribe::NothingLeft => "<nothing>".to_string(),
+            Subscribe::Ahead { last } => format!("<ahead of {last}>"),
+            Subscribe::Full => "<full>".to_string(),
+        };
+        (got, l.last_id())
+    }
+
+    #[test]
+    fn a_hand_off_carries_the_last_id_the_evictions_and_the_lost_ids() {
+        let limits = LogLimits {
+            max_events: 3,
+            max_bytes: usize::MAX,
+        };
+        // A log recovered after a restart: events 1..=5 kept on disk (3 retained), ids 6..=9
+        // lost by the run before, the numbering past the restart's skip.
+        let events: Vec<(u64, Bytes)> = (1..=5)
+            .map(|i| (i, Bytes::from(format!("{{\"n\":{i}}}"))))
+            .collect();
+        let mk = || {
+            Arc::new(EventLog::recovered(
+                limits,
+                events.clone(),
+                20_000,
+                Some((6, 9)),
+            ))
+        };
+        let before = mk();
+        let carried = mk().export();
+        let after = Arc::new(EventLog::new(limits));
+        after.restore(&carried);
+        for from in [0, 2, 5, 7] {
+            assert_eq!(replayed(&after, from), replayed(&mk(), from), "from {from}");
+        }
+        assert_eq!(after.last_id(), 5);
+        // An empty log past a restart's skip: its last id is 0, not the skipped floor.
+        let empty = EventLog::recovered(limits, Vec::new(), 16_386, None);
+        let carried = empty.export();
+        let after = EventLog::new(limits);
+        after.restore(&carried);
+        assert_eq!(after.last_id(), 0);
+        drop(before);
     }
 
     #[test]

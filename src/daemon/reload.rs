@@ -700,7 +700,11 @@ mod tests {
             exit: None,
             stderr_tail: String::new(),
             detail: "ended".into(),
-            events: crate::acp::events::EventsState { next_id: 4, frames },
+            events: crate::acp::events::EventsState {
+                next_id: 4,
+                frames,
+                ..Default::default()
+            },
             invalid_lines: 0,
         });
         h.connections.push(crate::acp::connection::ConnectionState {

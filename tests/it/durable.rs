@@ -1261,3 +1261,68 @@ async fn a_recovered_server_id_keeps_its_restore_across_a_reload() {
         .unwrap();
     assert_eq!(chunk_text(h), "history: remember this");
 }
+
+/// A restart then a reload: the listed `lastEventId`s stay real events (0 for a log that never
+/// had one, not the restart's skipped floor) and a reader from the start gets the same gap and
+/// the same events as before the reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_then_a_reload_keeps_last_ids_real_and_the_same_gaps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let start = || {
+        Daemon::builder()
+            .work_dir(&work)
+            .args(state_args(&state))
+            .args(["--event-buffer", "3"])
+            .start()
+    };
+    let mut a = start();
+    let session = start_session(&a, "n", "mock").await;
+    start_session(&a, "empty", "mock").await;
+    let init = request(json!(1), "initialize", json!({"protocolVersion": 1}));
+    let (s, body) = post(&a, "/v1/acp/bare?agent=mock", &init).await;
+    assert_eq!(s, 200, "{body}");
+    let (s, _) = post(&a, "/v1/acp/n", &prompt(json!(2), &session, "/stream 6")).await;
+    assert_eq!(s, 200);
+    let last = server(&a, "n").await["lastEventId"].as_u64().unwrap();
+    assert!(last >= 6, "{last}");
+    assert_eq!(a.stop(SECS10), 0);
+
+    let mut b = start();
+    let before_reload = read_from_start(&b, last).await;
+    assert_eq!(before_reload[0].0, "gap", "{before_reload:?}");
+    // A recovered serverId started again that has said nothing: its agent runs, its log is
+    // empty, its next id is past the restart's skip.
+    let (s, body) = post(&b, "/v1/acp/bare?agent=mock", &init).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(server(&b, "n").await["lastEventId"].as_u64(), Some(last));
+    assert_eq!(server(&b, "empty").await["lastEventId"], 0);
+    // Its one event (`_sandboxagent/restored`) is past the skip.
+    let bare_last = server(&b, "bare").await["lastEventId"].as_u64().unwrap();
+
+    let n = b.messages.len();
+    b.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_reloaded(&mut b, n);
+    assert_eq!(server(&b, "n").await["lastEventId"].as_u64(), Some(last));
+    assert_eq!(
+        server(&b, "empty").await["lastEventId"],
+        0,
+        "an empty log's last id after a restart and a reload"
+    );
+    assert_eq!(
+        server(&b, "bare").await["lastEventId"].as_u64(),
+        Some(bare_last)
+    );
+    assert_eq!(read_from_start(&b, last).await, before_reload);
+}
+
+/// Serverid `n`'s stream from its start up to event `last`: (kind, id, data) of each frame.
+async fn read_from_start(d: &Daemon, last: u64) -> Vec<(String, Option<u64>, Value)> {
+    let mut sse = Sse::open(d, "n", None).await;
+    sse.until(SECS10, |e| e.iter().any(|e| e.id == Some(last)))
+        .await
+        .into_iter()
+        .map(|e| (e.kind, e.id, e.data))
+        .collect()
+}
