@@ -145,6 +145,19 @@ pub struct Snapshot {
     pub pending_requests: usize,
 }
 
+/// Where an instance's process comes from (`AcpInstance::attach`).
+pub(super) enum Origin<'a> {
+    /// Just started by `ensure_started`.
+    Fresh,
+    /// Adopted from a reload's previous image: the requests it had written and not seen
+    /// answered, and what its stdout reader had read and not yet split into lines.
+    Adopted {
+        pending: &'a [String],
+        carry: Vec<u8>,
+        skipping: bool,
+    },
+}
+
 pub struct AcpInstance {
     pub server_id: String,
     pub agent: String,
@@ -331,10 +344,36 @@ impl AcpInstance {
             Ok(p) => p,
             Err(e) => return Err(self.start_failed(e)),
         };
-        let (tx, rx) = mpsc::channel(1024);
         let handle = process.handle.clone();
+        if !self.attach(
+            handle,
+            process.stdin,
+            process.stdout,
+            max_line,
+            Origin::Fresh,
+        ) {
+            // Retired while it started: nobody else will stop it.
+            process.handle.kill_detached();
+            return Err(self.not_found());
+        }
+        Ok(())
+    }
+
+    /// The one place a process becomes this instance's, whether it was just started or adopted
+    /// from a reload's previous image: its stdin writer and channel, its phase, its reader and
+    /// writer tasks. False, with nothing published or spawned, when the instance was retired
+    /// meanwhile (the caller then stops the process: nobody else will).
+    pub(super) fn attach(
+        self: &Arc<Self>,
+        handle: ChildHandle,
+        stdin: tokio::process::ChildStdin,
+        stdout: tokio::process::ChildStdout,
+        max_line: usize,
+        origin: Origin<'_>,
+    ) -> bool {
+        let (tx, rx) = mpsc::channel(1024);
         let stdin = Arc::new(Mutex::new(Stdin {
-            pipe: process.stdin,
+            pipe: stdin,
             backlog: false,
             broken: false,
             scratch: Vec::with_capacity(PIPE_BUF),
@@ -357,12 +396,17 @@ impl AcpInstance {
             {
                 life.exit = None;
             }
+            // Requests the previous image wrote and the agent has not answered yet: their
+            // answers go to the event log.
+            if let Origin::Adopted { pending, .. } = &origin {
+                for k in *pending {
+                    life.waiters.insert(IdKey(k.as_str().into()), None);
+                }
+            }
             true
         });
         if !published {
-            // Retired while it started: nobody else will stop it.
-            process.handle.kill_detached();
-            return Err(self.not_found());
+            return false;
         }
         // The tasks are registered right after the publication, with no await in between, so a
         // published process never exists without its reader and writer. The writer holds only a
@@ -375,13 +419,21 @@ impl AcpInstance {
             stdin,
             rx,
         ));
+        let (carry, skipping) = match origin {
+            Origin::Fresh => (Vec::new(), false),
+            Origin::Adopted {
+                carry, skipping, ..
+            } => (carry, skipping),
+        };
         tokio::spawn(super::stdout::read_loop(
             self.clone(),
-            process.stdout,
+            stdout,
             handle,
             max_line,
+            carry,
+            skipping,
         ));
-        Ok(())
+        true
     }
 
     fn start_failed(&self, e: AcpError) -> AcpError {

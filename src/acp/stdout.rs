@@ -28,18 +28,10 @@ async fn classify(line: &Bytes) -> Result<AgentLine, BadLine> {
     crate::sys::blocking(move || classify_agent_line(&line)).await
 }
 
+/// The agent's stdout reader, for the agent's life. Its first bytes are `carry` (after a
+/// reload: what the previous image's reader had read from the pipe and not yet split into lines;
+/// empty for a fresh process), `skipping` as it was.
 pub(super) async fn read_loop(
-    inst: Arc<AcpInstance>,
-    stdout: ChildStdout,
-    handle: ChildHandle,
-    max_line: usize,
-) {
-    read_loop_from(inst, stdout, handle, max_line, Vec::new(), false).await
-}
-
-/// `read_loop` whose first bytes are `carry` (what the previous image's reader had read from
-/// the pipe and not yet split into lines, after a reload), `skipping` as it was.
-pub(super) async fn read_loop_from(
     inst: Arc<AcpInstance>,
     stdout: ChildStdout,
     handle: ChildHandle,

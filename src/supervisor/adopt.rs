@@ -5,14 +5,12 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use tokio::process::ChildStderr;
-use tokio::sync::watch;
 
 use super::cgroup::{AgentCgroup, Version};
-use super::stderr::{self, Fields, Tail};
-use super::{ChildHandle, HandleInner, Leader, Phase, Supervisor, register};
+use super::stderr::{Fields, Tail};
+use super::{ChildHandle, Supervisor};
 
 /// One of the daemon's own `d<pid>-<nonce>` cgroup directories, with the descriptor that holds
 /// its flock (kept open across the exec, so no other daemon ever sees it unlocked).
@@ -164,56 +162,22 @@ impl Supervisor {
         };
         let mut tail = Tail::default();
         tail.push(state.stderr_tail.as_bytes());
-        let tail = Arc::new(Mutex::new(tail));
-        let (stderr_dup, stderr_task) = match stderr {
-            Some(fd) => {
-                let dup = fd.as_fd().try_clone_to_owned()?;
-                let pipe = ChildStderr::from_std(std::process::ChildStderr::from(fd))?;
-                let task = tokio::spawn(stderr::forward(
-                    pipe,
-                    tail.clone(),
-                    Fields {
-                        server_id: state.server_id.clone(),
-                        agent: state.agent.clone(),
-                        pid,
-                    },
-                    crate::logging::RateLimit::new(self.stderr_budget.0, self.stderr_budget.1),
-                ));
-                (Some(dup), Some(task))
-            }
-            None => (None, None),
+        let logged = match stderr {
+            Some(fd) => Some(ChildStderr::from_std(std::process::ChildStderr::from(fd))?),
+            None => None,
         };
-        let (status_tx, status_rx) = watch::channel(None);
-        let inner = Arc::new(HandleInner {
-            pid,
+        let who = Fields {
             server_id: state.server_id.clone(),
             agent: state.agent.clone(),
-            cgroup,
-            status: status_rx,
-            exit: watch::channel(None).0,
-            phase: Mutex::new(Phase::Running),
-            stderr_tail: tail,
-            stderr_reader: Mutex::new(stderr_task),
-            stderr_dup: Mutex::new(stderr_dup),
-            registry: self.live.clone(),
-            reap_hold: self.reap_hold.clone(),
-            removals: self.removals.clone(),
-            leader: Mutex::new(Leader {
-                child: None,
-                reaped: false,
-                adopted: true,
-            }),
-        });
-        let handle = ChildHandle {
-            inner: inner.clone(),
+            pid,
         };
-        register(&handle);
-        tokio::spawn(async move {
-            let status = super::spawn::exited_unreaped(&pidfd, pid).await;
-            let _ = status_tx.send(Some(status));
-            inner.on_top_exit(status).await;
-        });
-        Ok(handle)
+        let watch = super::spawn::ExitWatch::Pidfd {
+            fd: pidfd,
+            kept: None,
+        };
+        Ok(super::spawn::supervise(
+            self, who, cgroup, tail, logged, watch,
+        ))
     }
 
     /// Whether a handle of the live set has this pid (an adopted child).

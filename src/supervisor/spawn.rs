@@ -196,7 +196,7 @@ pub(super) fn spawn(
     Ok(started(sup, spec, child, cgroup, stdio_logs_stderr))
 }
 
-/// The child runs: registers it, starts its stderr reader (agents) and its reaper.
+/// The child runs: supervises it (`supervise`), then says so.
 fn started(
     sup: &Supervisor,
     spec: SpawnSpec,
@@ -207,50 +207,101 @@ fn started(
     let pid = child.id().unwrap_or(0);
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
-    let mut stderr_pipe = child.stderr.take();
-
-    let tail = Arc::new(Mutex::new(Tail::default()));
-    // Agents' stderr is logged here; with `AllPipes` it belongs to the caller.
-    let mut stderr_dup = None;
-    let stderr_task = match (stdio_logs_stderr, stderr_pipe.take()) {
-        (true, Some(pipe)) => Some(tokio::spawn(stderr::forward(
-            {
-                // Kept for a reload's hand-off (the reader owns the pipe itself).
-                stderr_dup = std::os::fd::AsFd::as_fd(&pipe).try_clone_to_owned().ok();
-                pipe
-            },
-            tail.clone(),
-            Fields {
-                server_id: spec.name.clone(),
-                agent: spec.agent.clone(),
-                pid,
-            },
-            crate::logging::RateLimit::new(sup.stderr_budget.0, sup.stderr_budget.1),
-        ))),
-        (false, pipe) => {
-            stderr_pipe = pipe;
-            None
-        }
-        (true, None) => None,
+    // Agents' stderr is logged by the supervisor; with `AllPipes` it belongs to the caller.
+    let (logged, stderr_pipe) = match child.stderr.take() {
+        Some(pipe) if stdio_logs_stderr => (Some(pipe), None),
+        pipe => (None, pipe),
     };
-    let (status_tx, status_rx) = watch::channel(None);
     // With a pidfd the exit is seen without reaping, and the child is reaped on publish (see
     // `Leader`); without one, tokio's `wait` reaps it at exit.
-    let pidfd = match crate::sys::pidfd(pid) {
-        Ok(fd) => Some(fd),
+    let watch = match crate::sys::pidfd(pid) {
+        Ok(fd) => ExitWatch::Pidfd {
+            fd,
+            kept: Some(child),
+        },
         Err(e) => {
             tracing::debug!(pid, error = %e, "no pidfd; the top process is reaped at exit");
-            None
+            ExitWatch::Wait(child)
         }
     };
-    let (kept, mut waited) = match pidfd {
-        Some(_) => (Some(child), None),
-        None => (None, Some(child)),
+    let who = Fields {
+        server_id: spec.name.clone(),
+        agent: spec.agent.clone(),
+        pid,
+    };
+    let handle = supervise(sup, who, cgroup, Tail::default(), logged, watch);
+    // The process API's programs run as `process:<id>`: not agents, so not in the agent figures.
+    if !spec.agent.starts_with("process:") {
+        crate::metrics::agent_started(&spec.agent);
+    }
+    tracing::info!(
+        server_id = spec.name,
+        agent = spec.agent,
+        pid,
+        program = %spec.program.display(),
+        cgroup = handle.inner.cgroup.as_ref().and_then(|c| c.path()).map(|p| p.display().to_string()),
+        "agent started"
+    );
+    Spawned {
+        stdin,
+        stdout,
+        stderr: stderr_pipe,
+        handle,
+    }
+}
+
+/// How the supervisor learns that a child's top process exited.
+pub(super) enum ExitWatch {
+    /// Through a pidfd, without reaping: `kept` (a child started here) is reaped when its exit
+    /// is published (see `Leader`); an adopted child (`None`) is reaped through its pid.
+    Pidfd {
+        fd: AsyncFd<OwnedFd>,
+        kept: Option<tokio::process::Child>,
+    },
+    /// No pidfd: tokio's `wait` reaps it at exit.
+    Wait(tokio::process::Child),
+}
+
+/// The one place a running child becomes supervised, whether it was started here (`started`)
+/// or adopted from a reload's previous image (`Supervisor::adopt`): its handle and registration,
+/// its stderr reader (when the supervisor logs its stderr; `tail` holds what is already known of
+/// it) and the task that watches its exit.
+pub(super) fn supervise(
+    sup: &Supervisor,
+    who: Fields,
+    cgroup: Option<super::cgroup::AgentCgroup>,
+    tail: Tail,
+    logged_stderr: Option<tokio::process::ChildStderr>,
+    watch: ExitWatch,
+) -> ChildHandle {
+    let pid = who.pid;
+    let (server_id, agent) = (who.server_id.clone(), who.agent.clone());
+    let tail = Arc::new(Mutex::new(tail));
+    let (stderr_dup, stderr_task) = match logged_stderr {
+        Some(pipe) => (
+            // Kept for a reload's hand-off (the reader owns the pipe itself).
+            std::os::fd::AsFd::as_fd(&pipe).try_clone_to_owned().ok(),
+            Some(tokio::spawn(stderr::forward(
+                pipe,
+                tail.clone(),
+                who,
+                crate::logging::RateLimit::new(sup.stderr_budget.0, sup.stderr_budget.1),
+            ))),
+        ),
+        None => (None, None),
+    };
+    let (status_tx, status_rx) = watch::channel(None);
+    let (kept, adopted, pidfd, mut waited) = match watch {
+        ExitWatch::Pidfd { fd, kept } => {
+            let adopted = kept.is_none();
+            (kept, adopted, Some(fd), None)
+        }
+        ExitWatch::Wait(child) => (None, false, None, Some(child)),
     };
     let inner = Arc::new(HandleInner {
         pid,
-        server_id: spec.name.clone(),
-        agent: spec.agent.clone(),
+        server_id,
+        agent,
         cgroup,
         status: status_rx,
         exit: watch::channel(None).0,
@@ -264,26 +315,13 @@ fn started(
         leader: Mutex::new(Leader {
             child: kept,
             reaped: false,
-            adopted: false,
+            adopted,
         }),
     });
     let handle = ChildHandle {
         inner: inner.clone(),
     };
     register(&handle);
-    // The process API's programs run as `process:<id>`: not agents, so not in the agent figures.
-    if !spec.agent.starts_with("process:") {
-        crate::metrics::agent_started(&spec.agent);
-    }
-    tracing::info!(
-        server_id = spec.name,
-        agent = spec.agent,
-        pid,
-        program = %spec.program.display(),
-        cgroup = inner.cgroup.as_ref().and_then(|c| c.path()).map(|p| p.display().to_string()),
-        "agent started"
-    );
-
     tokio::spawn(async move {
         let status = match (&pidfd, waited.as_mut()) {
             (Some(fd), _) => exited_unreaped(fd, pid).await,
@@ -308,13 +346,7 @@ fn started(
         let _ = status_tx.send(Some(status));
         inner.on_top_exit(status).await;
     });
-
-    Spawned {
-        stdin,
-        stdout,
-        stderr: stderr_pipe,
-        handle,
-    }
+    handle
 }
 
 /// The environment a child gets: the supervisor's base, then the spec's variables on top (a

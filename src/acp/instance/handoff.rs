@@ -4,15 +4,14 @@
 //! (it waits in the pipe).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::process::{ChildStdin, ChildStdout};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::{AcpInstance, PIPE_BUF, Phase, Running, Stdin, lock_stdin, write_loop};
+use super::{AcpInstance, Origin, Phase, lock_stdin};
 use crate::acp::events::EventsState;
-use crate::acp::jsonrpc::IdKey;
 use crate::supervisor::{ChildHandle, ChildState};
 
 /// What the stdout reader hands over when it is frozen.
@@ -178,38 +177,16 @@ impl AcpInstance {
         self.events.restore(&state.events);
         self.invalid_lines
             .store(state.invalid_lines, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(1024);
-        let stdin = Arc::new(Mutex::new(Stdin {
-            pipe: stdin,
-            backlog: false,
-            broken: false,
-            scratch: Vec::with_capacity(PIPE_BUF),
-        }));
-        let running = Arc::new(Running {
-            handle: handle.clone(),
-            writer: tx,
-            stdin: stdin.clone(),
-        });
-        self.change(|life| {
-            life.phase = Phase::Running(running);
-            for k in &state.pending {
-                life.waiters.insert(IdKey(k.as_str().into()), None);
-            }
-        });
-        tokio::spawn(write_loop(
-            Arc::downgrade(self),
-            self.seen.subscribe(),
-            stdin,
-            rx,
-        ));
-        tokio::spawn(crate::acp::stdout::read_loop_from(
-            self.clone(),
-            stdout,
-            handle,
-            max_line,
-            state.stdout_carry.0.to_vec(),
-            state.stdout_skipping,
-        ));
+        let origin = Origin::Adopted {
+            pending: &state.pending,
+            carry: state.stdout_carry.0.to_vec(),
+            skipping: state.stdout_skipping,
+        };
+        if !self.attach(handle, stdin, stdout, max_line, origin) {
+            return Err(std::io::Error::other(
+                "the instance was deleted before its adoption",
+            ));
+        }
         Ok(())
     }
 
