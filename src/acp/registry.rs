@@ -934,6 +934,11 @@ impl AcpService {
         }
         for s in &state.instances {
             let adopted = (|| -> std::io::Result<Arc<AcpInstance>> {
+                let hook = crate::config::test_hooks::fail_adoption(&s.server_id);
+                let failed = || std::io::Error::other("failed by SANDBOX_AGENT_TEST_FAIL_ADOPTION");
+                if hook == Some(false) {
+                    return Err(failed());
+                }
                 let stderr = s.child.stderr_fd.map(&mut *take).transpose()?;
                 let stdin = take(s.stdin_fd)?;
                 let stdout = take(s.stdout_fd)?;
@@ -942,7 +947,11 @@ impl AcpService {
                 inst.created_at_ms = s.created_at_ms;
                 let inst = Arc::new(inst);
                 let max_line = usize::try_from(self.deps.config.max_line).unwrap_or(usize::MAX);
-                if let Err(e) = inst.adopt(s, handle.clone(), stdin, stdout, max_line) {
+                let taken = match hook {
+                    Some(true) => Err(failed()),
+                    _ => inst.adopt(s, handle.clone(), stdin, stdout, max_line),
+                };
+                if let Err(e) = taken {
                     // Adopted by the supervisor but not by the proxy: stopped through its handle.
                     tokio::spawn(async move { handle.kill().await });
                     return Err(e);

@@ -9,6 +9,8 @@ use std::time::Duration;
 struct Hooks {
     wedge_on_stop: bool,
     reload_pause: Option<Duration>,
+    pump_delay: Option<Duration>,
+    fail_adoption: Option<(String, bool)>,
 }
 
 fn hooks() -> &'static Hooks {
@@ -24,6 +26,15 @@ fn hooks() -> &'static Hooks {
             reload_pause: var("SANDBOX_AGENT_TEST_RELOAD_PAUSE_MS")
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|ms| Duration::from_millis(ms.min(10_000))),
+            pump_delay: var("SANDBOX_AGENT_TEST_PUMP_DELAY_MS")
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|ms| Duration::from_millis(ms.min(1_000))),
+            fail_adoption: var("SANDBOX_AGENT_TEST_FAIL_ADOPTION").map(|v| {
+                match v.strip_suffix(":late") {
+                    Some(id) => (id.to_string(), true),
+                    None => (v, false),
+                }
+            }),
         }
     })
 }
@@ -38,4 +49,22 @@ pub fn wedge_on_stop() -> bool {
 /// long just before its exec, with the signals held (at most 10 s).
 pub fn reload_pause() -> Option<Duration> {
     hooks().reload_pause
+}
+
+/// `SANDBOX_AGENT_TEST_PUMP_DELAY_MS`, for the process hand-off's barrier test: a process's
+/// output pump sleeps this long between a read and its append (at most 1 s), as a pump caught in
+/// the middle of an append on another worker would be.
+pub fn pump_delay() -> Option<Duration> {
+    hooks().pump_delay
+}
+
+/// `SANDBOX_AGENT_TEST_FAIL_ADOPTION=<serverId>[:late]`, for the failed adoption's test: a
+/// reload's new image fails to take over that serverId's agent, before the supervisor adopts it
+/// or (`:late`) after.
+pub fn fail_adoption(server_id: &str) -> Option<bool> {
+    hooks()
+        .fail_adoption
+        .as_ref()
+        .filter(|(id, _)| id == server_id)
+        .map(|(_, late)| *late)
 }

@@ -108,6 +108,11 @@ pub(super) async fn pump(
             _ = freeze.cancelled() => return,
             r = pipe.read(&mut buf) => r,
         };
+        if let (Ok(n), Some(d)) = (&read, crate::config::test_hooks::pump_delay())
+            && *n > 0
+        {
+            tokio::time::sleep(d).await;
+        }
         match read {
             Ok(0) | Err(_) => return,
             Ok(n) => log.append(stream, Bytes::copy_from_slice(&buf[..n]), now_ms()),

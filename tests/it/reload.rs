@@ -1669,3 +1669,82 @@ async fn temporaries_a_crash_left_are_removed_at_the_next_start_and_nothing_else
         "{journals:?}"
     );
 }
+
+/// The process hand-off waits for every output pump to stop before it takes the log: a pump
+/// caught between a read and its append (the debug hook holds it there 300 ms) appends first,
+/// so the bytes it took from the pipe are carried, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pump_caught_between_a_read_and_its_append_loses_nothing_across_a_reload() {
+    let mut d = Daemon::builder()
+        .env("SANDBOX_AGENT_TEST_PUMP_DELAY_MS", "300")
+        .start();
+    let proc = create_process(&d, COUNTER).await;
+    let id = proc["id"].as_str().unwrap().to_string();
+    for round in 0..3 {
+        eventually_async(Duration::from_secs(10), "output", || async {
+            (d.get_json(&format!("/v1/processes/{id}")).await["logEnd"].as_u64()?
+                > 20 * (round + 1))
+                .then_some(())
+        })
+        .await;
+        reload(&mut d);
+    }
+    let before = counted(&process_log(&d, &id).await.0);
+    eventually_async(
+        Duration::from_secs(20),
+        "output after the reloads",
+        || async { (counted(&process_log(&d, &id).await.0) > before + 20).then_some(()) },
+    )
+    .await;
+}
+
+/// An agent the new image fails to take over is killed (before or after the supervisor adopted
+/// it), never left running with no owner; the others are carried. The agent is one that outlives
+/// its stdin (a mock followed by a long sleep in the same process), so only the kill ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_adoption_fails_is_killed_not_orphaned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agents = tmp.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        format!(
+            "[[agent]]\nid = \"stubborn\"\ncommand = \"/bin/sh\"\n\
+             args = [\"-c\", \"\\\"$0\\\" mock-agent; exec sleep 600\", \"{BIN}\"]\n"
+        ),
+    )
+    .unwrap();
+    for hook in ["lost", "lost:late"] {
+        let mut d = Daemon::builder()
+            .env("SANDBOX_AGENT_TEST_FAIL_ADOPTION", hook)
+            .arg("--agents-file")
+            .arg(&agents)
+            .start();
+        mock_session(&d, "kept").await;
+        let r = d
+            .client()
+            .post(d.url("/v1/acp/lost?agent=stubborn"))
+            .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let kept = server(&d, "kept").await["pid"].as_u64().unwrap() as u32;
+        let lost = server(&d, "lost").await["pid"].as_u64().unwrap() as u32;
+        reload(&mut d);
+        eventually(Duration::from_secs(10), "the unadopted agent gone", || {
+            (!crate::support::pid_alive(lost)).then_some(())
+        });
+        assert_eq!(
+            server(&d, "kept").await["pid"].as_u64(),
+            Some(kept as u64),
+            "{hook}"
+        );
+        assert!(crate::support::pid_alive(kept), "{hook}");
+        assert!(
+            d.stderr()
+                .contains("cannot take over an agent after the reload"),
+            "{hook}: {}",
+            d.stderr()
+        );
+    }
+}
