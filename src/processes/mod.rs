@@ -10,6 +10,10 @@
 //! tree is gone and its output drained; every background process reserves its log cap from the
 //! total log budget while it runs and keeps only the bytes it holds once it has exited, until it
 //! is deleted; a `run` whose caller goes away is killed.
+//!
+//! This file is long (~950 lines) because `ProcessService` is one state machine (admission,
+//! slots, budgets, the record's life, deletion) whose invariants above span all its methods;
+//! everything separable already lives beside it.
 
 pub mod durable;
 mod error;
