@@ -6,6 +6,7 @@
 //! program ([`HARDENING`], [`neutral_filters`], the environment of [`GitRunner::command`]).
 
 use std::ffi::OsString;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
@@ -498,9 +499,21 @@ impl Git {
             },
         };
         // Untracked files are diffed through a private copy of the index in which they are
-        // marked intent-to-add: the real index is never touched.
+        // marked intent-to-add: the real index is never touched. What that writes (the empty
+        // blob) goes to a private object directory too, the repository's own objects read as an
+        // alternate: nothing is written into the repository.
         let index = TempIndex::new(&repo).await?;
-        let env = [("GIT_INDEX_FILE", index.path.clone().into_os_string())];
+        let env = [
+            ("GIT_INDEX_FILE", index.path.clone().into_os_string()),
+            (
+                "GIT_OBJECT_DIRECTORY",
+                index.objects.clone().into_os_string(),
+            ),
+            (
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+                repo.common_dir.join("objects").into_os_string(),
+            ),
+        ];
         let add = self
             .runner
             .raw(
@@ -1027,32 +1040,53 @@ async fn neutral_filters(runner: &GitRunner, repo: &Repo) -> Result<Vec<String>,
 }
 
 /// A private copy of the index, removed when dropped.
+/// A private copy of a repository's index and a private object directory, in a directory of its own (0700, a fresh random name
+/// under the system's temporary directory, made with `mkdir` so nothing planted is followed):
+/// never inside the repository, so a repository the daemon can read but not write (read-only
+/// mount, another owner) diffs as well as any. Removed with its directory when dropped.
 struct TempIndex {
+    dir: PathBuf,
     path: PathBuf,
+    /// The object directory the diff writes into.
+    objects: PathBuf,
 }
 
 impl TempIndex {
     async fn new(repo: &Repo) -> Result<Self, GitError> {
-        let path = repo.git_dir.join(format!(
-            "sandbox-agent-index-{}",
-            crate::sys::random_hex::<8>()
-        ));
         let src = repo.git_dir.join("index");
-        let dst = path.clone();
-        tokio::task::spawn_blocking(move || match std::fs::copy(&src, &dst) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(GitError::Failed(format!("cannot copy the index: {e}"))),
+        tokio::task::spawn_blocking(move || {
+            let failed = |what: &str, e: std::io::Error| {
+                GitError::Failed(format!("cannot {what} a private copy of the index: {e}"))
+            };
+            let dir = std::env::temp_dir().join(format!(
+                "sandbox-agent-index-{}",
+                crate::sys::random_hex::<12>()
+            ));
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| failed("make", e))?;
+            // Owned from here: dropped on any failure below, the directory goes with it.
+            let index = TempIndex {
+                path: dir.join("index"),
+                objects: dir.join("objects"),
+                dir,
+            };
+            std::fs::create_dir(&index.objects).map_err(|e| failed("make", e))?;
+            match std::fs::copy(&src, &index.path) {
+                Ok(_) => Ok(index),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(index),
+                Err(e) => Err(failed("make", e)),
+            }
         })
         .await
-        .map_err(|e| GitError::Spawn(e.to_string()))??;
-        Ok(TempIndex { path })
+        .map_err(|e| GitError::Spawn(e.to_string()))?
     }
 }
 
 impl Drop for TempIndex {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

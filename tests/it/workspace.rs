@@ -1106,3 +1106,54 @@ fn the_cli_prints_git_status_diff_grep_and_ports() {
     ]);
     assert!(!o.status.success());
 }
+
+/// A repository the daemon can read but not write (a read-only bind mount in the daemon's own
+/// mount namespace) diffs like any other, untracked files included: the private copy of the
+/// index lives outside the repository.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_the_daemon_cannot_write_still_diffs() {
+    if !have_git() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let r = repo(&work.path().join("ro"));
+    std::fs::write(r.join("a.txt"), "one\nTWO\n").unwrap();
+    std::fs::write(r.join("new.txt"), "fresh\n").unwrap();
+    let script = format!(
+        "mount --bind {0} {0} && mount -o remount,bind,ro {0} && exec \"$@\"",
+        r.display()
+    );
+    let d = Daemon::builder()
+        .work_dir(work.path())
+        .wrapper(["unshare", "-m", "sh", "-c", &script, "sh"])
+        .start();
+    // The daemon really cannot write there.
+    let (st, p) = post(
+        &d,
+        "/v1/git/commit",
+        json!({"path": r.display().to_string(), "message": "x", "all": true}),
+    )
+    .await;
+    assert!(st.is_client_error() || st.is_server_error(), "{st} {p}");
+    let (st, diff) = get(&d, "/v1/git/diff", &[("path", &r.display().to_string())]).await;
+    assert_eq!(st, StatusCode::OK, "{diff}");
+    let mut seen: Vec<(String, String)> = diff["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_string(),
+                f["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("a.txt".to_string(), "modified".to_string()),
+            ("new.txt".to_string(), "added".to_string()),
+        ]
+    );
+}
