@@ -1074,7 +1074,20 @@ impl TempIndex {
             };
             std::fs::create_dir(&index.objects).map_err(|e| failed("make", e))?;
             match std::fs::copy(&src, &index.path) {
-                Ok(_) => Ok(index),
+                // The copy keeps the index's mtime: git trusts an entry's cached stat only when
+                // the file is older than the index ("racy git"), and a fresh mtime on the copy
+                // would make a same-size change made in the index's second invisible.
+                Ok(_) => {
+                    let mtime = std::fs::metadata(&src)
+                        .and_then(|m| m.modified())
+                        .map_err(|e| failed("make", e))?;
+                    std::fs::File::options()
+                        .write(true)
+                        .open(&index.path)
+                        .and_then(|f| f.set_modified(mtime))
+                        .map_err(|e| failed("make", e))?;
+                    Ok(index)
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(index),
                 Err(e) => Err(failed("make", e)),
             }
