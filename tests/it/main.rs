@@ -7,6 +7,7 @@ mod agents;
 mod client;
 mod config;
 mod desktop;
+mod desktop_missing_tools;
 mod docs_check;
 mod durable;
 mod edge;
