@@ -689,3 +689,20 @@ async fn desktop_display_reaches_processes_and_agents_started_while_it_runs() {
     let after = app.post("/v1/processes/run", echo).await.json();
     assert_ne!(after["stdout"], ":167", "{after}");
 }
+
+/// The reference's WebRTC stream routes are answered with a 501 problem naming the live view,
+/// not a 404 or a 200 that would leave a client waiting for media.
+#[tokio::test]
+async fn webrtc_stream_routes_are_501_naming_the_frames_live_view() {
+    let app = App::start(Vec::<String>::new()).await;
+    for answer in [
+        app.post("/v1/desktop/stream/start", json!({})).await,
+        app.post("/v1/desktop/stream/stop", json!({})).await,
+        app.get("/v1/desktop/stream/signaling").await,
+    ] {
+        let p = answer.problem(StatusCode::NOT_IMPLEMENTED);
+        assert_eq!(p["alternative"], "/v1/desktop/stream/frames", "{p}");
+    }
+    let s = app.get("/v1/desktop/stream/status").await.json();
+    assert_eq!(s["active"], false, "{s}");
+}
