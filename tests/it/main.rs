@@ -16,6 +16,7 @@ mod hostile_agents;
 mod hostile_files;
 mod image_cli;
 mod inspector;
+mod inspector_desktop;
 mod lifecycle;
 mod list_paging;
 mod metrics;
