@@ -122,7 +122,7 @@ for (const [kind, bin] of sides) {
   try {
     for (const [w, h] of [[1280, 720], [1920, 1080]]) {
       const r = await bench(d, display++, w, h);
-      rows.push({
+      const row = {
         daemon: kind,
         screen: `${w}x${h}`,
         "png p50 ms": ms(pct(r.shots, 50)),
@@ -133,7 +133,9 @@ for (const [kind, bin] of sides) {
         "view fps (asked 10)": r.view ? r.view.fps.toFixed(1) : "n/a (WebRTC)",
         "view KiB/s": r.view ? (r.view.bps / 1024).toFixed(0) : "n/a",
         "KiB/frame": r.view ? (r.view.frame / 1024).toFixed(0) : "n/a",
-      });
+      };
+      rows.push(row);
+      console.log(JSON.stringify(row));
     }
   } finally {
     d.child.kill("SIGTERM");
