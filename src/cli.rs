@@ -59,10 +59,13 @@ pub enum Command {
         resume_session: bool,
     },
     /// Install the Debian packages of the desktop or the browser (apt-get as root; otherwise
-    /// prints the command to run)
+    /// prints the command to run); packages whose program is already in PATH are skipped
     Install {
         #[arg(value_enum)]
         what: crate::desktop::install::Target,
+        /// Print the missing packages and the command, install nothing
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Print the OpenAPI 3.1 document of the HTTP API (the bytes `GET /v1/openapi.json` serves)
     Openapi,

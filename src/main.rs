@@ -75,7 +75,9 @@ fn main() -> ExitCode {
         }),
         Some(Command::Agents { command }) => sandbox_agent::agents::cli::run(command),
         Some(Command::Openapi) => print_openapi(),
-        Some(Command::Install { what }) => sandbox_agent::desktop::install::run(what),
+        Some(Command::Install { what, dry_run }) => {
+            sandbox_agent::desktop::install::run(what, dry_run)
+        }
         Some(Command::SpawnStub { fd }) => sandbox_agent::supervisor::stub_main(fd),
         Some(Command::ReloadCheck {
             state_version,

@@ -52,6 +52,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(recording_get, recording_delete))
         .routes(routes!(recording_download))
         .routes(routes!(stream_status))
+        .routes(routes!(stream_start))
+        .routes(routes!(stream_stop))
+        .routes(routes!(stream_signaling))
         .routes(routes!(super::desktop_stream::stream_frames))
 }
 
@@ -736,4 +739,33 @@ async fn stream_status() -> Json<DesktopStreamStatusResponse> {
         process_id: None,
         window_id: None,
     })
+}
+
+/// The reference's WebRTC (neko) stream is not served: its routes answer a 501 problem that
+/// names the live view this daemon serves instead (`alternative`), rather than a 200 that would
+/// leave a client waiting for media that never comes.
+fn webrtc_not_served() -> Problem {
+    Problem::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "the WebRTC desktop stream is not served; the live view is the WebSocket GET /v1/desktop/stream/frames (JPEG frames, input back)",
+    )
+    .with("alternative", "/v1/desktop/stream/frames")
+}
+
+#[utoipa::path(post, path = "/v1/desktop/stream/start", operation_id = "post_v1_desktop_stream_start", tag = "desktop",
+    responses((status = 501, description = "The WebRTC stream is not served; `alternative` names the live view (`/v1/desktop/stream/frames`)", body = super::openapi::ProblemSchema, content_type = "application/problem+json")))]
+async fn stream_start() -> Problem {
+    webrtc_not_served()
+}
+
+#[utoipa::path(post, path = "/v1/desktop/stream/stop", operation_id = "post_v1_desktop_stream_stop", tag = "desktop",
+    responses((status = 501, description = "The WebRTC stream is not served; `alternative` names the live view (`/v1/desktop/stream/frames`)", body = super::openapi::ProblemSchema, content_type = "application/problem+json")))]
+async fn stream_stop() -> Problem {
+    webrtc_not_served()
+}
+
+#[utoipa::path(get, path = "/v1/desktop/stream/signaling", operation_id = "get_v1_desktop_stream_ws", tag = "desktop",
+    responses((status = 501, description = "WebRTC signaling is not served; `alternative` names the live view (`/v1/desktop/stream/frames`)", body = super::openapi::ProblemSchema, content_type = "application/problem+json")))]
+async fn stream_signaling() -> Problem {
+    webrtc_not_served()
 }

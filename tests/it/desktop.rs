@@ -611,3 +611,98 @@ async fn live_view_streams_jpeg_frames_and_takes_input() {
     };
     assert_eq!(end["type"], "end", "{end}");
 }
+
+/// `DISPLAY` for everything started while the desktop runs: a `/v1/processes` program talks to
+/// the X server (`xdpyinfo` reads the screen size set at start), a caller's own `DISPLAY` wins,
+/// an agent started meanwhile has it in its environment, and programs started after `stop` do
+/// not get it.
+#[tokio::test]
+async fn desktop_display_reaches_processes_and_agents_started_while_it_runs() {
+    if !have_tools() {
+        return;
+    }
+    let app = App::start(Vec::<String>::new()).await;
+    let echo = json!({"command": "sh", "args": ["-c", "printf %s \"$DISPLAY\""]});
+    let before = app.post("/v1/processes/run", echo.clone()).await.json();
+    assert_ne!(before["stdout"], ":167", "{before}");
+
+    start(&app, 167, 320, 208).await;
+    let seen = app.post("/v1/processes/run", echo.clone()).await.json();
+    assert_eq!(seen["stdout"], ":167", "{seen}");
+    let info = app
+        .post("/v1/processes/run", json!({"command": "xdpyinfo"}))
+        .await
+        .json();
+    assert_eq!(info["exitCode"], 0, "{info}");
+    assert!(
+        info["stdout"].as_str().unwrap().contains("320x208 pixels"),
+        "{info}"
+    );
+    let geometry = app
+        .post(
+            "/v1/processes/run",
+            json!({"command": "xdotool", "args": ["getdisplaygeometry"]}),
+        )
+        .await
+        .json();
+    assert_eq!(geometry["stdout"], "320 208\n", "{geometry}");
+    // The caller's own DISPLAY wins.
+    let own = app
+        .post(
+            "/v1/processes/run",
+            json!({"command": "sh", "args": ["-c", "printf %s \"$DISPLAY\""], "env": {"DISPLAY": ":4242"}}),
+        )
+        .await
+        .json();
+    assert_eq!(own["stdout"], ":4242", "{own}");
+
+    // An agent started while the desktop runs has DISPLAY in its environment.
+    let init = app
+        .post(
+            "/v1/acp/display-agent?agent=mock",
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}),
+        )
+        .await;
+    assert_eq!(
+        init.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&init.body)
+    );
+    let servers = app.get("/v1/acp").await.json();
+    let pid = servers["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["serverId"] == "display-agent")
+        .and_then(|s| s["pid"].as_u64())
+        .unwrap_or_else(|| panic!("no pid for the agent: {servers}"));
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("agent environ");
+    assert!(
+        environ.split(|b| *b == 0).any(|kv| kv == b"DISPLAY=:167"),
+        "the agent has no DISPLAY=:167"
+    );
+    app.delete("/v1/acp/display-agent").await;
+
+    let stop = app.post("/v1/desktop/stop", json!({})).await;
+    assert_eq!(stop.status, StatusCode::OK);
+    let after = app.post("/v1/processes/run", echo).await.json();
+    assert_ne!(after["stdout"], ":167", "{after}");
+}
+
+/// The reference's WebRTC stream routes are answered with a 501 problem naming the live view,
+/// not a 404 or a 200 that would leave a client waiting for media.
+#[tokio::test]
+async fn webrtc_stream_routes_are_501_naming_the_frames_live_view() {
+    let app = App::start(Vec::<String>::new()).await;
+    for answer in [
+        app.post("/v1/desktop/stream/start", json!({})).await,
+        app.post("/v1/desktop/stream/stop", json!({})).await,
+        app.get("/v1/desktop/stream/signaling").await,
+    ] {
+        let p = answer.problem(StatusCode::NOT_IMPLEMENTED);
+        assert_eq!(p["alternative"], "/v1/desktop/stream/frames", "{p}");
+    }
+    let s = app.get("/v1/desktop/stream/status").await.json();
+    assert_eq!(s["active"], false, "{s}");
+}

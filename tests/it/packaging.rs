@@ -347,7 +347,7 @@ fn dockerfile_is_hadolint_clean() {
     if !have_tools("hadolint", &["hadolint"]) {
         return;
     }
-    for file in ["Dockerfile", "Dockerfile.source"] {
+    for file in ["Dockerfile", "Dockerfile.source", "Dockerfile.desktop"] {
         let out = run(Command::new("hadolint").arg(format!("{REPO}/docker/{file}")));
         assert!(
             out.status.success() && text(&out).trim().is_empty(),

@@ -4,6 +4,7 @@
 
 import { ApiError, api, getToken, setToken } from "./api";
 import { AgentsPanel } from "./agents";
+import { DesktopPanel } from "./desktop";
 import { byId } from "./dom";
 import { FilesPanel } from "./files";
 import { InstancesPanel } from "./instances";
@@ -60,6 +61,7 @@ instances = new InstancesPanel(
 const agents = new AgentsPanel((agent, serverId) => void session.connect(agent, serverId), showError);
 const files = new FilesPanel(showError);
 const sessionsPanel = new SessionsPanel(showError);
+const desktop = new DesktopPanel(showError);
 
 /** (Re)loads everything that depends on the token. */
 async function load(): Promise<void> {
@@ -99,6 +101,8 @@ function selectTab(tab: HTMLButtonElement) {
   tab.focus();
   if (tab.id === "tab-instances") void instances.refresh();
   if (tab.id === "tab-sessions") void sessionsPanel.refresh();
+  if (tab.id === "tab-desktop") void desktop.show();
+  else desktop.hide();
 }
 for (const [i, tab] of tabs.entries()) {
   tab.addEventListener("click", () => selectTab(tab));

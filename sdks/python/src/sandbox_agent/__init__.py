@@ -33,6 +33,18 @@ from .errors import (  # noqa: E402
     UnauthorizedError,
     UnsupportedError,
 )
+from .desktop import (  # noqa: E402
+    DesktopApi,
+    DesktopClipboard,
+    DesktopDisplayInfo,
+    DesktopLaunchResult,
+    DesktopLiveView,
+    DesktopMousePosition,
+    DesktopRecording,
+    DesktopResolution,
+    DesktopStatus,
+    DesktopWindow,
+)
 from .host import ByteStream, HostApi, LogStream, WatchStream  # noqa: E402
 from .local import LocalStart, SandboxAgent, start_local  # noqa: E402
 from .models import (  # noqa: E402
@@ -65,7 +77,8 @@ from .session_store import InMemorySessionStore, JsonFileSessionStore, SessionRe
 __all__ = [
     "__version__",
     "AgentError", "AgentInfo", "AgentTimeoutError", "AgentUnavailableError", "AlreadyConnectedError",
-    "BadRequestError", "ByteStream", "ConflictError", "ForbiddenError", "FsEntry", "FsStat", "Gap", "GoneError",
+    "BadRequestError", "ByteStream", "DesktopApi", "DesktopClipboard", "DesktopDisplayInfo", "DesktopLaunchResult",
+    "DesktopLiveView", "DesktopMousePosition", "DesktopRecording", "DesktopResolution", "DesktopStatus", "DesktopWindow", "ConflictError", "ForbiddenError", "FsEntry", "FsStat", "Gap", "GoneError",
     "Health", "HostApi", "HttpError", "InMemorySessionStore", "InstanceInfo", "SessionItem", "SessionPage", "JsonFileSessionStore", "LocalStart", "LogStream",
     "MoveResult", "NetworkError", "Page", "NewSessionResult", "NotConnectedError", "NotFoundError", "PathResult",
     "PayloadTooLargeError", "PermissionReply", "PermissionReplyError", "PermissionRequest", "ProcessConfig",

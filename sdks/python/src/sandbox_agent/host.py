@@ -41,6 +41,7 @@ from .models import (
 )
 
 if TYPE_CHECKING:
+    from .desktop import DesktopApi
     from .terminal import ProcessTerminal
 
 __all__ = ["HostApi", "ByteStream", "WatchStream", "LogStream", "BodySource"]
@@ -135,6 +136,13 @@ class HostApi:
         return res.json() if res.content else None
 
     # -- health, agents, instances ---------------------------------------------------------------
+
+    @property
+    def desktop(self) -> DesktopApi:
+        """The desktop routes (``/v1/desktop/*``) and its live view."""
+        from .desktop import DesktopApi
+
+        return DesktopApi(self)
 
     async def get_health(self) -> Health:
         return Health.model_validate(await self._json("GET", "/v1/health"))

@@ -21,6 +21,7 @@ import {
   type ProcessTerminalConnectOptions,
   type ProcessTerminalUrlOptions,
 } from "./processes.js";
+import { DesktopApi } from "./desktop.js";
 import { watchFs, type WatchItem, type WatchOptions } from "./watch.js";
 import type {
   AgentInfo,
@@ -117,6 +118,15 @@ export class HostApi {
     this.token = options.token;
     this.fetcher = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
     this.extraHeaders = options.headers ?? {};
+  }
+
+  /** The desktop routes (`/v1/desktop/*`) and its live view. */
+  get desktop(): DesktopApi {
+    return new DesktopApi({
+      json: (method, path, init) => this.json(method, path, init),
+      send: (method, path, init) => this.send(method, path, init),
+      context: this.processContext(),
+    });
   }
 
   getHealth(): Promise<Health> {

@@ -35,6 +35,12 @@ export {
   type ProcessTerminalErrorFrame,
   type WebSocketConstructor,
 } from "./processes.js";
+export {
+  DesktopApi,
+  DesktopLiveView,
+  type DesktopLiveViewInput,
+  type DesktopLiveViewReady,
+} from "./desktop.js";
 export { type WatchOptions, type WatchItem, type WatchRescan } from "./watch.js";
 export { HttpError, NotConnectedError, AlreadyConnectedError, UnsupportedError, AgentError, PermissionReplyError } from "./errors.js";
 export { InMemorySessionStore, type SessionRecord, type SessionStore } from "./session-store.js";

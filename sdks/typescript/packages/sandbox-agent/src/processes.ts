@@ -351,6 +351,15 @@ function wsPackage(): WebSocketConstructor | undefined {
 }
 
 export function openTerminalSocket(ctx: ProcessContext, id: string, options: ProcessTerminalConnectOptions): WebSocket {
+  return openSocket(ctx, (token) => processTerminalUrl(ctx, id, token), options);
+}
+
+/** Opens a daemon WebSocket at `urlFor(token)`; the token goes in a header where the runtime can send one. */
+export function openSocket(
+  ctx: ProcessContext,
+  urlFor: (token: string | undefined) => string,
+  options: ProcessTerminalConnectOptions,
+): WebSocket {
   const WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket ?? wsPackage();
   if (!WS) {
     throw new TypeError("no WebSocket implementation: pass options.WebSocket, install `ws` (Node 20) or run Node >= 22");
@@ -358,14 +367,14 @@ export function openTerminalSocket(ctx: ProcessContext, id: string, options: Pro
   const token = options.accessToken ?? ctx.token;
   const mode = options.tokenIn ?? (canSendHeaders() ? "header" : "query");
   if (!token || mode === "query") {
-    const url = processTerminalUrl(ctx, id, token);
+    const url = urlFor(token);
     return options.protocols === undefined ? new WS(url) : new WS(url, options.protocols);
   }
   if (options.protocols !== undefined) {
     throw new TypeError("protocols can only be given with tokenIn: 'query'");
   }
   const headers = { ...ctx.headers(), Authorization: `Bearer ${token}` };
-  return new WS(processTerminalUrl(ctx, id, undefined), { headers });
+  return new WS(urlFor(undefined), { headers });
 }
 
 const OPEN = 1;

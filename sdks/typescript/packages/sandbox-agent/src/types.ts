@@ -98,3 +98,34 @@ export type GrepQuery = {
   hidden?: boolean;
   limit?: number;
 };
+
+// Desktop (`/v1/desktop/*`), under the schema names of the daemon's OpenAPI document.
+export type DesktopStatus = Schemas["DesktopStatusResponse"];
+export type DesktopStartRequest = Schemas["DesktopStartRequest"];
+export type DesktopDisplayInfo = Schemas["DesktopDisplayInfoResponse"];
+export type DesktopScreenshotQuery = QueryOf<"get_v1_desktop_screenshot">;
+export type DesktopScreenshotRegionQuery = QueryOf<"get_v1_desktop_screenshot_region">;
+export type DesktopMousePosition = Schemas["DesktopMousePositionResponse"];
+export type DesktopMouseMoveRequest = Schemas["DesktopMouseMoveRequest"];
+export type DesktopMouseClickRequest = Schemas["DesktopMouseClickRequest"];
+export type DesktopMouseButtonRequest = Schemas["DesktopMouseButtonRequest"];
+export type DesktopMouseDragRequest = Schemas["DesktopMouseDragRequest"];
+export type DesktopMouseScrollRequest = Schemas["DesktopMouseScrollRequest"];
+export type DesktopKeyboardTypeRequest = Schemas["DesktopKeyboardTypeRequest"];
+export type DesktopKeyboardPressRequest = Schemas["DesktopKeyboardPressRequest"];
+export type DesktopKeyboardKeyRequest = Schemas["DesktopKeyboardKeyRequest"];
+export type DesktopActionResponse = Schemas["DesktopActionResponse"];
+export type DesktopWindowInfo = Schemas["DesktopWindowInfo"];
+export type DesktopWindowMoveRequest = Schemas["DesktopWindowMoveRequest"];
+export type DesktopWindowResizeRequest = Schemas["DesktopWindowResizeRequest"];
+export type DesktopClipboard = Schemas["DesktopClipboardResponse"];
+export type DesktopClipboardQuery = QueryOf<"get_v1_desktop_clipboard">;
+export type DesktopClipboardWriteRequest = Schemas["DesktopClipboardWriteRequest"];
+export type DesktopLaunchRequest = Schemas["DesktopLaunchRequest"];
+export type DesktopLaunchResponse = Schemas["DesktopLaunchResponse"];
+export type DesktopOpenRequest = Schemas["DesktopOpenRequest"];
+export type DesktopOpenResponse = Schemas["DesktopOpenResponse"];
+export type DesktopRecordingStartRequest = Schemas["DesktopRecordingStartRequest"];
+export type DesktopRecordingInfo = Schemas["DesktopRecordingInfo"];
+export type DesktopStreamStatus = Schemas["DesktopStreamStatusResponse"];
+export type DesktopLiveViewQuery = QueryOf<"connectDesktopStream">;
