@@ -277,6 +277,7 @@ pub async fn run(
             "removed the temporaries of transfers the stop cut"
         );
     }
+    crate::files::journal::close();
     tracing::info!("stopped");
     Ok(())
 }

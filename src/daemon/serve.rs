@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::http::guard::LocalAddr;
+use crate::http::guard::{ConnAddrs, LocalAddr, needs_conn_addrs};
 use crate::http::{Problem, StreamHold};
 
 use super::protocol::Protocols;
@@ -288,6 +288,10 @@ async fn connection(
         .ok()
         .filter(|a| !a.ip().is_loopback())
         .map(LocalAddr);
+    let addrs = match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(peer), Ok(local)) => Some(ConnAddrs { peer, local }),
+        _ => None,
+    };
     let io = Tracked {
         inner: stream,
         activity: activity.clone(),
@@ -299,6 +303,11 @@ async fn connection(
             let guard = activity.request_started();
             if let Some(local) = local {
                 req.extensions_mut().insert(local);
+            }
+            if let Some(a) = addrs
+                && needs_conn_addrs(req.uri().path())
+            {
+                req.extensions_mut().insert(a);
             }
             handle(app.clone(), req, guard)
         })

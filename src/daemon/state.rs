@@ -150,13 +150,14 @@ impl AppState {
 /// this run's journal. Never stops the start: without a journal, only a crash's leftovers stay.
 async fn sweep_temporaries(data_dir: std::path::PathBuf) {
     match crate::sys::blocking(move || crate::files::journal::start(&data_dir)).await {
-        Ok(s) if s.journals > 0 => tracing::warn!(
+        Ok(s) if s.removed + s.left > 0 => tracing::warn!(
             removed = s.removed,
             left_alone = s.left,
             journals = s.journals,
             "removed the temporaries of transfers a crashed run left in users' trees"
         ),
-        Ok(_) => {}
+        // A reload's previous image (its journal released by the exec), or nothing to do.
+        Ok(s) => tracing::debug!(journals = s.journals, "temporaries journals swept"),
         Err(e) => tracing::warn!(
             error = %e,
             "cannot keep the temporaries journal in the data dir: a temporary a crash leaves in \

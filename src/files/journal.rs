@@ -88,6 +88,14 @@ pub fn start(data_dir: &Path) -> std::io::Result<Swept> {
     Ok(swept)
 }
 
+/// Removes this process's journal at the end of a clean stop (after the live temporaries were
+/// removed): nothing is left for the next start to read.
+pub fn close() {
+    if let Some(open) = crate::sys::lock(&JOURNAL).take() {
+        let _ = std::fs::remove_file(&open.path);
+    }
+}
+
 /// A fresh journal file, locked.
 fn create_locked(path: &Path) -> std::io::Result<nix::fcntl::Flock<File>> {
     let file = std::fs::OpenOptions::new()

@@ -31,6 +31,20 @@ use crate::config::Config;
 #[derive(Debug, Clone, Copy)]
 pub struct LocalAddr(pub SocketAddr);
 
+/// Both ends of the connection a request arrived on, for the port proxy only (its
+/// `X-Forwarded-For`, and its refusal to proxy to the daemon's own port): the accept loop adds
+/// it to the requests `needs_conn_addrs` names, so that no other request pays for it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnAddrs {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+}
+
+/// Whether a request's path is one of the proxy's (`/v1/ports/{port}/proxy/…`, `/preview/…`).
+pub fn needs_conn_addrs(path: &str) -> bool {
+    path.starts_with("/v1/ports/") || path.starts_with("/preview/")
+}
+
 /// What the guard decided for a request that may go on.
 pub enum Pass {
     /// No Origin, or the daemon's own: nothing to add to the answer.

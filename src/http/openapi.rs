@@ -284,6 +284,11 @@ fn sse_event_schema(events: &[&str], about: &str) -> RefOr<utoipa::openapi::sche
 /// Adds what every operation shares: the bearer security scheme (required everywhere but `GET /`),
 /// the edge's answers, and a problem+json body on every error answer that describes none.
 fn finish(doc: &mut Document) {
+    // A catch-all segment is `{*name}` in the router and `{name}` in OpenAPI (order kept).
+    doc.paths.paths = std::mem::take(&mut doc.paths.paths)
+        .into_iter()
+        .map(|(k, v)| (k.replace("{*", "{"), v))
+        .collect();
     let components = doc.components.get_or_insert_with(Default::default);
     components.security_schemes.insert(
         "bearerAuth".to_string(),

@@ -105,6 +105,7 @@ impl From<proxy::ProxyError> for Problem {
             proxy::ProxyError::NoListener { port } | proxy::ProxyError::Upstream { port, .. } => {
                 Problem::new(StatusCode::BAD_GATEWAY, detail).with("port", port)
             }
+            proxy::ProxyError::OwnPort { port } => Problem::bad_request(detail).with("port", port),
         }
     }
 }
@@ -964,11 +965,14 @@ async fn proxy_to(
         return Problem::bad_request("port 0 is not a port").into_response();
     }
     let target = target_of(req.uri(), &prefix);
+    let addrs = req.extensions().get::<super::guard::ConnAddrs>().copied();
     let f = Forward {
         port,
         target,
         prefix,
         strip_authorization: strip_auth,
+        peer: addrs.map(|a| a.peer),
+        own_port: addrs.map(|a| a.local.port()),
         shutdown: &s.shutdown,
         tasks: &s.tasks,
     };
@@ -1006,7 +1010,7 @@ macro_rules! proxy_operations {
         /// WebSocket upgrades passed through, the token never forwarded.
         #[utoipa::path(
             $method,
-            path = "/v1/ports/{port}/proxy/{path}",
+            path = "/v1/ports/{port}/proxy/{*path}",
             operation_id = $id,
             tag = "ports",
             params(ProxyPath),

@@ -1,6 +1,7 @@
 //! The reverse proxy behind `/v1/ports/{port}/proxy/…` and `/preview/<opaque>/…`: one HTTP/1.1
 //! connection to `127.0.0.1:{port}` (or `[::1]`) per request, bodies streamed both ways (hyper's
-//! backpressure bounds what is held), hop-by-hop headers dropped, `X-Forwarded-*` set, a
+//! backpressure bounds what is held), hop-by-hop headers dropped, `X-Forwarded-*` set (`-For`
+//! appended to), the daemon's own port refused, a
 //! WebSocket (any `Upgrade`) spliced through once the app answers 101. Invariant: the daemon's
 //! own token is never sent to the app.
 
@@ -20,6 +21,10 @@ pub enum ProxyError {
     NoListener { port: u16 },
     #[error("the app on port {port} failed: {reason}")]
     Upstream { port: u16, reason: String },
+    #[error(
+        "port {port} is this daemon's own: the proxy does not send requests back to the daemon"
+    )]
+    OwnPort { port: u16 },
 }
 
 /// Marks a response that comes from the app: the edge leaves its status and body alone (an
@@ -56,6 +61,22 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     h.remove(header::UPGRADE);
 }
 
+/// Appends `ip` to the request's `X-Forwarded-For` (one comma-separated list, whatever the
+/// client sent as several header lines), or starts it.
+fn forwarded_for(h: &mut HeaderMap, ip: std::net::IpAddr) {
+    let mut list: Vec<String> = h
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect();
+    list.push(ip.to_string());
+    if let Ok(v) = HeaderValue::from_str(&list.join(", ")) {
+        h.insert("x-forwarded-for", v);
+    }
+}
+
 async fn connect(port: u16) -> Result<tokio::net::TcpStream, ProxyError> {
     let mut last = None;
     for addr in [
@@ -80,6 +101,10 @@ pub struct Forward<'a> {
     pub prefix: String,
     /// Drop the request's `Authorization` header (it carries the daemon's token).
     pub strip_authorization: bool,
+    /// The client's address (appended to `X-Forwarded-For`), when known.
+    pub peer: Option<std::net::SocketAddr>,
+    /// The port the request came in on: the daemon's own, never a target.
+    pub own_port: Option<u16>,
     /// Ends a spliced WebSocket at shutdown.
     pub shutdown: &'a CancellationToken,
     pub tasks: &'a tokio_util::task::TaskTracker,
@@ -87,6 +112,9 @@ pub struct Forward<'a> {
 
 pub async fn forward(f: Forward<'_>, mut req: Request<Body>) -> Result<Response<Body>, ProxyError> {
     let port = f.port;
+    if f.own_port == Some(port) {
+        return Err(ProxyError::OwnPort { port });
+    }
     let stream = connect(port).await?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
@@ -127,6 +155,9 @@ pub async fn forward(f: Forward<'_>, mut req: Request<Body>) -> Result<Response<
     parts
         .headers
         .insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if let Some(peer) = f.peer {
+        forwarded_for(&mut parts.headers, peer.ip());
+    }
     if let Ok(p) = HeaderValue::from_str(&f.prefix) {
         parts.headers.insert("x-forwarded-prefix", p);
     }

@@ -702,7 +702,9 @@ class H(http.server.BaseHTTPRequestHandler):
         elif self.path.startswith("/hello"):
             body = json.dumps({"path": self.path, "auth": self.headers.get("Authorization"),
                 "host": self.headers.get("Host"), "xfh": self.headers.get("X-Forwarded-Host"),
-                "prefix": self.headers.get("X-Forwarded-Prefix")}).encode()
+                "prefix": self.headers.get("X-Forwarded-Prefix"),
+                "xff": self.headers.get("X-Forwarded-For"),
+                "xfp": self.headers.get("X-Forwarded-Proto")}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -869,11 +871,45 @@ async fn the_port_proxy_streams_large_bodies_both_ways_and_keeps_the_token_from_
     assert_eq!(v["host"], format!("127.0.0.1:{port}"));
     assert_eq!(v["prefix"], format!("/v1/ports/{port}/proxy"));
     assert_eq!(v["xfh"], d.addr.as_str());
+    assert_eq!(v["xff"], "127.0.0.1", "the client's address");
+    assert_eq!(v["xfp"], "http");
+    // A client's own X-Forwarded-For (from a proxy in front) is appended to, not replaced.
+    let v: Value = c
+        .get(format!("{base}/hello"))
+        .header("x-forwarded-for", "203.0.113.7")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["xff"], "203.0.113.7, 127.0.0.1");
+    // The daemon's own port is not a target: 400, and nothing is sent back to the daemon.
+    let own = d.addr.rsplit(':').next().unwrap().to_string();
+    let r = c
+        .get(d.url(&format!("/v1/ports/{own}/proxy/v1/health")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["port"].to_string(), own, "{p}");
 
     // The app's own 404 is passed on, not rewritten.
     let r = c.get(format!("{base}/missing")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(r.text().await.unwrap(), "app");
+    // A path of several segments reaches the app too (not the daemon's router's 404).
+    let v: Value = c
+        .get(format!("{base}/hello/deeper/still?y=2"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["path"], "/hello/deeper/still?y=2");
     // Without the token: 401; nothing listening: 502 problem+json.
     let r = http().get(format!("{base}/hello")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
