@@ -49,6 +49,9 @@ pub struct AcpMeta {
     pub load_session: bool,
     #[serde(default)]
     pub resume_session: bool,
+    /// The agent advertised `sessionCapabilities.list` (known once `initialize` is set).
+    #[serde(default)]
+    pub list_sessions: bool,
     #[serde(default)]
     pub sessions: Vec<SessionRecord>,
     /// Ids (canonical JSON) of requests a reload answered 202 whose answer has not come yet: a
@@ -75,6 +78,22 @@ pub struct SessionRecord {
     /// When the daemon first saw the session (0: recorded by an older build).
     #[serde(default)]
     pub created_at_ms: u64,
+    /// The title the agent last gave it (`session_info_update`), cut to the inventory's cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+impl AcpMeta {
+    /// What the agent advertised in its `initialize` answer, once one was recorded.
+    pub fn session_caps(&self) -> Option<super::inventory::SessionCaps> {
+        self.initialize
+            .as_ref()
+            .map(|_| super::inventory::SessionCaps {
+                list: self.list_sessions,
+                resume: self.resume_session,
+                load: self.load_session,
+            })
+    }
 }
 
 impl SessionRecord {
@@ -97,6 +116,7 @@ impl SessionRecord {
             sealed,
             secrets: values.len(),
             created_at_ms: super::inventory::now_ms(),
+            title: None,
         }
     }
 
@@ -113,7 +133,7 @@ impl SessionRecord {
             session_id: self.session_id.clone(),
             agent: meta.agent.clone(),
             cwd: self.cwd.as_str().map(str::to_string),
-            title: None,
+            title: self.title.clone(),
             created_at_ms: at,
             last_activity_ms: at,
             closed: false,
@@ -300,6 +320,7 @@ impl Tracked {
             );
             rewrite |= fresh.secrets > 0;
             fresh.created_at_ms = created;
+            fresh.title = s.title.take();
             *s = fresh;
         }
         let broken = if recovered.is_some() {
@@ -395,6 +416,27 @@ impl Tracked {
     /// The id of the last event appended.
     pub fn last_sent(&self) -> u64 {
         self.d.last_sent()
+    }
+
+    /// The agent gave `session_id` a title: kept in the meta (written only when it changed), so
+    /// that it survives a restart and goes into a bundle.
+    pub fn set_title(&self, session_id: &str, title: &str) {
+        {
+            let mut meta = crate::sys::lock(&self.meta);
+            let Some(s) = meta
+                .sessions
+                .iter_mut()
+                .find(|s| s.session_id == session_id)
+            else {
+                return;
+            };
+            let title = super::inventory::clip(title.to_string());
+            if s.title.as_deref() == Some(title.as_str()) {
+                return;
+            }
+            s.title = Some(title);
+        }
+        self.write_meta();
     }
 
     /// When the record of `session_id` was first made (the inventory shows the same time).
@@ -585,6 +627,10 @@ impl Tracked {
                         .and_then(|c| c.get("sessionCapabilities"))
                         .and_then(|c| c.get("resume"))
                         .is_some_and(|r| !r.is_null());
+                    meta.list_sessions = caps
+                        .and_then(|c| c.get("sessionCapabilities"))
+                        .and_then(|c| c.get("list"))
+                        .is_some_and(|r| !r.is_null());
                     meta.initialize = Some(pending.params);
                 }
                 Watched::New | Watched::Fork | Watched::Load | Watched::Resume => {
@@ -611,6 +657,7 @@ impl Tracked {
                         .find(|s| s.session_id == rec.session_id)
                     {
                         rec.created_at_ms = old.created_at_ms;
+                        rec.title = old.title.clone();
                     }
                     meta.sessions.retain(|s| s.session_id != rec.session_id);
                     meta.sessions.push(rec);
