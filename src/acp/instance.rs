@@ -174,6 +174,10 @@ pub struct AcpInstance {
     /// not come yet, by id: noted whichever face sent them (POST, WebSocket, RFD), read when
     /// the agent's answer passes `on_line`. **Invariant:** at most [`MAX_WATCHED`] entries.
     watched: Mutex<HashMap<IdKey, super::inventory::Watched>>,
+    /// The agent's requests a client answers (`session/request_permission`,
+    /// `elicitation/create`): their id → the event id, so that the agent's `$/cancel_request`
+    /// withdraws the event from the replay. **Invariant:** at most [`MAX_WATCHED`] entries.
+    asked: Mutex<HashMap<IdKey, u64>>,
 }
 
 /// Most unanswered inventory-followed requests an instance remembers (past it they are
@@ -218,6 +222,7 @@ impl AcpInstance {
             frozen: Mutex::new(None),
             inventory: None,
             watched: Mutex::new(HashMap::new()),
+            asked: Mutex::new(HashMap::new()),
         }
     }
 
@@ -255,6 +260,38 @@ impl AcpInstance {
             inv.on_answer(&self.server_id, &self.agent, what, line, |sid| {
                 durable.and_then(|t| t.session_created(sid))
             });
+        }
+    }
+
+    /// An agent message logged as event `id`: a request a client answers is noted; the agent's
+    /// `$/cancel_request` naming one withdraws both from the replay. Substring scans for every
+    /// other line.
+    fn note_asked(&self, line: &[u8], id: u64) {
+        if id == 0 {
+            return;
+        }
+        if let Some(raw) = super::registry::cancelled_id(line) {
+            let asked = crate::sys::lock(&self.asked).remove(&IdKey::from_raw(&raw));
+            if let Some(request) = asked {
+                self.events.withdraw(&[request, id]);
+            }
+            return;
+        }
+        if memchr::memmem::find(line, b"\"session/request_permission\"").is_none()
+            && memchr::memmem::find(line, b"\"elicitation/create\"").is_none()
+        {
+            return;
+        }
+        #[derive(serde::Deserialize)]
+        struct Req {
+            id: Option<Box<serde_json::value::RawValue>>,
+        }
+        if let Ok(Req { id: Some(raw) }) = serde_json::from_slice::<Req>(line) {
+            let mut asked = crate::sys::lock(&self.asked);
+            if asked.len() >= MAX_WATCHED {
+                asked.clear();
+            }
+            asked.insert(IdKey::from_raw(&raw), id);
         }
     }
 
@@ -493,7 +530,8 @@ impl AcpInstance {
                         t.set_title(&sid, title);
                     }
                 }
-                self.events.push(&line);
+                let id = self.events.push(&line);
+                self.note_asked(&line, id);
             }
             Err(why) => self.invalid_line(&line, &why.to_string()),
         }

@@ -90,7 +90,7 @@ pub struct AcpService {
 }
 
 /// The `params.id` of a `$/cancel_request` notification (one substring scan for every other).
-fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
+pub(super) fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
     memchr::memmem::find(line, b"\"$/cancel_request\"")?;
     #[derive(serde::Deserialize)]
     struct Params {

@@ -44,4 +44,5 @@ mod traces;
 mod transports;
 mod warm_spawns;
 mod watch;
+mod withdrawn_requests;
 mod workspace;
