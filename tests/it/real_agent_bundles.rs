@@ -185,38 +185,38 @@ async fn carry(agent: &str, how: Move) {
             body
         }
         Move::Sdk => {
-            let _build = crate::support::SDK_BUILD
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
             let dir = sdk_dir().unwrap();
-            // dist/ is built, not committed (as `npm test` does first).
-            let built = tokio::process::Command::new("npm")
-                .args(["run", "build"])
-                .current_dir(&dir)
-                .kill_on_drop(true)
-                .output()
-                .await
-                .unwrap();
-            assert!(
-                built.status.success(),
-                "{}",
-                String::from_utf8_lossy(&built.stdout)
-            );
-            let out = tokio::time::timeout(
-                Duration::from_secs(120),
-                tokio::process::Command::new("node")
-                    .arg(dir.join("test/fixtures/move-session.mjs"))
-                    .arg(a.url(""))
-                    .arg(b.url(""))
-                    .arg(&server)
-                    .arg(&cwd_a)
-                    .arg(&cwd_b)
+            let (ua, ub) = (a.url(""), b.url(""));
+            let args = (server.clone(), cwd_a.clone(), cwd_b.clone());
+            // Blocking (the daemons are other processes): the SDK build lock is not held across
+            // an await.
+            let out = tokio::task::spawn_blocking(move || {
+                let _build = crate::support::SDK_BUILD
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                // dist/ is built, not committed (as `npm test` does first).
+                let built = std::process::Command::new("npm")
+                    .args(["run", "build"])
                     .current_dir(&dir)
-                    .kill_on_drop(true)
-                    .output(),
-            )
+                    .output()
+                    .unwrap();
+                assert!(
+                    built.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&built.stdout)
+                );
+                std::process::Command::new("node")
+                    .arg(dir.join("test/fixtures/move-session.mjs"))
+                    .arg(ua)
+                    .arg(ub)
+                    .arg(&args.0)
+                    .arg(&args.1)
+                    .arg(&args.2)
+                    .current_dir(&dir)
+                    .output()
+                    .unwrap()
+            })
             .await
-            .expect("the SDK move finished")
             .unwrap();
             assert!(
                 out.status.success(),
