@@ -54,6 +54,9 @@ pub struct AcpMeta {
     pub load_session: bool,
     #[serde(default)]
     pub resume_session: bool,
+    /// The agent advertised `sessionCapabilities.list` (known once `initialize` is set).
+    #[serde(default)]
+    pub list_sessions: bool,
     #[serde(default)]
     pub sessions: Vec<SessionRecord>,
     /// Ids (canonical JSON) of requests a reload answered 202 whose answer has not come yet: a
@@ -80,6 +83,22 @@ pub struct SessionRecord {
     /// When the daemon first saw the session (0: recorded by an older build).
     #[serde(default)]
     pub created_at_ms: u64,
+    /// The title the agent last gave it (`session_info_update`), cut to the inventory's cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+impl AcpMeta {
+    /// What the agent advertised in its `initialize` answer, once one was recorded.
+    pub fn session_caps(&self) -> Option<super::inventory::SessionCaps> {
+        self.initialize
+            .as_ref()
+            .map(|_| super::inventory::SessionCaps {
+                list: self.list_sessions,
+                resume: self.resume_session,
+                load: self.load_session,
+            })
+    }
 }
 
 impl SessionRecord {
@@ -102,6 +121,7 @@ impl SessionRecord {
             sealed,
             secrets: values.len(),
             created_at_ms: super::inventory::now_ms(),
+            title: None,
         }
     }
 
@@ -118,7 +138,7 @@ impl SessionRecord {
             session_id: self.session_id.clone(),
             agent: meta.agent.clone(),
             cwd: self.cwd.as_str().map(str::to_string),
-            title: None,
+            title: self.title.clone(),
             created_at_ms: at,
             last_activity_ms: at,
             closed: false,
@@ -305,6 +325,7 @@ impl Tracked {
             );
             rewrite |= fresh.secrets > 0;
             fresh.created_at_ms = created;
+            fresh.title = s.title.take();
             *s = fresh;
         }
         let broken = if recovered.is_some() {
@@ -402,6 +423,27 @@ impl Tracked {
         self.d.last_sent()
     }
 
+    /// The agent gave `session_id` a title: kept in the meta (written only when it changed), so
+    /// that it survives a restart and goes into a bundle.
+    pub fn set_title(&self, session_id: &str, title: &str) {
+        {
+            let mut meta = crate::sys::lock(&self.meta);
+            let Some(s) = meta
+                .sessions
+                .iter_mut()
+                .find(|s| s.session_id == session_id)
+            else {
+                return;
+            };
+            let title = super::inventory::clip(title.to_string());
+            if s.title.as_deref() == Some(title.as_str()) {
+                return;
+            }
+            s.title = Some(title);
+        }
+        self.write_meta();
+    }
+
     /// When the record of `session_id` was first made (the inventory shows the same time).
     pub fn session_created(&self, session_id: &str) -> Option<u64> {
         crate::sys::lock(&self.meta)
@@ -428,7 +470,7 @@ impl Tracked {
     /// being restored.
     pub fn swallows(&self, line: &[u8]) -> bool {
         self.muted.load(Ordering::Acquire)
-            && memchr::memmem::find(line, b"\"session/update\"").is_some()
+            && find_bytes!(line, b"\"session/update\"").is_some()
             && serde_json::from_slice::<MethodOnly>(line)
                 .is_ok_and(|m| m.method.as_deref() == Some("session/update") && m.id.is_none())
     }
@@ -524,7 +566,7 @@ impl Tracked {
             return;
         };
         let line = &env.line[..];
-        let maybe = memchr::memmem::find(line, b"\"initialize\"").is_some()
+        let maybe = find_bytes!(line, b"\"initialize\"").is_some()
             || memchr::memmem::find_iter(line, b"session/").any(|i| {
                 let rest = &line[i + 8..];
                 ["new\"", "load\"", "resume\"", "fork\""]
@@ -590,6 +632,10 @@ impl Tracked {
                         .and_then(|c| c.get("sessionCapabilities"))
                         .and_then(|c| c.get("resume"))
                         .is_some_and(|r| !r.is_null());
+                    meta.list_sessions = caps
+                        .and_then(|c| c.get("sessionCapabilities"))
+                        .and_then(|c| c.get("list"))
+                        .is_some_and(|r| !r.is_null());
                     meta.initialize = Some(pending.params);
                 }
                 Watched::New | Watched::Fork | Watched::Load | Watched::Resume => {
@@ -616,6 +662,7 @@ impl Tracked {
                         .find(|s| s.session_id == rec.session_id)
                     {
                         rec.created_at_ms = old.created_at_ms;
+                        rec.title = old.title.clone();
                     }
                     meta.sessions.retain(|s| s.session_id != rec.session_id);
                     meta.sessions.push(rec);

@@ -57,7 +57,13 @@ struct LogState {
     lost: Option<(u64, u64)>,
     closed: bool,
     subscribers: Vec<Arc<Queue>>,
+    /// Events no longer offered to a new subscriber: an agent's request it withdrew
+    /// (`$/cancel_request`) and the withdrawal. **Invariant:** at most [`MAX_WITHDRAWN`].
+    withdrawn: std::collections::BTreeSet<u64>,
 }
+
+/// Most withdrawn events remembered (the oldest are forgotten first, and offered again).
+const MAX_WITHDRAWN: usize = 1024;
 
 /// One serverId's event log. Cheap operations under one short mutex; never awaits while locked.
 pub struct EventLog {
@@ -93,6 +99,7 @@ impl EventLog {
                 lost: None,
                 closed: false,
                 subscribers: Vec::new(),
+                withdrawn: Default::default(),
             }),
             durable: std::sync::OnceLock::new(),
         }
@@ -350,7 +357,11 @@ impl EventLog {
             replay.push_back(gap);
         }
         let mut lost = st.lost.filter(|l| after < l.1);
-        for r in st.ring.iter().filter(|r| r.id > after) {
+        for r in st
+            .ring
+            .iter()
+            .filter(|r| r.id > after && !st.withdrawn.contains(&r.id))
+        {
             if let Some((from, to)) = lost
                 && r.id > to
             {
@@ -390,6 +401,18 @@ impl EventLog {
             queue,
             _share: None,
         })
+    }
+
+    /// Events `ids` are not replayed to subscribers from now on (those already subscribed
+    /// have them).
+    pub fn withdraw(&self, ids: &[u64]) {
+        let mut st = self.lock();
+        for id in ids {
+            st.withdrawn.insert(*id);
+        }
+        while st.withdrawn.len() > MAX_WITHDRAWN {
+            st.withdrawn.pop_first();
+        }
     }
 
     fn unsubscribe(&self, queue: &Arc<Queue>) {

@@ -183,7 +183,20 @@ pub struct AcpInstance {
     frozen: Mutex<Option<oneshot::Sender<FrozenStdout>>>,
     /// The service's session inventory, told of each `session/update` the agent sends.
     inventory: Option<Arc<super::inventory::Inventory>>,
+    /// Client requests the inventory follows (`session/new`, `initialize`, …) whose answer has
+    /// not come yet, by id: noted whichever face sent them (POST, WebSocket, RFD), read when
+    /// the agent's answer passes `on_line`. **Invariant:** at most [`MAX_WATCHED`] entries.
+    watched: Mutex<HashMap<IdKey, super::inventory::Watched>>,
+    /// The agent's requests a client answers (`session/request_permission`,
+    /// `elicitation/create`): their id → the event id, so that the agent's `$/cancel_request`
+    /// withdraws the event from the replay. **Invariant:** at most [`MAX_WATCHED`] entries.
+    asked: Mutex<HashMap<IdKey, u64>>,
 }
+
+/// Most unanswered inventory-followed requests an instance remembers (past it they are
+/// forgotten and their answers not recorded: only a client flooding `session/*` requests
+/// the agent never answers gets there).
+const MAX_WATCHED: usize = 256;
 
 impl AcpInstance {
     pub fn new(
@@ -221,6 +234,8 @@ impl AcpInstance {
             freeze: tokio_util::sync::CancellationToken::new(),
             frozen: Mutex::new(None),
             inventory: None,
+            watched: Mutex::new(HashMap::new()),
+            asked: Mutex::new(HashMap::new()),
         }
     }
 
@@ -228,6 +243,69 @@ impl AcpInstance {
     pub fn with_inventory(mut self, inventory: Arc<super::inventory::Inventory>) -> Self {
         self.inventory = Some(inventory);
         self
+    }
+
+    /// Notes a client request the inventory follows, before it is written to the agent.
+    pub(super) fn watch_answer(&self, key: IdKey, what: super::inventory::Watched) {
+        if self.inventory.is_none() {
+            return;
+        }
+        let mut w = crate::sys::lock(&self.watched);
+        if w.len() >= MAX_WATCHED {
+            w.clear();
+        }
+        w.insert(key, what);
+    }
+
+    /// The agent answered request `key`: the inventory records what the answer tells, if the
+    /// request was one it follows.
+    fn answered(&self, key: &IdKey, line: &[u8]) {
+        let Some(inv) = &self.inventory else { return };
+        let what = {
+            let mut w = crate::sys::lock(&self.watched);
+            if w.is_empty() {
+                return;
+            }
+            w.remove(key)
+        };
+        if let Some(what) = what {
+            let durable = self.events.durable();
+            inv.on_answer(&self.server_id, &self.agent, what, line, |sid| {
+                durable.and_then(|t| t.session_created(sid))
+            });
+        }
+    }
+
+    /// An agent message logged as event `id`: a request a client answers is noted; the agent's
+    /// `$/cancel_request` naming one withdraws both from the replay. Substring scans for every
+    /// other line.
+    fn note_asked(&self, line: &[u8], id: u64) {
+        if id == 0 {
+            return;
+        }
+        if let Some(raw) = super::registry::cancelled_id(line) {
+            let asked = crate::sys::lock(&self.asked).remove(&IdKey::from_raw(&raw));
+            if let Some(request) = asked {
+                self.events.withdraw(&[request, id]);
+            }
+            return;
+        }
+        if find_bytes!(line, b"\"session/request_permission\"").is_none()
+            && find_bytes!(line, b"\"elicitation/create\"").is_none()
+        {
+            return;
+        }
+        #[derive(serde::Deserialize)]
+        struct Req {
+            id: Option<Box<serde_json::value::RawValue>>,
+        }
+        if let Ok(Req { id: Some(raw) }) = serde_json::from_slice::<Req>(line) {
+            let mut asked = crate::sys::lock(&self.asked);
+            if asked.len() >= MAX_WATCHED {
+                asked.clear();
+            }
+            asked.insert(IdKey::from_raw(&raw), id);
+        }
     }
 
     /// The token a reload cancels (see the `handoff` field).
@@ -476,6 +554,7 @@ impl AcpInstance {
         }
         match class {
             Ok(AgentLine::Response(key)) => {
+                self.answered(&key, &line);
                 let waiter = self.life().waiters.remove(&key).flatten();
                 match waiter {
                     Some(tx) => {
@@ -494,11 +573,17 @@ impl AcpInstance {
             }
             Ok(AgentLine::Message) => {
                 if let Some(inv) = &self.inventory
-                    && let Some(update) = inv.on_agent_message(&self.server_id, &line)
+                    && let Some((sid, update)) = inv.on_agent_message(&self.server_id, &line)
                 {
                     crate::metrics::usage_update(&self.agent, &update);
+                    if let Some(title) = super::inventory::title_of(&update)
+                        && let Some(t) = self.events.durable()
+                    {
+                        t.set_title(&sid, title);
+                    }
                 }
-                self.events.push(&line);
+                let id = self.events.push(&line);
+                self.note_asked(&line, id);
             }
             Err(why) => self.invalid_line(&line, &why.to_string()),
         }

@@ -122,6 +122,14 @@ pub fn watch(line: &[u8]) -> Option<Watched> {
     })
 }
 
+/// The title a `session_info_update` gives, if the update is one and gives one.
+pub fn title_of(update: &Value) -> Option<&str> {
+    match update.get("sessionUpdate").and_then(Value::as_str) {
+        Some("session_info_update") => update.get("title").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
 fn result_of(response: &[u8]) -> Option<Value> {
     #[derive(serde::Deserialize)]
     struct M {
@@ -130,7 +138,7 @@ fn result_of(response: &[u8]) -> Option<Value> {
     serde_json::from_slice::<M>(response).ok()?.result
 }
 
-fn clip(mut s: String) -> String {
+pub fn clip(mut s: String) -> String {
     if s.len() > MAX_TITLE {
         let mut cut = MAX_TITLE;
         while !s.is_char_boundary(cut) {
@@ -262,8 +270,8 @@ impl Inventory {
     /// An agent's notification or request: a `session_info_update` sets the title, any
     /// `session/update` is activity. One substring scan for every line; a parse only for an
     /// update (the update object itself only when it is one of those two kinds, which is then
-    /// returned).
-    pub fn on_agent_message(&self, server_id: &str, line: &[u8]) -> Option<Value> {
+    /// returned with its session id).
+    pub fn on_agent_message(&self, server_id: &str, line: &[u8]) -> Option<(String, Value)> {
         find_bytes!(line, b"\"session/update\"")?;
         #[derive(serde::Deserialize)]
         struct Params<'a> {
@@ -291,15 +299,15 @@ impl Inventory {
             return None;
         }
         let update: Value = serde_json::from_slice(raw).ok()?;
-        let title = match update.get("sessionUpdate").and_then(Value::as_str) {
-            Some("session_info_update") => update
-                .get("title")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            _ => None,
-        };
+        let title = title_of(&update).map(str::to_string);
         self.touch(server_id, &m.params.session_id, title);
-        Some(update)
+        Some((m.params.session_id.into_owned(), update))
+    }
+
+    /// What `server_id`'s agent advertised, as recorded in its durable state (after a restart
+    /// or an import, before any client's `initialize` reaches the new agent).
+    pub fn set_caps(&self, server_id: &str, caps: SessionCaps) {
+        self.inner().caps.insert(server_id.to_string(), caps);
     }
 
     /// What `server_id`'s agent advertised, once its `initialize` was answered.

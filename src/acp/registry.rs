@@ -90,8 +90,8 @@ pub struct AcpService {
 }
 
 /// The `params.id` of a `$/cancel_request` notification (one substring scan for every other).
-fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
-    memchr::memmem::find(line, b"\"$/cancel_request\"")?;
+pub(super) fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
+    find_bytes!(line, b"\"$/cancel_request\"")?;
     #[derive(serde::Deserialize)]
     struct Params {
         id: Box<serde_json::value::RawValue>,
@@ -299,6 +299,9 @@ impl AcpService {
                 for s in &r.meta.sessions {
                     self.inventory.record(s.entry(&r.server_id, &r.meta));
                 }
+                if let Some(caps) = r.meta.session_caps() {
+                    self.inventory.set_caps(&r.server_id, caps);
+                }
                 map.insert(r.server_id, Arc::new(inst));
             }
         }
@@ -373,6 +376,9 @@ impl AcpService {
         if let Some(answer) = self.answer_list(&inst, &envelope, respond_async) {
             return Ok(answer);
         }
+        if let (Some(w), Kind::Request { key, .. }) = (watched, &envelope.kind) {
+            inst.watch_answer(key.clone(), w);
+        }
         let cancels = match &envelope.kind {
             Kind::Notification => cancelled_id(&envelope.line),
             _ => None,
@@ -391,12 +397,6 @@ impl AcpService {
         }
         if let (Some(raw), Ok(_)) = (&cancels, &delivered) {
             inst.cancel_waiter(&IdKey::from_raw(raw), raw);
-        }
-        if let (Some(w), Ok(Delivered::Response { line, .. })) = (watched, &delivered) {
-            self.inventory
-                .on_answer(&inst.server_id, &inst.agent, w, line, |sid| {
-                    durable.and_then(|t| t.session_created(sid))
-                });
         }
         // A request answered by the agent: POST to answer, by method.
         if let (Some(method), true, Ok(Delivered::Response { .. })) = (method, wait, &delivered) {
@@ -419,7 +419,7 @@ impl AcpService {
         let Kind::Request { raw_id, .. } = &envelope.kind else {
             return None;
         };
-        if respond_async || memchr::memmem::find(&envelope.line, b"\"session/list\"").is_none() {
+        if respond_async || find_bytes!(&envelope.line, b"\"session/list\"").is_none() {
             return None;
         }
         if self.inventory.caps(&inst.server_id)?.list {
@@ -510,6 +510,13 @@ impl AcpService {
                 .await?;
             for env in envelopes.iter() {
                 t.observe_request(env);
+            }
+        }
+        for env in envelopes.iter() {
+            if let Kind::Request { key, .. } = &env.kind
+                && let Some(w) = super::inventory::watch(&env.line)
+            {
+                inst.watch_answer(key.clone(), w);
             }
         }
         Ok(inst.deliver_batch(envelopes).await)

@@ -486,6 +486,23 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
         }
         "/permission" => return permission(mock, session, rx, false),
         "/elicit" => return elicit(mock, session, rx),
+        "/withdraw" => {
+            let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+            mock.send(&json!({
+                "jsonrpc": "2.0",
+                "id": n,
+                "method": "session/request_permission",
+                "params": {
+                    "sessionId": session,
+                    "toolCall": {"toolCallId": format!("mock-tool-{n}"), "title": "Withdrawn tool call", "kind": "execute"},
+                    "options": [{"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"}],
+                },
+            }));
+            mock.send(
+                &json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": n}}),
+            );
+            mock.chunk(session, "withdrawn");
+        }
         "/question" => return permission(mock, session, rx, true),
         "/error" => return FAIL,
         "/tool" => tool(mock, session, arg),

@@ -1,11 +1,10 @@
-//! Session bundles with real agents (Claude, Codex) against the fake model server: a turn with a
-//! codeword and a tool call in daemon A, the bundle exported, A's HOME, state dir and work dir
-//! removed, the bundle imported into daemon B (another HOME, state dir, work dir and cwd), and the
-//! next prompt in B reaches the model with the whole earlier conversation, the codeword and the
-//! tool call included: the agent's own session files were carried and restored with
-//! `session/load`. (Gemini CLI 0.61's files are carried and placed where it finds them, but its
-//! own `session/load` starts a fresh record in the session's file before reading it and then
-//! finds nothing to resume: docs/acp.md, "Session bundles".)
+//! Session bundles with real agents (Claude, Codex, Gemini) against the fake model server: a turn
+//! with a codeword and a tool call in daemon A, the bundle exported, A's HOME, state dir and work
+//! dir removed, the bundle imported into daemon B (another HOME, state dir, work dir and cwd), and
+//! the next prompt in B reaches the model with the whole earlier conversation, the codeword and
+//! the tool call included: the agent's own session files were carried and restored with
+//! `session/load`. (Gemini's test also proves the file is renamed for a minute before the import:
+//! the export and import run within the minute its session began.)
 
 use std::io::Read;
 use std::path::Path;
@@ -50,9 +49,32 @@ fn agent_files(bundle: &[u8]) -> Vec<(String, String)> {
     out
 }
 
-async fn carry(agent: &str) {
+/// How the bundle goes from A to B.
+#[derive(Clone, Copy, PartialEq)]
+enum Move {
+    /// `GET` then `POST /v1/acp/{serverId}/bundle`.
+    Http,
+    /// The TypeScript SDK's `exportSession` streamed into `importSession`.
+    Sdk,
+    /// `sandbox-agent acp export > f.tgz` then `acp import --cwd OLD=NEW < f.tgz`.
+    Cli,
+}
+
+/// The TypeScript SDK's workspace, when its node_modules are installed.
+fn sdk_dir() -> Option<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdks/typescript");
+    dir.join("node_modules/sandbox-agent")
+        .is_dir()
+        .then_some(dir)
+}
+
+async fn carry(agent: &str, how: Move) {
     if !on_path("npm") || !on_path("node") || !on_path("python3") {
         crate::support::skip("node, npm or python3 missing (.ci/install-00-base.sh installs them)");
+        return;
+    }
+    if how == Move::Sdk && sdk_dir().is_none() {
+        crate::support::skip("sdks/typescript has no node_modules (.ci/install-sdk.sh)");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -142,26 +164,107 @@ async fn carry(agent: &str) {
         }
     })
     .await;
-    drop(a);
-    std::fs::remove_dir_all(&da).unwrap();
-
     let b = daemon_in(&db, agent, &model);
     let cwd_b = db.join("work/proj");
-    let r = b
-        .client()
-        .post(b.url(&format!(
-            "/v1/acp/{server}/bundle?cwd={}={}",
-            cwd_a.display(),
-            cwd_b.display()
-        )))
-        .header("content-type", "application/gzip")
-        .body(bundle)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    let map = format!("{}={}", cwd_a.display(), cwd_b.display());
+    let body: Value = match how {
+        Move::Http => {
+            drop(a);
+            std::fs::remove_dir_all(&da).unwrap();
+            let r = b
+                .client()
+                .post(b.url(&format!("/v1/acp/{server}/bundle?cwd={map}")))
+                .header("content-type", "application/gzip")
+                .body(bundle)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(status, 201, "{body}");
+            body
+        }
+        Move::Sdk => {
+            let dir = sdk_dir().unwrap();
+            let (ua, ub) = (a.url(""), b.url(""));
+            let args = (server.clone(), cwd_a.clone(), cwd_b.clone());
+            // Blocking (the daemons are other processes): the SDK build lock is not held across
+            // an await.
+            let out = tokio::task::spawn_blocking(move || {
+                let _build = crate::support::SDK_BUILD
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                // dist/ is built, not committed (as `npm test` does first).
+                let built = std::process::Command::new("npm")
+                    .args(["run", "build"])
+                    .current_dir(&dir)
+                    .output()
+                    .unwrap();
+                assert!(
+                    built.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&built.stdout)
+                );
+                std::process::Command::new("node")
+                    .arg(dir.join("test/fixtures/move-session.mjs"))
+                    .arg(ua)
+                    .arg(ub)
+                    .arg(&args.0)
+                    .arg(&args.1)
+                    .arg(&args.2)
+                    .current_dir(&dir)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            drop(a);
+            std::fs::remove_dir_all(&da).unwrap();
+            serde_json::from_slice(&out.stdout).unwrap()
+        }
+        Move::Cli => {
+            let bin = env!("CARGO_BIN_EXE_sandbox-agent");
+            let file = tmp.path().join("moved.tgz");
+            let out = std::process::Command::new(bin)
+                .args(["acp", "export", &server, "--url", &a.url("")])
+                .stdout(std::fs::File::create(&file).unwrap())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            drop(a);
+            std::fs::remove_dir_all(&da).unwrap();
+            let out = std::process::Command::new(bin)
+                .args([
+                    "acp",
+                    "import",
+                    &server,
+                    "--cwd",
+                    &map,
+                    "--json",
+                    "--url",
+                    &b.url(""),
+                ])
+                .stdin(std::fs::File::open(&file).unwrap())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_slice(&out.stdout).unwrap()
+        }
+    };
+    assert_eq!(body["sessions"], json!([session]), "{body}");
     assert!(
         body["files"]
             .as_array()
@@ -217,10 +320,25 @@ async fn carry(agent: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claude_session_moves_to_a_fresh_daemon_with_its_tool_call() {
-    carry("claude").await;
+    carry("claude", Move::Http).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_codex_session_moves_to_a_fresh_daemon_with_its_tool_call() {
-    carry("codex").await;
+    carry("codex", Move::Http).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_session_moves_to_a_fresh_daemon_with_its_tool_call() {
+    carry("gemini", Move::Http).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_session_moves_through_the_typescript_sdk_streams() {
+    carry("claude", Move::Sdk).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_session_moves_through_the_cli_export_and_import() {
+    carry("claude", Move::Cli).await;
 }

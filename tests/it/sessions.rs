@@ -16,11 +16,11 @@ use crate::support::app::App;
 
 const SECS10: Duration = Duration::from_secs(10);
 
-fn request(id: Value, method: &str, params: Value) -> Value {
+pub(crate) fn request(id: Value, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
-fn prompt(id: Value, session: &str, text: &str) -> Value {
+pub(crate) fn prompt(id: Value, session: &str, text: &str) -> Value {
     request(
         id,
         "session/prompt",
@@ -29,7 +29,7 @@ fn prompt(id: Value, session: &str, text: &str) -> Value {
 }
 
 /// An agents file with mock agents `id = [extra mock-agent flags]`.
-fn agents_file(dir: &Path, agents: &[(&str, &[&str])]) -> String {
+pub(crate) fn agents_file(dir: &Path, agents: &[(&str, &[&str])]) -> String {
     let mut text = String::new();
     for (id, flags) in agents {
         let mut args = vec!["\"mock-agent\"".to_string()];
@@ -312,7 +312,7 @@ async fn usage_updates_are_counted_per_agent_in_the_metrics() {
 }
 
 /// POSTs through the binary; the body as JSON.
-async fn post(d: &Daemon, path: &str, msg: &Value) -> (u16, Value) {
+pub(crate) async fn post(d: &Daemon, path: &str, msg: &Value) -> (u16, Value) {
     let resp = d
         .client()
         .post(d.url(path))

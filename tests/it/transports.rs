@@ -14,14 +14,14 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::support::{self, Daemon, eventually, eventually_async};
 
-type Socket =
+pub(crate) type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 pub(crate) const TOKEN: &str = "transport-test-token";
 
 /// A daemon with a token; RFD connections without a reader go after 3 s (unless `extra` says
 /// otherwise), so that the tests of a closed WebSocket do not wait the default 30 s.
-fn daemon(extra: &[&str]) -> Daemon {
+pub(crate) fn daemon(extra: &[&str]) -> Daemon {
     let mut b = Daemon::builder().token(TOKEN);
     if !extra.contains(&"--acp-connection-idle") {
         b = b.args(["--acp-connection-idle", "3s"]);
@@ -41,7 +41,7 @@ pub(crate) fn prompt(id: Value, session: &str, text: &str) -> Value {
     )
 }
 
-async fn connect(d: &Daemon, path: &str) -> Socket {
+pub(crate) async fn connect(d: &Daemon, path: &str) -> Socket {
     let url = d.url(path).replacen("http://", "ws://", 1);
     let mut req = url.into_client_request().unwrap();
     req.headers_mut()
@@ -53,12 +53,12 @@ async fn connect(d: &Daemon, path: &str) -> Socket {
     ws
 }
 
-async fn send(ws: &mut Socket, msg: &Value) {
+pub(crate) async fn send(ws: &mut Socket, msg: &Value) {
     ws.send(Message::text(msg.to_string())).await.unwrap();
 }
 
 /// The next text frame as JSON (pings skipped); `None` when the socket ended.
-async fn next_json(ws: &mut Socket) -> Option<Value> {
+pub(crate) async fn next_json(ws: &mut Socket) -> Option<Value> {
     loop {
         let frame = tokio::time::timeout(Duration::from_secs(20), ws.next())
             .await
@@ -72,7 +72,7 @@ async fn next_json(ws: &mut Socket) -> Option<Value> {
 }
 
 /// Frames until (and including) the response with `id`.
-async fn until_response(ws: &mut Socket, id: &Value) -> Vec<Value> {
+pub(crate) async fn until_response(ws: &mut Socket, id: &Value) -> Vec<Value> {
     let mut out = Vec::new();
     loop {
         let m = next_json(ws).await.expect("the socket ended early");

@@ -182,6 +182,34 @@ pub fn gemini_project(home: &Path, cwd: &str) -> Result<(String, bool), BundleEr
     Ok((name, false))
 }
 
+/// Gemini CLI's `session/load` first starts a new record of the session in
+/// `chats/session-<the current minute, UTC>-<first 8 of the id>.jsonl`, whose opening
+/// `$set: {messages}` empties the conversation when that is the session's own file (a load in
+/// the minute the file's name gives); then it finds nothing to resume. So an imported file is
+/// named for a minute before the import's (the name's time is Gemini CLI's only use of it).
+pub fn gemini_file_before(file: &str, now_ms: u64) -> String {
+    const STAMP: usize = "2026-11-28T23-38".len();
+    let Some(rest) = file.strip_prefix("chats/session-") else {
+        return file.to_string();
+    };
+    let (Some(stamp), Some(tail)) = (rest.get(..STAMP), rest.get(STAMP..)) else {
+        return file.to_string();
+    };
+    let minute = |ms: u64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+        let s = humantime::format_rfc3339_seconds(t).to_string();
+        s.get(..STAMP).unwrap_or_default().replace(':', "-")
+    };
+    let now = minute(now_ms);
+    if stamp < now.as_str() {
+        return file.to_string();
+    }
+    format!(
+        "chats/session-{}{tail}",
+        minute(now_ms.saturating_sub(60_000))
+    )
+}
+
 /// Registers a Gemini project (`projects.json` entry and its `.project_root` markers), as Gemini
 /// CLI would at its first start there. Blocking.
 pub fn register_gemini_project(home: &Path, cwd: &str, name: &str) -> std::io::Result<()> {
@@ -248,6 +276,7 @@ pub fn target(
         && let Some((_, file)) = rest.split_once('/')
     {
         let (name, _) = gemini_project(home, cwd)?;
+        let file = gemini_file_before(file, crate::acp::inventory::now_ms());
         return Ok(home.join(".gemini/tmp").join(name).join(file));
     }
     if agent == "codex"
@@ -326,6 +355,23 @@ pub fn rewrite_line(line: &[u8], maps: &[CwdMap]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gemini_file_is_named_for_a_minute_before_the_import() {
+        // 2026-11-28T23:38:13Z
+        let now = 1_795_909_093_000;
+        let f = "chats/session-2026-11-28T23-38-de68494f.jsonl";
+        assert_eq!(
+            super::gemini_file_before(f, now),
+            "chats/session-2026-11-28T23-37-de68494f.jsonl"
+        );
+        let old = "chats/session-2026-11-28T22-10-de68494f.jsonl";
+        assert_eq!(super::gemini_file_before(old, now), old);
+        assert_eq!(
+            super::gemini_file_before("chats/x.jsonl", now),
+            "chats/x.jsonl"
+        );
+    }
 
     #[test]
     fn cwd_strings_are_rewritten_whole_or_as_a_prefix() {

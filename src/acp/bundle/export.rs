@@ -60,6 +60,7 @@ pub async fn snapshot(
             mcp_servers: s.mcp_servers.clone(),
             redacted: s.secrets,
             created_at_ms: s.created_at_ms,
+            title: s.title.clone(),
         })
         .collect();
     let agent = meta.agent.clone();
@@ -85,6 +86,7 @@ pub async fn snapshot(
         initialize: meta.initialize.clone(),
         load_session: meta.load_session,
         resume_session: meta.resume_session,
+        list_sessions: meta.list_sessions,
         sessions,
         events: EventsInfo {
             count: events.len() as u64,

@@ -290,6 +290,7 @@ async fn register(
         initialize: m.initialize.clone(),
         load_session: m.load_session,
         resume_session: m.resume_session,
+        list_sessions: m.list_sessions,
         sessions: m
             .sessions
             .iter()
@@ -300,6 +301,10 @@ async fn register(
                 sealed: None,
                 secrets: 0,
                 created_at_ms: s.created_at_ms,
+                title: s
+                    .title
+                    .as_deref()
+                    .map(|t| crate::acp::inventory::clip(t.to_string())),
             })
             .collect(),
         promised: Vec::new(),

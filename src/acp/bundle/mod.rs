@@ -47,6 +47,9 @@ pub struct Manifest {
     pub load_session: bool,
     #[serde(default)]
     pub resume_session: bool,
+    /// The agent advertised `sessionCapabilities.list`.
+    #[serde(default)]
+    pub list_sessions: bool,
     pub sessions: Vec<BundleSession>,
     pub events: EventsInfo,
     /// Every file of the bundle but the manifest, `events.log` first.
@@ -70,6 +73,9 @@ pub struct BundleSession {
     /// session inventory shows the conversation's real age.
     #[serde(default)]
     pub created_at_ms: u64,
+    /// The title the agent gave the session, if it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

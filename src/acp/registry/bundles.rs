@@ -70,6 +70,9 @@ impl AcpService {
         for s in &meta.sessions {
             self.inventory.record(s.entry(server_id, &meta));
         }
+        if let Some(caps) = meta.session_caps() {
+            self.inventory.set_caps(server_id, caps);
+        }
         inst.events.set_durable(t);
         map.insert(server_id.to_string(), Arc::new(inst));
         true
