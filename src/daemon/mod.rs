@@ -2,6 +2,8 @@
 //! services, serve, tell systemd READY, wait for a stop signal, then drain within the grace
 //! period (stop accepting, finish in-flight requests, stop every agent) and return.
 
+#[cfg(test)]
+mod handoff_tests;
 pub mod init;
 mod protocol;
 pub mod reload;
