@@ -3,6 +3,9 @@
 //! connection per request, and one keep-alive connection) on a quiet daemon, then again while
 //! `EDGE_BENCH_SOCKETS` (default 300) connections send an unfinished request head and drip one
 //! header line per second (reconnecting when the daemon cuts them at `--header-read-timeout`).
+//! Last, the same figures while `EDGE_BENCH_WS_SOCKETS` (default 24) WebSockets each send a 2 MiB
+//! text message as two 1 MiB frames and never finish it (the attack `tests/it/slow_clients.rs`
+//! proves bounded; its latency is measured here, not asserted there).
 //! Run: `cargo bench --bench edge`. `EDGE_BENCH_N` sets the requests per figure (default 10 000).
 //! `SANDBOX_AGENT_WORKER_THREADS` is passed through to the daemon.
 
@@ -101,6 +104,10 @@ fn main() {
                 "--no-token",
                 "--header-read-timeout",
                 "2s",
+                "--acp-inflight-bytes",
+                "4M",
+                "--body-limit",
+                "4M",
             ])
             .arg("--data-dir")
             .arg(dir.join("data"))
@@ -168,5 +175,72 @@ fn main() {
         "attack connections cut by the header-read timeout (and replaced): {}",
         cut.load(Ordering::Relaxed)
     );
+    unfinished_websocket_messages(&addr, n, knob("EDGE_BENCH_WS_SOCKETS", 24));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An HTTP/1.1 WebSocket handshake on a raw socket to `path` (frames are then written by hand).
+fn raw_websocket(addr: &str, path: &str) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).ok()? != 1 {
+            return None;
+        }
+        head.push(b[0]);
+    }
+    head.starts_with(b"HTTP/1.1 101").then_some(s)
+}
+
+/// Health latency while `sockets` WebSockets each hold an unfinished 2 MiB message (two 1 MiB
+/// masked frames, a text frame and a continuation, neither with FIN: the message never ends).
+fn unfinished_websocket_messages(addr: &str, n: usize, sockets: usize) {
+    const MIB: u64 = 1 << 20;
+    let header = |first: u8| {
+        let mut h = vec![first, 0x80 | 127];
+        h.extend_from_slice(&MIB.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0, 0]);
+        h
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(AtomicU64::new(0));
+    let attackers: Vec<_> = (0..sockets)
+        .map(|_| {
+            let (stop, held, addr) = (stop.clone(), held.clone(), addr.to_string());
+            let (first, next) = (header(0x01), header(0x00));
+            std::thread::spawn(move || {
+                let Some(mut s) = raw_websocket(&addr, "/v1/acp/edge-bench?agent=mock") else {
+                    return;
+                };
+                let payload = vec![b' '; MIB as usize];
+                for h in [&first, &next] {
+                    if s.write_all(h).is_err() || s.write_all(&payload).is_err() {
+                        return;
+                    }
+                }
+                held.fetch_add(1, Ordering::Relaxed);
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let (fresh, kept) = measure(addr, n);
+    report(&format!("unfinished ws x{sockets}: new connection"), fresh);
+    report(&format!("unfinished ws x{sockets}: keep-alive"), kept);
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.join();
+    }
+    println!(
+        "WebSockets that sent their whole unfinished message: {} of {sockets}",
+        held.load(Ordering::Relaxed)
+    );
 }

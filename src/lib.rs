@@ -30,6 +30,7 @@ pub mod logging;
 pub mod metrics;
 pub mod opencode;
 pub mod processes;
+pub mod services;
 pub mod state;
 pub mod supervisor;
 pub mod sys;

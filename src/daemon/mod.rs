@@ -2,6 +2,8 @@
 //! services, serve, tell systemd READY, wait for a stop signal, then drain within the grace
 //! period (stop accepting, finish in-flight requests, stop every agent) and return.
 
+#[cfg(test)]
+mod handoff_tests;
 pub mod init;
 mod protocol;
 pub mod reload;
@@ -9,13 +11,13 @@ mod sampler;
 pub mod serve;
 pub mod signals;
 mod state;
+pub use state::BuildError;
 pub mod systemd;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +37,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(#[source] BuildError),
     #[error("the data directory {} does not exist and cannot be created: {source}", path.display())]
     DataDir {
         path: std::path::PathBuf,
@@ -45,8 +47,18 @@ pub enum StartError {
     /// The state dir is another daemon's (locked) or not a state dir (`--state-dir`).
     #[error(transparent)]
     State(#[from] crate::state::StateError),
-    #[error(transparent)]
-    Other(#[from] anyhow::Error),
+    /// A descriptor or a system call the daemon cannot start without (`what` names it).
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Names the step an I/O error stopped the start at.
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> StartError {
+    move |source| StartError::Io { what, source }
 }
 
 /// What `main` hands the daemon for reloads: how it was started, the token given by flag or
@@ -84,12 +96,15 @@ pub async fn run(
             let mut locks = Vec::new();
             for d in &h.dirs {
                 if let Some(n) = d.lock_fd {
-                    locks.push(r.take(n).context("take a cgroup lock of the hand-off")?);
+                    locks.push(
+                        r.take(n)
+                            .map_err(io("take a cgroup lock of the hand-off"))?,
+                    );
                 }
             }
             Arc::new(
                 Supervisor::adopting(&config, &h, locks)
-                    .context("take over the cgroups of the previous image")?,
+                    .map_err(io("take over the cgroups of the previous image"))?,
             )
         }
         None => Arc::new(Supervisor::new(&config)),
@@ -110,23 +125,26 @@ pub async fn run(
             asked.notify_one();
         },
     )
-    .context("install signal handlers")?;
+    .map_err(io("install signal handlers"))?;
     let data_dir_problem = check_data_dir(&config.data_dir)?;
     let listener = match &mut received {
         Some(r) => {
             let fd = r
                 .take(r.handoff.listener_fd)
-                .context("take the listener of the hand-off")?;
+                .map_err(io("take the listener of the hand-off"))?;
             let std_listener = std::net::TcpListener::from(fd);
             std_listener
                 .set_nonblocking(true)
-                .context("the listener of the hand-off")?;
-            TcpListener::from_std(std_listener).context("register the listener of the hand-off")?
+                .map_err(io("the listener of the hand-off"))?;
+            TcpListener::from_std(std_listener)
+                .map_err(io("register the listener of the hand-off"))?
         }
         None => listen(&config, parent_init).await?,
     };
     let listener = Arc::new(listener);
-    let addr = listener.local_addr().context("read the bound address")?;
+    let addr = listener
+        .local_addr()
+        .map_err(io("read the bound address"))?;
 
     let tasks = TaskTracker::new();
     // Cancelled by the root (shutdown) or by a reload's quiesce: the accept loop, connections
@@ -141,9 +159,9 @@ pub async fn run(
         tasks.clone(),
     )
     .await
-    .map_err(|e| match e.downcast::<crate::state::StateError>() {
-        Ok(e) => StartError::State(e),
-        Err(e) => StartError::Config(format!("{e:#}")),
+    .map_err(|e| match e {
+        BuildError::State(e) => StartError::State(e),
+        e => StartError::Config(e),
     })?;
     if let Some(r) = &mut received {
         let acp = std::mem::take(&mut r.handoff.acp);
@@ -319,11 +337,10 @@ fn check_data_dir(dir: &std::path::Path) -> Result<Option<String>, StartError> {
 
 async fn listen(config: &Config, parent_init: Option<u32>) -> Result<TcpListener, StartError> {
     if let Some(std_listener) = systemd::take_activated_listener(&config.systemd, parent_init)
-        .context("take the socket-activated listener")?
+        .map_err(io("take the socket-activated listener"))?
     {
         return TcpListener::from_std(std_listener)
-            .context("register the socket-activated listener")
-            .map_err(StartError::from);
+            .map_err(io("register the socket-activated listener"));
     }
     let addr = SocketAddr::new(config.host, config.port);
     TcpListener::bind(addr)

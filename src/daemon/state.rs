@@ -9,6 +9,24 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::http::AppState;
 
+/// Why the services could not be built: bad operator input, or a state dir that is not ours.
+/// Each keeps its service's own message.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The agents file (`--agents-file`) or a built-in entry is invalid.
+    #[error(transparent)]
+    Agents(#[from] crate::agents::catalog::CatalogError),
+    /// The state dir is another daemon's (locked) or not a state dir.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// The file service's root cannot be used.
+    #[error(transparent)]
+    Files(std::io::Error),
+    /// The workspace (git, search, ports) cannot be set up.
+    #[error(transparent)]
+    Workspace(std::io::Error),
+}
+
 impl AppState {
     /// Builds every service from the config around the daemon's `supervisor` (made first, so
     /// the signal handler can reach it). `shutdown` ends the streams (SSE, WebSockets,
@@ -23,7 +41,7 @@ impl AppState {
         services: CancellationToken,
         data_dir_problem: Option<String>,
         tasks: tokio_util::task::TaskTracker,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, BuildError> {
         let agents = Arc::new(
             crate::agents::Agents::new(config.clone())?.with_agent_home(supervisor.agent_home()),
         );
@@ -33,7 +51,7 @@ impl AppState {
                 match crate::sys::blocking(move || crate::state::StateStore::open(&c, &d)).await {
                     Ok(s) => Some(s),
                     // Another daemon's dir, or not a state dir at all: refuse to start.
-                    Err(e) if e.is_refusal() => return Err(e.into()),
+                    Err(e) if e.is_refusal() => return Err(BuildError::State(e)),
                     // The API never stops for the state dir: memory only, and health says so.
                     Err(e) => {
                         tracing::warn!(error = %format!("{e:#}"),
@@ -59,7 +77,7 @@ impl AppState {
             agents.clone(),
             &config,
         ));
-        let files = Arc::new(crate::files::FileService::new(&config)?);
+        let files = Arc::new(crate::files::FileService::new(&config).map_err(BuildError::Files)?);
         if data_dir_problem.is_none() {
             sweep_temporaries(config.data_dir.clone()).await;
         }
@@ -74,12 +92,15 @@ impl AppState {
                 processes.with_state(store.clone(), std::mem::take(&mut recovered.processes));
         }
         let processes = Arc::new(processes);
-        let workspace = Arc::new(crate::workspace::Workspace::new(
-            files.policy().clone(),
-            processes.clone(),
-            acp.clone(),
-            services.child_token(),
-        )?);
+        let workspace = Arc::new(
+            crate::workspace::Workspace::new(
+                files.policy().clone(),
+                processes.clone(),
+                acp.clone(),
+                services.child_token(),
+            )
+            .map_err(BuildError::Workspace)?,
+        );
         let opencode = {
             let (c, a, g) = (config.clone(), acp.clone(), agents.clone());
             let dir = match &state {
@@ -104,7 +125,7 @@ impl AppState {
         ));
         // The process figures of `/metrics` and the listings, read off the runtime thread.
         super::sampler::spawn(acp.clone(), processes.clone(), services.child_token());
-        Ok(AppState(Arc::new(crate::http::Services {
+        Ok(AppState(Arc::new(crate::services::Services {
             data_dir_problem,
             config,
             shutdown,

@@ -34,7 +34,6 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -55,33 +54,8 @@ impl std::ops::Deref for AppState {
     }
 }
 
-/// What `AppState` shares.
-pub struct Services {
-    pub config: Arc<Config>,
-    pub shutdown: CancellationToken,
-    pub supervisor: Arc<crate::supervisor::Supervisor>,
-    pub agents: Arc<crate::agents::Agents>,
-    pub acp: Arc<crate::acp::AcpService>,
-    /// The ACP RFD transport's connections (each also an instance of `acp`).
-    pub connections: Arc<crate::acp::Connections>,
-    pub files: Arc<crate::files::FileService>,
-    pub config_store: Arc<crate::config_store::ConfigStore>,
-    pub processes: Arc<crate::processes::ProcessService>,
-    /// git, search, ports, the proxy and preview links (`http/workspace.rs`).
-    pub workspace: Arc<crate::workspace::Workspace>,
-    /// The OpenCode bridge (`/opencode/*`), over `acp`.
-    pub opencode: Arc<crate::opencode::OpenCode>,
-    /// The supervised X desktop (`/v1/desktop/*`, `http/desktop.rs`).
-    pub desktop: Arc<crate::desktop::DesktopService>,
-    /// `--state-dir`'s store, when there is one.
-    pub state: Option<Arc<crate::state::StateStore>>,
-    /// Why the data directory cannot be written, as found at start (`None`: it can).
-    pub data_dir_problem: Option<String>,
-    /// The daemon's tracker of connection tasks: a WebSocket's task (spawned by the upgrade,
-    /// outside the connection's own task) holds a token of it, so the shutdown drain waits for
-    /// its close frame like for any request in flight.
-    pub tasks: tokio_util::task::TaskTracker,
-}
+/// What `AppState` shares: defined below `http/` (`services.rs`), built by the daemon.
+pub use crate::services::Services;
 
 /// Keeps an HTTP/2 connection counted as busy while one of its streams serves a WebSocket: the
 /// accept loop (`daemon/serve.rs`) puts one in the request's extensions, the socket task holds a

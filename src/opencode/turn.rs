@@ -33,7 +33,22 @@ struct Prompt {
 /// How a turn ended.
 enum End {
     Stop,
-    Failed(String),
+    Failed(TurnError),
+}
+
+/// Why a turn failed; its message is what OpenCode's client is shown (`session.error`).
+#[derive(Debug, thiserror::Error)]
+enum TurnError {
+    #[error("the agent instance {0} is gone")]
+    InstanceGone(String),
+    /// The proxy refused or lost the request.
+    #[error(transparent)]
+    Acp(#[from] AcpError),
+    /// The agent answered with a JSON-RPC error (its message, as `rpc_error_text` words it).
+    #[error("{0}")]
+    Agent(String),
+    #[error("the agent's session/new answer has no sessionId")]
+    NoSessionId,
 }
 
 /// The parts of the assistant message being built.
@@ -171,7 +186,7 @@ impl OpenCode {
             (_, true) => Some(json!({"name": "MessageAbortedError",
                 "data": {"message": "The turn was aborted"}})),
             (End::Failed(m), false) => {
-                Some(json!({"name": "UnknownError", "data": {"message": m}}))
+                Some(json!({"name": "UnknownError", "data": {"message": m.to_string()}}))
             }
             (End::Stop, false) => None,
         };
@@ -217,7 +232,7 @@ impl OpenCode {
         p: &Prompt,
         asst: &str,
         parts: &mut Parts,
-    ) -> Result<(), String> {
+    ) -> Result<(), TurnError> {
         let sid = s.server_id.clone();
         let acp_session = match self.ensure_acp_session(s, p).await {
             Ok(a) => a,
@@ -226,13 +241,10 @@ impl OpenCode {
         let inst = self
             .acp
             .get(&sid)
-            .ok_or_else(|| format!("the agent instance {sid} is gone"))?;
+            .ok_or_else(|| TurnError::InstanceGone(sid.clone()))?;
         let after = inst.events.last_id();
         drop(inst);
-        let sub = self
-            .acp
-            .subscribe(&sid, Some(after))
-            .map_err(|e| e.to_string())?;
+        let sub = self.acp.subscribe(&sid, Some(after))?;
         let line = json!({"jsonrpc": "2.0", "id": format!("oc-{}", self.new_id("req")),
             "method": "session/prompt",
             "params": {"sessionId": acp_session, "prompt": p.blocks}});
@@ -278,14 +290,14 @@ impl OpenCode {
             Some(Ok(Delivered::Response { line, .. })) => {
                 let v: Value = serde_json::from_slice(&line).unwrap_or(Value::Null);
                 match v.get("error") {
-                    Some(e) => Err(rpc_error_text(e)),
+                    Some(e) => Err(TurnError::Agent(rpc_error_text(e))),
                     None => Ok(()),
                 }
             }
             Some(Ok(Delivered::Accepted)) | None => Ok(()),
             Some(Err(e)) => {
                 self.forget_instance_if_gone(s, &e);
-                Err(e.to_string())
+                Err(TurnError::Acp(e))
             }
         }
     }
@@ -302,7 +314,7 @@ impl OpenCode {
 
     /// The session's ACP session, made on first use: `initialize` and `session/new` on its own
     /// instance, then the chosen model through the agent's `model` config option.
-    async fn ensure_acp_session(&self, s: &Arc<Session>, p: &Prompt) -> Result<String, String> {
+    async fn ensure_acp_session(&self, s: &Arc<Session>, p: &Prompt) -> Result<String, TurnError> {
         let sid = s.server_id.clone();
         // No instance (a restart without a state dir kept only this side, or it was deleted):
         // a new one, which loads the session when the agent can.
@@ -321,7 +333,7 @@ impl OpenCode {
         }
         let agent = Some(p.provider.as_str());
         if !initialized {
-            self.acp.open(&sid, agent).map_err(|e| e.to_string())?;
+            self.acp.open(&sid, agent)?;
             let init = json!({"jsonrpc": "2.0", "id": "oc-init", "method": "initialize",
                 "params": {"protocolVersion": 1,
                     "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false},
@@ -356,7 +368,7 @@ impl OpenCode {
         let acp_session = answer
             .get("sessionId")
             .and_then(Value::as_str)
-            .ok_or("the agent's session/new answer has no sessionId")?
+            .ok_or(TurnError::NoSessionId)?
             .to_string();
         self.learn_models(&p.provider, &answer);
         // The chosen model, when the agent offers it and it is not already current.
@@ -380,17 +392,22 @@ impl OpenCode {
     }
 
     /// A request to the agent and its result (its error's message as `Err`).
-    async fn request(&self, sid: &str, agent: Option<&str>, line: &Value) -> Result<Value, String> {
+    async fn request(
+        &self,
+        sid: &str,
+        agent: Option<&str>,
+        line: &Value,
+    ) -> Result<Value, TurnError> {
         match self.post_line(sid, agent, line, true).await {
             Ok(Delivered::Response { line, .. }) => {
                 let v: Value = serde_json::from_slice(&line).unwrap_or(Value::Null);
                 match v.get("error") {
-                    Some(e) => Err(rpc_error_text(e)),
+                    Some(e) => Err(TurnError::Agent(rpc_error_text(e))),
                     None => Ok(v.get("result").cloned().unwrap_or(Value::Null)),
                 }
             }
             Ok(Delivered::Accepted) => Ok(Value::Null),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(TurnError::Acp(e)),
         }
     }
 

