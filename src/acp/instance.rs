@@ -183,7 +183,17 @@ pub struct AcpInstance {
     frozen: Mutex<Option<oneshot::Sender<FrozenStdout>>>,
     /// The service's session inventory, told of each `session/update` the agent sends.
     inventory: Option<Arc<super::inventory::Inventory>>,
+    /// One-shot observers of the agent's answer to a request (see `on_answer_to`): how the
+    /// transports that do not wait for the answer (WebSocket, RFD) learn what a `session/new`
+    /// created. At most [`MAX_ANSWER_HOOKS`]; dropped when the agent ends.
+    answer_hooks: Mutex<Vec<(IdKey, AnswerHook)>>,
 }
+
+/// Called with the agent's answer line to one request.
+pub type AnswerHook = Box<dyn FnOnce(&[u8]) + Send>;
+
+/// Most answer observers an instance holds at once (more are not registered).
+pub const MAX_ANSWER_HOOKS: usize = 256;
 
 impl AcpInstance {
     pub fn new(
@@ -221,6 +231,45 @@ impl AcpInstance {
             freeze: tokio_util::sync::CancellationToken::new(),
             frozen: Mutex::new(None),
             inventory: None,
+            answer_hooks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Calls `hook` with the agent's answer to request `key`, whoever receives it (a waiting
+    /// POST or the event stream). False (and `hook` dropped) past [`MAX_ANSWER_HOOKS`].
+    pub fn on_answer_to(&self, key: IdKey, hook: AnswerHook) -> bool {
+        let mut hooks = crate::sys::lock(&self.answer_hooks);
+        if hooks.len() >= MAX_ANSWER_HOOKS {
+            return false;
+        }
+        hooks.push((key, hook));
+        true
+    }
+
+    /// Forgets the observers of `key` (its request was not delivered).
+    pub fn forget_answer_to(&self, key: &IdKey) {
+        crate::sys::lock(&self.answer_hooks).retain(|(k, _)| k != key);
+    }
+
+    fn run_answer_hooks(&self, key: &IdKey, line: &[u8]) {
+        let due: Vec<AnswerHook> = {
+            let mut hooks = crate::sys::lock(&self.answer_hooks);
+            if hooks.is_empty() {
+                return;
+            }
+            let mut due = Vec::new();
+            let mut i = 0;
+            while i < hooks.len() {
+                if &hooks[i].0 == key {
+                    due.push(hooks.swap_remove(i).1);
+                } else {
+                    i += 1;
+                }
+            }
+            due
+        };
+        for hook in due {
+            hook(line);
         }
     }
 
@@ -476,6 +525,7 @@ impl AcpInstance {
         }
         match class {
             Ok(AgentLine::Response(key)) => {
+                self.run_answer_hooks(&key, &line);
                 let waiter = self.life().waiters.remove(&key).flatten();
                 match waiter {
                     Some(tx) => {
@@ -582,6 +632,7 @@ impl AcpInstance {
             }
             std::mem::take(&mut life.waiters)
         });
+        crate::sys::lock(&self.answer_hooks).clear();
         // Dropping the senders wakes every waiting POST, which then reads `ended`.
         drop(waiters);
         self.events.close();

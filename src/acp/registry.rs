@@ -373,6 +373,14 @@ impl AcpService {
         if let Some(answer) = self.answer_list(&inst, &envelope, respond_async) {
             return Ok(answer);
         }
+        // An answer that goes to the stream is seen by the inventory when the agent gives it.
+        let watched = match (watched, &envelope.kind, respond_async) {
+            (Some(w), Kind::Request { key, .. }, true) => {
+                self.inventory_hook(&inst, key.clone(), w);
+                None
+            }
+            (w, _, _) => w,
+        };
         let cancels = match &envelope.kind {
             Kind::Notification => cancelled_id(&envelope.line),
             _ => None,
@@ -512,7 +520,58 @@ impl AcpService {
                 t.observe_request(env);
             }
         }
-        Ok(inst.deliver_batch(envelopes).await)
+        for env in envelopes.iter() {
+            if let Kind::Request { key, .. } = &env.kind
+                && let Some(w) = super::inventory::watch(&env.line)
+            {
+                self.inventory_hook(&inst, key.clone(), w);
+            }
+        }
+        let refused = inst.deliver_batch(envelopes).await;
+        for (key, _) in &refused {
+            if let Some(key) = key {
+                inst.forget_answer_to(key);
+            }
+        }
+        Ok(refused)
+    }
+
+    /// The inventory learns of a session created or loaded by a request whose answer is not
+    /// waited for (WebSocket, RFD transport, `Prefer: respond-async`) when the agent answers.
+    fn inventory_hook(
+        &self,
+        inst: &Arc<AcpInstance>,
+        key: IdKey,
+        watched: super::inventory::Watched,
+    ) {
+        let inventory = self.inventory.clone();
+        let weak = Arc::downgrade(inst);
+        let (server_id, agent) = (inst.server_id.clone(), inst.agent.clone());
+        inst.on_answer_to(
+            key,
+            Box::new(move |line| {
+                let inst = weak.upgrade();
+                let durable = inst.as_ref().and_then(|i| i.events.durable());
+                inventory.on_answer(&server_id, &agent, watched, line, |sid| {
+                    durable.and_then(|t| t.session_created(sid))
+                });
+            }),
+        );
+    }
+
+    /// Calls `hook` with the agent's answer to request `key` of `server_id` (see
+    /// `AcpInstance::on_answer_to`). False when there is no such instance or it holds its most
+    /// observers.
+    pub fn on_answer_to(
+        &self,
+        server_id: &str,
+        key: IdKey,
+        hook: super::instance::AnswerHook,
+    ) -> bool {
+        match self.get(server_id) {
+            Some(inst) => inst.on_answer_to(key, hook),
+            None => false,
+        }
     }
 
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {
