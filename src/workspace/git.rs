@@ -1039,10 +1039,22 @@ impl TempIndex {
         ));
         let src = repo.git_dir.join("index");
         let dst = path.clone();
-        tokio::task::spawn_blocking(move || match std::fs::copy(&src, &dst) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(GitError::Failed(format!("cannot copy the index: {e}"))),
+        // The copy keeps the index's mtime: git trusts an entry's cached stat only when the entry
+        // is older than the index file, so a copy with a fresh mtime would make a file changed
+        // (same size) in the same second as the last index write look unchanged ("racy git").
+        tokio::task::spawn_blocking(move || {
+            let copied = std::fs::copy(&src, &dst).and_then(|_| {
+                let mtime = std::fs::metadata(&src)?.modified()?;
+                std::fs::File::options()
+                    .write(true)
+                    .open(&dst)?
+                    .set_modified(mtime)
+            });
+            match copied {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(GitError::Failed(format!("cannot copy the index: {e}"))),
+            }
         })
         .await
         .map_err(|e| GitError::Spawn(e.to_string()))??;

@@ -1045,6 +1045,31 @@ async fn a_session_records_its_git_base_and_the_diff_against_it_survives_a_commi
     assert_eq!(now["files"].as_array().unwrap().len(), 0);
 }
 
+/// A file changed (same size) right after the index was written is "racily clean": git must look
+/// at its content. The diff works on a copy of the index, which must keep the index's mtime or
+/// git would trust the stale stat and miss the change (it did, about one run in two).
+#[tokio::test]
+async fn the_diff_sees_a_same_size_change_made_in_the_second_of_the_commit() {
+    if !have_git() {
+        return;
+    }
+    let d = Daemon::start();
+    let r = repo(&d.work_dir().join("racy"));
+    for i in 0..6 {
+        let (before, after) = if i % 2 == 0 {
+            ("one\ntwo\n", "one\nTWO\n")
+        } else {
+            ("one\nTWO\n", "one\ntwo\n")
+        };
+        assert_eq!(std::fs::read_to_string(r.join("a.txt")).unwrap(), before);
+        std::fs::write(r.join("a.txt"), after).unwrap();
+        let (st, diff) = get(&d, "/v1/git/diff", &[("path", &s(&r))]).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(diff["files"][0]["path"], "a.txt", "run {i}: {diff}");
+        git(&r, &["commit", "-qam", &format!("c{i}")]);
+    }
+}
+
 /// The `gitBase` row of session `sid` on `server` in `GET /v1/acp`, once the answer was seen.
 async fn git_base_row(d: &Daemon, server: &str, sid: &str) -> Value {
     eventually_async(
