@@ -67,7 +67,7 @@ pub struct Services {
     pub files: Arc<crate::files::FileService>,
     pub config_store: Arc<crate::config_store::ConfigStore>,
     pub processes: Arc<crate::processes::ProcessService>,
-    /// git, search, ports, the proxy and preview links (`http/workspace.rs`).
+    /// git, search, ports, the proxy and preview links (`http/workspace/`).
     pub workspace: Arc<crate::workspace::Workspace>,
     /// The OpenCode bridge (`/opencode/*`), over `acp`.
     pub opencode: Arc<crate::opencode::OpenCode>,
@@ -155,7 +155,7 @@ pub fn router(state: AppState) -> Router {
     routes
         // The inspector's static files: not API routes, so not in the document (src/http/ui.rs).
         .merge(ui::routes())
-        // Preview links: an app's pages, not API routes (src/http/workspace.rs).
+        // Preview links: an app's pages, not API routes (src/http/workspace/ports.rs).
         .merge(workspace::preview_routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
