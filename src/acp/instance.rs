@@ -191,12 +191,22 @@ pub struct AcpInstance {
     /// `elicitation/create`): their id → the event id, so that the agent's `$/cancel_request`
     /// withdraws the event from the replay. **Invariant:** at most [`MAX_WATCHED`] entries.
     asked: Mutex<HashMap<IdKey, u64>>,
+    /// One-shot observers of the agent's answer to a request (see `on_answer_to`): how the
+    /// transports that do not wait for the answer (WebSocket, RFD) learn what a `session/new`
+    /// created. At most [`MAX_ANSWER_HOOKS`]; dropped when the agent ends.
+    answer_hooks: Mutex<Vec<(IdKey, AnswerHook)>>,
 }
 
 /// Most unanswered inventory-followed requests an instance remembers (past it they are
 /// forgotten and their answers not recorded: only a client flooding `session/*` requests
 /// the agent never answers gets there).
 const MAX_WATCHED: usize = 256;
+
+/// Called with the agent's answer line to one request.
+pub type AnswerHook = Box<dyn FnOnce(&[u8]) + Send>;
+
+/// Most answer observers an instance holds at once (more are not registered).
+pub const MAX_ANSWER_HOOKS: usize = 256;
 
 impl AcpInstance {
     pub fn new(
@@ -236,6 +246,45 @@ impl AcpInstance {
             inventory: None,
             watched: Mutex::new(HashMap::new()),
             asked: Mutex::new(HashMap::new()),
+            answer_hooks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Calls `hook` with the agent's answer to request `key`, whoever receives it (a waiting
+    /// POST or the event stream). False (and `hook` dropped) past [`MAX_ANSWER_HOOKS`].
+    pub fn on_answer_to(&self, key: IdKey, hook: AnswerHook) -> bool {
+        let mut hooks = crate::sys::lock(&self.answer_hooks);
+        if hooks.len() >= MAX_ANSWER_HOOKS {
+            return false;
+        }
+        hooks.push((key, hook));
+        true
+    }
+
+    /// Forgets the observers of `key` (its request was not delivered).
+    pub fn forget_answer_to(&self, key: &IdKey) {
+        crate::sys::lock(&self.answer_hooks).retain(|(k, _)| k != key);
+    }
+
+    fn run_answer_hooks(&self, key: &IdKey, line: &[u8]) {
+        let due: Vec<AnswerHook> = {
+            let mut hooks = crate::sys::lock(&self.answer_hooks);
+            if hooks.is_empty() {
+                return;
+            }
+            let mut due = Vec::new();
+            let mut i = 0;
+            while i < hooks.len() {
+                if &hooks[i].0 == key {
+                    due.push(hooks.swap_remove(i).1);
+                } else {
+                    i += 1;
+                }
+            }
+            due
+        };
+        for hook in due {
+            hook(line);
         }
     }
 
@@ -555,6 +604,7 @@ impl AcpInstance {
         match class {
             Ok(AgentLine::Response(key)) => {
                 self.answered(&key, &line);
+                self.run_answer_hooks(&key, &line);
                 let waiter = self.life().waiters.remove(&key).flatten();
                 match waiter {
                     Some(tx) => {
@@ -667,6 +717,7 @@ impl AcpInstance {
             }
             std::mem::take(&mut life.waiters)
         });
+        crate::sys::lock(&self.answer_hooks).clear();
         // Dropping the senders wakes every waiting POST, which then reads `ended`.
         drop(waiters);
         self.events.close();

@@ -519,7 +519,28 @@ impl AcpService {
                 inst.watch_answer(key.clone(), w);
             }
         }
-        Ok(inst.deliver_batch(envelopes).await)
+        let refused = inst.deliver_batch(envelopes).await;
+        for (key, _) in &refused {
+            if let Some(key) = key {
+                inst.forget_answer_to(key);
+            }
+        }
+        Ok(refused)
+    }
+
+    /// Calls `hook` with the agent's answer to request `key` of `server_id` (see
+    /// `AcpInstance::on_answer_to`). False when there is no such instance or it holds its most
+    /// observers.
+    pub fn on_answer_to(
+        &self,
+        server_id: &str,
+        key: IdKey,
+        hook: super::instance::AnswerHook,
+    ) -> bool {
+        match self.get(server_id) {
+            Some(inst) => inst.on_answer_to(key, hook),
+            None => false,
+        }
     }
 
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {

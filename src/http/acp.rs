@@ -257,22 +257,18 @@ async fn post_message(
             line,
             last_event_id,
         }) => {
-            if let Some((w, head)) = session_base {
-                let id = match w.session_id {
-                    // A load that failed answers an error, not a result.
-                    Some(id) => find_bytes!(&line, b"\"result\"").map(|_| id),
-                    None => crate::workspace::sessions::new_session_id(&line),
-                };
-                if let Some(session_id) = id {
-                    st.workspace.sessions.record(
-                        &server_id,
-                        crate::workspace::sessions::SessionBase {
-                            session_id,
-                            cwd: w.cwd,
-                            git_base: head,
-                        },
-                    );
-                }
+            if let Some((w, head)) = session_base
+                && let Some((session_id, cwd)) =
+                    crate::workspace::sessions::answered_session(w, &line)
+            {
+                st.workspace.sessions.record(
+                    &server_id,
+                    crate::workspace::sessions::SessionBase {
+                        session_id,
+                        cwd,
+                        git_base: head,
+                    },
+                );
             }
             let mut resp = Response::new(Body::from(line));
             let h = resp.headers_mut();

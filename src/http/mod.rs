@@ -129,7 +129,7 @@ pub fn router(state: AppState) -> Router {
     routes
         // The inspector's static files: not API routes, so not in the document (src/http/ui.rs).
         .merge(ui::routes())
-        // Preview links: an app's pages, not API routes (src/http/workspace.rs).
+        // Preview links: an app's pages, not API routes (src/http/workspace/ports.rs).
         .merge(workspace::preview_routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

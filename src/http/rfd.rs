@@ -191,6 +191,16 @@ async fn post_message(
     if let Some((key, session)) = &route {
         conn.route_request(key.clone(), session.clone());
     }
+    if let Kind::Request { key, .. } = &envelope.kind {
+        crate::workspace::sessions::watch_answer(
+            &st.workspace,
+            &st.acp,
+            &conn.server_id,
+            key,
+            &envelope.line,
+        )
+        .await;
+    }
     let traced = headers.contains_key("traceparent");
     match super::trace::post_traced(&st, &conn.server_id, None, envelope, true, traced).await {
         Ok(_) => StatusCode::ACCEPTED.into_response(),

@@ -481,6 +481,19 @@ async fn deliver(
     if envelopes.is_empty() {
         return true;
     }
+    // `gitBase` of a session this batch creates or loads (rare: two substring scans a line).
+    for env in envelopes.iter() {
+        if let acp::Kind::Request { key, .. } = &env.kind {
+            crate::workspace::sessions::watch_answer(
+                &st.workspace,
+                &st.acp,
+                server_id,
+                key,
+                &env.line,
+            )
+            .await;
+        }
+    }
     let spans = trace_batch(st, server_id, envelopes);
     let posted = st.acp.post_batch(server_id, envelopes).await;
     if !spans.is_empty() {

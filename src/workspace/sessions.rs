@@ -77,6 +77,53 @@ pub fn new_session_id(response: &[u8]) -> Option<String> {
         .map(|m| m.result.session_id)
 }
 
+/// The session a `session/new` or `session/load` request `w` opened, from the agent's answer
+/// `line` (a load that failed answers an error, not a result).
+pub fn answered_session(w: Watched, line: &[u8]) -> Option<(String, String)> {
+    let id = match w.session_id {
+        Some(id) => find_bytes!(line, b"\"result\"").map(|_| id),
+        None => new_session_id(line),
+    };
+    id.map(|id| (id, w.cwd))
+}
+
+/// For the transports that do not wait for an answer (WebSocket, RFD): when `line` (request
+/// `key` to `server_id`) is a `session/new` or `session/load` whose cwd is in a repository, its
+/// HEAD is taken now, before the agent can change anything, and recorded as the session's
+/// `gitBase` when the agent answers.
+pub async fn watch_answer(
+    workspace: &std::sync::Arc<super::Workspace>,
+    acp: &crate::acp::AcpService,
+    server_id: &str,
+    key: &crate::acp::jsonrpc::IdKey,
+    line: &[u8],
+) {
+    let Some(w) = watch(line) else { return };
+    let Some(head) = workspace.git.head_of(&w.cwd).await else {
+        return;
+    };
+    let weak = std::sync::Arc::downgrade(workspace);
+    let server = server_id.to_string();
+    acp.on_answer_to(
+        server_id,
+        key.clone(),
+        Box::new(move |answer| {
+            if let (Some(ws), Some((session_id, cwd))) =
+                (weak.upgrade(), answered_session(w, answer))
+            {
+                ws.sessions.record(
+                    &server,
+                    SessionBase {
+                        session_id,
+                        cwd,
+                        git_base: head,
+                    },
+                );
+            }
+        }),
+    );
+}
+
 impl SessionBases {
     pub fn record(&self, server_id: &str, base: SessionBase) {
         let mut m = crate::sys::lock(&self.by_server);

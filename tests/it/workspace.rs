@@ -1081,6 +1081,139 @@ async fn a_session_records_its_git_base_and_the_diff_against_it_survives_a_commi
     assert_eq!(now["files"].as_array().unwrap().len(), 0);
 }
 
+/// A file changed (same size) right after the index was written is "racily clean": git must look
+/// at its content. The diff works on a copy of the index, which must keep the index's mtime or
+/// git would trust the stale stat and miss the change (it did, about one run in two).
+#[tokio::test]
+async fn the_diff_sees_a_same_size_change_made_in_the_second_of_the_commit() {
+    if !have_git() {
+        return;
+    }
+    let d = Daemon::start();
+    let r = repo(&d.work_dir().join("racy"));
+    for i in 0..6 {
+        let (before, after) = if i % 2 == 0 {
+            ("one\ntwo\n", "one\nTWO\n")
+        } else {
+            ("one\nTWO\n", "one\ntwo\n")
+        };
+        assert_eq!(std::fs::read_to_string(r.join("a.txt")).unwrap(), before);
+        std::fs::write(r.join("a.txt"), after).unwrap();
+        let (st, diff) = get(&d, "/v1/git/diff", &[("path", &s(&r))]).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(diff["files"][0]["path"], "a.txt", "run {i}: {diff}");
+        git(&r, &["commit", "-qam", &format!("c{i}")]);
+    }
+}
+
+/// The `gitBase` row of session `sid` on `server` in `GET /v1/acp`, once the answer was seen.
+async fn git_base_row(d: &Daemon, server: &str, sid: &str) -> Value {
+    eventually_async(
+        Duration::from_secs(10),
+        "the session's gitBase is listed",
+        || async {
+            let servers = d.servers().await;
+            let row = servers.iter().find(|s| s["serverId"] == server)?;
+            row["sessions"]
+                .as_array()?
+                .iter()
+                .find(|x| x["sessionId"] == sid && x.get("gitBase").is_some())
+                .cloned()
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn sessions_created_over_the_websocket_and_the_rfd_transport_record_their_git_base() {
+    use crate::transports::{Stream, request, rfd_initialize, rfd_post};
+    use tokio_tungstenite::tungstenite::Message;
+    if !have_git() {
+        return;
+    }
+    let d = Daemon::builder().token(crate::transports::TOKEN).start();
+    let r = repo(&d.work_dir().join("repo"));
+    let base = git(&r, &["rev-parse", "HEAD"]);
+
+    // WebSocket: the answer goes to the socket, never to a waiting POST.
+    let url = d
+        .url("/v1/acp/gb-ws?agent=mock")
+        .replacen("http://", "ws://", 1);
+    let mut req =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
+            .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", crate::transports::TOKEN)
+            .parse()
+            .unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    for m in [
+        request(json!(1), "initialize", json!({"protocolVersion": 1})),
+        request(
+            json!(2),
+            "session/new",
+            json!({"cwd": s(&r), "mcpServers": []}),
+        ),
+    ] {
+        ws.send(Message::text(m.to_string())).await.unwrap();
+    }
+    let sid = loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a frame within 20 s")
+            .expect("the socket is open")
+            .unwrap();
+        if let Message::Text(t) = frame {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v["id"] == 2 {
+                break v["result"]["sessionId"].as_str().unwrap().to_string();
+            }
+        }
+    };
+    let row = git_base_row(&d, "gb-ws", &sid).await;
+    assert_eq!(
+        row,
+        json!({"sessionId": sid, "cwd": s(&r), "gitBase": base})
+    );
+
+    // The RFD transport: the POST is answered 202 and the answer comes on the connection stream.
+    // A commit in between: the RFD session's base is the HEAD when it was created.
+    std::fs::write(r.join("a.txt"), "second\n").unwrap();
+    git(&r, &["commit", "-qam", "second"]);
+    let base2 = git(&r, &["rev-parse", "HEAD"]);
+    assert_ne!(base, base2);
+    let conn = rfd_initialize(&d).await;
+    let mut stream = Stream::open(&d, &conn, None).await.unwrap();
+    let a = rfd_post(
+        &d,
+        &[("acp-connection-id", &conn)],
+        &request(
+            json!(7),
+            "session/new",
+            json!({"cwd": s(&r), "mcpServers": []}),
+        )
+        .to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.text);
+    let sid2 = loop {
+        let m = stream.next().await.expect("the stream is open");
+        if m["id"] == 7 {
+            break m["result"]["sessionId"].as_str().unwrap().to_string();
+        }
+    };
+    let row = git_base_row(&d, &format!("acp-conn-{conn}"), &sid2).await;
+    assert_eq!(
+        row,
+        json!({"sessionId": sid2, "cwd": s(&r), "gitBase": base2})
+    );
+    // The WebSocket session kept its own.
+    let row = git_base_row(&d, "gb-ws", &sid).await;
+    assert_eq!(row["gitBase"], json!(base));
+}
+
 /// The command line client over the same routes.
 fn cli(d: &Daemon, args: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"));

@@ -309,6 +309,97 @@ class HostApi:
     async def delete_skills_config(self, directory: str, skill_name: str) -> None:
         await self._send("DELETE", "/v1/config/skills", params={"directory": directory, "skillName": skill_name})
 
+    # -- workspace: git, search, ports and preview links (docs/workspace.md) ---------------------
+    # Answers are the daemon's JSON as dicts (camelCase keys, as the TypeScript SDK returns them).
+
+    async def _obj(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        body = await self._json(method, path, **kw)
+        if not isinstance(body, dict):
+            raise TypeError(f"{method} {path}: the daemon answered {type(body).__name__}, not an object")
+        return body
+
+    async def git_status(self, path: str) -> dict[str, Any]:
+        """Branch, HEAD and changed files of the repository ``path`` is in."""
+        return await self._obj("GET", "/v1/git/status", params={"path": path})
+
+    async def git_diff(self, path: str, base: str | None = None) -> dict[str, Any]:
+        """The work tree (untracked files included) against ``base`` (default HEAD)."""
+        return await self._obj("GET", "/v1/git/diff", params={"path": path, "base": base})
+
+    async def git_log(self, path: str, limit: int | None = None) -> dict[str, Any]:
+        return await self._obj("GET", "/v1/git/log", params={"path": path, "limit": limit})
+
+    async def git_commit(
+        self, path: str, message: str, *, all: bool = False, author: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Commits what is staged (everything with ``all``); 409 when there is nothing to commit."""
+        body: dict[str, Any] = {"path": path, "message": message, "all": all}
+        if author is not None:
+            body["author"] = dict(author)
+        return await self._obj("POST", "/v1/git/commit", json_body=body)
+
+    async def git_branches(self, path: str) -> dict[str, Any]:
+        return await self._obj("GET", "/v1/git/branches", params={"path": path})
+
+    async def git_checkout(self, path: str, branch: str, *, create: bool = False) -> dict[str, Any]:
+        """Switches branch (creating it with ``create``); 409 when local changes would be lost."""
+        return await self._obj("POST", "/v1/git/checkout", json_body={"path": path, "branch": branch, "create": create})
+
+    async def list_worktrees(self, path: str) -> list[dict[str, Any]]:
+        return _rows((await self._obj("GET", "/v1/git/worktrees", params={"path": path}))["worktrees"])
+
+    async def add_worktree(self, path: str, dest: str, branch: str, *, base: str | None = None) -> dict[str, Any]:
+        """A new worktree on a new branch: a work tree of its own for one agent."""
+        body: dict[str, Any] = {"path": path, "dest": dest, "branch": branch}
+        if base is not None:
+            body["base"] = base
+        return await self._obj("POST", "/v1/git/worktrees", json_body=body)
+
+    async def remove_worktree(self, path: str, *, force: bool = False) -> None:
+        """Removes a worktree; one with changes needs ``force`` (else 409)."""
+        await self._send("DELETE", "/v1/git/worktrees", params={"path": path, "force": force})
+
+    async def git_clone(self, url: str, dest: str, **request: Any) -> dict[str, Any]:
+        """Clones into ``dest``; ``request`` as the daemon takes it (``depth``, ``branch``,
+        ``credentials``), credentials used for this clone only, never stored."""
+        return await self._obj("POST", "/v1/git/clone", json_body={"url": url, "dest": dest, **request})
+
+    async def glob(self, path: str, pattern: str, *, hidden: bool | None = None, limit: int | None = None) -> dict[str, Any]:
+        """Files whose path matches a gitignore-style glob: ``{"paths", "truncated"}``."""
+        return await self._obj(
+            "GET", "/v1/fs/glob", params={"path": path, "pattern": pattern, "hidden": hidden, "limit": limit}
+        )
+
+    async def grep(
+        self,
+        path: str,
+        pattern: str,
+        *,
+        glob: str | None = None,
+        ignore_case: bool | None = None,
+        hidden: bool | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Lines matching a regular expression (gitignore-aware, binary files skipped):
+        ``{"matches": [{"path", "line", "column", "text"}], "truncated"}``."""
+        params = {"path": path, "pattern": pattern, "glob": glob, "ignoreCase": ignore_case, "hidden": hidden, "limit": limit}
+        return await self._obj("GET", "/v1/fs/grep", params=params)
+
+    async def list_ports(self) -> list[dict[str, Any]]:
+        """The TCP listeners inside the sandbox (the daemon's own excluded)."""
+        return _rows((await self._obj("GET", "/v1/ports"))["ports"])
+
+    def port_proxy_url(self, port: int, path: str = "/") -> str:
+        """The URL of ``path`` on ``port`` through the daemon's proxy (needs the token)."""
+        return f"{self.base_url}/v1/ports/{int(port)}/proxy/{path.lstrip('/')}"
+
+    async def create_preview(self, port: int, *, ttl: str | None = None) -> dict[str, Any]:
+        """A signed link to ``port`` that works without the token until it expires (``ttl``:
+        ``10m``, ``2h``; default 1h). ``url`` is absolute here."""
+        body = {} if ttl is None else {"ttl": ttl}
+        p = await self._obj("POST", f"/v1/ports/{int(port)}/preview", json_body=body)
+        return {**p, "url": self.base_url + p["url"]}
+
     # -- processes -------------------------------------------------------------------------------
 
     async def get_process_config(self) -> ProcessConfig:
@@ -444,6 +535,12 @@ def _seg(s: str) -> str:
 
 def _proc(id: str) -> str:
     return f"/v1/processes/{_seg(id)}"
+
+
+def _rows(v: Any) -> list[dict[str, Any]]:
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise TypeError("the daemon answered a list of something other than objects")
+    return v
 
 
 def _qv(v: Any) -> Any:
