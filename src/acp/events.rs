@@ -258,7 +258,10 @@ impl EventLog {
             // one that is not a message frame of its id (never written by this daemon) is left
             // out rather than replayed under a wrong id.
             if ring::frame_id(&frame.0) != Some(*id) || newest.is_some_and(|n| n >= *id) {
-                tracing::warn!(id, "a carried event frame is not an event of its id: left out");
+                tracing::warn!(
+                    id,
+                    "a carried event frame is not an event of its id: left out"
+                );
                 continue;
             }
             st.ring.push_frame(&frame.0);

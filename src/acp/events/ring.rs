@@ -203,7 +203,11 @@ impl Ring {
         let (id, len, last_of_block) = match self.sealed.front() {
             Some(b) => {
                 let r = b.range(self.skip);
-                (frame_id(&b.buf[r.clone()]), r.len(), self.skip + 1 == b.count())
+                (
+                    frame_id(&b.buf[r.clone()]),
+                    r.len(),
+                    self.skip + 1 == b.count(),
+                )
             }
             None => {
                 let r = self.open.range(self.skip);
@@ -271,9 +275,7 @@ impl Ring {
             .filter(move |(_, (block, count))| {
                 *count > 0
                     && match block {
-                        Some(b) => {
-                            frame_id(&b.buf[b.range(count - 1)]).is_none_or(|id| id > after)
-                        }
+                        Some(b) => frame_id(&b.buf[b.range(count - 1)]).is_none_or(|id| id > after),
                         None => true,
                     }
             })
@@ -342,7 +344,11 @@ mod tests {
         let after = expected[expected.len() / 2].0;
         assert_eq!(
             r.frames_after(after).map(|f| f.0).collect::<Vec<_>>(),
-            expected.iter().map(|e| e.0).filter(|&i| i > after).collect::<Vec<_>>()
+            expected
+                .iter()
+                .map(|e| e.0)
+                .filter(|&i| i > after)
+                .collect::<Vec<_>>()
         );
         let copy = r.clone();
         let taken = r.take();
