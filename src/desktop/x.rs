@@ -13,6 +13,11 @@ use crate::supervisor::{ChildStdio, SpawnSpec, run_capped};
 const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Screenshots larger than this are refused (a 8192×8192 PNG of noise is ~200 MB).
 pub const SCREENSHOT_CAP: usize = 64 << 20;
+/// The delay (ms) between the keys of non-ASCII characters (`type_text`): the time a client
+/// has to read a key before its scratch binding is undone is half of it.
+const UNMAPPED_DELAY_MS: u32 = 80;
+/// Non-ASCII characters typed per `xdotool` run (80 × 80 ms stays inside `TOOL_TIMEOUT`).
+const UNMAPPED_CHUNK: usize = 80;
 /// Text typed or put on the clipboard at once.
 pub const TEXT_CAP: usize = 64 << 10;
 
@@ -315,18 +320,33 @@ impl DesktopService {
         if text.is_empty() {
             return Ok(());
         }
-        self.xdotool(
-            &d,
-            &[
-                "type".into(),
-                "--delay".into(),
-                delay.to_string(),
-                "--".into(),
-                text.into(),
-            ],
-        )
-        .await
-        .map(|_| ())
+        // A character the keyboard map lacks is typed by binding a scratch keycode, pressing it,
+        // waiting half the delay and unbinding it: a client that reads the event only after the
+        // unbinding (a loaded machine) drops the character. Such characters get a longer delay,
+        // in chunks that each stay well inside the tool's timeout.
+        for (run, ascii) in runs(text) {
+            let (delay, chunk) = if ascii {
+                (delay, usize::MAX)
+            } else {
+                (delay.max(UNMAPPED_DELAY_MS), UNMAPPED_CHUNK)
+            };
+            let chars: Vec<char> = run.chars().collect();
+            for part in chars.chunks(chunk.min(chars.len()).max(1)) {
+                let part: String = part.iter().collect();
+                self.xdotool(
+                    &d,
+                    &[
+                        "type".into(),
+                        "--delay".into(),
+                        delay.to_string(),
+                        "--".into(),
+                        part,
+                    ],
+                )
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// `verb` is `key`, `keydown` or `keyup`; `key` is an X keysym name, or `+`-joined names.
@@ -740,5 +760,44 @@ impl DesktopService {
             }
         }
         Ok((id, pid, window))
+    }
+}
+
+/// `text` cut into runs of ASCII and of non-ASCII characters, in order, each with whether it is
+/// ASCII.
+fn runs(text: &str) -> Vec<(&str, bool)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut ascii = None;
+    for (i, c) in text.char_indices() {
+        let a = c.is_ascii();
+        if ascii.is_some_and(|x| x != a) {
+            out.push((&text[start..i], ascii.unwrap_or(true)));
+            start = i;
+        }
+        ascii = Some(a);
+    }
+    if start < text.len() {
+        out.push((&text[start..], ascii.unwrap_or(true)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod runs_tests {
+    #[test]
+    fn text_is_cut_into_ascii_and_other_runs() {
+        assert_eq!(
+            super::runs("héllo wörld"),
+            vec![
+                ("h", true),
+                ("é", false),
+                ("llo w", true),
+                ("ö", false),
+                ("rld", true)
+            ]
+        );
+        assert_eq!(super::runs("ñú"), vec![("ñú", false)]);
+        assert_eq!(super::runs("ab"), vec![("ab", true)]);
     }
 }

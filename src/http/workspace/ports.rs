@@ -197,7 +197,10 @@ async fn proxy_to(
         return Problem::bad_request("port 0 is not a port").into_response();
     }
     let target = target_of(req.uri(), &prefix);
-    let addrs = req.extensions().get::<crate::http::guard::ConnAddrs>().copied();
+    let addrs = req
+        .extensions()
+        .get::<crate::http::guard::ConnAddrs>()
+        .copied();
     let f = Forward {
         port,
         target,
