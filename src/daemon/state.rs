@@ -79,7 +79,7 @@ impl AppState {
         ));
         let files = Arc::new(crate::files::FileService::new(&config).map_err(BuildError::Files)?);
         if data_dir_problem.is_none() {
-            sweep_temporaries(config.data_dir.clone()).await;
+            sweep_temporaries(&config.data_dir);
         }
         let config_store = Arc::new(crate::config_store::ConfigStore::new(files.clone()));
         let mut processes = crate::processes::ProcessService::new(
@@ -169,8 +169,11 @@ impl AppState {
 
 /// Removes the temporaries a crashed run left in users' trees (listed in its journal) and opens
 /// this run's journal. Never stops the start: without a journal, only a crash's leftovers stay.
-async fn sweep_temporaries(data_dir: std::path::PathBuf) {
-    match crate::sys::blocking(move || crate::files::journal::start(&data_dir)).await {
+/// Runs on the start-up path itself, before anything is served (a few file operations, bounded
+/// by the temporaries alive at the crash): the blocking pool stays unused until a request needs
+/// it.
+fn sweep_temporaries(data_dir: &std::path::Path) {
+    match crate::files::journal::start(data_dir) {
         Ok(s) if s.removed + s.left > 0 => tracing::warn!(
             removed = s.removed,
             left_alone = s.left,

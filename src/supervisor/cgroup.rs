@@ -580,15 +580,21 @@ fn clear_leftovers(subtree: &Path) {
             let cg = AgentCgroup {
                 dirs: vec![(p.clone(), Version::V1, Vec::new())],
             };
+            let mut killed_here = 0;
             for _ in 0..200 {
                 let n = cg.kill_all();
-                killed += n;
+                killed_here += n;
                 if cg.is_empty() {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            cg.remove_dirs();
+            killed += killed_here;
+            // Right after a kill the kernel may still be releasing the group: retry briefly. A
+            // group that was already empty and cannot be removed is pinned (an unreaped zombie
+            // of it elsewhere): retrying only holds the subtree's lock, and every daemon
+            // starting meanwhile waits for it. A later start tries again.
+            cg.remove_dirs_within(if killed_here > 0 { 50 } else { 1 });
         }
         let removed = fs::remove_dir(&dir).is_ok();
         tracing::warn!(
@@ -910,10 +916,15 @@ impl AgentCgroup {
 
     /// Removes the (empty) groups, retrying briefly: the kernel may still be releasing them.
     pub fn remove_dirs(&self) -> bool {
+        self.remove_dirs_within(50)
+    }
+
+    /// `remove_dirs` with at most `attempts` tries per group, 10 ms apart.
+    fn remove_dirs_within(&self, attempts: usize) -> bool {
         let mut all = true;
         for (d, _, _) in &self.dirs {
             let mut ok = false;
-            for _ in 0..50 {
+            for _ in 0..attempts.max(1) {
                 match fs::remove_dir(d) {
                     Ok(()) => {
                         ok = true;
