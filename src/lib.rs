@@ -4,6 +4,7 @@
 pub mod acp;
 pub mod agents;
 pub mod archive;
+pub mod browser;
 pub mod carried;
 pub mod cli;
 pub mod client;

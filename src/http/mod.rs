@@ -5,6 +5,8 @@ pub mod acp;
 pub mod agents;
 pub mod auth;
 mod body_rate;
+pub mod browser;
+mod browser_cdp;
 pub mod bundle;
 pub mod config;
 pub mod desktop;
@@ -73,6 +75,8 @@ pub struct Services {
     pub opencode: Arc<crate::opencode::OpenCode>,
     /// The supervised X desktop (`/v1/desktop/*`, `http/desktop.rs`).
     pub desktop: Arc<crate::desktop::DesktopService>,
+    /// The supervised Chromium (`/v1/browser/*`, `http/browser.rs`).
+    pub browser: Arc<crate::browser::BrowserService>,
     /// `--state-dir`'s store, when there is one.
     pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).
@@ -140,6 +144,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(opencode::routes())
         .merge(sessions::routes())
         .merge(desktop::routes())
+        .merge(browser::routes())
 }
 
 pub fn router(state: AppState) -> Router {
