@@ -359,6 +359,39 @@ const { chromium } = require('playwright-core');
             .any(|t| t["title"] == "Test page"),
         "{tabs}"
     );
+    // The WebSocket URL with the token in the query (upgrades only), and without it.
+    use futures_util::{SinkExt, StreamExt};
+    let ws_url = d.url("/v1/browser/cdp").replacen("http://", "ws://", 1);
+    assert!(
+        tokio_tungstenite::connect_async(ws_url.as_str())
+            .await
+            .is_err(),
+        "the proxy opened without the token"
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("{ws_url}?access_token={token}"))
+        .await
+        .expect("the proxy opens with ?access_token=");
+    ws.send(tokio_tungstenite::tungstenite::Message::text(
+        r#"{"id":1,"method":"Browser.getVersion"}"#,
+    ))
+    .await
+    .unwrap();
+    let answer = loop {
+        let m = ws.next().await.expect("an answer").unwrap();
+        if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
+            let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+            if v["id"] == 1 {
+                break v;
+            }
+        }
+    };
+    assert!(
+        answer["result"]["product"]
+            .as_str()
+            .is_some_and(|p| p.contains("Chrom")),
+        "{answer}"
+    );
+    drop(ws);
     let r = client.post(d.url("/v1/browser/stop")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 }
