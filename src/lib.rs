@@ -16,6 +16,7 @@ macro_rules! find_bytes {
 pub mod acp;
 pub mod agents;
 pub mod archive;
+pub mod browser;
 pub mod carried;
 pub mod cli;
 pub mod client;

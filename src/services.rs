@@ -27,6 +27,8 @@ pub struct Services {
     pub opencode: Arc<crate::opencode::OpenCode>,
     /// The supervised X desktop (`/v1/desktop/*`, `http/desktop.rs`).
     pub desktop: Arc<crate::desktop::DesktopService>,
+    /// The supervised Chromium (`/v1/browser/*`, `http/browser.rs`).
+    pub browser: Arc<crate::browser::BrowserService>,
     /// `--state-dir`'s store, when there is one.
     pub state: Option<Arc<crate::state::StateStore>>,
     /// Why the data directory cannot be written, as found at start (`None`: it can).

@@ -123,6 +123,10 @@ impl AppState {
             &config,
             supervisor.clone(),
         ));
+        let browser = Arc::new(crate::browser::BrowserService::new(
+            &config,
+            supervisor.clone(),
+        ));
         // The process figures of `/metrics` and the listings, read off the runtime thread.
         super::sampler::spawn(acp.clone(), processes.clone(), services.child_token());
         Ok(AppState(Arc::new(crate::services::Services {
@@ -139,6 +143,7 @@ impl AppState {
             workspace,
             opencode,
             desktop,
+            browser,
             state: state.map(|(s, _)| s),
             tasks,
         })))
@@ -152,6 +157,7 @@ impl AppState {
         self.acp.stop_all(deadline).await;
         // The desktop's recording is finished cleanly before the supervisor ends the rest.
         self.desktop.shutdown().await;
+        self.browser.shutdown().await;
         // Whatever the proxy did not stop (e.g. an agent still starting) and the cgroup subtree.
         self.supervisor.stop_all(deadline).await;
         let opencode = self.opencode.clone();

@@ -88,12 +88,13 @@ pub fn check_token(state: &AppState, req: &mut Request) -> Option<Response> {
 
 /// The routes that serve WebSockets (OpenAPI path templates; `{…}` is one non-empty segment). The
 /// OpenAPI document marks their GET as also taking the query token (`openapi.rs`).
-pub const WEBSOCKET_ROUTES: [&str; 5] = [
+pub const WEBSOCKET_ROUTES: [&str; 6] = [
     "/v1/acp/{serverId}",
     "/v1/desktop/stream/frames",
     "/v1/agents/{agent}/acp",
     "/v1/processes/{id}/terminal/ws",
     "/v1/fs/watch",
+    "/v1/browser/cdp",
 ];
 
 /// A `GET` asking for a WebSocket on one of [`WEBSOCKET_ROUTES`]. (Not the HTTP/2 form, an

@@ -5,6 +5,8 @@ pub mod acp;
 pub mod agents;
 pub mod auth;
 mod body_rate;
+pub mod browser;
+mod browser_cdp;
 pub mod bundle;
 pub mod config;
 pub mod desktop;
@@ -114,6 +116,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(opencode::routes())
         .merge(sessions::routes())
         .merge(desktop::routes())
+        .merge(browser::routes())
 }
 
 pub fn router(state: AppState) -> Router {

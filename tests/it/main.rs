@@ -4,6 +4,7 @@
 mod acp;
 mod agent_user_isolation;
 mod agents;
+mod browser;
 mod client;
 mod desktop;
 mod desktop_missing_tools;
