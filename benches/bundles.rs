@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 mod common;
-use common::{Stopping, free_port, knob};
+use common::{Stopping, free_port, knob, rss_kib};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
@@ -54,18 +54,6 @@ async fn start(dir: &std::path::Path, extra: &[&str]) -> (Stopping, String) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (Stopping::new(child), base)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Samples `pid`'s RSS every 5 ms until `stop`; the peak (KiB).

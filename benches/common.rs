@@ -95,3 +95,16 @@ impl Drop for Stopping {
         let _ = self.child.wait();
     }
 }
+
+/// A process's resident memory (`VmRSS`, KiB); 0 when it cannot be read.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}

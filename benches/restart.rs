@@ -15,21 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod common;
-use common::{Stopping, daemon_bin, free_port, knob, percentile};
+use common::{Stopping, daemon_bin, free_port, knob, percentile, rss_kib};
 
 const BUILT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn spawn(dir: &std::path::Path, port: u16, agents: usize) -> Stopping {
     let child = Command::new(daemon_bin(BUILT))

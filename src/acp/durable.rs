@@ -14,7 +14,7 @@
 //! (`state::seal`) before the meta is written, and put back only for the restore's
 //! `session/load`.
 //!
-//! One file of ~880 lines on purpose: every path that writes a serverId's durable state (meta,
+//! One long file on purpose: every path that writes a serverId's durable state (meta,
 //! log, forget, catch-up after a reload, the promise of unanswered requests, the restore) goes
 //! through `Tracked`, and keeping them side by side is what lets one read that no write escapes
 //! the `forget()` gate; the parts that are not that handle (secrets, recovery) are short.
