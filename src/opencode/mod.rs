@@ -105,6 +105,65 @@ pub struct SessionData {
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub messages: Vec<Msg>,
+    /// Token and cost totals of the session's turns (OpenCode's session `tokens` and `cost`).
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+/// Tokens as OpenCode counts them (`tokens` of an assistant message or a session).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    pub reasoning: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+impl Tokens {
+    pub fn json(&self) -> Value {
+        json!({"input": self.input, "output": self.output, "reasoning": self.reasoning,
+            "cache": {"read": self.cache_read, "write": self.cache_write}})
+    }
+
+    fn add(&mut self, o: &Tokens) {
+        self.input = self.input.saturating_add(o.input);
+        self.output = self.output.saturating_add(o.output);
+        self.reasoning = self.reasoning.saturating_add(o.reasoning);
+        self.cache_read = self.cache_read.saturating_add(o.cache_read);
+        self.cache_write = self.cache_write.saturating_add(o.cache_write);
+    }
+}
+
+/// The session's running totals, and the agent's last cumulative cost (ACP's `usage_update`
+/// reports the session's cost so far; a message's cost is the difference).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub tokens: Tokens,
+    pub cost: f64,
+    pub agent_cost: f64,
+}
+
+impl Usage {
+    /// Adds one turn: its tokens, and the agent's cumulative cost after it (if it said one).
+    /// Returns the turn's cost.
+    pub fn add_turn(&mut self, tokens: &Tokens, agent_cost: Option<f64>) -> f64 {
+        self.tokens.add(tokens);
+        let Some(now) = agent_cost.filter(|c| c.is_finite() && *c >= 0.0) else {
+            return 0.0;
+        };
+        // A cumulative cost lower than the last one means the agent started counting anew
+        // (a new ACP session after its instance ended): all of it is this turn's.
+        let turn = if now >= self.agent_cost {
+            now - self.agent_cost
+        } else {
+            now
+        };
+        self.agent_cost = now;
+        self.cost += turn;
+        turn
+    }
 }
 
 pub struct Session {
@@ -367,6 +426,8 @@ impl OpenCode {
             "version": env!("CARGO_PKG_VERSION"),
             "time": {"created": d.created, "updated": d.updated},
             "acpServerId": s.server_id,
+            "cost": d.usage.cost,
+            "tokens": d.usage.tokens.json(),
         });
         if let Some(p) = &d.parent_id {
             v["parentID"] = json!(p);
@@ -443,6 +504,7 @@ impl OpenCode {
             permission_mode,
             rules,
             messages: Vec::new(),
+            usage: Usage::default(),
         };
         let s = Session::new(data);
         {

@@ -58,6 +58,12 @@ struct Parts {
     open: Option<(usize, &'static str)>,
     tools: HashMap<String, (usize, Value)>,
     edited: HashSet<String>,
+    /// The newest `usage_update` of the turn: the context tokens in use, and the session's
+    /// cumulative cost when the agent said one.
+    used: Option<u64>,
+    agent_cost: Option<f64>,
+    /// The `usage` of the `session/prompt` answer, when the agent gave one.
+    prompt_usage: Option<Value>,
 }
 
 impl OpenCode {
@@ -190,9 +196,13 @@ impl OpenCode {
             }
             (End::Stop, false) => None,
         };
+        let tokens = turn_tokens(parts);
+        let cost = s.data().usage.add_turn(&tokens, parts.agent_cost);
         let msg = self
             .with_message(s, asst, |m| {
                 m.info["time"]["completed"] = json!(now);
+                m.info["tokens"] = tokens.json();
+                m.info["cost"] = json!(cost);
                 m.info["finish"] = json!(if error.is_some() { "error" } else { "stop" });
                 if let Some(e) = &error {
                     m.info["error"] = e.clone();
@@ -289,6 +299,10 @@ impl OpenCode {
         match answered {
             Some(Ok(Delivered::Response { line, .. })) => {
                 let v: Value = serde_json::from_slice(&line).unwrap_or(Value::Null);
+                parts.prompt_usage = v
+                    .pointer("/result/usage")
+                    .filter(|u| u.is_object())
+                    .cloned();
                 match v.get("error") {
                     Some(e) => Err(TurnError::Agent(rpc_error_text(e))),
                     None => Ok(()),
@@ -533,6 +547,12 @@ impl OpenCode {
                         self.on_text(s, msg, "reasoning", text.unwrap_or_default(), parts)
                     }
                     Some("tool_call") | Some("tool_call_update") => self.on_tool(s, msg, u, parts),
+                    Some("usage_update") => {
+                        parts.used = u.get("used").and_then(Value::as_u64).or(parts.used);
+                        if let Some(c) = u.pointer("/cost/amount").and_then(Value::as_f64) {
+                            parts.agent_cost = Some(c);
+                        }
+                    }
                     Some("config_option_update") => {
                         let agent = s.data().provider.clone().unwrap_or_default();
                         self.learn_models(&agent, u);
@@ -806,6 +826,28 @@ fn user_parts(body: &Value) -> Result<(Vec<Value>, Vec<Value>), OcError> {
         }
     }
     Ok((parts, blocks))
+}
+
+/// A turn's tokens, as OpenCode counts them: the `usage` of the `session/prompt` answer when
+/// the agent gave one (input, output, thought, cached read and write tokens); else the context
+/// size of the turn's last `usage_update` as its input (what OpenCode's clients show as the
+/// context in use); else none.
+fn turn_tokens(parts: &Parts) -> super::Tokens {
+    let n = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    match (&parts.prompt_usage, parts.used) {
+        (Some(u), _) => super::Tokens {
+            input: n(u, "inputTokens"),
+            output: n(u, "outputTokens"),
+            reasoning: n(u, "thoughtTokens"),
+            cache_read: n(u, "cachedReadTokens"),
+            cache_write: n(u, "cachedWriteTokens"),
+        },
+        (None, Some(used)) => super::Tokens {
+            input: used,
+            ..Default::default()
+        },
+        (None, None) => super::Tokens::default(),
+    }
 }
 
 fn rpc_error_text(e: &Value) -> String {

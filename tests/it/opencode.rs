@@ -900,3 +900,67 @@ async fn opencode_session_goes_on_prompting_after_a_reload() {
     let (_, msgs) = call(&d, "GET", &format!("/session/{s}/message"), None).await;
     assert_eq!(msgs.as_array().unwrap().len(), 4);
 }
+
+/// ACP's `usage_update` becomes OpenCode's accounting: the context tokens in use are the
+/// assistant message's input tokens, the agent's cumulative cost is split per message (each
+/// message the cost of its turn), and the session carries the totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_messages_and_sessions_carry_the_agents_tokens_and_cost() {
+    let d = daemon();
+    let mut ev = Events::open(&d, "/event").await;
+    let s = create(&d, json!({})).await;
+    let turn = |text: &'static str| {
+        let d = &d;
+        let s = s.clone();
+        async move {
+            let (st, msg) = call(
+                d,
+                "POST",
+                &format!("/session/{s}/message"),
+                Some(prompt_body(text)),
+            )
+            .await;
+            assert_eq!(st, 200, "{msg}");
+            msg
+        }
+    };
+    let first = turn("/usage 1200 200000 0.25").await;
+    assert_eq!(first["info"]["tokens"]["input"], 1200, "{first}");
+    assert_eq!(first["info"]["tokens"]["output"], 0);
+    assert_eq!(first["info"]["tokens"]["cache"]["read"], 0);
+    assert_eq!(first["info"]["cost"], 0.25);
+    let second = turn("/usage 1500 200000 0.40").await;
+    assert_eq!(second["info"]["tokens"]["input"], 1500, "{second}");
+    let cost = second["info"]["cost"].as_f64().unwrap();
+    assert!((cost - 0.15).abs() < 1e-9, "{second}");
+    // A turn without a usage_update costs nothing and counts no tokens.
+    let third = turn("plain").await;
+    assert_eq!(third["info"]["tokens"]["input"], 0, "{third}");
+    assert_eq!(third["info"]["cost"], 0.0);
+    // The final message.updated of a turn carries the same numbers as the answer.
+    let updated = ev
+        .until(|e| {
+            e["type"] == "message.updated"
+                && e["properties"]["info"]["id"] == second["info"]["id"]
+                && e["properties"]["info"]["time"]["completed"].is_number()
+        })
+        .await;
+    assert_eq!(updated["properties"]["info"]["tokens"]["input"], 1500);
+    // The session's totals, and the stored messages agree.
+    let (_, info) = call(&d, "GET", &format!("/session/{s}"), None).await;
+    assert_eq!(info["tokens"]["input"], 2700, "{info}");
+    assert!(
+        (info["cost"].as_f64().unwrap() - 0.40).abs() < 1e-9,
+        "{info}"
+    );
+    let (_, msgs) = call(&d, "GET", &format!("/session/{s}/message"), None).await;
+    let costs: Vec<f64> = msgs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["info"]["role"] == "assistant")
+        .map(|m| m["info"]["cost"].as_f64().unwrap())
+        .collect();
+    assert_eq!(costs.len(), 3);
+    assert!((costs.iter().sum::<f64>() - 0.40).abs() < 1e-9, "{costs:?}");
+}

@@ -73,3 +73,19 @@ test("1.19: a question answered, and the model lock", async () => {
   });
   assert.ok(changed.error, "a model change after the first prompt is refused");
 });
+
+test("1.19: tokens and cost of the agent's usage updates, per message and per session", async () => {
+  const sessionID = (await client.session.create({})).data.id;
+  const first = (await client.session.prompt({ sessionID, ...body("/usage 900 100000 0.5") })).data;
+  assert.equal(first.info.tokens.input, 900);
+  assert.equal(first.info.cost, 0.5);
+  const second = (await client.session.prompt({ sessionID, ...body("/usage 1000 100000 0.75") })).data;
+  assert.equal(second.info.tokens.input, 1000);
+  assert.equal(second.info.cost, 0.25);
+  const got = (await client.session.get({ sessionID })).data;
+  assert.equal(got.tokens.input, 1900);
+  assert.equal(got.cost, 0.75);
+  const msgs = (await client.session.messages({ sessionID })).data;
+  const costs = msgs.filter((m) => m.info.role === "assistant").map((m) => m.info.cost);
+  assert.deepEqual(costs, [0.5, 0.25]);
+});
