@@ -440,9 +440,28 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
         assert_eq!(r.status(), 204, "DELETE {id}");
     }
     let pid = d.pid();
-    support::eventually(Duration::from_secs(30), "every agent process gone", || {
-        support::descendants(pid).is_empty().then_some(())
-    });
+    // On a timeout, say which processes stayed (a flake under load once left no trace).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = support::descendants(pid);
+        if left.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let named: Vec<String> = left
+                .iter()
+                .map(|p| {
+                    let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                    format!("{p}: {}", String::from_utf8_lossy(&cmd).replace('\0', " "))
+                })
+                .collect();
+            panic!(
+                "processes left after every instance was deleted:\n{}",
+                named.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // Pass 2: the SSE operation. Its one instance is `s1` (the document's example id), whose
     // agent has exited after streaming two updates: a 200 is then a finite stream (replay, then
