@@ -6,6 +6,7 @@ mod agent_user_isolation;
 mod agents;
 mod browser;
 mod client;
+mod clone_over_https_with_credentials;
 mod desktop;
 mod desktop_missing_tools;
 mod docs_check;
