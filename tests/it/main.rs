@@ -14,6 +14,7 @@ mod durable;
 mod edge;
 mod file_ranges_and_deletes;
 mod files;
+mod git_base_with_respond_async;
 mod hostile_agents;
 mod hostile_files;
 mod image_cli;
