@@ -1,7 +1,8 @@
 //! `POST /v1/git/clone` from a real https git server on loopback that requires Basic auth
 //! (`git http-backend` behind Python's TLS server, a self-signed certificate made here and
-//! trusted through the daemon's `GIT_SSL_CAINFO`): the right credentials clone; none, or wrong
-//! ones, are a 401 problem+json with nothing left behind; and the secret is nowhere afterwards —
+//! trusted through the daemon's `GIT_SSL_CAINFO`, and refused by a daemon without it): the right
+//! credentials clone (Basic, or the password alone as a Bearer token); none, or wrong ones, are a
+//! 401 problem+json with nothing left behind; and the secret is nowhere afterwards —
 //! not in any file of the clone (its `.git/config` included), not in the daemon's log at debug
 //! level, and not in any process's argv while git was fetching (the server reads every
 //! `/proc/<pid>/cmdline` at each request it gets).
@@ -213,6 +214,14 @@ async fn an_https_clone_with_basic_credentials_never_stores_or_shows_the_secret(
         std::fs::read_to_string(ok.join("a.txt")).unwrap(),
         "served over https\n"
     );
+    // The password alone goes as a Bearer token, which this server takes too.
+    let (st, _, b) = clone(
+        &d,
+        json!({"url": url, "dest": "clones/bearer", "password": password}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    assert_eq!(b["head"], head.as_str(), "{b}");
     // The clone knows its remote (so the search below looks at a real config)...
     let config = std::fs::read_to_string(ok.join(".git/config")).unwrap();
     assert!(config.contains(&url), "{config}");
@@ -220,6 +229,8 @@ async fn an_https_clone_with_basic_credentials_never_stores_or_shows_the_secret(
     // ...but the secret, plain or as the Basic token, is in no file of it.
     let needles = [password.as_str(), basic.as_str()];
     assert_eq!(files_holding(&ok, &needles), Vec::<String>::new());
+    let bearer = d.work_dir().join("clones/bearer");
+    assert_eq!(files_holding(&bearer, &needles), Vec::<String>::new());
     assert_eq!(files_holding(&d.data_dir(), &needles), Vec::<String>::new());
     let log = d.stderr();
     assert!(
@@ -239,4 +250,20 @@ async fn an_https_clone_with_basic_credentials_never_stores_or_shows_the_secret(
     );
     let leaks: Vec<&str> = seen.lines().filter(|l| l.starts_with("LEAK")).collect();
     assert!(leaks.is_empty(), "the secret was in argv: {leaks:?}");
+
+    // The certificate is trusted only through the daemon's GIT_SSL_CAINFO: a daemon without it
+    // refuses the server, the right credentials notwithstanding, and leaves nothing behind.
+    let plain = Daemon::builder().confine_to_work_dir().start();
+    let (st, ct, b) = clone(
+        &plain,
+        json!({"url": url, "dest": "clones/untrusted", "username": user, "password": password}),
+    )
+    .await;
+    assert!(st.is_server_error(), "{st}: {b}");
+    assert_eq!(ct, "application/problem+json");
+    assert!(
+        b["detail"].as_str().unwrap_or("").contains("certificate"),
+        "{b}"
+    );
+    assert!(!plain.work_dir().join("clones/untrusted").exists());
 }

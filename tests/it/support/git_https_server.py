@@ -1,5 +1,5 @@
-"""A git smart-HTTP server over TLS that requires Basic auth, for the clone-with-credentials
-test: `git http-backend` (CGI) behind Python's http.server.
+"""A git smart-HTTP server over TLS that requires credentials (Basic, or the password as a Bearer
+token), for the clone-with-credentials test: `git http-backend` (CGI) behind Python's http.server.
 
 argv: PROJECT_ROOT CERT KEY PORT_FILE SEEN_FILE. The expected `user:password` comes in the
 environment (CLONE_AUTH), never in argv. On every request, before answering, every process's
@@ -17,7 +17,8 @@ root, cert, key, port_file, seen_file = sys.argv[1:6]
 auth = os.environ["CLONE_AUTH"]
 password = auth.split(":", 1)[1]
 token = base64.b64encode(auth.encode()).decode()
-expected = "Basic " + token
+# Basic with the pair, or the password alone as a Bearer token.
+accepted = {"Basic " + token, "Bearer " + password}
 
 
 def scan():
@@ -64,7 +65,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def serve(self):
         scan()
         body = self.body()
-        if self.headers.get("Authorization") != expected:
+        if self.headers.get("Authorization") not in accepted:
             self.send_response(401)
             self.send_header("WWW-Authenticate", 'Basic realm="git"')
             self.send_header("Content-Length", "0")
