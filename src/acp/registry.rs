@@ -543,6 +543,13 @@ impl AcpService {
         }
     }
 
+    /// Forgets the observers of request `key` of `server_id` (its request was not delivered).
+    pub fn forget_answer_to(&self, server_id: &str, key: &IdKey) {
+        if let Some(inst) = self.get(server_id) {
+            inst.forget_answer_to(key);
+        }
+    }
+
     async fn start(&self, inst: &Arc<AcpInstance>) -> Result<(), AcpError> {
         let agents: &Agents = &self.deps.agents;
         let supervisor: &Arc<Supervisor> = &self.deps.supervisor;

@@ -235,13 +235,30 @@ async fn post_message(
     let agent = query.agent.as_deref().filter(|a| !a.is_empty());
     // `gitBase`: a session/new or session/load whose cwd is in a repository records its HEAD as
     // of now, before the agent can change anything.
-    let session_base = match &envelope.kind {
+    let mut session_base = match &envelope.kind {
         Kind::Request { .. } => match crate::workspace::sessions::watch(&envelope.line) {
             Some(w) => st.workspace.git.head_of(&w.cwd).await.map(|head| (w, head)),
             None => None,
         },
         _ => None,
     };
+    // With `Prefer: respond-async` the answer goes to the stream, not to this request: an
+    // observer of the instance records it (the instance made first, as the POST would).
+    let mut observed = None;
+    if prefer.respond_async
+        && let (Some((w, head)), Kind::Request { key, .. }) = (session_base.take(), &envelope.kind)
+        && st.acp.open(&server_id, agent).is_ok()
+        && crate::workspace::sessions::record_on_answer(
+            &st.workspace,
+            &st.acp,
+            &server_id,
+            key,
+            w,
+            head,
+        )
+    {
+        observed = Some(key.clone());
+    }
     let header_parent = headers.contains_key("traceparent");
     let posted = super::trace::post_traced(
         &st,
@@ -252,6 +269,9 @@ async fn post_message(
         header_parent,
     )
     .await;
+    if let (Some(key), Err(_)) = (&observed, &posted) {
+        st.acp.forget_answer_to(&server_id, key);
+    }
     match posted {
         Ok(Delivered::Response {
             line,

@@ -32,6 +32,9 @@ pub enum GitError {
     Conflict(String),
     #[error("{0}")]
     NotFound(String),
+    /// The remote refused the clone's credentials, or wanted some and none were given.
+    #[error("the remote repository refused the credentials: {0}")]
+    Unauthorized(String),
     #[error("git failed: {0}")]
     Failed(String),
     #[error("git did not finish within {0:?}")]
@@ -90,6 +93,16 @@ const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 /// holds its connection, so the wait is bounded by `--max-connections`).
 pub const MAX_CONCURRENT: usize = 8;
 
+/// The daemon's environment variables that reach git: where to find trusted certificate
+/// authorities (git's own `GIT_SSL_CAINFO`/`GIT_SSL_CAPATH`, and OpenSSL's, for a git built
+/// against it).
+pub const CA_VARS: &[&str] = &[
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+];
+
 #[derive(Clone)]
 pub struct GitRunner {
     pub timeout: Duration,
@@ -123,6 +136,14 @@ impl GitRunner {
         // The daemon's own PATH, if it has one, finds the same git the tests see.
         if let Some(p) = std::env::var_os("PATH") {
             cmd.env("PATH", p);
+        }
+        // Which certificate authorities an https remote is checked against: the operator's
+        // choice (a private CA, a TLS-inspecting proxy), set in the daemon's environment.
+        // Files and directories only, never a program.
+        for k in CA_VARS {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
         }
         cmd.current_dir(cwd);
         cmd.arg("--no-pager");
@@ -943,6 +964,16 @@ impl Git {
                         || m.contains("Could not find remote branch") =>
                 {
                     GitError::NotFound(m)
+                }
+                // A 401 with credentials makes git ask for others, which it may not
+                // (no prompt, no askpass, no helper); without credentials, the same.
+                GitError::Failed(m)
+                    if m.contains("could not read Username")
+                        || m.contains("could not read Password")
+                        || m.contains("Authentication failed")
+                        || m.contains("returned error: 401") =>
+                {
+                    GitError::Unauthorized(m)
                 }
                 e => e,
             });

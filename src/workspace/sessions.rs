@@ -87,7 +87,8 @@ pub fn answered_session(w: Watched, line: &[u8]) -> Option<(String, String)> {
     id.map(|id| (id, w.cwd))
 }
 
-/// For the transports that do not wait for an answer (WebSocket, RFD): when `line` (request
+/// For the transports that do not wait for an answer (WebSocket, RFD; a POST with
+/// `Prefer: respond-async` uses [`record_on_answer`]): when `line` (request
 /// `key` to `server_id`) is a `session/new` or `session/load` whose cwd is in a repository, its
 /// HEAD is taken now, before the agent can change anything, and recorded as the session's
 /// `gitBase` when the agent answers.
@@ -102,6 +103,20 @@ pub async fn watch_answer(
     let Some(head) = workspace.git.head_of(&w.cwd).await else {
         return;
     };
+    record_on_answer(workspace, acp, server_id, key, w, head);
+}
+
+/// Records `head` as the `gitBase` of the session request `key` (watched as `w`) opens, when
+/// the agent answers it, whoever receives the answer. False when no observer could be
+/// registered (no such instance, or it holds its most observers).
+pub fn record_on_answer(
+    workspace: &std::sync::Arc<super::Workspace>,
+    acp: &crate::acp::AcpService,
+    server_id: &str,
+    key: &crate::acp::jsonrpc::IdKey,
+    w: Watched,
+    head: String,
+) -> bool {
     let weak = std::sync::Arc::downgrade(workspace);
     let server = server_id.to_string();
     acp.on_answer_to(
@@ -121,7 +136,7 @@ pub async fn watch_answer(
                 );
             }
         }),
-    );
+    )
 }
 
 impl SessionBases {

@@ -4,12 +4,14 @@
 
 import { ApiError, api, getToken, setToken } from "./api";
 import { AgentsPanel } from "./agents";
+import { ChangesPanel } from "./changes";
 import { DesktopPanel } from "./desktop";
 import { byId } from "./dom";
 import { FilesPanel } from "./files";
 import { InstancesPanel } from "./instances";
 import { SessionsPanel } from "./sessions";
 import { PermissionDialog } from "./permission";
+import { PortsPanel } from "./ports";
 import { RawLog } from "./rawlog";
 import { SessionView } from "./session";
 import { Transcript } from "./transcript";
@@ -62,6 +64,8 @@ const agents = new AgentsPanel((agent, serverId) => void session.connect(agent, 
 const files = new FilesPanel(showError);
 const sessionsPanel = new SessionsPanel(showError);
 const desktop = new DesktopPanel(showError);
+const changes = new ChangesPanel(showError);
+const ports = new PortsPanel(showError);
 
 /** (Re)loads everything that depends on the token. */
 async function load(): Promise<void> {
@@ -101,6 +105,9 @@ function selectTab(tab: HTMLButtonElement) {
   tab.focus();
   if (tab.id === "tab-instances") void instances.refresh();
   if (tab.id === "tab-sessions") void sessionsPanel.refresh();
+  if (tab.id === "tab-changes") void changes.show();
+  if (tab.id === "tab-ports") ports.show();
+  else ports.hide();
   if (tab.id === "tab-desktop") void desktop.show();
   else desktop.hide();
 }

@@ -8,12 +8,31 @@ import shutil
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
 import pytest
 
-from sandbox_agent import HostApi, HttpError, SandboxAgent
+from sandbox_agent import (
+    GitAuthor,
+    GitBranches,
+    GitCommit,
+    GitDiff,
+    GitFileStatus,
+    GitLog,
+    GitStatus,
+    GitWorktree,
+    GlobResult,
+    GrepMatch,
+    GrepResult,
+    HostApi,
+    HttpError,
+    PortInfo,
+    Preview,
+    SandboxAgent,
+    SessionGitBase,
+)
 
 if shutil.which("git") is None:  # pragma: no cover - CI installs git
     pytest.fail("git is not installed")
@@ -41,31 +60,39 @@ async def test_git_status_diff_commit_log_branches_worktrees_and_clone(daemon: S
     (r / "new.txt").write_text("fresh\n")
     async with HostApi(daemon.base_url) as host:
         st = await host.git_status(str(r))
-        assert st["branch"] == "main" and st["head"] == base
-        assert {(f["path"], f["status"]) for f in st["files"]} == {("a.txt", "modified"), ("new.txt", "untracked")}
+        assert isinstance(st, GitStatus)
+        assert st.branch == "main" and st.head == base and st.ahead is None
+        assert all(isinstance(f, GitFileStatus) for f in st.files)
+        assert {(f.path, f.status, f.staged) for f in st.files} == {("a.txt", "modified", False), ("new.txt", "untracked", False)}
         diff = await host.git_diff(str(r))
-        assert diff["base"] == base
-        by = {f["path"]: f for f in diff["files"]}
-        assert by["a.txt"]["additions"] == 1 and by["a.txt"]["deletions"] == 1 and "+TWO" in by["a.txt"]["patch"]
-        assert by["new.txt"]["status"] == "added"
-        sha = (await host.git_commit(str(r), "second", all=True, author={"name": "Agent", "email": "a@e"}))["sha"]
+        assert isinstance(diff, GitDiff) and diff.base == base
+        by = {f.path: f for f in diff.files}
+        assert by["a.txt"].additions == 1 and by["a.txt"].deletions == 1 and "+TWO" in by["a.txt"].patch
+        assert by["a.txt"].binary is False and by["a.txt"].old_path is None
+        assert by["new.txt"].status == "added"
+        sha = (await host.git_commit(str(r), "second", all=True, author=GitAuthor(name="Agent", email="a@e"))).sha
         with pytest.raises(HttpError) as e:
             await host.git_commit(str(r), "nothing", all=True)
         assert e.value.status == 409
-        log = (await host.git_log(str(r), 5))["commits"]
-        assert [c["sha"] for c in log] == [sha, base] and log[0]["author"]["name"] == "Agent"
+        log = await host.git_log(str(r), 5)
+        assert isinstance(log, GitLog) and all(isinstance(c, GitCommit) for c in log.commits)
+        assert [c.sha for c in log.commits] == [sha, base]
+        assert log.commits[0].author == GitAuthor(name="Agent", email="a@e")
+        assert log.commits[0].parents == [base] and log.commits[0].subject == "second" and log.commits[0].time > 0
         # What changed since the first commit, after the commit.
-        assert {f["path"] for f in (await host.git_diff(str(r), base))["files"]} == {"a.txt", "new.txt"}
+        assert {f.path for f in (await host.git_diff(str(r), base)).files} == {"a.txt", "new.txt"}
         with pytest.raises(HttpError) as e:
             await host.git_diff(str(r), "no-such-rev")
         assert e.value.status == 400
-        await host.git_checkout(str(r), "feature", create=True)
+        assert (await host.git_checkout(str(r), "feature", create=True)).branch == "feature"
         br = await host.git_branches(str(r))
-        assert br["current"] == "feature" and {b["name"] for b in br["branches"]} == {"main", "feature"}
+        assert isinstance(br, GitBranches) and br.current == "feature"
+        assert {(b.name, b.head) for b in br.branches} == {("main", sha), ("feature", sha)}
         dest = tmp_path / "work" / "wt1"
         wt = await host.add_worktree(str(r), str(dest), "agent-1")
-        assert wt["branch"] == "agent-1" and (dest / "a.txt").exists()
-        assert str(dest) in [w["path"] for w in await host.list_worktrees(str(r))]
+        assert isinstance(wt, GitWorktree) and wt.branch == "agent-1" and wt.head == sha and (dest / "a.txt").exists()
+        wts = await host.list_worktrees(str(r))
+        assert [w.path for w in wts] == [str(r), str(dest)] and all(isinstance(w, GitWorktree) for w in wts)
         (dest / "dirty.txt").write_text("x")
         with pytest.raises(HttpError) as e:
             await host.remove_worktree(str(dest))
@@ -73,11 +100,23 @@ async def test_git_status_diff_commit_log_branches_worktrees_and_clone(daemon: S
         await host.remove_worktree(str(dest), force=True)
         assert not dest.exists()
         clone = tmp_path / "work" / "clone"
-        await host.git_clone(str(r), str(clone), branch="main")
+        c = await host.git_clone(str(r), str(clone), branch="main", depth=1)
+        assert isinstance(c, GitWorktree) and c.path == str(clone) and c.branch == "main" and c.head == sha
         assert _git(clone, "rev-parse", "HEAD") == sha
         with pytest.raises(HttpError) as e:
             await host.git_status(str(tmp_path / "work"))
         assert e.value.status == 404
+
+
+async def test_a_sessions_git_base_is_typed_on_its_instance(daemon: SandboxAgent, tmp_path: Path) -> None:
+    r = _repo(tmp_path / "work" / "repo")
+    base = _git(r, "rev-parse", "HEAD")
+    async with HostApi(daemon.base_url) as host, httpx.AsyncClient() as plain:
+        new = {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": str(r), "mcpServers": []}}
+        a = (await plain.post(f"{daemon.base_url}/v1/acp/py-gb?agent=mock", json=new)).json()
+        sid = a["result"]["sessionId"]
+        (inst,) = [i for i in await host.list_instances() if i.server_id == "py-gb"]
+        assert inst.sessions == [SessionGitBase(session_id=sid, cwd=str(r), git_base=base)]
 
 
 async def test_glob_and_grep(daemon: SandboxAgent, tmp_path: Path) -> None:
@@ -88,10 +127,13 @@ async def test_glob_and_grep(daemon: SandboxAgent, tmp_path: Path) -> None:
     (r / "b.txt").write_text("hay\nNeedle here\n")
     async with HostApi(daemon.base_url) as host:
         g = await host.glob(str(r), "*.txt")
-        assert sorted(Path(p).name for p in g["paths"]) == ["a.txt", "b.txt"] and g["truncated"] is False
+        assert isinstance(g, GlobResult)
+        assert sorted(Path(p).name for p in g.paths) == ["a.txt", "b.txt"] and g.truncated is False
+        assert (await host.glob(str(r), "*.txt", limit=1)).truncated is True
         m = await host.grep(str(r), "needle", ignore_case=True)
-        assert [(Path(x["path"]).name, x["line"], x["column"]) for x in m["matches"]] == [("b.txt", 2, 1)]
-        assert (await host.grep(str(r), "needle"))["matches"] == []
+        assert isinstance(m, GrepResult) and m.truncated is False
+        assert m.matches == [GrepMatch(path=str(r / "b.txt"), line=2, column=1, text="Needle here")]
+        assert (await host.grep(str(r), "needle")).matches == []
         with pytest.raises(HttpError) as e:
             await host.grep(str(r), "(")
         assert e.value.status == 400
@@ -114,11 +156,12 @@ async def test_ports_list_and_a_preview_link_without_the_token(binary: str, tmp_
     try:
         async with HostApi(sa.base_url, token="py-ws-token") as host:
             for _ in range(200):
-                if any(p["port"] == port for p in await host.list_ports()):
+                if any(p.port == port for p in await host.list_ports()):
                     break
                 await asyncio.sleep(0.05)
-            row = next(p for p in await host.list_ports() if p["port"] == port)
-            assert row["pid"] == app.pid
+            row = next(p for p in await host.list_ports() if p.port == port)
+            assert isinstance(row, PortInfo)
+            assert row.pid == app.pid and row.address == "127.0.0.1" and row.command and "http.server" in row.command
             async with httpx.AsyncClient() as plain:
                 # The proxy needs the token; the preview link does not.
                 r = await plain.get(host.port_proxy_url(port, "/hello.txt"))
@@ -126,8 +169,10 @@ async def test_ports_list_and_a_preview_link_without_the_token(binary: str, tmp_
                 r = await plain.get(host.port_proxy_url(port, "/hello.txt"), headers={"authorization": "Bearer py-ws-token"})
                 assert r.text == "hello from the app\n"
                 pv = await host.create_preview(port, ttl="10m")
-                assert pv["url"].startswith(sa.base_url + "/preview/") and pv["expiresAt"]
-                r = await plain.get(pv["url"] + "hello.txt")
+                assert isinstance(pv, Preview) and pv.url.startswith(sa.base_url + "/preview/")
+                left = datetime.fromisoformat(pv.expires_at.replace("Z", "+00:00")) - datetime.now(timezone.utc)
+                assert timedelta(minutes=8) < left <= timedelta(minutes=10, seconds=5)
+                r = await plain.get(pv.url + "hello.txt")
                 assert r.status_code == 200 and r.text == "hello from the app\n"
     finally:
         app.terminate()

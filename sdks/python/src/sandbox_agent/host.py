@@ -19,6 +19,18 @@ from ._sse import SseEventTooLarge, parse_sse
 from .errors import HttpError, NetworkError, http_error, network_problem, problem_from_body
 from .models import (
     AgentInfo,
+    GitAuthor,
+    GitBranches,
+    GitCheckedOut,
+    GitDiff,
+    GitLog,
+    GitSha,
+    GitStatus,
+    GitWorktree,
+    GlobResult,
+    GrepResult,
+    PortInfo,
+    Preview,
     FsEntry,
     FsStat,
     Gap,
@@ -310,65 +322,75 @@ class HostApi:
         await self._send("DELETE", "/v1/config/skills", params={"directory": directory, "skillName": skill_name})
 
     # -- workspace: git, search, ports and preview links (docs/workspace.md) ---------------------
-    # Answers are the daemon's JSON as dicts (camelCase keys, as the TypeScript SDK returns them).
 
-    async def _obj(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        body = await self._json(method, path, **kw)
-        if not isinstance(body, dict):
-            raise TypeError(f"{method} {path}: the daemon answered {type(body).__name__}, not an object")
-        return body
-
-    async def git_status(self, path: str) -> dict[str, Any]:
+    async def git_status(self, path: str) -> GitStatus:
         """Branch, HEAD and changed files of the repository ``path`` is in."""
-        return await self._obj("GET", "/v1/git/status", params={"path": path})
+        return GitStatus.model_validate(await self._json("GET", "/v1/git/status", params={"path": path}))
 
-    async def git_diff(self, path: str, base: str | None = None) -> dict[str, Any]:
+    async def git_diff(self, path: str, base: str | None = None) -> GitDiff:
         """The work tree (untracked files included) against ``base`` (default HEAD)."""
-        return await self._obj("GET", "/v1/git/diff", params={"path": path, "base": base})
+        return GitDiff.model_validate(await self._json("GET", "/v1/git/diff", params={"path": path, "base": base}))
 
-    async def git_log(self, path: str, limit: int | None = None) -> dict[str, Any]:
-        return await self._obj("GET", "/v1/git/log", params={"path": path, "limit": limit})
+    async def git_log(self, path: str, limit: int | None = None) -> GitLog:
+        """Commits reachable from HEAD, newest first (``limit`` default 50, at most 1000)."""
+        return GitLog.model_validate(await self._json("GET", "/v1/git/log", params={"path": path, "limit": limit}))
 
     async def git_commit(
-        self, path: str, message: str, *, all: bool = False, author: Mapping[str, str] | None = None
-    ) -> dict[str, Any]:
+        self, path: str, message: str, *, all: bool = False, author: GitAuthor | Mapping[str, str] | None = None
+    ) -> GitSha:
         """Commits what is staged (everything with ``all``); 409 when there is nothing to commit."""
         body: dict[str, Any] = {"path": path, "message": message, "all": all}
-        if author is not None:
+        if isinstance(author, GitAuthor):
+            body["author"] = {"name": author.name, "email": author.email}
+        elif author is not None:
             body["author"] = dict(author)
-        return await self._obj("POST", "/v1/git/commit", json_body=body)
+        return GitSha.model_validate(await self._json("POST", "/v1/git/commit", json_body=body))
 
-    async def git_branches(self, path: str) -> dict[str, Any]:
-        return await self._obj("GET", "/v1/git/branches", params={"path": path})
+    async def git_branches(self, path: str) -> GitBranches:
+        return GitBranches.model_validate(await self._json("GET", "/v1/git/branches", params={"path": path}))
 
-    async def git_checkout(self, path: str, branch: str, *, create: bool = False) -> dict[str, Any]:
+    async def git_checkout(self, path: str, branch: str, *, create: bool = False) -> GitCheckedOut:
         """Switches branch (creating it with ``create``); 409 when local changes would be lost."""
-        return await self._obj("POST", "/v1/git/checkout", json_body={"path": path, "branch": branch, "create": create})
+        body = {"path": path, "branch": branch, "create": create}
+        return GitCheckedOut.model_validate(await self._json("POST", "/v1/git/checkout", json_body=body))
 
-    async def list_worktrees(self, path: str) -> list[dict[str, Any]]:
-        return _rows((await self._obj("GET", "/v1/git/worktrees", params={"path": path}))["worktrees"])
+    async def list_worktrees(self, path: str) -> list[GitWorktree]:
+        """The repository's work trees, the main one first."""
+        body = await self._json("GET", "/v1/git/worktrees", params={"path": path})
+        return [GitWorktree.model_validate(w) for w in body["worktrees"]]
 
-    async def add_worktree(self, path: str, dest: str, branch: str, *, base: str | None = None) -> dict[str, Any]:
+    async def add_worktree(self, path: str, dest: str, branch: str, *, base: str | None = None) -> GitWorktree:
         """A new worktree on a new branch: a work tree of its own for one agent."""
         body: dict[str, Any] = {"path": path, "dest": dest, "branch": branch}
         if base is not None:
             body["base"] = base
-        return await self._obj("POST", "/v1/git/worktrees", json_body=body)
+        return GitWorktree.model_validate(await self._json("POST", "/v1/git/worktrees", json_body=body))
 
     async def remove_worktree(self, path: str, *, force: bool = False) -> None:
         """Removes a worktree; one with changes needs ``force`` (else 409)."""
         await self._send("DELETE", "/v1/git/worktrees", params={"path": path, "force": force})
 
-    async def git_clone(self, url: str, dest: str, **request: Any) -> dict[str, Any]:
-        """Clones into ``dest``; ``request`` as the daemon takes it (``depth``, ``branch``,
-        ``credentials``), credentials used for this clone only, never stored."""
-        return await self._obj("POST", "/v1/git/clone", json_body={"url": url, "dest": dest, **request})
+    async def git_clone(
+        self,
+        url: str,
+        dest: str,
+        *,
+        depth: int | None = None,
+        branch: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> GitWorktree:
+        """Clones into ``dest``. Over https, ``username`` + ``password`` (Basic) or ``password``
+        alone (a Bearer token) are used for this clone only, never stored; a remote that refuses
+        them is ``UnauthorizedError`` (401)."""
+        request = {"depth": depth, "branch": branch, "username": username, "password": password}
+        body = {"url": url, "dest": dest, **{k: v for k, v in request.items() if v is not None}}
+        return GitWorktree.model_validate(await self._json("POST", "/v1/git/clone", json_body=body))
 
-    async def glob(self, path: str, pattern: str, *, hidden: bool | None = None, limit: int | None = None) -> dict[str, Any]:
-        """Files whose path matches a gitignore-style glob: ``{"paths", "truncated"}``."""
-        return await self._obj(
-            "GET", "/v1/fs/glob", params={"path": path, "pattern": pattern, "hidden": hidden, "limit": limit}
-        )
+    async def glob(self, path: str, pattern: str, *, hidden: bool | None = None, limit: int | None = None) -> GlobResult:
+        """Files whose path matches a gitignore-style glob (absolute paths, sorted)."""
+        params = {"path": path, "pattern": pattern, "hidden": hidden, "limit": limit}
+        return GlobResult.model_validate(await self._json("GET", "/v1/fs/glob", params=params))
 
     async def grep(
         self,
@@ -379,26 +401,25 @@ class HostApi:
         ignore_case: bool | None = None,
         hidden: bool | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
-        """Lines matching a regular expression (gitignore-aware, binary files skipped):
-        ``{"matches": [{"path", "line", "column", "text"}], "truncated"}``."""
+    ) -> GrepResult:
+        """Lines matching a regular expression (gitignore-aware, binary files skipped)."""
         params = {"path": path, "pattern": pattern, "glob": glob, "ignoreCase": ignore_case, "hidden": hidden, "limit": limit}
-        return await self._obj("GET", "/v1/fs/grep", params=params)
+        return GrepResult.model_validate(await self._json("GET", "/v1/fs/grep", params=params))
 
-    async def list_ports(self) -> list[dict[str, Any]]:
+    async def list_ports(self) -> list[PortInfo]:
         """The TCP listeners inside the sandbox (the daemon's own excluded)."""
-        return _rows((await self._obj("GET", "/v1/ports"))["ports"])
+        return [PortInfo.model_validate(p) for p in (await self._json("GET", "/v1/ports"))["ports"]]
 
     def port_proxy_url(self, port: int, path: str = "/") -> str:
         """The URL of ``path`` on ``port`` through the daemon's proxy (needs the token)."""
         return f"{self.base_url}/v1/ports/{int(port)}/proxy/{path.lstrip('/')}"
 
-    async def create_preview(self, port: int, *, ttl: str | None = None) -> dict[str, Any]:
+    async def create_preview(self, port: int, *, ttl: str | None = None) -> Preview:
         """A signed link to ``port`` that works without the token until it expires (``ttl``:
         ``10m``, ``2h``; default 1h). ``url`` is absolute here."""
         body = {} if ttl is None else {"ttl": ttl}
-        p = await self._obj("POST", f"/v1/ports/{int(port)}/preview", json_body=body)
-        return {**p, "url": self.base_url + p["url"]}
+        p = Preview.model_validate(await self._json("POST", f"/v1/ports/{int(port)}/preview", json_body=body))
+        return p.model_copy(update={"url": self.base_url + p.url})
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -535,12 +556,6 @@ def _seg(s: str) -> str:
 
 def _proc(id: str) -> str:
     return f"/v1/processes/{_seg(id)}"
-
-
-def _rows(v: Any) -> list[dict[str, Any]]:
-    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
-        raise TypeError("the daemon answered a list of something other than objects")
-    return v
 
 
 def _qv(v: Any) -> Any:

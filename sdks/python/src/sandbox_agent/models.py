@@ -33,6 +33,24 @@ __all__ = [
     "ProcessLogs",
     "ProcessConfig",
     "Page",
+    "SessionGitBase",
+    "GitFileStatus",
+    "GitStatus",
+    "GitDiffFile",
+    "GitDiff",
+    "GitAuthor",
+    "GitCommit",
+    "GitLog",
+    "GitSha",
+    "GitBranch",
+    "GitBranches",
+    "GitCheckedOut",
+    "GitWorktree",
+    "GlobResult",
+    "GrepMatch",
+    "GrepResult",
+    "PortInfo",
+    "Preview",
 ]
 
 
@@ -62,6 +80,15 @@ class AgentInfo(Model):
     version: str | None = None
 
 
+class SessionGitBase(Model):
+    """A session of an instance whose ``cwd`` is in a git repository, with that repository's
+    HEAD when the session was created or loaded: ``git_diff(cwd, git_base)`` is what it changed."""
+
+    session_id: str
+    cwd: str
+    git_base: str
+
+
 class InstanceInfo(Model):
     server_id: str
     agent: str
@@ -74,6 +101,7 @@ class InstanceInfo(Model):
     last_event_id: int = 0
     subscribers: int = 0
     pending_requests: int = 0
+    sessions: list[SessionGitBase] = []
 
 
 class SessionItem(Model):
@@ -219,3 +247,128 @@ class ProcessConfig(Model):
     max_output_bytes: int
     max_log_bytes_per_process: int
     max_input_bytes_per_request: int
+
+
+# -- the workspace API (docs/workspace.md): git, search, ports and preview links ----------------
+
+GitChange = Literal["modified", "added", "deleted", "renamed", "untracked", "conflicted"]
+
+
+class GitFileStatus(Model):
+    """One changed file; ``path`` is relative to the repository's top level. A file changed in
+    the index and in the work tree is listed twice (``staged`` true, then false)."""
+
+    path: str
+    status: GitChange
+    staged: bool
+    old_path: str | None = None
+
+
+class GitStatus(Model):
+    branch: str | None = None
+    head: str | None = None
+    files: list[GitFileStatus]
+    upstream: str | None = None
+    ahead: int | None = None
+    behind: int | None = None
+
+
+class GitDiffFile(Model):
+    path: str
+    status: GitChange
+    additions: int
+    deletions: int
+    binary: bool
+    patch: str
+    old_path: str | None = None
+
+
+class GitDiff(Model):
+    """The work tree (untracked files included) against ``base``, a full commit id."""
+
+    base: str
+    files: list[GitDiffFile]
+
+
+class GitAuthor(Model):
+    name: str
+    email: str
+
+
+class GitCommit(Model):
+    sha: str
+    parents: list[str]
+    author: GitAuthor
+    time: int
+    """Unix seconds."""
+    subject: str
+
+
+class GitLog(Model):
+    """Commits, newest first."""
+
+    commits: list[GitCommit]
+
+
+class GitSha(Model):
+    sha: str
+
+
+class GitBranch(Model):
+    name: str
+    head: str
+
+
+class GitBranches(Model):
+    current: str | None = None
+    branches: list[GitBranch]
+
+
+class GitCheckedOut(Model):
+    branch: str
+
+
+class GitWorktree(Model):
+    """A work tree (a clone's, or one of ``list_worktrees``): its path, branch and HEAD."""
+
+    path: str
+    branch: str | None = None
+    head: str | None = None
+
+
+class GlobResult(Model):
+    paths: list[str]
+    truncated: bool
+
+
+class GrepMatch(Model):
+    path: str
+    line: int
+    """1-based."""
+    column: int
+    """1-based byte offset of the first match in the line."""
+    text: str
+
+
+class GrepResult(Model):
+    matches: list[GrepMatch]
+    truncated: bool
+
+
+class PortInfo(Model):
+    """A TCP listener inside the sandbox; ``process_id``/``server_id`` name the ``/v1/processes``
+    process or agent instance it belongs to."""
+
+    port: int
+    address: str
+    pid: int | None = None
+    command: str | None = None
+    process_id: str | None = None
+    server_id: str | None = None
+
+
+class Preview(Model):
+    """A signed link to a port that works without the token until ``expires_at`` (RFC 3339)."""
+
+    url: str
+    expires_at: str

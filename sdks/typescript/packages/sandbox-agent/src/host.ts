@@ -54,11 +54,13 @@ import type {
   UploadBatchResult,
   WriteFileResult,
   GitBranches,
+  GitCheckedOut,
   GitCheckoutRequest,
   GitCloneRequest,
   GitCommitRequest,
   GitDiff,
   GitLog,
+  GitSha,
   GitStatus,
   GitWorktree,
   GitWorktreeRequest,
@@ -393,14 +395,14 @@ export class HostApi {
     return this.json("GET", "/v1/git/log", { query: { path, limit } });
   }
   /** Commits what is staged (everything with `all`); 409 when there is nothing to commit. */
-  gitCommit(request: GitCommitRequest): Promise<{ sha: string }> {
+  gitCommit(request: GitCommitRequest): Promise<GitSha> {
     return this.json("POST", "/v1/git/commit", { body: request });
   }
   gitBranches(path: string): Promise<GitBranches> {
     return this.json("GET", "/v1/git/branches", { query: { path } });
   }
   /** Switches branch (creating it with `create`); 409 when local changes would be overwritten. */
-  gitCheckout(request: GitCheckoutRequest): Promise<{ branch: string }> {
+  gitCheckout(request: GitCheckoutRequest): Promise<GitCheckedOut> {
     return this.json("POST", "/v1/git/checkout", { body: request });
   }
   async listWorktrees(path: string): Promise<GitWorktree[]> {
@@ -415,7 +417,10 @@ export class HostApi {
   async removeWorktree(path: string, options: { force?: boolean } = {}): Promise<void> {
     await this.send("DELETE", "/v1/git/worktrees", { query: { path, force: options.force } });
   }
-  /** Clones into `dest`; credentials are used for this clone only, never stored. */
+  /**
+   * Clones into `dest`. Over https, `username` + `password` (Basic) or `password` alone (a
+   * Bearer token) are used for this clone only, never stored; a remote that refuses them is 401.
+   */
   gitClone(request: GitCloneRequest): Promise<GitWorktree> {
     return this.json("POST", "/v1/git/clone", { body: request });
   }

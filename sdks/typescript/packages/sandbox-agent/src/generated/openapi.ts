@@ -6993,7 +6993,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            401: components["responses"]["Unauthorized"];
+            /** @description The remote wants credentials and none were given, or refused those given */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description The destination or a local source is outside the fs root */
             403: {
                 headers: {
