@@ -1,8 +1,9 @@
 //! `POST /v1/git/clone` from a real https git server on loopback that requires Basic auth
 //! (`git http-backend` behind Python's TLS server, a self-signed certificate made here and
 //! trusted through the daemon's `GIT_SSL_CAINFO`, and refused by a daemon without it): the right
-//! credentials clone (Basic, or the password alone as a Bearer token); none, or wrong ones, are a
-//! 401 problem+json with nothing left behind; and the secret is nowhere afterwards —
+//! credentials clone (Basic, or the password alone as a Bearer token); none, or wrong ones, are
+//! a 422 problem+json (not 401: that means the daemon's own token) with nothing left behind; and
+//! the secret is nowhere afterwards —
 //! not in any file of the clone (its `.git/config` included), not in the daemon's log at debug
 //! level, and not in any process's argv while git was fetching (the server reads every
 //! `/proc/<pid>/cmdline` at each request it gets).
@@ -185,7 +186,7 @@ async fn an_https_clone_with_basic_credentials_never_stores_or_shows_the_secret(
         .args(["--log-level", "debug", "--access-log"])
         .start();
 
-    // No credentials, then a wrong password: 401 problem+json, no directory left.
+    // No credentials, then a wrong password: 422 problem+json, no directory left.
     for (dest, body) in [
         ("clones/none", json!({"url": url, "dest": "clones/none"})),
         (
@@ -194,9 +195,9 @@ async fn an_https_clone_with_basic_credentials_never_stores_or_shows_the_secret(
         ),
     ] {
         let (st, ct, b) = clone(&d, body).await;
-        assert_eq!(st, StatusCode::UNAUTHORIZED, "{dest}: {b}");
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{dest}: {b}");
         assert_eq!(ct, "application/problem+json", "{dest}");
-        assert_eq!(b["status"], 401, "{b}");
+        assert_eq!(b["status"], 422, "{b}");
         assert!(!d.work_dir().join(dest).exists(), "{dest} was left behind");
     }
 

@@ -544,8 +544,8 @@ pub struct GitCloneRequest {
         (status = 201, description = "Cloned", body = GitWorktree),
         (status = 400, description = "Invalid URL (credentials inside it, an unsupported \
             transport, option-like) or branch"),
-        (status = 401, description = "The remote wants credentials and none were given, or \
-            refused those given"),
+        (status = 422, description = "The remote wants credentials and none were given, or \
+            refused those given (not 401: the daemon's own token was accepted)"),
         (status = 403, description = "The destination or a local source is outside the fs root"),
         (status = 404, description = "No such repository or branch"),
         (status = 409, description = "The destination exists and is not empty"),

@@ -36,7 +36,8 @@ impl From<git_service::GitError> for Problem {
             E::NotARepository { .. } | E::NotFound(_) => Problem::not_found(detail),
             E::RepositoryOutsideRoot { .. } => Problem::new(StatusCode::FORBIDDEN, detail),
             E::Invalid(_) | E::UnknownRevision { .. } => Problem::bad_request(detail),
-            E::Unauthorized(_) => Problem::new(StatusCode::UNAUTHORIZED, detail),
+            // 422, not 401: a 401 would read as the daemon refusing the client's token.
+            E::Unauthorized(_) => Problem::new(StatusCode::UNPROCESSABLE_ENTITY, detail),
             E::Conflict(_) => Problem::new(StatusCode::CONFLICT, detail),
             E::Timeout(_) => Problem::new(StatusCode::GATEWAY_TIMEOUT, detail),
             E::TooLarge { limit } => {

@@ -382,7 +382,8 @@ class HostApi:
     ) -> GitWorktree:
         """Clones into ``dest``. Over https, ``username`` + ``password`` (Basic) or ``password``
         alone (a Bearer token) are used for this clone only, never stored; a remote that refuses
-        them is ``UnauthorizedError`` (401)."""
+        them is an ``HttpError`` with status 422 (not ``UnauthorizedError``, which is the
+        daemon refusing the token)."""
         request = {"depth": depth, "branch": branch, "username": username, "password": password}
         body = {"url": url, "dest": dest, **{k: v for k, v in request.items() if v is not None}}
         return GitWorktree.model_validate(await self._json("POST", "/v1/git/clone", json_body=body))

@@ -419,7 +419,7 @@ export class HostApi {
   }
   /**
    * Clones into `dest`. Over https, `username` + `password` (Basic) or `password` alone (a
-   * Bearer token) are used for this clone only, never stored; a remote that refuses them is 401.
+   * Bearer token) are used for this clone only, never stored; a remote that refuses them is 422.
    */
   gitClone(request: GitCloneRequest): Promise<GitWorktree> {
     return this.json("POST", "/v1/git/clone", { body: request });
