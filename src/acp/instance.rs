@@ -307,9 +307,14 @@ impl AcpInstance {
         w.insert(key, what);
     }
 
-    /// The agent answered request `key`: the inventory records what the answer tells, if the
-    /// request was one it follows.
+    /// The agent answered request `key`: the durable meta, then the inventory, record what the
+    /// answer tells, if the request was one they follow. The meta first: the inventory takes a
+    /// new session's creation time from its record, so that both say the same time (the POST's
+    /// own `observe_response` later finds the answer recorded already).
     fn answered(&self, key: &IdKey, line: &[u8]) {
+        if let Some(t) = self.events.durable() {
+            t.observe_response(key, line);
+        }
         let Some(inv) = &self.inventory else { return };
         let what = {
             let mut w = crate::sys::lock(&self.watched);
