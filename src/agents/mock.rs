@@ -503,10 +503,21 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
                     "options": [{"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"}],
                 },
             }));
+            let on_cancel = arg == "on-cancel";
+            // `on-cancel`: withdrawn only once the turn is cancelled (`session/cancel`).
+            while on_cancel {
+                match rx.recv() {
+                    Ok(Event::Cancel) | Err(_) => break,
+                    Ok(Event::Response(_)) => {}
+                }
+            }
             mock.send(
                 &json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": n}}),
             );
             mock.chunk(session, "withdrawn");
+            if on_cancel {
+                return "cancelled";
+            }
         }
         "/question" => return permission(mock, session, rx, true),
         "/error" => return FAIL,

@@ -183,3 +183,57 @@ async fn a_withdrawn_request_stays_withdrawn_across_a_reload() {
     let asked = assert_withdrawn_left_out(&replay(&d, "w").await);
     assert_eq!(asked.len(), 1, "the request not withdrawn: {asked:?}");
 }
+
+/// The agent carried live across a reload withdraws a request it sent before the reload: the
+/// new image knows the request (found in the carried log) and leaves both out of the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_asked_before_a_reload_can_be_withdrawn_after_it() {
+    let mut d = Daemon::start();
+    let session = withdraw_turn(&d, "w").await;
+    let r = d
+        .client()
+        .post(d.url("/v1/acp/w"))
+        .header("content-type", "application/json")
+        .header("prefer", "respond-async")
+        .body(prompt(json!(3), &session, "/withdraw on-cancel").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    crate::support::eventually_async(
+        std::time::Duration::from_secs(10),
+        "the request in the replay",
+        || async {
+            replay(&d, "w")
+                .await
+                .iter()
+                .any(|e| e["method"] == "session/request_permission")
+                .then_some(())
+        },
+    )
+    .await;
+    crate::reload::reload(&mut d);
+    let (s, _) = post(
+        &d,
+        "/v1/acp/w",
+        &json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}),
+    )
+    .await;
+    assert!((200..300).contains(&s), "{s}");
+    let events = crate::support::eventually_async(
+        std::time::Duration::from_secs(10),
+        "the second withdrawal's chunk",
+        || async {
+            let events = replay(&d, "w").await;
+            (events
+                .iter()
+                .filter(|e| e["params"]["update"]["content"]["text"] == "withdrawn")
+                .count()
+                == 2)
+                .then_some(events)
+        },
+    )
+    .await;
+    let asked = assert_withdrawn_left_out(&events);
+    assert!(asked.is_empty(), "{asked:?}");
+}
