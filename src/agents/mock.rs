@@ -505,11 +505,8 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             }));
             let on_cancel = arg == "on-cancel";
             // `on-cancel`: withdrawn only once the turn is cancelled (`session/cancel`).
-            while on_cancel {
-                match rx.recv() {
-                    Ok(Event::Cancel) | Err(_) => break,
-                    Ok(Event::Response(_)) => {}
-                }
+            if on_cancel {
+                while let Ok(Event::Response(_)) = rx.recv() {}
             }
             mock.send(
                 &json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": n}}),
