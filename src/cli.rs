@@ -192,8 +192,10 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /history         one chunk \"history: P1 | P2 ...\" of the session's earlier prompts
   /elicit          ask elicitation/create for a string `branch`; the chunk
                    \"elicitation: ACTION VALUE\" reports the answer
-  /withdraw        ask session/request_permission, then withdraw it ($/cancel_request naming
-                   it) and end the turn with the chunk \"withdrawn\"
+  /withdraw [question|on-cancel]  ask session/request_permission (the question's shape
+                   with `question`), then withdraw it ($/cancel_request naming it; with
+                   `on-cancel` once the turn is cancelled) and end the turn with the chunk
+                   \"withdrawn\"
   /title TEXT      a session_info_update giving the session the title TEXT
   /usage USED SIZE [COST]  a usage_update (context tokens used and window; cost in USD)
 

@@ -5,6 +5,7 @@
 //! subscriber ever slows the reader or another subscriber, and memory stays bounded.
 
 mod ring;
+pub mod withdrawn;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -117,6 +118,8 @@ impl EventLog {
             st.evicted = events.first().map_or(0, |e| e.0.saturating_sub(1));
             st.last_event = events.last().map_or(0, |e| e.0);
             st.lost = lost;
+            // The requests the agent withdrew stay withdrawn (their cancellations are in the log).
+            st.add_withdrawn(withdrawn::scan(events.iter().map(|(id, l)| (*id, l))).withdrawn);
             for (id, line) in events {
                 st.ring.push(id, &line);
                 st.evict_over(limits);
@@ -201,6 +204,7 @@ impl EventLog {
             n.last_event = st.last_event;
             n.evicted = st.evicted;
             n.lost = st.lost;
+            n.withdrawn = st.withdrawn.clone();
         }
         log
     }
@@ -212,9 +216,8 @@ impl EventLog {
         st.ring
             .frames_after(from)
             .filter_map(|(id, frame)| {
-                let start = memchr::memmem::find(&frame, b"\ndata: ")? + 7;
-                let end = frame.len().checked_sub(2)?;
-                (start <= end).then(|| (id, frame.slice(start..end)))
+                let line = withdrawn::frame_line(&frame)?;
+                Some((id, frame.slice_ref(line)))
             })
             .collect()
     }
@@ -253,9 +256,13 @@ impl EventLog {
     }
 
     /// Takes over a previous image's log (a fresh log, before anyone subscribed): ids go on
-    /// from `next_id`, the retained frames are replayed to readers as before; the bounds are
-    /// this image's.
-    pub fn restore(&self, state: &EventsState) {
+    /// from `next_id`, the retained frames are replayed to readers as before (but the requests
+    /// the agent withdrew); the bounds are this image's. Returns the agent's requests still
+    /// waiting for an answer (JSON-RPC id → event id), for the adopted agent's later withdrawals.
+    pub fn restore(
+        &self,
+        state: &EventsState,
+    ) -> std::collections::HashMap<crate::acp::jsonrpc::IdKey, u64> {
         let mut st = self.lock();
         st.next_id = state.next_id.max(1);
         st.ring = ring::Ring::default();
@@ -285,6 +292,18 @@ impl EventLog {
         if state.evicted.is_none() && st.evicted == 0 {
             st.evicted = st.ring.front_id().map_or(0, |id| id.saturating_sub(1));
         }
+        // Slices of the ring's blocks, not copies.
+        let lines: Vec<(u64, Bytes)> = st
+            .ring
+            .frames()
+            .filter_map(|(id, f)| {
+                let line = withdrawn::frame_line(&f)?;
+                Some((id, f.slice_ref(line)))
+            })
+            .collect();
+        let found = withdrawn::scan(lines.iter().map(|(id, l)| (*id, l)));
+        st.add_withdrawn(found.withdrawn);
+        found.open
     }
 
     /// The id of the last event this log holds or held (0 before the first): a real event, also
@@ -379,13 +398,7 @@ impl EventLog {
     /// Events `ids` are not replayed to subscribers from now on (those already subscribed
     /// have them).
     pub fn withdraw(&self, ids: &[u64]) {
-        let mut st = self.lock();
-        for id in ids {
-            st.withdrawn.insert(*id);
-        }
-        while st.withdrawn.len() > MAX_WITHDRAWN {
-            st.withdrawn.pop_first();
-        }
+        self.lock().add_withdrawn(ids.to_vec());
     }
 
     fn unsubscribe(&self, queue: &Arc<Queue>) {
@@ -394,6 +407,14 @@ impl EventLog {
 }
 
 impl LogState {
+    /// Adds withdrawn event ids, forgetting the oldest past [`MAX_WITHDRAWN`].
+    fn add_withdrawn(&mut self, ids: Vec<u64>) {
+        self.withdrawn.extend(ids);
+        while self.withdrawn.len() > MAX_WITHDRAWN {
+            self.withdrawn.pop_first();
+        }
+    }
+
     /// Evicts the oldest events while the ring is over a bound. The newest event always stays,
     /// even when it alone is over the byte bound, so that a subscriber arriving late still sees
     /// the last thing the agent said.

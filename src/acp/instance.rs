@@ -189,7 +189,8 @@ pub struct AcpInstance {
     watched: Mutex<HashMap<IdKey, super::inventory::Watched>>,
     /// The agent's requests a client answers (`session/request_permission`,
     /// `elicitation/create`): their id → the event id, so that the agent's `$/cancel_request`
-    /// withdraws the event from the replay. **Invariant:** at most [`MAX_WATCHED`] entries.
+    /// withdraws the event from the replay. **Invariant:** at most
+    /// [`MAX_ASKED`](super::events::withdrawn::MAX_ASKED) entries.
     asked: Mutex<HashMap<IdKey, u64>>,
     /// One-shot observers of the agent's answer to a request (see `on_answer_to`): how the
     /// transports that do not wait for the answer (WebSocket, RFD) learn what a `session/new`
@@ -306,9 +307,14 @@ impl AcpInstance {
         w.insert(key, what);
     }
 
-    /// The agent answered request `key`: the inventory records what the answer tells, if the
-    /// request was one it follows.
+    /// The agent answered request `key`: the durable meta, then the inventory, record what the
+    /// answer tells, if the request was one they follow. The meta first: the inventory takes a
+    /// new session's creation time from its record, so that both say the same time (the POST's
+    /// own `observe_response` later finds the answer recorded already).
     fn answered(&self, key: &IdKey, line: &[u8]) {
+        if let Some(t) = self.events.durable() {
+            t.observe_response(key, line);
+        }
         let Some(inv) = &self.inventory else { return };
         let what = {
             let mut w = crate::sys::lock(&self.watched);
@@ -329,31 +335,37 @@ impl AcpInstance {
     /// `$/cancel_request` naming one withdraws both from the replay. Substring scans for every
     /// other line.
     fn note_asked(&self, line: &[u8], id: u64) {
+        use super::events::withdrawn::{Asked, MAX_ASKED, classify};
         if id == 0 {
             return;
         }
-        if let Some(raw) = super::registry::cancelled_id(line) {
-            let asked = crate::sys::lock(&self.asked).remove(&IdKey::from_raw(&raw));
-            if let Some(request) = asked {
-                self.events.withdraw(&[request, id]);
+        match classify(line) {
+            Some(Asked::Cancel(key)) => {
+                let asked = crate::sys::lock(&self.asked).remove(&key);
+                if let Some(request) = asked {
+                    self.events.withdraw(&[request, id]);
+                }
             }
-            return;
-        }
-        if find_bytes!(line, b"\"session/request_permission\"").is_none()
-            && find_bytes!(line, b"\"elicitation/create\"").is_none()
-        {
-            return;
-        }
-        #[derive(serde::Deserialize)]
-        struct Req {
-            id: Option<Box<serde_json::value::RawValue>>,
-        }
-        if let Ok(Req { id: Some(raw) }) = serde_json::from_slice::<Req>(line) {
-            let mut asked = crate::sys::lock(&self.asked);
-            if asked.len() >= MAX_WATCHED {
-                asked.clear();
+            Some(Asked::Request(key)) => {
+                let mut asked = crate::sys::lock(&self.asked);
+                if asked.len() >= MAX_ASKED {
+                    asked.clear();
+                }
+                asked.insert(key, id);
             }
-            asked.insert(IdKey::from_raw(&raw), id);
+            None => {}
+        }
+    }
+
+    /// The agent's requests still waiting for an answer when its log was carried over (a
+    /// reload): a withdrawal of one after the adoption is seen like any other.
+    pub(super) fn note_asked_before(&self, open: HashMap<IdKey, u64>) {
+        let mut asked = crate::sys::lock(&self.asked);
+        for (key, id) in open {
+            if asked.len() >= super::events::withdrawn::MAX_ASKED {
+                break;
+            }
+            asked.insert(key, id);
         }
     }
 

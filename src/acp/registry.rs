@@ -556,6 +556,7 @@ impl AcpService {
         let work_dir = self.deps.config.work_dir.clone();
         let (server_id, agent) = (inst.server_id.clone(), inst.agent.clone());
         let prepare = async {
+            self.ready_for_restore(inst).await;
             let launch = agents.prepare_launch(&agent).await.map_err(|e| match e {
                 AgentError::Unknown { agent } => AcpError::UnknownAgent { agent },
                 other => AcpError::Launch {

@@ -488,20 +488,33 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
         "/elicit" => return elicit(mock, session, rx),
         "/withdraw" => {
             let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+            let tool_call = if arg == "question" {
+                question_call(n)
+            } else {
+                json!({"toolCallId": format!("mock-tool-{n}"), "title": "Withdrawn tool call", "kind": "execute"})
+            };
             mock.send(&json!({
                 "jsonrpc": "2.0",
                 "id": n,
                 "method": "session/request_permission",
                 "params": {
                     "sessionId": session,
-                    "toolCall": {"toolCallId": format!("mock-tool-{n}"), "title": "Withdrawn tool call", "kind": "execute"},
+                    "toolCall": tool_call,
                     "options": [{"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"}],
                 },
             }));
+            let on_cancel = arg == "on-cancel";
+            // `on-cancel`: withdrawn only once the turn is cancelled (`session/cancel`).
+            if on_cancel {
+                while let Ok(Event::Response(_)) = rx.recv() {}
+            }
             mock.send(
                 &json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": n}}),
             );
             mock.chunk(session, "withdrawn");
+            if on_cancel {
+                return "cancelled";
+            }
         }
         "/question" => return permission(mock, session, rx, true),
         "/error" => return FAIL,
@@ -637,25 +650,30 @@ fn elicit(mock: &Mock, session: &str, rx: &Receiver<Event>) -> &'static str {
     "end_turn"
 }
 
+/// The tool call of the mock's question (`/question`): one question, Yes or No.
+fn question_call(n: u64) -> Value {
+    json!({
+        "toolCallId": format!("mock-question-{n}"),
+        "title": "AskUserQuestion",
+        "kind": "other",
+        "rawInput": {"questions": [{
+            "question": "Proceed?",
+            "header": "Confirm",
+            "options": [
+                {"label": "Yes", "description": "Go on"},
+                {"label": "No", "description": "Stop here"},
+            ],
+            "multiSelect": false,
+        }]},
+    })
+}
+
 fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) -> &'static str {
     let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     let (tx, answer) = mpsc::channel();
     crate::sys::lock(&mock.waiting).insert(n, tx);
     let tool_call = if question {
-        json!({
-            "toolCallId": format!("mock-question-{n}"),
-            "title": "AskUserQuestion",
-            "kind": "other",
-            "rawInput": {"questions": [{
-                "question": "Proceed?",
-                "header": "Confirm",
-                "options": [
-                    {"label": "Yes", "description": "Go on"},
-                    {"label": "No", "description": "Stop here"},
-                ],
-                "multiSelect": false,
-            }]},
-        })
+        question_call(n)
     } else {
         json!({"toolCallId": format!("mock-tool-{n}"), "title": "Mock tool call", "kind": "execute"})
     };

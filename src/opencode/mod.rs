@@ -846,6 +846,31 @@ impl OpenCode {
         Ok(())
     }
 
+    /// The agent withdrew its request `rpc_id` (`$/cancel_request`) on `server_id`: it leaves
+    /// the pending list unanswered, and OpenCode's clients are told it is gone the way OpenCode
+    /// ends a request nobody answered (a permission `permission.replied` with `reject`, a
+    /// question `question.rejected`). Nothing for a request that is not pending.
+    pub(crate) fn withdraw_pending(&self, server_id: &str, rpc_id: &Value) {
+        let gone = {
+            let mut map = crate::sys::lock(&self.pending);
+            let key = map
+                .iter()
+                .find(|(_, p)| p.server_id == server_id && p.rpc_id == *rpc_id)
+                .map(|(k, _)| k.clone());
+            key.and_then(|k| map.remove(&k))
+        };
+        let Some(p) = gone else { return };
+        match p.kind {
+            AskKind::Permission => self.emit_replied(&p, "reject"),
+            AskKind::Question => {
+                self.emit(
+                    "question.rejected",
+                    json!({"sessionID": p.session, "requestID": p.id}),
+                );
+            }
+        }
+    }
+
     fn emit_replied(&self, p: &Pending, reply: &str) {
         self.emit(
             "permission.replied",

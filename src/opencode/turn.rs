@@ -532,6 +532,13 @@ impl OpenCode {
             return;
         };
         let params = v.get("params").unwrap_or(&Value::Null);
+        if method == "$/cancel_request" {
+            // The agent withdrew one of its requests (it names no session: the id does).
+            if let Some(id) = params.get("id") {
+                self.withdraw_pending(&s.server_id, id);
+            }
+            return;
+        }
         if params.get("sessionId").and_then(Value::as_str) != Some(acp_session) {
             return;
         }

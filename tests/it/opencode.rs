@@ -964,3 +964,56 @@ async fn opencode_messages_and_sessions_carry_the_agents_tokens_and_cost() {
     assert_eq!(costs.len(), 3);
     assert!((costs.iter().sum::<f64>() - 0.40).abs() < 1e-9, "{costs:?}");
 }
+
+/// A permission request and a question the agent withdraws (`$/cancel_request`) leave the
+/// pending lists, and the event stream says they are gone: `permission.replied` with `reject`,
+/// `question.rejected`. The turn goes on to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_requests_the_agent_withdraws_leave_the_pending_lists() {
+    let d = daemon();
+    let mut ev = Events::open(&d, "/event").await;
+    let s = create(&d, json!({})).await;
+    for (text, list, asked_type, gone) in [
+        (
+            "/withdraw",
+            "/permission",
+            "permission.asked",
+            "permission.replied",
+        ),
+        (
+            "/withdraw question",
+            "/question",
+            "question.asked",
+            "question.rejected",
+        ),
+    ] {
+        let turn = prompt(&d, &s, text);
+        let asked = ev.until(|e| e["type"] == asked_type).await;
+        let id = asked["properties"]["id"].as_str().unwrap().to_string();
+        let ended = ev
+            .until(|e| e["type"] == gone && e["properties"]["requestID"] == id.as_str())
+            .await;
+        assert_eq!(ended["properties"]["sessionID"], s, "{ended}");
+        if gone == "permission.replied" {
+            assert_eq!(ended["properties"]["reply"], "reject", "{ended}");
+        }
+        assert_eq!(text_of(&turn.await), "withdrawn");
+        let (st, pending) = call(&d, "GET", list, None).await;
+        assert_eq!(st, 200);
+        assert_eq!(pending, json!([]), "{text}: still pending");
+        // Answering it now finds nothing to answer.
+        let (st, _) = match gone {
+            "permission.replied" => {
+                call(
+                    &d,
+                    "POST",
+                    &format!("/permission/{id}/reply"),
+                    Some(json!({"reply": "once"})),
+                )
+                .await
+            }
+            _ => call(&d, "POST", &format!("/question/{id}/reject"), None).await,
+        };
+        assert_eq!(st, 404, "{text}");
+    }
+}

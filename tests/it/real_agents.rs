@@ -4,7 +4,8 @@
 //! answered allow (the file appears) and reject (it does not), `session/cancel` during a slow
 //! stream, and DELETE leaving none of the agent's processes. The agents are the ACP peers; only
 //! the model behind them is scripted. Installs are cached in `target/real-agents/` so the three
-//! tests (and later runs) install each agent once.
+//! tests (and later runs) install each agent once. Also: a Claude session after a daemon crash
+//! and a Gemini session after restarts within its first minute go on where they were.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -718,5 +719,171 @@ async fn claude_session_continues_after_a_daemon_crash() {
     assert!(
         roles.len() >= 3 && roles.iter().any(|r| r == "assistant"),
         "the second turn's conversation lacks the first: {last}"
+    );
+}
+
+/// Gemini CLI's files of `session` under `home`: `~/.gemini/tmp/<project>/chats/session-<minute>-
+/// <first 8 of the id>.jsonl`.
+fn gemini_session_files(home: &Path, session: &str) -> Vec<PathBuf> {
+    let tail = format!("-{}.jsonl", &session[..8]);
+    let mut out = Vec::new();
+    for project in std::fs::read_dir(home.join(".gemini/tmp"))
+        .into_iter()
+        .flatten()
+    {
+        let chats = project.unwrap().path().join("chats");
+        for f in std::fs::read_dir(chats).into_iter().flatten() {
+            let p = f.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            if name.starts_with("session-") && name.ends_with(&tail) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A plain restart of a Gemini session within the minute its file was begun. Gemini CLI names a
+/// session's file for the minute it began, and its `session/load` starts a new record of the
+/// session under the current minute's name: in that minute, its own file, emptied. The daemon
+/// renames the file for an earlier minute before the restore, so the load finds the whole
+/// conversation. The test names the file for the current minute before the restart (as if the
+/// session had just begun: a real session's restart falls in its first minute only sometimes),
+/// then the next prompt after the restart must reach the model with the first turn in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_session_continues_after_a_restart_within_its_first_minute() {
+    if !on_path("npm") || !on_path("node") || !on_path("python3") {
+        crate::support::skip("node, npm or python3 missing (.ci/install-00-base.sh installs them)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(tmp.path());
+    let file = agents_file(tmp.path(), "gemini", &model);
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    let cwd = work.join("proj");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let builder = || {
+        Daemon::builder()
+            .data_dir(shared_data_dir())
+            .work_dir(&work)
+            .args(crate::durable::state_args(&state))
+            .arg("--agents-file")
+            .arg(&file)
+            .arg("--acp-registry-url")
+            .arg("http://127.0.0.1:9/registry.json")
+    };
+    let mut a = builder().start();
+    let server = "restart-gemini";
+    post(
+        &a,
+        server,
+        "?agent=gemini",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+               "params": {"protocolVersion": 1, "clientCapabilities": {}}}),
+    )
+    .await;
+    let created = post(
+        &a,
+        server,
+        "",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+               "params": {"cwd": cwd, "mcpServers": []}}),
+    )
+    .await;
+    let session = created["result"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}\n{}", a.stderr()))
+        .to_string();
+    let done = post(
+        &a,
+        server,
+        "",
+        prompt(10, &session, "remember the codeword FIG-31 [[text]]"),
+    )
+    .await;
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let home = tmp.path().join("home");
+    let begun = eventually_async(Duration::from_secs(20), "Gemini's session file", || {
+        let files = gemini_session_files(&home, &session);
+        async move {
+            files
+                .into_iter()
+                .find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("FIG-31")))
+        }
+    })
+    .await;
+    a.stop(Duration::from_secs(20));
+    let minute = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..16]
+        .replace(':', "-");
+    let now_named = begun.with_file_name(format!("session-{minute}-{}.jsonl", &session[..8]));
+    std::fs::rename(&begun, &now_named).unwrap();
+
+    let b = builder().start();
+    let events = Events::follow(&b, server);
+    let before = model.requests().len();
+    let done = post(
+        &b,
+        server,
+        "",
+        prompt(20, &session, "which codeword? [[text]]"),
+    )
+    .await;
+    assert_eq!(
+        done["result"]["stopReason"],
+        "end_turn",
+        "{done}\n{}",
+        b.stderr()
+    );
+    let restored = eventually_async(Duration::from_secs(10), "the restored notice", || async {
+        events
+            .all()
+            .into_iter()
+            .find(|e| e["method"] == "_sandboxagent/restored")
+    })
+    .await;
+    assert_eq!(
+        restored["params"]["sessions"],
+        json!([{"sessionId": session, "how": "session/load"}]),
+        "{restored}"
+    );
+    let asked: Vec<Value> = model.requests()[before..]
+        .iter()
+        .filter(|r| r["marker"] == "text" && r["conversation"].is_string())
+        .cloned()
+        .collect();
+    let conv = asked
+        .last()
+        .expect("a model request for the prompt after the restart")["conversation"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        conv.contains("FIG-31") && conv.contains("which codeword"),
+        "the first turn is not in the request after the restart: {conv}"
+    );
+
+    // Again, at once: the load in B began a record of its own under the current minute.
+    let mut b = b;
+    b.stop(Duration::from_secs(20));
+    let c = builder().start();
+    let before = model.requests().len();
+    let done = post(&c, server, "", prompt(30, &session, "and again? [[text]]")).await;
+    assert_eq!(
+        done["result"]["stopReason"],
+        "end_turn",
+        "{done}\n{}",
+        c.stderr()
+    );
+    let conv = model.requests()[before..]
+        .iter()
+        .rfind(|r| r["marker"] == "text" && r["conversation"].is_string())
+        .expect("a model request for the prompt after the second restart")["conversation"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        conv.contains("FIG-31") && conv.contains("which codeword") && conv.contains("and again"),
+        "the earlier turns are not in the request after the second restart: {conv}"
     );
 }

@@ -79,7 +79,7 @@ async fn session(d: &Daemon, id: &str, cwd: &Path) -> String {
     b["result"]["sessionId"].as_str().unwrap().to_string()
 }
 
-async fn export(d: &Daemon, id: &str) -> (u16, Vec<u8>) {
+pub(crate) async fn export(d: &Daemon, id: &str) -> (u16, Vec<u8>) {
     let r = d
         .client()
         .get(d.url(&format!("/v1/acp/{id}/bundle")))
@@ -93,7 +93,7 @@ async fn export(d: &Daemon, id: &str) -> (u16, Vec<u8>) {
     (s, r.bytes().await.unwrap().to_vec())
 }
 
-async fn import(d: &Daemon, id: &str, query: &str, bundle: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn import(d: &Daemon, id: &str, query: &str, bundle: Vec<u8>) -> (u16, Value) {
     let r = d
         .client()
         .post(d.url(&format!("/v1/acp/{id}/bundle{query}")))

@@ -188,26 +188,76 @@ pub fn gemini_project(home: &Path, cwd: &str) -> Result<(String, bool), BundleEr
 /// the minute the file's name gives); then it finds nothing to resume. So an imported file is
 /// named for a minute before the import's (the name's time is Gemini CLI's only use of it).
 pub fn gemini_file_before(file: &str, now_ms: u64) -> String {
-    const STAMP: usize = "2026-11-28T23-38".len();
     let Some(rest) = file.strip_prefix("chats/session-") else {
         return file.to_string();
     };
     let (Some(stamp), Some(tail)) = (rest.get(..STAMP), rest.get(STAMP..)) else {
         return file.to_string();
     };
-    let minute = |ms: u64| {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-        let s = humantime::format_rfc3339_seconds(t).to_string();
-        s.get(..STAMP).unwrap_or_default().replace(':', "-")
-    };
-    let now = minute(now_ms);
-    if stamp < now.as_str() {
+    if stamp < minute(now_ms).as_str() {
         return file.to_string();
     }
     format!(
         "chats/session-{}{tail}",
         minute(now_ms.saturating_sub(60_000))
     )
+}
+
+/// The length of the minute in a Gemini session file's name (`2026-11-28T23-38`).
+const STAMP: usize = "2026-11-28T23-38".len();
+
+/// Most earlier minutes tried for a Gemini file renamed before a restore.
+const MINUTES_BACK: u64 = 60;
+
+/// The minute of `ms` as Gemini CLI writes it in a session file's name (UTC).
+fn minute(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    s.get(..STAMP).unwrap_or_default().replace(':', "-")
+}
+
+/// Before the restore of Gemini session `sid` after a restart (the same Gemini CLI behaviour as
+/// [`gemini_file_before`], met by a restart within the minute the session began): each of the
+/// session's files under `home` named for the current minute, or later, is renamed for the
+/// latest earlier minute no file of that name holds (never replacing a file). Returns how many
+/// were renamed. Blocking.
+pub fn gemini_ready_for_load(home: &Path, sid: &str, now_ms: u64) -> std::io::Result<usize> {
+    let at = Places {
+        home: Some(home.to_path_buf()),
+        work_dir: PathBuf::new(),
+        codex_home: None,
+    };
+    let now = minute(now_ms);
+    let mut renamed = 0;
+    for (_, path) in find("gemini", &at, sid) {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("session-") else {
+            continue;
+        };
+        let (Some(stamp), Some(tail)) = (rest.get(..STAMP), rest.get(STAMP..)) else {
+            continue;
+        };
+        if stamp < now.as_str() {
+            continue;
+        }
+        for back in 1..=MINUTES_BACK {
+            let earlier = minute(now_ms.saturating_sub(back * 60_000));
+            let to = path.with_file_name(format!("session-{earlier}{tail}"));
+            // A link then an unlink: a name already taken is refused, not replaced.
+            match std::fs::hard_link(&path, &to) {
+                Ok(()) => {
+                    std::fs::remove_file(&path)?;
+                    renamed += 1;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(renamed)
 }
 
 /// Registers a Gemini project (`projects.json` entry and its `.project_root` markers), as Gemini
@@ -370,6 +420,57 @@ mod tests {
         assert_eq!(
             super::gemini_file_before("chats/x.jsonl", now),
             "chats/x.jsonl"
+        );
+    }
+
+    /// Before a restart's restore: the session's file of the current minute goes to the latest
+    /// earlier minute that is free (one is held by another file of the session); older files
+    /// and other sessions' files stay as they are.
+    #[test]
+    fn a_gemini_file_of_the_current_minute_is_renamed_before_a_restore() {
+        let tmp = tempfile::tempdir().unwrap();
+        let chats = tmp.path().join(".gemini/tmp/proj/chats");
+        std::fs::create_dir_all(&chats).unwrap();
+        let sid = "de68494f-1111-2222-3333-444455556666";
+        let other = "de68494f-9999-2222-3333-444455556666";
+        let line = |id: &str| format!("{{\"sessionId\":\"{id}\"}}\n");
+        // 2026-11-28T23:38:13Z
+        let now = 1_795_909_093_000;
+        let put = |name: &str, id: &str| std::fs::write(chats.join(name), line(id)).unwrap();
+        put("session-2026-11-28T23-38-de68494f.jsonl", sid);
+        put("session-2026-11-28T23-37-de68494f.jsonl", sid);
+        put("session-2026-11-28T22-10-de68494f.jsonl", sid);
+        std::fs::create_dir_all(tmp.path().join(".gemini/tmp/else/chats")).unwrap();
+        let foreign = tmp
+            .path()
+            .join(".gemini/tmp/else/chats/session-2026-11-28T23-38-de68494f.jsonl");
+        std::fs::write(&foreign, line(other)).unwrap();
+        assert_eq!(
+            super::gemini_ready_for_load(tmp.path(), sid, now).unwrap(),
+            1
+        );
+        let mut names: Vec<String> = std::fs::read_dir(&chats)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "session-2026-11-28T22-10-de68494f.jsonl",
+                "session-2026-11-28T23-36-de68494f.jsonl",
+                "session-2026-11-28T23-37-de68494f.jsonl",
+            ]
+        );
+        assert_eq!(
+            std::fs::read_to_string(chats.join("session-2026-11-28T23-36-de68494f.jsonl")).unwrap(),
+            line(sid)
+        );
+        assert!(foreign.exists());
+        // Nothing left to rename.
+        assert_eq!(
+            super::gemini_ready_for_load(tmp.path(), sid, now).unwrap(),
+            0
         );
     }
 

@@ -174,7 +174,8 @@ impl AcpInstance {
     ) -> std::io::Result<()> {
         let stdin = ChildStdin::from_std(std::process::ChildStdin::from(stdin))?;
         let stdout = ChildStdout::from_std(std::process::ChildStdout::from(stdout))?;
-        self.events.restore(&state.events);
+        let open = self.events.restore(&state.events);
+        self.note_asked_before(open);
         self.invalid_lines
             .store(state.invalid_lines, std::sync::atomic::Ordering::Relaxed);
         let origin = Origin::Adopted {

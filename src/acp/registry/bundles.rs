@@ -1,5 +1,6 @@
 //! What session bundles (`acp::bundle`) need of the registry: the state dir, the agent check,
-//! the log limits, holding a serverId for its import and listing it once imported.
+//! the log limits, holding a serverId for its import and listing it once imported; and the
+//! agent's own session files made ready for a restore (after a restart as after an import).
 
 use std::sync::Arc;
 
@@ -76,5 +77,44 @@ impl AcpService {
         inst.events.set_durable(t);
         map.insert(server_id.to_string(), Arc::new(inst));
         true
+    }
+
+    /// Before the agent of a serverId that awaits its restore starts: the agent's own session
+    /// files are made ready for the restore's `session/load` (Gemini's file of the current
+    /// minute renamed, `agent_files::gemini_ready_for_load`). Logged, never fatal: a file left
+    /// as it was makes that session's restore fail, named in `_sandboxagent/restored`.
+    pub(crate) async fn ready_for_restore(&self, inst: &AcpInstance) {
+        if inst.agent != "gemini" {
+            return;
+        }
+        let Some(t) = inst.events.durable() else {
+            return;
+        };
+        if !t.awaits_restore() {
+            return;
+        }
+        let Some(home) = self.deps.agents.home_of(&inst.agent) else {
+            return;
+        };
+        let sessions: Vec<String> = t
+            .meta()
+            .sessions
+            .into_iter()
+            .map(|s| s.session_id)
+            .collect();
+        let server_id = inst.server_id.clone();
+        let work = move || {
+            let now = crate::acp::inventory::now_ms();
+            for sid in sessions {
+                match crate::acp::bundle::agent_files::gemini_ready_for_load(&home, &sid, now) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(server_id = %server_id, session_id = %sid, files = n,
+                        "Gemini session file renamed for an earlier minute before its restore"),
+                    Err(e) => tracing::warn!(server_id = %server_id, session_id = %sid, error = %e,
+                        "cannot rename a Gemini session file before its restore"),
+                }
+            }
+        };
+        let _ = tokio::task::spawn_blocking(work).await;
     }
 }
