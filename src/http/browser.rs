@@ -326,12 +326,15 @@ pub struct BrowserScreenshotQuery {
     pub format: Option<String>,
     /// JPEG quality 1..=100.
     pub quality: Option<u32>,
+    /// The whole page instead of the viewport (each side at most 16,384 CSS pixels; a longer
+    /// page is cut there). Default false.
+    pub full_page: Option<bool>,
 }
 
 #[utoipa::path(get, path = "/v1/browser/screenshot", operation_id = "getBrowserScreenshot", tag = "browser",
     params(BrowserScreenshotQuery),
     responses(
-        (status = 200, description = "The tab's viewport (at most 16 MiB)", content(("image/png"), ("image/jpeg"))),
+        (status = 200, description = "The tab's viewport, or the whole page with `fullPage=true` (at most 16 MiB)", content(("image/png"), ("image/jpeg"))),
         (status = 400, description = "A query value out of range"),
         (status = 404, description = "No such tab"),
         (status = 409, description = "The browser is not running"),
@@ -358,7 +361,8 @@ async fn screenshot(
     }
     let ep = st.browser.endpoint()?;
     let tab = cdp::tab(st.browser.http(), &ep, q.tab_id.as_deref()).await?;
-    let bytes = page::screenshot(&ep, &tab, format, q.quality).await?;
+    let bytes =
+        page::screenshot(&ep, &tab, format, q.quality, q.full_page.unwrap_or(false)).await?;
     Ok((
         [
             (header::CONTENT_TYPE, ct),

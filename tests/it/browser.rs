@@ -19,6 +19,20 @@ const PAGE: &str = "<!doctype html><html><head><title>Test page</title></head><b
 <ul><li>one</li><li>two</li></ul><button>Press me</button><script>var hidden = 1;</script>\
 </body></html>";
 
+/// A page 3,000 CSS pixels tall (served at `/tall`).
+const TALL: &str = "<!doctype html><html><head><title>Tall</title></head>\
+<body style=\"margin:0\"><div style=\"height:3000px;background:linear-gradient(red,blue)\">top</div>\
+</body></html>";
+
+/// The width and height in a PNG's header.
+fn png_size(b: &[u8]) -> (u32, u32) {
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    (
+        u32::from_be_bytes(b[16..20].try_into().unwrap()),
+        u32::from_be_bytes(b[20..24].try_into().unwrap()),
+    )
+}
+
 fn have_chromium() -> bool {
     if Path::new("/usr/bin/chromium").exists() {
         true
@@ -37,10 +51,15 @@ async fn page_server() -> String {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 8192];
-                let _ = s.read(&mut buf).await;
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let page = if buf[..n].starts_with(b"GET /tall ") {
+                    TALL
+                } else {
+                    PAGE
+                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{PAGE}",
-                    PAGE.len()
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
                 );
                 let _ = s.write_all(resp.as_bytes()).await;
             });
@@ -257,6 +276,60 @@ async fn browser_killed_chromium_is_reported() {
         "{}",
         String::from_utf8_lossy(&a.body)
     );
+    app.post("/v1/browser/stop", json!(null)).await;
+}
+
+#[tokio::test]
+async fn browser_full_page_screenshot_is_taller_than_the_viewport() {
+    if !have_chromium() {
+        return;
+    }
+    let base = page_server().await;
+    let app = App::start(Vec::<String>::new()).await;
+    let a = app
+        .post("/v1/browser/start", json!({"width": 800, "height": 600}))
+        .await;
+    assert_eq!(
+        a.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&a.body)
+    );
+    let n = app
+        .post(
+            "/v1/browser/navigate",
+            json!({"url": format!("{base}/tall")}),
+        )
+        .await
+        .json();
+    assert_eq!(n["title"], "Tall", "{n}");
+    let view = app.get("/v1/browser/screenshot").await;
+    assert_eq!(view.status, StatusCode::OK);
+    let (vw, vh) = png_size(&view.body);
+    assert!(vh <= 600 && vw <= 800, "the viewport is {vw}x{vh}");
+    let full = app.get("/v1/browser/screenshot?fullPage=true").await;
+    assert_eq!(
+        full.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&full.body)
+    );
+    assert_eq!(full.content_type(), "image/png");
+    let (fw, fh) = png_size(&full.body);
+    assert_eq!(fh, 3000, "the whole page, not the {vh}px viewport");
+    // The document's width: the viewport's less its scrollbar.
+    assert!(fw > 0 && fw <= vw, "{fw} wide, the viewport {vw}");
+    let jpg = app
+        .get("/v1/browser/screenshot?fullPage=true&format=jpeg&quality=40")
+        .await;
+    assert_eq!(jpg.status, StatusCode::OK);
+    assert_eq!(&jpg.body[..2], b"\xff\xd8");
+    // The viewport is what it was: a full-page capture does not resize it for later calls.
+    let again = app.get("/v1/browser/screenshot").await;
+    assert_eq!(png_size(&again.body), (vw, vh));
+    app.get("/v1/browser/screenshot?fullPage=maybe")
+        .await
+        .problem(StatusCode::BAD_REQUEST);
     app.post("/v1/browser/stop", json!(null)).await;
 }
 

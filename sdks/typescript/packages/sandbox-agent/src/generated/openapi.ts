@@ -11664,6 +11664,11 @@ export interface operations {
                 format?: string;
                 /** @description JPEG quality 1..=100. */
                 quality?: number;
+                /**
+                 * @description The whole page instead of the viewport (each side at most 16,384 CSS pixels; a longer
+                 *     page is cut there). Default false.
+                 */
+                fullPage?: boolean;
             };
             header?: never;
             path?: never;
@@ -11671,7 +11676,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The tab's viewport (at most 16 MiB) */
+            /** @description The tab's viewport, or the whole page with `fullPage=true` (at most 16 MiB) */
             200: {
                 headers: {
                     [name: string]: unknown;
