@@ -41,6 +41,7 @@ from .models import (
 )
 
 if TYPE_CHECKING:
+    from .browser import BrowserApi
     from .desktop import DesktopApi
     from .terminal import ProcessTerminal
 
@@ -136,6 +137,13 @@ class HostApi:
         return res.json() if res.content else None
 
     # -- health, agents, instances ---------------------------------------------------------------
+
+    @property
+    def browser(self) -> BrowserApi:
+        """The browser routes (``/v1/browser/*``) and the DevTools proxy's URLs."""
+        from .browser import BrowserApi
+
+        return BrowserApi(self)
 
     @property
     def desktop(self) -> DesktopApi:
