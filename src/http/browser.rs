@@ -77,7 +77,8 @@ pub struct BrowserLastError {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BrowserStatus {
-    /// `inactive`, `starting`, `active`, `stopping` or `failed`.
+    /// `inactive`, `starting`, `active`, `restarting` (Chromium died; the daemon starts it again
+    /// after a back-off), `stopping` or `failed`.
     pub state: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headless: Option<bool>,
@@ -97,6 +98,17 @@ pub struct BrowserStatus {
     /// The Debian package to install when Chromium is missing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_package: Option<String>,
+    /// Times the daemon restarted Chromium after it died, since the last `start`.
+    pub restarts: u32,
+    /// Unix milliseconds of the pending restart (state `restarting`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_restart_at: Option<u64>,
+}
+
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn status_of(st: &AppState) -> BrowserStatus {
@@ -107,14 +119,13 @@ fn status_of(st: &AppState) -> BrowserStatus {
         display: s.display,
         pid: s.pid,
         version: s.version,
-        started_at: s
-            .started_at
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64),
+        started_at: s.started_at.map(unix_ms),
         last_error: s
             .last_error
             .map(|(code, message)| BrowserLastError { code, message }),
         missing_package: s.missing.map(String::from),
+        restarts: s.restarts,
+        next_restart_at: s.next_restart_at.map(unix_ms),
     }
 }
 

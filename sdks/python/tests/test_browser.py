@@ -72,7 +72,7 @@ async def test_browser_client_on_a_real_chromium(binary: str, tmp_path, page_url
             need_chromium()
 
             s = await br.start(width=800, height=600)
-            assert s.state == "active" and s.headless is True and s.pid
+            assert s.state == "active" and s.headless is True and s.pid and s.restarts == 0
             tab = await br.navigate(page_url, wait_until="load")
             assert tab.title == "Py page"
             vw, vh = png_size(await br.screenshot())

@@ -61,6 +61,7 @@ test("browser: problems before start, then a page driven through every route, CD
   assert.equal(s.state, "active");
   assert.equal(s.headless, true);
   assert.ok(s.pid > 0);
+  assert.equal(s.restarts, 0);
   const tab = await br.navigate({ url: `${base}/page`, waitUntil: "load" });
   assert.equal(tab.title, "SDK page");
 

@@ -32,14 +32,15 @@ WaitUntil = Literal["commit", "domcontentloaded", "load"]
 
 
 class BrowserLastError(Model):
-    """``code``: ``start_failed`` or ``browser_exited``."""
+    """``code``: ``start_failed``, ``browser_exited`` (died, restarted), ``restart_exhausted``
+    (too many quick crashes in a row: it stays down) or ``restart_failed``."""
 
     code: str
     message: str
 
 
 class BrowserStatus(Model):
-    """``state``: ``inactive``, ``starting``, ``active``, ``stopping`` or ``failed``."""
+    """``state``: ``inactive``, ``starting``, ``active``, ``restarting``, ``stopping`` or ``failed``."""
 
     state: str
     headless: bool | None = None
@@ -50,6 +51,10 @@ class BrowserStatus(Model):
     started_at: int | None = None
     last_error: BrowserLastError | None = None
     missing_package: str | None = None
+    #: Times the daemon restarted Chromium after it died, since the last ``start``.
+    restarts: int = 0
+    #: Unix milliseconds of the pending restart, while ``restarting``.
+    next_restart_at: int | None = None
 
 
 class BrowserTab(Model):
