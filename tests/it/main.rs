@@ -7,6 +7,7 @@ mod agents;
 mod browser;
 mod client;
 mod desktop;
+mod desktop_image;
 mod desktop_missing_tools;
 mod docs_check;
 mod durable;
