@@ -472,12 +472,14 @@ impl BrowserService {
     }
 
     async fn crashed_inner(self: Arc<Self>, generation: u64, exit: crate::supervisor::ExitInfo) {
-        let how = format!(
-            "chromium ended ({}, code {:?}, signal {:?})",
-            exit.reason.as_str(),
-            exit.code,
-            exit.signal
-        );
+        let how = match (exit.code, exit.signal) {
+            (_, Some(sig)) => format!("chromium ended ({}, signal {sig})", exit.reason.as_str()),
+            (Some(code), None) => format!(
+                "chromium ended ({}, exit code {code})",
+                exit.reason.as_str()
+            ),
+            (None, None) => format!("chromium ended ({})", exit.reason.as_str()),
+        };
         let delay = {
             let mut inner = self.lock();
             if inner.generation != generation || inner.state != State::Active {

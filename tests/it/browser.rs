@@ -280,7 +280,7 @@ async fn browser_killed_chromium_is_restarted_then_stays_down_after_quick_crashe
         s["lastError"]["message"]
             .as_str()
             .unwrap()
-            .contains("signal Some(9)"),
+            .contains("signal 9)"),
         "{s}"
     );
     // The same settings, and it works.
