@@ -8,7 +8,12 @@
 //! `http/browser.rs` and `http/browser_cdp.rs` (the DevTools WebSocket proxy). docs/browser.md.
 //!
 //! States: `inactive` → `starting` → `active` → `stopping` → `inactive`, or `failed` when
-//! Chromium could not start or died.
+//! Chromium could not start. When Chromium dies on its own, the daemon restarts it with the same
+//! settings (a fresh profile: tabs are not restored): `active` → `restarting` (its processes
+//! ended, a back-off wait of `RESTART_BASE` doubled per quick crash, at most `RESTART_MAX`) →
+//! `starting` → `active`. A crash within `STABLE_RUN` of the last (re)start is quick; after
+//! `MAX_QUICK_CRASHES` quick crashes in a row it stays `failed` (`restart_exhausted`) until a
+//! client starts it again. `restarts` counts the restarts since the last client `start`.
 
 pub mod cdp;
 pub mod page;
@@ -27,6 +32,20 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Largest viewport side accepted at start.
 pub const MAX_SIDE: u32 = 4096;
+/// The wait before the first restart after a crash; doubled for each quick crash in a row.
+pub const RESTART_BASE: Duration = Duration::from_millis(250);
+/// The longest wait before a restart.
+pub const RESTART_MAX: Duration = Duration::from_secs(8);
+/// A run at least this long makes the next crash count as the first of a series again.
+pub const STABLE_RUN: Duration = Duration::from_secs(30);
+/// Quick crashes in a row after which the browser stays down.
+pub const MAX_QUICK_CRASHES: u32 = 5;
+
+/// The back-off before the restart that follows the `quick`-th quick crash in a row (1-based).
+pub fn restart_delay(quick: u32) -> Duration {
+    let doubled = RESTART_BASE.saturating_mul(1u32 << quick.saturating_sub(1).min(16));
+    doubled.min(RESTART_MAX)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrowserError {
@@ -66,6 +85,8 @@ pub enum State {
     Inactive,
     Starting,
     Active,
+    /// Chromium died; waiting out the back-off before starting it again.
+    Restarting,
     Stopping,
     Failed,
 }
@@ -76,6 +97,7 @@ impl State {
             State::Inactive => "inactive",
             State::Starting => "starting",
             State::Active => "active",
+            State::Restarting => "restarting",
             State::Stopping => "stopping",
             State::Failed => "failed",
         }
@@ -101,6 +123,10 @@ pub struct Status {
     pub last_error: Option<(String, String)>,
     /// `chromium` when it is not installed.
     pub missing: Option<&'static str>,
+    /// Restarts after a crash since the last client `start`.
+    pub restarts: u32,
+    /// When the pending restart happens (state `restarting`).
+    pub next_restart_at: Option<SystemTime>,
 }
 
 /// The running browser: what the operations need.
@@ -121,11 +147,24 @@ struct Running {
     started_at: SystemTime,
 }
 
+/// What a restart brings up again: the settings of the last client `start`.
+#[derive(Clone)]
+struct Settings {
+    display: Option<String>,
+    width: u32,
+    height: u32,
+}
+
 struct Inner {
     state: State,
     running: Option<Running>,
     last_error: Option<(String, String)>,
     generation: u64,
+    settings: Option<Settings>,
+    restarts: u32,
+    /// Quick crashes in a row.
+    quick_crashes: u32,
+    next_restart_at: Option<SystemTime>,
 }
 
 pub struct BrowserService {
@@ -155,6 +194,10 @@ impl BrowserService {
                 running: None,
                 last_error: None,
                 generation: 0,
+                settings: None,
+                restarts: 0,
+                quick_crashes: 0,
+                next_restart_at: None,
             }),
             http,
             proxies: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -189,6 +232,8 @@ impl BrowserService {
             started_at: r.map(|r| r.started_at),
             last_error: inner.last_error.clone(),
             missing: None,
+            restarts: inner.restarts,
+            next_restart_at: inner.next_restart_at,
         };
         drop(inner);
         Status {
@@ -230,7 +275,7 @@ impl BrowserService {
         {
             let mut inner = self.lock();
             match inner.state {
-                State::Starting | State::Stopping => {
+                State::Starting | State::Stopping | State::Restarting => {
                     return Err(BrowserError::Conflict(format!(
                         "the browser is {}",
                         inner.state.as_str()
@@ -260,8 +305,17 @@ impl BrowserService {
             }
             inner.state = State::Starting;
             inner.generation += 1;
+            inner.last_error = None;
+            inner.restarts = 0;
+            inner.quick_crashes = 0;
+            inner.next_restart_at = None;
         }
         let display = if req.headful { desktop } else { None };
+        self.lock().settings = Some(Settings {
+            display: display.clone(),
+            width,
+            height,
+        });
         match self.bring_up(display, width, height).await {
             Ok(()) => Ok(self.status()),
             Err(e) => {
@@ -280,6 +334,7 @@ impl BrowserService {
         height: u32,
     ) -> Result<(), BrowserError> {
         let program = self.chromium().ok_or(BrowserError::MissingChromium)?;
+        let started_in = self.lock().generation;
         let profile = self.profile_root.join("profile");
         let p2 = profile.clone();
         let root = self.profile_root.clone();
@@ -370,49 +425,122 @@ impl BrowserService {
             .await
             .ok()
             .and_then(|v| v.get("Browser").and_then(|b| b.as_str()).map(String::from));
-        let generation;
-        {
+        let generation = {
             let mut inner = self.lock();
-            inner.running = Some(Running {
-                endpoint,
-                child: child.clone(),
-                headless: display.is_none(),
-                display,
-                version,
-                started_at: SystemTime::now(),
-            });
-            inner.state = State::Active;
-            inner.last_error = None;
-            generation = inner.generation;
-        }
-        // Reports Chromium's death at once, and clears what it left.
+            if inner.generation != started_in {
+                None
+            } else {
+                inner.running = Some(Running {
+                    endpoint,
+                    child: child.clone(),
+                    headless: display.is_none(),
+                    display,
+                    version,
+                    started_at: SystemTime::now(),
+                });
+                inner.state = State::Active;
+                inner.next_restart_at = None;
+                Some(inner.generation)
+            }
+        };
+        let Some(generation) = generation else {
+            // The daemon shut down while Chromium came up: it must not outlive that.
+            child.stop(STOP_GRACE).await;
+            return Err(BrowserError::Unavailable(
+                "the browser was stopped while it started".into(),
+            ));
+        };
+        // Reports Chromium's death at once, clears what it left, and restarts it.
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             let exit = child.wait().await;
             let Some(me) = me.upgrade() else { return };
-            let failed = {
-                let mut inner = me.lock();
-                if inner.generation == generation && inner.state == State::Active {
-                    inner.state = State::Failed;
-                    inner.last_error = Some((
-                        "browser_exited".into(),
-                        format!(
-                            "chromium ended ({}, code {:?}, signal {:?}); POST /v1/browser/start to start again",
-                            exit.reason.as_str(),
-                            exit.code,
-                            exit.signal
-                        ),
-                    ));
-                    true
-                } else {
-                    false
-                }
-            };
-            if failed {
-                me.teardown().await;
-            }
+            me.crashed(generation, exit).await;
         });
         Ok(())
+    }
+
+    /// Chromium of `generation` ended without being asked to: end what it left, then restart it
+    /// after the back-off, or stay `failed` after too many quick crashes.
+    /// (Boxed: it starts Chromium again, whose watcher calls this again.)
+    fn crashed(
+        self: Arc<Self>,
+        generation: u64,
+        exit: crate::supervisor::ExitInfo,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move { self.crashed_inner(generation, exit).await })
+    }
+
+    async fn crashed_inner(self: Arc<Self>, generation: u64, exit: crate::supervisor::ExitInfo) {
+        let how = match (exit.code, exit.signal) {
+            (_, Some(sig)) => format!("chromium ended ({}, signal {sig})", exit.reason.as_str()),
+            (Some(code), None) => format!(
+                "chromium ended ({}, exit code {code})",
+                exit.reason.as_str()
+            ),
+            (None, None) => format!("chromium ended ({})", exit.reason.as_str()),
+        };
+        let delay = {
+            let mut inner = self.lock();
+            if inner.generation != generation || inner.state != State::Active {
+                return;
+            }
+            let ran = inner
+                .running
+                .as_ref()
+                .and_then(|r| r.started_at.elapsed().ok())
+                .unwrap_or_default();
+            inner.quick_crashes = if ran < STABLE_RUN {
+                inner.quick_crashes + 1
+            } else {
+                1
+            };
+            if inner.quick_crashes >= MAX_QUICK_CRASHES || inner.settings.is_none() {
+                inner.state = State::Failed;
+                inner.last_error = Some((
+                    "restart_exhausted".into(),
+                    format!(
+                        "{how}; it crashed {} times in a row within {} s of starting, so it stays down; POST /v1/browser/start to start it again",
+                        inner.quick_crashes,
+                        STABLE_RUN.as_secs()
+                    ),
+                ));
+                None
+            } else {
+                let delay = restart_delay(inner.quick_crashes);
+                inner.state = State::Restarting;
+                inner.next_restart_at = Some(SystemTime::now() + delay);
+                inner.last_error = Some((
+                    "browser_exited".into(),
+                    format!("{how}; restarted after {} ms", delay.as_millis()),
+                ));
+                Some(delay)
+            }
+        };
+        self.teardown().await;
+        let Some(delay) = delay else { return };
+        let me = Arc::downgrade(&self);
+        drop(self);
+        tokio::time::sleep(delay).await;
+        let Some(me) = me.upgrade() else { return };
+        let settings = {
+            let mut inner = me.lock();
+            if inner.generation != generation || inner.state != State::Restarting {
+                return; // stopped, or the daemon is shutting down
+            }
+            inner.state = State::Starting;
+            inner.next_restart_at = None;
+            inner.restarts += 1;
+            inner.settings.clone()
+        };
+        let Some(s) = settings else { return };
+        if let Err(e) = me.bring_up(s.display, s.width, s.height).await {
+            let mut inner = me.lock();
+            if inner.generation == generation {
+                inner.state = State::Failed;
+                inner.last_error = Some(("restart_failed".into(), e.to_string()));
+            }
+        }
     }
 
     /// Ends Chromium (its whole process group and cgroup) and removes its profile.
@@ -440,6 +568,7 @@ impl BrowserService {
             }
             inner.state = State::Stopping;
             inner.generation += 1;
+            inner.next_restart_at = None;
         }
         self.teardown().await;
         self.lock().state = State::Inactive;
@@ -451,5 +580,25 @@ impl BrowserService {
         self.lock().generation += 1;
         self.teardown().await;
         self.lock().state = State::Inactive;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_back_off_doubles_and_is_bounded() {
+        assert_eq!(restart_delay(1), RESTART_BASE);
+        assert_eq!(restart_delay(2), RESTART_BASE * 2);
+        assert_eq!(restart_delay(4), RESTART_BASE * 8);
+        assert_eq!(restart_delay(0), RESTART_BASE);
+        for q in [6, 30, 64, u32::MAX] {
+            assert_eq!(restart_delay(q), RESTART_MAX);
+        }
+        // The last restart before giving up waits less than the cap: the give-up is reached in
+        // bounded time (at most the sum of the waits).
+        let total: Duration = (1..MAX_QUICK_CRASHES).map(restart_delay).sum();
+        assert!(total < Duration::from_secs(10), "{total:?}");
     }
 }

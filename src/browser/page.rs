@@ -15,6 +15,8 @@ use super::{BrowserError, Endpoint};
 pub const MAX_URL: usize = 8192;
 /// Largest screenshot returned (bytes of the image).
 pub const MAX_SCREENSHOT: usize = 16 << 20;
+/// Tallest (and widest) full-page capture in CSS pixels; a longer page is cut there.
+pub const MAX_FULL_PAGE_SIDE: f64 = 16_384.0;
 /// Most characters of text or markdown returned (the rest is cut, `truncated: true`).
 pub const MAX_TEXT: usize = 2_000_000;
 /// Most nodes and deepest level of an accessibility snapshot.
@@ -136,22 +138,18 @@ pub enum ImageFormat {
     Jpeg,
 }
 
-/// A screenshot of the tab's viewport.
+/// A screenshot of the tab's viewport, or with `full_page` of the whole document (its content
+/// size from `Page.getLayoutMetrics`, captured beyond the viewport, each side cut at
+/// `MAX_FULL_PAGE_SIDE`).
 pub async fn screenshot(
     ep: &Endpoint,
     tab: &Tab,
     format: ImageFormat,
     quality: Option<u32>,
+    full_page: bool,
 ) -> Result<Vec<u8>, BrowserError> {
     let mut s = Session::connect(ep, &tab.id).await?;
-    let mut params =
-        json!({"format": match format { ImageFormat::Png => "png", ImageFormat::Jpeg => "jpeg" }});
-    if let (ImageFormat::Jpeg, Some(q)) = (format, quality) {
-        params["quality"] = json!(q);
-    }
-    let r = s
-        .call("Page.captureScreenshot", params, Duration::from_secs(30))
-        .await;
+    let r = capture(&mut s, format, quality, full_page).await;
     s.close().await;
     let data = r?
         .get("data")
@@ -168,6 +166,39 @@ pub async fn screenshot(
         )));
     }
     Ok(bytes)
+}
+
+async fn capture(
+    s: &mut Session,
+    format: ImageFormat,
+    quality: Option<u32>,
+    full_page: bool,
+) -> Result<Value, BrowserError> {
+    let mut params =
+        json!({"format": match format { ImageFormat::Png => "png", ImageFormat::Jpeg => "jpeg" }});
+    if let (ImageFormat::Jpeg, Some(q)) = (format, quality) {
+        params["quality"] = json!(q);
+    }
+    if full_page {
+        let m = s
+            .call("Page.getLayoutMetrics", json!({}), Duration::from_secs(10))
+            .await?;
+        let size = m.get("cssContentSize").or_else(|| m.get("contentSize"));
+        let side = |k: &str| {
+            size.and_then(|v| v.get(k))
+                .and_then(Value::as_f64)
+                .filter(|v| v.is_finite() && *v >= 1.0)
+                .map(|v| v.ceil().min(MAX_FULL_PAGE_SIDE))
+                .ok_or_else(|| {
+                    BrowserError::Failed("Page.getLayoutMetrics gave no content size".into())
+                })
+        };
+        let (width, height) = (side("width")?, side("height")?);
+        params["captureBeyondViewport"] = json!(true);
+        params["clip"] = json!({"x": 0, "y": 0, "width": width, "height": height, "scale": 1});
+    }
+    s.call("Page.captureScreenshot", params, Duration::from_secs(30))
+        .await
 }
 
 /// The page's text (`innerText` of the body) or markdown, at most `MAX_TEXT` characters.

@@ -77,7 +77,8 @@ pub struct BrowserLastError {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BrowserStatus {
-    /// `inactive`, `starting`, `active`, `stopping` or `failed`.
+    /// `inactive`, `starting`, `active`, `restarting` (Chromium died; the daemon starts it again
+    /// after a back-off), `stopping` or `failed`.
     pub state: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headless: Option<bool>,
@@ -97,6 +98,17 @@ pub struct BrowserStatus {
     /// The Debian package to install when Chromium is missing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_package: Option<String>,
+    /// Times the daemon restarted Chromium after it died, since the last `start`.
+    pub restarts: u32,
+    /// Unix milliseconds of the pending restart (state `restarting`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_restart_at: Option<u64>,
+}
+
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn status_of(st: &AppState) -> BrowserStatus {
@@ -107,14 +119,13 @@ fn status_of(st: &AppState) -> BrowserStatus {
         display: s.display,
         pid: s.pid,
         version: s.version,
-        started_at: s
-            .started_at
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64),
+        started_at: s.started_at.map(unix_ms),
         last_error: s
             .last_error
             .map(|(code, message)| BrowserLastError { code, message }),
         missing_package: s.missing.map(String::from),
+        restarts: s.restarts,
+        next_restart_at: s.next_restart_at.map(unix_ms),
     }
 }
 
@@ -326,12 +337,15 @@ pub struct BrowserScreenshotQuery {
     pub format: Option<String>,
     /// JPEG quality 1..=100.
     pub quality: Option<u32>,
+    /// The whole page instead of the viewport (each side at most 16,384 CSS pixels; a longer
+    /// page is cut there). Default false.
+    pub full_page: Option<bool>,
 }
 
 #[utoipa::path(get, path = "/v1/browser/screenshot", operation_id = "getBrowserScreenshot", tag = "browser",
     params(BrowserScreenshotQuery),
     responses(
-        (status = 200, description = "The tab's viewport (at most 16 MiB)", content(("image/png"), ("image/jpeg"))),
+        (status = 200, description = "The tab's viewport, or the whole page with `fullPage=true` (at most 16 MiB)", content(("image/png"), ("image/jpeg"))),
         (status = 400, description = "A query value out of range"),
         (status = 404, description = "No such tab"),
         (status = 409, description = "The browser is not running"),
@@ -358,7 +372,8 @@ async fn screenshot(
     }
     let ep = st.browser.endpoint()?;
     let tab = cdp::tab(st.browser.http(), &ep, q.tab_id.as_deref()).await?;
-    let bytes = page::screenshot(&ep, &tab, format, q.quality).await?;
+    let bytes =
+        page::screenshot(&ep, &tab, format, q.quality, q.full_page.unwrap_or(false)).await?;
     Ok((
         [
             (header::CONTENT_TYPE, ct),

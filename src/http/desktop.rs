@@ -19,6 +19,20 @@ use super::{AppState, Problem};
 use crate::desktop::x::{self, MouseAction, Shot, WindowOp};
 use crate::desktop::{DesktopError, StartRequest};
 
+/// The answers of every operation on the running desktop besides its own: 409 before `start`,
+/// 503 when a program it needs is missing.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only described, never built
+enum NeedsDesktop {
+    #[response(status = 409, description = "The desktop is not running")]
+    NotRunning,
+    #[response(
+        status = 503,
+        description = "A tool is missing (named with its Debian package)"
+    )]
+    MissingTool,
+}
+
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(status))
@@ -151,9 +165,8 @@ async fn stop(State(state): State<AppState>) -> Answer<DesktopStatusResponse> {
 #[utoipa::path(get, path = "/v1/desktop/display/info", operation_id = "get_v1_desktop_display_info", tag = "desktop",
     responses(
         (status = 200, description = "The display", body = DesktopDisplayInfoResponse),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "A tool failed or timed out"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn display_info(State(state): State<AppState>) -> Answer<DesktopDisplayInfoResponse> {
     let d = state.desktop.display()?;
@@ -197,9 +210,8 @@ async fn shot(state: &AppState, shot: Shot) -> Result<Response, Problem> {
     responses(
         (status = 200, description = "The whole screen", content(("image/png"), ("image/jpeg"), ("image/webp"))),
         (status = 400, description = "A query value out of range"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "The capture failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn screenshot(
     State(state): State<AppState>,
@@ -220,9 +232,8 @@ async fn screenshot(
     responses(
         (status = 200, description = "The region", content(("image/png"), ("image/jpeg"), ("image/webp"))),
         (status = 400, description = "The region is not wholly on the screen, or a value is out of range"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "The capture failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn screenshot_region(
     State(state): State<AppState>,
@@ -241,9 +252,8 @@ async fn screenshot_region(
 #[utoipa::path(get, path = "/v1/desktop/mouse/position", operation_id = "get_v1_desktop_mouse_position", tag = "desktop",
     responses(
         (status = 200, description = "The pointer", body = DesktopMousePositionResponse),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xdotool failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn mouse_position(State(state): State<AppState>) -> Answer<DesktopMousePositionResponse> {
     Ok(Json(state.desktop.mouse_position().await?.into()))
@@ -260,9 +270,8 @@ macro_rules! mouse_route {
             responses(
                 (status = 200, description = $what, body = DesktopMousePositionResponse),
                 (status = 400, description = "A coordinate off the screen or a value out of range (named in `field`)"),
-                (status = 409, description = "The desktop is not running"),
+                NeedsDesktop,
                 (status = 502, description = "xdotool failed"),
-                (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
         async fn $name(
             State(state): State<AppState>,
@@ -360,9 +369,8 @@ mouse_route!(
     responses(
         (status = 200, description = "Typed", body = DesktopActionResponse),
         (status = 400, description = "Text too long or delay out of range"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xdotool failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_type(
     State(state): State<AppState>,
@@ -378,9 +386,8 @@ async fn keyboard_type(
     responses(
         (status = 200, description = "Pressed and released", body = DesktopActionResponse),
         (status = 400, description = "Not a key name X knows"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xdotool failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_press(
     State(state): State<AppState>,
@@ -407,9 +414,8 @@ async fn keyboard_press(
     responses(
         (status = 200, description = "Held down", body = DesktopActionResponse),
         (status = 400, description = "Not a key name X knows"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xdotool failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_down(
     State(state): State<AppState>,
@@ -424,9 +430,8 @@ async fn keyboard_down(
     responses(
         (status = 200, description = "Released", body = DesktopActionResponse),
         (status = 400, description = "Not a key name X knows"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xdotool failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn keyboard_up(
     State(state): State<AppState>,
@@ -439,9 +444,8 @@ async fn keyboard_up(
 #[utoipa::path(get, path = "/v1/desktop/windows", operation_id = "get_v1_desktop_windows", tag = "desktop",
     responses(
         (status = 200, description = "The window manager's client windows", body = DesktopWindowListResponse),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "The query failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn windows(State(state): State<AppState>) -> Answer<DesktopWindowListResponse> {
     let windows = state.desktop.windows().await?;
@@ -454,9 +458,8 @@ async fn windows(State(state): State<AppState>) -> Answer<DesktopWindowListRespo
     responses(
         (status = 200, description = "The focused window", body = DesktopWindowInfo),
         (status = 404, description = "No window has the focus"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "A tool failed or timed out"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn focused_window(State(state): State<AppState>) -> Answer<DesktopWindowInfo> {
     Ok(Json(state.desktop.focused_window().await?.into()))
@@ -467,9 +470,8 @@ async fn focused_window(State(state): State<AppState>) -> Answer<DesktopWindowIn
     responses(
         (status = 200, description = "The window after the focus", body = DesktopWindowInfo),
         (status = 404, description = "No such window"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "A tool failed or timed out"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn window_focus(
     State(state): State<AppState>,
@@ -487,9 +489,8 @@ async fn window_focus(
         (status = 200, description = "The window after the move", body = DesktopWindowInfo),
         (status = 400, description = "A coordinate out of range"),
         (status = 404, description = "No such window"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "A tool failed or timed out"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn window_move(
     State(state): State<AppState>,
@@ -508,9 +509,8 @@ async fn window_move(
         (status = 200, description = "The window after the resize", body = DesktopWindowInfo),
         (status = 400, description = "A side outside 1..=8192"),
         (status = 404, description = "No such window"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "A tool failed or timed out"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn window_resize(
     State(state): State<AppState>,
@@ -530,9 +530,8 @@ async fn window_resize(
     responses(
         (status = 200, description = "The selection's text (empty when nothing owns it)", body = DesktopClipboardResponse),
         (status = 400, description = "Not a selection name"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xclip failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn clipboard_get(
     State(state): State<AppState>,
@@ -551,9 +550,8 @@ async fn clipboard_get(
     responses(
         (status = 200, description = "The selection holds the text", body = DesktopActionResponse),
         (status = 400, description = "Text over 64 KiB or not a selection name"),
-        (status = 409, description = "The desktop is not running"),
+        NeedsDesktop,
         (status = 502, description = "xclip failed"),
-        (status = 503, description = "A tool is missing (named with its Debian package)"),
     ))]
 async fn clipboard_set(
     State(state): State<AppState>,

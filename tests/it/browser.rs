@@ -1,7 +1,8 @@
 //! The browser API (`/v1/browser/*`) on a real Chromium: routes before start are 409, bad input
 //! 400/404; a page served on loopback navigated to, screenshotted (the PNG decodes), read as text
 //! and markdown, its accessibility snapshot naming its heading and button; tabs opened, activated,
-//! closed; a stop that leaves no process and no profile; a killed Chromium reported; and
+//! closed; a stop that leaves no process and no profile; a killed Chromium restarted with back-off,
+//! and left down after five quick crashes in a row; a full-page screenshot taller than the viewport; and
 //! Playwright connecting through the DevTools proxy (`connectOverCDP`) with the daemon's token.
 //! Chromium and playwright-core come from `.ci/install-inspector.sh`.
 
@@ -18,6 +19,20 @@ const PAGE: &str = "<!doctype html><html><head><title>Test page</title></head><b
 <h1>Hello heading</h1><p>Some <b>bold</b> text and a <a href=\"/next\">link</a>.</p>\
 <ul><li>one</li><li>two</li></ul><button>Press me</button><script>var hidden = 1;</script>\
 </body></html>";
+
+/// A page 3,000 CSS pixels tall (served at `/tall`).
+const TALL: &str = "<!doctype html><html><head><title>Tall</title></head>\
+<body style=\"margin:0\"><div style=\"height:3000px;background:linear-gradient(red,blue)\">top</div>\
+</body></html>";
+
+/// The width and height in a PNG's header.
+fn png_size(b: &[u8]) -> (u32, u32) {
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    (
+        u32::from_be_bytes(b[16..20].try_into().unwrap()),
+        u32::from_be_bytes(b[20..24].try_into().unwrap()),
+    )
+}
 
 fn have_chromium() -> bool {
     if Path::new("/usr/bin/chromium").exists() {
@@ -37,10 +52,15 @@ async fn page_server() -> String {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 8192];
-                let _ = s.read(&mut buf).await;
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let page = if buf[..n].starts_with(b"GET /tall ") {
+                    TALL
+                } else {
+                    PAGE
+                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{PAGE}",
-                    PAGE.len()
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
                 );
                 let _ = s.write_all(resp.as_bytes()).await;
             });
@@ -214,42 +234,112 @@ async fn browser_drives_a_page_and_stop_leaves_no_process() {
         .problem(StatusCode::CONFLICT);
 }
 
+/// Whether `pid` is gone entirely (not even a zombie waiting for its parent).
+fn gone(pid: u32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn kill9(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
 #[tokio::test]
-async fn browser_killed_chromium_is_reported() {
+async fn browser_killed_chromium_is_restarted_then_stays_down_after_quick_crashes() {
     if !have_chromium() {
         return;
     }
+    let base = page_server().await;
     let app = App::start(Vec::<String>::new()).await;
-    let a = app.post("/v1/browser/start", json!({})).await;
+    let a = app
+        .post("/v1/browser/start", json!({"width": 640, "height": 480}))
+        .await;
     assert_eq!(
         a.status,
         StatusCode::OK,
         "{}",
         String::from_utf8_lossy(&a.body)
     );
-    let pid = a.json()["pid"].as_u64().unwrap() as i32;
-    let kids = crate::support::descendants(pid as u32);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let s = eventually_async(Duration::from_secs(10), "status says failed", || async {
+    let s = a.json();
+    assert_eq!(s["restarts"], 0, "{s}");
+    let pid = s["pid"].as_u64().unwrap() as u32;
+    let mut dead = crate::support::descendants(pid);
+    dead.push(pid);
+    kill9(pid);
+    let s = eventually_async(Duration::from_secs(20), "Chromium comes back", || async {
         let s = app.get("/v1/browser/status").await.json();
-        (s["state"] == "failed").then_some(s)
+        (s["state"] == "active" && s["restarts"] == 1).then_some(s)
     })
     .await;
+    assert_ne!(s["pid"].as_u64().unwrap() as u32, pid, "{s}");
     assert_eq!(s["lastError"]["code"], "browser_exited", "{s}");
+    assert!(
+        s["lastError"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("signal 9)"),
+        "{s}"
+    );
+    // The same settings, and it works.
+    let n = app
+        .post(
+            "/v1/browser/navigate",
+            json!({"url": format!("{base}/page")}),
+        )
+        .await;
+    assert_eq!(
+        n.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&n.body)
+    );
+    let shot = app.get("/v1/browser/screenshot").await;
+    let w = u32::from_be_bytes(shot.body[16..20].try_into().unwrap());
+    assert!(w <= 640, "{w}");
+    eventually_async(
+        Duration::from_secs(10),
+        "the killed Chromium's processes are gone and reaped",
+        || async { dead.iter().all(|p| gone(*p)).then_some(()) },
+    )
+    .await;
+
+    // Quick crashes in a row: restarted each time with a longer wait, until it stays down.
+    let mut kills = 1;
+    let mut last_pid = s["pid"].as_u64().unwrap() as u32;
+    let s = loop {
+        dead.extend(crate::support::descendants(last_pid));
+        dead.push(last_pid);
+        kill9(last_pid);
+        kills += 1;
+        let s = eventually_async(Duration::from_secs(30), "restarted or down", || async {
+            let s = app.get("/v1/browser/status").await.json();
+            let pid = s["pid"].as_u64().map(|p| p as u32);
+            ((s["state"] == "active" && pid != Some(last_pid)) || s["state"] == "failed")
+                .then_some(s)
+        })
+        .await;
+        if s["state"] == "failed" {
+            break s;
+        }
+        assert!(kills < 10, "it never gave up: {s}");
+        last_pid = s["pid"].as_u64().unwrap() as u32;
+    };
+    assert_eq!(kills, 5, "five quick crashes in a row: {s}");
+    assert_eq!(s["restarts"], 4, "{s}");
+    assert_eq!(s["lastError"]["code"], "restart_exhausted", "{s}");
     app.get("/v1/browser/tabs")
         .await
         .problem(StatusCode::CONFLICT);
     eventually_async(
         Duration::from_secs(10),
-        "its processes are gone",
-        || async { kids.iter().all(|k| !alive(*k)).then_some(()) },
+        "no process of any Chromium is left",
+        || async { dead.iter().all(|p| gone(*p)).then_some(()) },
     )
     .await;
-    // It starts again.
+    // A client start brings it up again, the count reset.
     let a = app.post("/v1/browser/start", json!({})).await;
     assert_eq!(
         a.status,
@@ -257,6 +347,65 @@ async fn browser_killed_chromium_is_reported() {
         "{}",
         String::from_utf8_lossy(&a.body)
     );
+    let s = a.json();
+    assert_eq!(s["restarts"], 0, "{s}");
+    assert!(s.get("lastError").is_none(), "{s}");
+    let pid = s["pid"].as_u64().unwrap() as u32;
+    app.post("/v1/browser/stop", json!(null)).await;
+    assert!(!alive(pid));
+}
+
+#[tokio::test]
+async fn browser_full_page_screenshot_is_taller_than_the_viewport() {
+    if !have_chromium() {
+        return;
+    }
+    let base = page_server().await;
+    let app = App::start(Vec::<String>::new()).await;
+    let a = app
+        .post("/v1/browser/start", json!({"width": 800, "height": 600}))
+        .await;
+    assert_eq!(
+        a.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&a.body)
+    );
+    let n = app
+        .post(
+            "/v1/browser/navigate",
+            json!({"url": format!("{base}/tall")}),
+        )
+        .await
+        .json();
+    assert_eq!(n["title"], "Tall", "{n}");
+    let view = app.get("/v1/browser/screenshot").await;
+    assert_eq!(view.status, StatusCode::OK);
+    let (vw, vh) = png_size(&view.body);
+    assert!(vh <= 600 && vw <= 800, "the viewport is {vw}x{vh}");
+    let full = app.get("/v1/browser/screenshot?fullPage=true").await;
+    assert_eq!(
+        full.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&full.body)
+    );
+    assert_eq!(full.content_type(), "image/png");
+    let (fw, fh) = png_size(&full.body);
+    assert_eq!(fh, 3000, "the whole page, not the {vh}px viewport");
+    // The document's width: the viewport's less its scrollbar.
+    assert!(fw > 0 && fw <= vw, "{fw} wide, the viewport {vw}");
+    let jpg = app
+        .get("/v1/browser/screenshot?fullPage=true&format=jpeg&quality=40")
+        .await;
+    assert_eq!(jpg.status, StatusCode::OK);
+    assert_eq!(&jpg.body[..2], b"\xff\xd8");
+    // The viewport is what it was: a full-page capture does not resize it for later calls.
+    let again = app.get("/v1/browser/screenshot").await;
+    assert_eq!(png_size(&again.body), (vw, vh));
+    app.get("/v1/browser/screenshot?fullPage=maybe")
+        .await
+        .problem(StatusCode::BAD_REQUEST);
     app.post("/v1/browser/stop", json!(null)).await;
 }
 

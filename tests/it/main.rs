@@ -8,6 +8,7 @@ mod browser;
 mod client;
 mod clone_over_https_with_credentials;
 mod desktop;
+mod desktop_image;
 mod desktop_missing_tools;
 mod docs_check;
 mod durable;

@@ -33,6 +33,15 @@ from .errors import (  # noqa: E402
     UnauthorizedError,
     UnsupportedError,
 )
+from .browser import (  # noqa: E402
+    BrowserAccessibility,
+    BrowserApi,
+    BrowserAxNode,
+    BrowserContent,
+    BrowserLastError,
+    BrowserStatus,
+    BrowserTab,
+)
 from .desktop import (  # noqa: E402
     DesktopApi,
     DesktopClipboard,
@@ -95,7 +104,8 @@ from .session_store import InMemorySessionStore, JsonFileSessionStore, SessionRe
 __all__ = [
     "__version__",
     "AgentError", "AgentInfo", "AgentTimeoutError", "AgentUnavailableError", "AlreadyConnectedError",
-    "BadRequestError", "ByteStream", "DesktopApi", "DesktopClipboard", "DesktopDisplayInfo", "DesktopLaunchResult",
+    "BadRequestError", "BrowserAccessibility", "BrowserApi", "BrowserAxNode", "BrowserContent", "BrowserLastError",
+    "BrowserStatus", "BrowserTab", "ByteStream", "DesktopApi", "DesktopClipboard", "DesktopDisplayInfo", "DesktopLaunchResult",
     "DesktopLiveView", "DesktopMousePosition", "DesktopRecording", "DesktopResolution", "DesktopStatus", "DesktopWindow", "ConflictError", "ForbiddenError", "FsEntry", "FsStat", "Gap", "GoneError",
     "Health", "HostApi", "HttpError", "InMemorySessionStore", "InstanceInfo", "SessionItem", "SessionPage", "JsonFileSessionStore", "LocalStart", "LogStream",
     "MoveResult", "NetworkError", "Page", "NewSessionResult", "NotConnectedError", "NotFoundError", "PathResult",

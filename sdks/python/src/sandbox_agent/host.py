@@ -53,6 +53,7 @@ from .models import (
 )
 
 if TYPE_CHECKING:
+    from .browser import BrowserApi
     from .desktop import DesktopApi
     from .terminal import ProcessTerminal
 
@@ -148,6 +149,13 @@ class HostApi:
         return res.json() if res.content else None
 
     # -- health, agents, instances ---------------------------------------------------------------
+
+    @property
+    def browser(self) -> BrowserApi:
+        """The browser routes (``/v1/browser/*``) and the DevTools proxy's URLs."""
+        from .browser import BrowserApi
+
+        return BrowserApi(self)
 
     @property
     def desktop(self) -> DesktopApi:

@@ -21,6 +21,7 @@ import {
   type ProcessTerminalConnectOptions,
   type ProcessTerminalUrlOptions,
 } from "./processes.js";
+import { BrowserApi } from "./browser.js";
 import { DesktopApi } from "./desktop.js";
 import { watchFs, type WatchItem, type WatchOptions } from "./watch.js";
 import type {
@@ -125,6 +126,15 @@ export class HostApi {
   /** The desktop routes (`/v1/desktop/*`) and its live view. */
   get desktop(): DesktopApi {
     return new DesktopApi({
+      json: (method, path, init) => this.json(method, path, init),
+      send: (method, path, init) => this.send(method, path, init),
+      context: this.processContext(),
+    });
+  }
+
+  /** The browser routes (`/v1/browser/*`) and the DevTools proxy's URLs. */
+  get browser(): BrowserApi {
+    return new BrowserApi({
       json: (method, path, init) => this.json(method, path, init),
       send: (method, path, init) => this.send(method, path, init),
       context: this.processContext(),

@@ -35,6 +35,7 @@ export {
   type ProcessTerminalErrorFrame,
   type WebSocketConstructor,
 } from "./processes.js";
+export { BrowserApi, type BrowserTransport } from "./browser.js";
 export {
   DesktopApi,
   DesktopLiveView,

@@ -133,3 +133,16 @@ export type DesktopRecordingStartRequest = Schemas["DesktopRecordingStartRequest
 export type DesktopRecordingInfo = Schemas["DesktopRecordingInfo"];
 export type DesktopStreamStatus = Schemas["DesktopStreamStatusResponse"];
 export type DesktopLiveViewQuery = QueryOf<"connectDesktopStream">;
+
+// Browser (`/v1/browser/*`), under the schema names of the daemon's OpenAPI document.
+export type BrowserStatus = Schemas["BrowserStatus"];
+export type BrowserStartRequest = Schemas["BrowserStartRequest"];
+export type BrowserTab = Schemas["BrowserTab"];
+export type BrowserOpenTabRequest = Schemas["BrowserOpenTabRequest"];
+export type BrowserNavigateRequest = Schemas["BrowserNavigateRequest"];
+export type BrowserScreenshotQuery = QueryOf<"getBrowserScreenshot">;
+export type BrowserContentQuery = QueryOf<"getBrowserContent">;
+export type BrowserContent = Schemas["BrowserContent"];
+export type BrowserAccessibilityQuery = QueryOf<"getBrowserAccessibility">;
+export type BrowserAccessibility = Schemas["BrowserAccessibility"];
+export type BrowserAxNode = Schemas["AxNode"];

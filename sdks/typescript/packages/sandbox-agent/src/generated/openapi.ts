@@ -2251,7 +2251,10 @@ export interface components {
             height?: number | null;
         };
         BrowserStatus: {
-            /** @description `inactive`, `starting`, `active`, `stopping` or `failed`. */
+            /**
+             * @description `inactive`, `starting`, `active`, `restarting` (Chromium died; the daemon starts it again
+             *     after a back-off), `stopping` or `failed`.
+             */
             state: string;
             headless?: boolean | null;
             /** @description The X display it runs on (not headless). */
@@ -2268,6 +2271,16 @@ export interface components {
             lastError?: null | components["schemas"]["BrowserLastError"];
             /** @description The Debian package to install when Chromium is missing. */
             missingPackage?: string | null;
+            /**
+             * Format: int32
+             * @description Times the daemon restarted Chromium after it died, since the last `start`.
+             */
+            restarts: number;
+            /**
+             * Format: int64
+             * @description Unix milliseconds of the pending restart (state `restarting`).
+             */
+            nextRestartAt?: number | null;
         };
         BrowserTab: {
             id: string;
@@ -11673,6 +11686,11 @@ export interface operations {
                 format?: string;
                 /** @description JPEG quality 1..=100. */
                 quality?: number;
+                /**
+                 * @description The whole page instead of the viewport (each side at most 16,384 CSS pixels; a longer
+                 *     page is cut there). Default false.
+                 */
+                fullPage?: boolean;
             };
             header?: never;
             path?: never;
@@ -11680,7 +11698,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The tab's viewport (at most 16 MiB) */
+            /** @description The tab's viewport, or the whole page with `fullPage=true` (at most 16 MiB) */
             200: {
                 headers: {
                     [name: string]: unknown;
