@@ -26,6 +26,7 @@ mod metrics;
 mod mock_agent;
 mod openapi;
 mod opencode;
+mod opencode_real_agent;
 mod opencode_requests_outlive_turns;
 mod operator_messages;
 mod packaging;

@@ -103,7 +103,23 @@ impl Events {
 
     /// Reads until an event matches; every event read is kept in `seen`.
     pub(crate) async fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + WAIT;
+        self.until_for(WAIT, pred).await
+    }
+
+    /// Reads what arrives until the stream has been quiet for `quiet`, into `seen`.
+    pub(crate) async fn settle(&mut self, quiet: Duration) {
+        while let Ok(Some(e)) = tokio::time::timeout(quiet, self.rx.recv()).await {
+            self.seen.push(e);
+        }
+    }
+
+    /// `until` with its own time limit (a real agent is slower than the mock).
+    pub(crate) async fn until_for(
+        &mut self,
+        limit: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.rx.recv()).await {
@@ -114,7 +130,7 @@ impl Events {
                     }
                 }
                 _ => panic!(
-                    "no matching event within {WAIT:?}; seen: {}",
+                    "no matching event within {limit:?}; seen: {}",
                     serde_json::to_string_pretty(&self.seen).unwrap()
                 ),
             }
@@ -130,7 +146,7 @@ impl Events {
     }
 }
 
-fn session_of(e: &Value) -> Option<&str> {
+pub(crate) fn session_of(e: &Value) -> Option<&str> {
     let p = &e["properties"];
     p["sessionID"]
         .as_str()
