@@ -28,6 +28,7 @@ mod openapi;
 mod opencode;
 mod opencode_real_agent;
 mod opencode_requests_outlive_turns;
+mod opencode_tui;
 mod operator_messages;
 mod packaging;
 mod processes;
