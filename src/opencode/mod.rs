@@ -534,6 +534,14 @@ impl OpenCode {
         out
     }
 
+    /// The OpenCode session an ACP instance backs (its id and title), for `GET /v1/acp`.
+    pub fn session_of_server(&self, server_id: &str) -> Option<(String, String)> {
+        let id = server_id.strip_prefix("opencode-")?;
+        let s = crate::sys::lock(&self.sessions).get(id).cloned()?;
+        // A client may have named an unrelated instance `opencode-…`: only the session's own.
+        (s.server_id == server_id).then(|| (s.id.clone(), s.data().title.clone()))
+    }
+
     pub fn get_session(&self, id: &str) -> Result<Value, OcError> {
         let s = self.get(id)?;
         Ok(self.session_info(&s))

@@ -18,6 +18,7 @@ mod hostile_files;
 mod image_cli;
 mod inspector;
 mod inspector_desktop;
+mod inspector_opencode;
 mod inventory_follows_every_transport;
 mod lifecycle;
 mod list_paging;
