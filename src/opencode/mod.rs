@@ -174,6 +174,8 @@ pub struct Session {
     turn: tokio::sync::Mutex<()>,
     busy: AtomicBool,
     aborted: AtomicBool,
+    /// Woken by `abort`, so the running turn sends (and repeats) the agent's `session/cancel`.
+    abort_wake: tokio::sync::Notify,
     /// The turn's assistant message id while one runs.
     current: Mutex<Option<String>>,
 }
@@ -187,6 +189,7 @@ impl Session {
             turn: tokio::sync::Mutex::new(()),
             busy: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
+            abort_wake: tokio::sync::Notify::new(),
             current: Mutex::new(None),
         })
     }
@@ -690,6 +693,9 @@ impl OpenCode {
                 "params": {"sessionId": acp_session}});
             let _ = self.post_line(&s.server_id, None, &line, false).await;
         }
+        // The turn may not have sent its prompt yet (a cancel before it would be lost): the turn
+        // itself skips the prompt, or repeats the cancel until the agent ends it.
+        s.abort_wake.notify_one();
         Ok(true)
     }
 

@@ -29,6 +29,7 @@ mod openapi;
 mod opencode;
 mod opencode_real_agent;
 mod opencode_requests_outlive_turns;
+mod opencode_session_choices;
 mod opencode_tui;
 mod operator_messages;
 mod packaging;
