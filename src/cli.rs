@@ -179,6 +179,11 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /permission      ask session/request_permission; the chunk \"permission: OPTION\" reports the answer
   /question        ask a question (a permission request for the tool AskUserQuestion, with
                    rawInput.questions); the chunk \"answer: […]\" reports the result's _meta.answers
+  /permission-later, /question-later
+                   ask the same, but end the turn at once (the chunk \"asked for permission;
+                   the answer comes later\"); the answer is reported at the start of the
+                   session's next prompt, as the chunk \"earlier permission: OPTION\" (or
+                   \"earlier answer: […]\")
   /tool [PATH]     a tool call (kind edit) whose completed update holds a diff of PATH
                    (default mock-edit.txt in its working directory; nothing is written)
   /error           end the turn with a JSON-RPC error instead of a stop reason
@@ -199,8 +204,9 @@ back as one agent_message_chunk, unless it starts with one of these commands:
   /title TEXT      a session_info_update giving the session the title TEXT
   /usage USED SIZE [COST]  a usage_update (context tokens used and window; cost in USD)
 
-A prompt that is exactly one of the bare words tool, error, permission or question acts as
-that command (the prompts OpenCode compatibility suites send).
+A prompt that is exactly one of the bare words tool or error acts as that command, and
+permission or question as /permission-later or /question-later (the prompts OpenCode
+compatibility suites send: they wait for the prompt's answer before answering the request).
 
 Example: sandbox-agent mock-agent, then type
   {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"s\",\"prompt\":[{\"type\":\"text\",\"text\":\"/stream 3\"}]}}";

@@ -34,6 +34,11 @@ struct Mock {
     prompts: Mutex<HashMap<u64, Running>>,
     /// Our outgoing request id → the prompt waiting for its response.
     waiting: Mutex<HashMap<u64, Sender<Event>>>,
+    /// Requests of `/permission-later` and `/question-later` (id → session, is a question):
+    /// no turn waits for them; their answers are reported at the session's next prompt.
+    later: Mutex<HashMap<u64, (String, bool)>>,
+    /// Per session, the reports of those answers not yet told (at most `LATER_MAX`).
+    told_later: Mutex<HashMap<String, Vec<String>>>,
     /// Children of `/fork` and memory of `/alloc`, held so they stay alive and counted.
     children: Mutex<Vec<Child>>,
     hoard: Mutex<Vec<Vec<u8>>>,
@@ -58,6 +63,9 @@ pub struct Options {
 
 /// Where the mock keeps its sessions, under its working directory: one JSON file per session.
 const SESSIONS_DIR: &str = ".mock-agent-sessions";
+
+/// Answers of `/permission-later` requests kept per session until its next prompt.
+const LATER_MAX: usize = 16;
 
 /// Prompts remembered per session, and bytes of each.
 const HISTORY_MAX: usize = 100;
@@ -228,10 +236,18 @@ fn handle(mock: &Arc<Mock>, mut msg: serde_json::Map<String, Value>) {
         Some(Value::String(m)) => m,
         // A response from the client to one of our requests.
         _ => {
-            if let Some(n) = id.as_ref().and_then(Value::as_u64)
-                && let Some(tx) = crate::sys::lock(&mock.waiting).remove(&n)
-            {
+            let Some(n) = id.as_ref().and_then(Value::as_u64) else {
+                return;
+            };
+            if let Some(tx) = crate::sys::lock(&mock.waiting).remove(&n) {
                 let _ = tx.send(Event::Response(Value::Object(msg)));
+            } else if let Some((session, question)) = crate::sys::lock(&mock.later).remove(&n) {
+                let report = answer_report(&Value::Object(msg), question);
+                let mut told = crate::sys::lock(&mock.told_later);
+                let reports = told.entry(session).or_default();
+                if reports.len() < LATER_MAX {
+                    reports.push(report);
+                }
             }
             return;
         }
@@ -403,16 +419,21 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
         None => (text.trim(), ""),
     };
     // A whole prompt of one of these bare words acts as the command (what OpenCode
-    // compatibility suites send).
+    // compatibility suites send: they expect the prompt to come back while the request waits).
     let command = match command {
         "tool" | "error" | "permission" | "question" if arg.is_empty() => match command {
             "tool" => "/tool",
             "error" => "/error",
-            "permission" => "/permission",
-            _ => "/question",
+            "permission" => "/permission-later",
+            _ => "/question-later",
         },
         c => c,
     };
+    // What the client answered to this session's earlier `-later` requests.
+    let told = crate::sys::lock(&mock.told_later).remove(session);
+    for report in told.unwrap_or_default() {
+        mock.chunk(session, &format!("earlier {report}"));
+    }
     let cancelled = |r: Result<Event, RecvTimeoutError>| matches!(r, Ok(Event::Cancel));
     match command {
         "/stream" => {
@@ -517,6 +538,15 @@ fn run_prompt(mock: &Mock, session: &str, text: &str, rx: &Receiver<Event>) -> &
             }
         }
         "/question" => return permission(mock, session, rx, true),
+        "/permission-later" | "/question-later" => {
+            let question = command == "/question-later";
+            ask(mock, session, question);
+            let what = if question { "question" } else { "permission" };
+            mock.chunk(
+                session,
+                &format!("asked for {what}; the answer comes later"),
+            );
+        }
         "/error" => return FAIL,
         "/tool" => tool(mock, session, arg),
         "/spawn-orphan" => match spawn_orphan() {
@@ -669,9 +699,42 @@ fn question_call(n: u64) -> Value {
 }
 
 fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) -> &'static str {
-    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     let (tx, answer) = mpsc::channel();
+    // Registered before the request goes out, so its answer cannot come first.
+    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
     crate::sys::lock(&mock.waiting).insert(n, tx);
+    send_ask(mock, session, question, n);
+    // Wait on both channels: the response comes through `answer`, a cancel through `rx`.
+    let response = loop {
+        match answer.recv_timeout(Duration::from_millis(20)) {
+            Ok(Event::Response(r)) => break r,
+            Ok(Event::Cancel) | Err(RecvTimeoutError::Disconnected) => break Value::Null,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if matches!(rx.try_recv(), Ok(Event::Cancel)) {
+            crate::sys::lock(&mock.waiting).remove(&n);
+            return "cancelled";
+        }
+    };
+    mock.chunk(session, &answer_report(&response, question));
+    "end_turn"
+}
+
+/// Sends a request no turn waits for (`/permission-later`); its answer is kept for the
+/// session's next prompt (of at most 1024 unanswered ones; beyond, it is not reported).
+fn ask(mock: &Mock, session: &str, question: bool) {
+    let n = mock.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+    {
+        let mut later = crate::sys::lock(&mock.later);
+        if later.len() < 1024 {
+            later.insert(n, (session.to_string(), question));
+        }
+    }
+    send_ask(mock, session, question, n);
+}
+
+/// The `session/request_permission` of `/permission` (a question's: titled `AskUserQuestion`).
+fn send_ask(mock: &Mock, session: &str, question: bool, n: u64) {
     let tool_call = if question {
         question_call(n)
     } else {
@@ -691,18 +754,11 @@ fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) 
             ],
         },
     }));
-    // Wait on both channels: the response comes through `answer`, a cancel through `rx`.
-    let response = loop {
-        match answer.recv_timeout(Duration::from_millis(20)) {
-            Ok(Event::Response(r)) => break r,
-            Ok(Event::Cancel) | Err(RecvTimeoutError::Disconnected) => break Value::Null,
-            Err(RecvTimeoutError::Timeout) => {}
-        }
-        if matches!(rx.try_recv(), Ok(Event::Cancel)) {
-            crate::sys::lock(&mock.waiting).remove(&n);
-            return "cancelled";
-        }
-    };
+}
+
+/// What the client answered, as the mock reports it: `permission: OPTION` (or the outcome, or
+/// `error`), for a question with answers `answer: […]`.
+fn answer_report(response: &Value, question: bool) -> String {
     let outcome = response.pointer("/result/outcome");
     let chosen = match outcome
         .and_then(|o| o.get("optionId"))
@@ -721,10 +777,9 @@ fn permission(mock: &Mock, session: &str, rx: &Receiver<Event>, question: bool) 
         .pointer("/result/_meta/answers")
         .filter(|_| question);
     match answers {
-        Some(a) => mock.chunk(session, &format!("answer: {a}")),
-        None => mock.chunk(session, &format!("permission: {chosen}")),
+        Some(a) => format!("answer: {a}"),
+        None => format!("permission: {chosen}"),
     }
-    "end_turn"
 }
 
 /// A child that sleeps until killed, with no pipes of ours (it must not hold stdout open).

@@ -93,6 +93,10 @@ async fn list(
         .sessions
         .of_listed(servers.iter().map(|s| s.server_id.as_str()));
     for s in servers.iter_mut() {
+        s.opencode = st
+            .opencode
+            .session_of_server(&s.server_id)
+            .map(|(session_id, title)| super::wire::acp::OpenCodeLink { session_id, title });
         if let Some(list) = bases.remove(&s.server_id) {
             s.sessions = list
                 .into_iter()

@@ -174,6 +174,8 @@ pub struct Session {
     turn: tokio::sync::Mutex<()>,
     busy: AtomicBool,
     aborted: AtomicBool,
+    /// Woken by `abort`, so the running turn sends (and repeats) the agent's `session/cancel`.
+    abort_wake: tokio::sync::Notify,
     /// The turn's assistant message id while one runs.
     current: Mutex<Option<String>>,
 }
@@ -187,6 +189,7 @@ impl Session {
             turn: tokio::sync::Mutex::new(()),
             busy: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
+            abort_wake: tokio::sync::Notify::new(),
             current: Mutex::new(None),
         })
     }
@@ -534,6 +537,14 @@ impl OpenCode {
         out
     }
 
+    /// The OpenCode session an ACP instance backs (its id and title), for `GET /v1/acp`.
+    pub fn session_of_server(&self, server_id: &str) -> Option<(String, String)> {
+        let id = server_id.strip_prefix("opencode-")?;
+        let s = crate::sys::lock(&self.sessions).get(id).cloned()?;
+        // A client may have named an unrelated instance `opencode-…`: only the session's own.
+        (s.server_id == server_id).then(|| (s.id.clone(), s.data().title.clone()))
+    }
+
     pub fn get_session(&self, id: &str) -> Result<Value, OcError> {
         let s = self.get(id)?;
         Ok(self.session_info(&s))
@@ -682,6 +693,9 @@ impl OpenCode {
                 "params": {"sessionId": acp_session}});
             let _ = self.post_line(&s.server_id, None, &line, false).await;
         }
+        // The turn may not have sent its prompt yet (a cancel before it would be lost): the turn
+        // itself skips the prompt, or repeats the cancel until the agent ends it.
+        s.abort_wake.notify_one();
         Ok(true)
     }
 

@@ -98,6 +98,11 @@ impl OpenCode {
                 .map(String::from),
         };
         s.data().prompted = true;
+        // Busy from here, not from when the turn's task starts: an abort right behind a
+        // `prompt_async` (answered before that task runs) must find the turn.
+        if !s.busy.swap(true, Ordering::AcqRel) {
+            s.aborted.store(false, Ordering::Release);
+        }
         let this = self.clone();
         let task = tokio::spawn(async move { this.run_turn(&s, prompt).await });
         if !wait {
@@ -114,7 +119,6 @@ impl OpenCode {
 
     async fn run_turn(self: &Arc<Self>, s: &Arc<Session>, p: Prompt) -> (Msg, u64) {
         let _turn = s.turn.lock().await;
-        s.aborted.store(false, Ordering::Release);
         s.busy.store(true, Ordering::Release);
         self.emit(
             "session.status",
@@ -255,6 +259,10 @@ impl OpenCode {
         let after = inst.events.last_id();
         drop(inst);
         let sub = self.acp.subscribe(&sid, Some(after))?;
+        if s.aborted.load(Ordering::Acquire) {
+            // Aborted while the ACP session was being made: nothing to prompt.
+            return Ok(());
+        }
         let line = json!({"jsonrpc": "2.0", "id": format!("oc-{}", self.new_id("req")),
             "method": "session/prompt",
             "params": {"sessionId": acp_session, "prompt": p.blocks}});
@@ -262,6 +270,12 @@ impl OpenCode {
         tokio::pin!(post);
         let mut answered: Option<Result<Delivered, AcpError>> = None;
         let mut seen = after;
+        // Once aborted, `session/cancel` goes out at once and again every 500 ms until the turn
+        // ends: a cancel that reached the agent before its prompt would otherwise be lost.
+        let mut aborting = false;
+        let mut resend = tokio::time::interval(std::time::Duration::from_millis(500));
+        let cancel = json!({"jsonrpc": "2.0", "method": "session/cancel",
+            "params": {"sessionId": acp_session}});
         loop {
             if let Some(r) = &answered {
                 match r {
@@ -271,6 +285,14 @@ impl OpenCode {
             }
             tokio::select! {
                 r = &mut post, if answered.is_none() => answered = Some(r),
+                () = s.abort_wake.notified(), if !aborting => {
+                    // A wake left over from an abort of an earlier turn is not this turn's.
+                    aborting = s.aborted.load(Ordering::Acquire);
+                    resend.reset_immediately();
+                }
+                _ = resend.tick(), if aborting && answered.is_none() => {
+                    let _ = self.post_line(&sid, None, &cancel, false).await;
+                }
                 next = sub.next() => match next {
                     crate::acp::events::Next::Frames(chunk) => {
                         for item in crate::acp::frames::split(&chunk) {

@@ -14,7 +14,7 @@ use reqwest::header::{
 
 use crate::support::{self, Daemon};
 
-fn ui_dir() -> PathBuf {
+pub(crate) fn ui_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("ui")
 }
 
@@ -235,7 +235,7 @@ fn which_node() -> Option<PathBuf> {
 }
 
 /// The node tool a test needs, or `None` after saying why the test is skipped.
-fn node_with(module: &str) -> Option<PathBuf> {
+pub(crate) fn node_with(module: &str) -> Option<PathBuf> {
     let node_ok = std::process::Command::new("node")
         .arg("--version")
         .output()
@@ -255,7 +255,7 @@ fn node_with(module: &str) -> Option<PathBuf> {
 }
 
 /// Runs `node args…` in ui/ with a deadline; panics with its output if it fails.
-async fn node(args: &[&std::ffi::OsStr], timeout: Duration, what: &str) -> String {
+pub(crate) async fn node(args: &[&std::ffi::OsStr], timeout: Duration, what: &str) -> String {
     let out = tokio::time::timeout(
         timeout,
         tokio::process::Command::new("node")

@@ -193,6 +193,35 @@ fn mock_agent_asks_for_permission_and_reports_the_choice() {
     assert_eq!(m.stop_reason(1), "end_turn");
 }
 
+/// The bare word `permission` (`/permission-later`): the request goes out and the turn ends
+/// without waiting; the answer given afterwards is told at the start of the next prompt.
+#[test]
+fn mock_agent_asks_without_waiting_and_tells_the_answer_at_the_next_prompt() {
+    let mut m = Mock::start();
+    m.prompt(1, "permission");
+    let ask = m.next();
+    assert_eq!(ask["method"], "session/request_permission", "{ask}");
+    assert_eq!(m.chunk(), "asked for permission; the answer comes later");
+    assert_eq!(m.stop_reason(1), "end_turn");
+    m.send(json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"outcome": {"outcome": "selected", "optionId": "allow-always"}}}));
+    // The answer has no turn to go to: the mock holds it until the session prompts again.
+    m.prompt(2, "question");
+    assert_eq!(m.chunk(), "earlier permission: allow-always");
+    let q = m.next();
+    assert_eq!(q["params"]["toolCall"]["title"], "AskUserQuestion", "{q}");
+    assert_eq!(m.chunk(), "asked for question; the answer comes later");
+    assert_eq!(m.stop_reason(2), "end_turn");
+    m.send(
+        json!({"jsonrpc": "2.0", "id": q["id"], "result": {"outcome":
+        {"outcome": "selected", "optionId": "allow-once"}, "_meta": {"answers": [["No"]]}}}),
+    );
+    m.prompt(3, "hello");
+    assert_eq!(m.chunk(), r#"earlier answer: [["No"]]"#);
+    assert_eq!(m.chunk(), "hello");
+    assert_eq!(m.stop_reason(3), "end_turn");
+}
+
 #[test]
 fn mock_agent_writes_stderr_apart_and_crashes_with_the_asked_code() {
     let mut m = Mock::start();

@@ -16,21 +16,26 @@ use serde_json::{Value, json};
 
 use crate::support::{BIN, Daemon, on_path, skip};
 
-const TOKEN: &str = "oc-secret-token";
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const TOKEN: &str = "oc-secret-token";
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
-fn daemon() -> Daemon {
+pub(crate) fn daemon() -> Daemon {
     Daemon::builder().token(TOKEN).start()
 }
 
-fn basic(password: &str) -> String {
+pub(crate) fn basic(password: &str) -> String {
     let creds = base64::engine::general_purpose::STANDARD.encode(format!("opencode:{password}"));
     format!("Basic {creds}")
 }
 
 /// One OpenCode call with the token as a basic password (as OpenCode's clients send it):
 /// (status, JSON body or Null).
-async fn call(d: &Daemon, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn call(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let client = crate::support::http();
     let mut req = client
         .request(method.parse().unwrap(), d.url(&format!("/opencode{path}")))
@@ -47,13 +52,13 @@ async fn call(d: &Daemon, method: &str, path: &str, body: Option<Value>) -> (u16
 }
 
 /// The `/event` stream, read by a task into a channel.
-struct Events {
+pub(crate) struct Events {
     rx: tokio::sync::mpsc::UnboundedReceiver<Value>,
-    seen: Vec<Value>,
+    pub(crate) seen: Vec<Value>,
 }
 
 impl Events {
-    async fn open(d: &Daemon, path: &str) -> Events {
+    pub(crate) async fn open(d: &Daemon, path: &str) -> Events {
         let resp = crate::support::http()
             .get(d.url(&format!("/opencode{path}")))
             .header("authorization", format!("Bearer {TOKEN}"))
@@ -97,8 +102,24 @@ impl Events {
     }
 
     /// Reads until an event matches; every event read is kept in `seen`.
-    async fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + WAIT;
+    pub(crate) async fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
+        self.until_for(WAIT, pred).await
+    }
+
+    /// Reads what arrives until the stream has been quiet for `quiet`, into `seen`.
+    pub(crate) async fn settle(&mut self, quiet: Duration) {
+        while let Ok(Some(e)) = tokio::time::timeout(quiet, self.rx.recv()).await {
+            self.seen.push(e);
+        }
+    }
+
+    /// `until` with its own time limit (a real agent is slower than the mock).
+    pub(crate) async fn until_for(
+        &mut self,
+        limit: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.rx.recv()).await {
@@ -109,7 +130,7 @@ impl Events {
                     }
                 }
                 _ => panic!(
-                    "no matching event within {WAIT:?}; seen: {}",
+                    "no matching event within {limit:?}; seen: {}",
                     serde_json::to_string_pretty(&self.seen).unwrap()
                 ),
             }
@@ -125,7 +146,7 @@ impl Events {
     }
 }
 
-fn session_of(e: &Value) -> Option<&str> {
+pub(crate) fn session_of(e: &Value) -> Option<&str> {
     let p = &e["properties"];
     p["sessionID"]
         .as_str()
@@ -140,19 +161,19 @@ fn session_of(e: &Value) -> Option<&str> {
         })
 }
 
-async fn create(d: &Daemon, body: Value) -> String {
+pub(crate) async fn create(d: &Daemon, body: Value) -> String {
     let (s, b) = call(d, "POST", "/session", Some(body)).await;
     assert_eq!(s, 200, "{b}");
     b["id"].as_str().expect("an id").to_string()
 }
 
-fn prompt_body(text: &str) -> Value {
+pub(crate) fn prompt_body(text: &str) -> Value {
     json!({"model": {"providerID": "mock", "modelID": "mock"},
         "parts": [{"type": "text", "text": text}]})
 }
 
 /// The text of a message's text parts, joined.
-fn text_of(msg: &Value) -> String {
+pub(crate) fn text_of(msg: &Value) -> String {
     msg["parts"]
         .as_array()
         .into_iter()
@@ -451,7 +472,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     assert_eq!(pending, json!([]));
 
     // once, through the older per-session route.
-    let turn = prompt(&d, &s, "permission");
+    let turn = prompt(&d, &s, "/permission");
     let asked = ev.until(|e| e["type"] == "permission.asked").await;
     let id = asked["properties"]["id"].as_str().unwrap().to_string();
     assert_eq!(asked["properties"]["sessionID"], s);
@@ -477,7 +498,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     assert_eq!(st, 404);
 
     // reject.
-    let turn = prompt(&d, &s, "permission");
+    let turn = prompt(&d, &s, "/permission");
     let asked = ev
         .until(|e| e["type"] == "permission.asked" && e["properties"]["id"] != id)
         .await;
@@ -493,7 +514,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     assert_eq!(text_of(&turn.await), "permission: reject-once");
 
     // always: answered, then remembered.
-    let turn = prompt(&d, &s, "permission");
+    let turn = prompt(&d, &s, "/permission");
     let asked = ev
         .until(|e| {
             e["type"] == "permission.asked"
@@ -524,7 +545,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
         &d,
         "POST",
         &format!("/session/{s}/message"),
-        Some(prompt_body("permission")),
+        Some(prompt_body("/permission")),
     )
     .await;
     assert_eq!(
@@ -550,7 +571,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     assert_eq!(list, json!([]));
     // Another session does not inherit the rule.
     let other = create(&d, json!({})).await;
-    let turn = prompt(&d, &other, "permission");
+    let turn = prompt(&d, &other, "/permission");
     let asked = ev
         .until(|e| e["type"] == "permission.asked" && e["properties"]["sessionID"] == other)
         .await;
@@ -565,7 +586,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     assert_eq!(text_of(&turn.await), "permission: allow-once");
 
     // A question, answered.
-    let turn = prompt(&d, &s, "question");
+    let turn = prompt(&d, &s, "/question");
     let asked = ev.until(|e| e["type"] == "question.asked").await;
     let q = asked["properties"]["id"].as_str().unwrap().to_string();
     assert_eq!(
@@ -586,7 +607,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
     ev.until(|e| e["type"] == "question.replied" && e["properties"]["requestID"] == q)
         .await;
     // A question, rejected.
-    let turn = prompt(&d, &s, "question");
+    let turn = prompt(&d, &s, "/question");
     let asked = ev
         .until(|e| e["type"] == "question.asked" && e["properties"]["id"] != q)
         .await;
@@ -617,7 +638,7 @@ async fn opencode_permissions_always_is_remembered_and_questions_are_answered() 
 
 /// A prompt sent with `prompt_async` (answered 204 at once); the future resolves to the turn's
 /// assistant message once the session is idle again.
-fn prompt(
+pub(crate) fn prompt(
     d: &Daemon,
     session: &str,
     text: &str,
@@ -731,7 +752,7 @@ async fn opencode_session_goes_on_prompting_after_a_restart_with_a_state_dir() {
 }
 
 /// The npm packages of tests/opencode (`.ci/install-opencode.sh` runs `npm ci`).
-fn opencode_dir() -> Option<std::path::PathBuf> {
+pub(crate) fn opencode_dir() -> Option<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/opencode");
     for tool in ["node", "npm"] {
         if !on_path(tool) {

@@ -1,5 +1,6 @@
-// The daemon's REST surface as the page uses it (agents, instances, files) — the SDK's
-// `HostApi` from the `sandbox-agent` package, plus the two calls it lacks — and the bearer token.
+// The daemon's REST surface as the page uses it (agents, instances, files, OpenCode sessions) —
+// the SDK's `HostApi` from the `sandbox-agent` package, plus the calls it lacks — and the bearer
+// token.
 // Invariant: every API call goes through `api()`, whose client carries the token kept in
 // sessionStorage (never localStorage: it is gone when the tab closes); any non-2xx answer is an
 // `HttpError` carrying the problem+json body.
@@ -12,6 +13,18 @@ export type { AgentInfo, FsEntry };
 
 /** What the page reads from `GET /v1/acp`; `stderrTail` is used if a daemon ever lists it. */
 export type Instance = InstanceInfo & { stderrTail?: string | null };
+
+/** What the page reads of an OpenCode session (`GET /opencode/session`). */
+export interface OpenCodeSession {
+  id: string;
+  title: string;
+  /** The ACP instance behind it, and its ACP session once it prompted. */
+  acpServerId: string;
+  acpSessionId?: string;
+  providerID?: string;
+  modelID?: string;
+  time: { created: number; updated: number };
+}
 
 const TOKEN_KEY = "sandbox-agent.token";
 
@@ -44,6 +57,11 @@ class InspectorApi extends HostApi {
       headers: { Accept: "application/json", Prefer: "jsonrpc-errors" },
     });
     return body.error?.data ?? {};
+  }
+
+  /** The OpenCode sessions of the daemon's `/opencode` bridge (it takes the bearer token too). */
+  async openCodeSessions(): Promise<OpenCodeSession[]> {
+    return this.json<OpenCodeSession[]>("GET", "/opencode/session");
   }
 
   /** The first `limit` bytes of a file as text, or a note saying it is binary or cut short. */

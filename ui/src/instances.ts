@@ -1,7 +1,8 @@
 // The running instances (`GET /v1/acp`): status, pid and process figures, subscribers, pending
 // requests, and for an exited one its exit code or signal, exit reason and stderr tail; Stop
 // sends DELETE; Attach connects the page to a running instance it did not start. Refreshed every 2 s while this tab is shown and auto-refresh is on, and whenever
-// the page's own connection changes; a refresh never overlaps the previous one.
+// the page's own connection changes; a refresh never overlaps the previous one. An instance
+// that backs an OpenCode session (`/opencode/*`) names it: title and OpenCode session id.
 // The listing does not carry the stderr tail (the daemon puts it in the problem body of a request
 // to an exited instance), so the tail shown is, in order: the listing's own `stderrTail` if a
 // daemon sends one, the one this page's connection was told when its agent ended, or one fetched
@@ -33,6 +34,23 @@ export class InstancesPanel {
     setInterval(() => {
       if (this.auto.checked && !panel.hidden && document.visibilityState === "visible" && !this.failing) void this.refresh();
     }, 2000);
+  }
+
+  /** The instance to scroll to and mark at the next render (from the OpenCode sessions list). */
+  private revealing: string | null = null;
+
+  /** Shows `serverId`'s row: marked and scrolled into view once the table has it. */
+  reveal(serverId: string): void {
+    this.revealing = serverId;
+    void this.refresh().then(() => this.markRevealed());
+  }
+
+  private markRevealed(): void {
+    if (!this.revealing) return;
+    const row = this.body.querySelector<HTMLElement>(`tr[data-server-id="${CSS.escape(this.revealing)}"]`);
+    if (!row) return;
+    row.classList.add("revealed");
+    row.scrollIntoView({ block: "nearest" });
   }
 
   /** Records what the daemon said about an instance's end (a problem body with `stderrTail`). */
@@ -118,7 +136,24 @@ export class InstancesPanel {
         h(
           "tr",
           { "data-server-id": s.serverId, "data-status": status, class: s.serverId === this.current() ? "current" : "" },
-          h("th", { scope: "row" }, h("div", { class: "sid", "data-field": "server-id" }, ...breakable(s.serverId)), h("div", { class: "muted" }, s.agent), stop, attach),
+          h(
+            "th",
+            { scope: "row" },
+            h("div", { class: "sid", "data-field": "server-id" }, ...breakable(s.serverId)),
+            h("div", { class: "muted" }, s.agent),
+            s.opencode
+              ? h(
+                  "div",
+                  { class: "oc-link", "data-field": "opencode-session", title: "The OpenCode session this instance backs" },
+                  h("span", { class: "muted" }, "OpenCode "),
+                  h("span", { "data-field": "opencode-title" }, s.opencode.title),
+                  " ",
+                  h("code", { "data-field": "opencode-session-id" }, s.opencode.sessionId),
+                )
+              : null,
+            stop,
+            attach,
+          ),
           h(
             "td",
             {},
@@ -156,6 +191,7 @@ export class InstancesPanel {
     if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "no instances")));
     // Keep open <details> state out of it: the table is small and rebuilt whole.
     this.body.replaceChildren(...rows);
+    this.markRevealed();
   }
 }
 

@@ -10,6 +10,7 @@ import { byId } from "./dom";
 import { FilesPanel } from "./files";
 import { InstancesPanel } from "./instances";
 import { SessionsPanel } from "./sessions";
+import { OpenCodePanel } from "./opencode";
 import { PermissionDialog } from "./permission";
 import { PortsPanel } from "./ports";
 import { RawLog } from "./rawlog";
@@ -63,6 +64,11 @@ instances = new InstancesPanel(
 const agents = new AgentsPanel((agent, serverId) => void session.connect(agent, serverId), showError);
 const files = new FilesPanel(showError);
 const sessionsPanel = new SessionsPanel(showError);
+const openCode = new OpenCodePanel(showError, (serverId) => {
+  selectTab(byId<HTMLButtonElement>("tab-instances"));
+  instances.reveal(serverId);
+});
+byId("sessions-refresh").addEventListener("click", () => void openCode.refresh());
 const desktop = new DesktopPanel(showError);
 const changes = new ChangesPanel(showError);
 const ports = new PortsPanel(showError);
@@ -104,7 +110,10 @@ function selectTab(tab: HTMLButtonElement) {
   }
   tab.focus();
   if (tab.id === "tab-instances") void instances.refresh();
-  if (tab.id === "tab-sessions") void sessionsPanel.refresh();
+  if (tab.id === "tab-sessions") {
+    void sessionsPanel.refresh();
+    void openCode.refresh();
+  }
   if (tab.id === "tab-changes") void changes.show();
   if (tab.id === "tab-ports") ports.show();
   else ports.hide();

@@ -48,6 +48,17 @@ pub struct ServerInfo {
     /// each with the HEAD at that moment (`gitBase`; docs/workspace.md).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sessions: Vec<SessionGitBase>,
+    /// The OpenCode session this instance backs (`/opencode/*`, docs/opencode.md), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opencode: Option<OpenCodeLink>,
+}
+
+/// The OpenCode session an instance backs: its id (`ses_…`) and title.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenCodeLink {
+    pub session_id: String,
+    pub title: String,
 }
 
 /// A session's working directory and the commit its repository was at when it began.
@@ -79,6 +90,7 @@ impl From<Info> for ServerInfo {
             processes: i.processes,
             open_fds: i.open_fds,
             sessions: Vec::new(),
+            opencode: None,
         }
     }
 }

@@ -68,7 +68,7 @@ test("1.1: a permission answered through the session's route", async () => {
   await events.until((e) => e.type === "server.connected");
   await client.session.promptAsync({
     path: { id },
-    body: { model: { providerID: "mock", modelID: "mock" }, parts: [{ type: "text", text: "permission" }] },
+    body: { model: { providerID: "mock", modelID: "mock" }, parts: [{ type: "text", text: "/permission" }] },
   });
   const asked = await events.until((e) => e.type === "permission.updated" && e.properties.sessionID === id);
   const r = await client.postSessionIdPermissionsPermissionId({

@@ -39,7 +39,7 @@ test("1.19: permissions once and always (remembered), over the global stream", a
       && events.seen.filter((x) => x.payload?.type === "session.idle" && x.payload.properties.sessionID === sessionID).length >= k);
   };
 
-  await client.session.promptAsync({ sessionID, ...body("permission") });
+  await client.session.promptAsync({ sessionID, ...body("/permission") });
   const first = (await events.until(asked([]))).payload.properties;
   const listed = await client.permission.list();
   assert.ok(listed.data.some((p) => p.id === first.id));
@@ -48,7 +48,7 @@ test("1.19: permissions once and always (remembered), over the global stream", a
   const replied = await events.until((e) => e.payload?.type === "permission.replied" && e.payload.properties.requestID === first.id);
   assert.equal(replied.payload.properties.reply, "always");
 
-  const res = await client.session.prompt({ sessionID, ...body("permission") });
+  const res = await client.session.prompt({ sessionID, ...body("/permission") });
   assert.equal(textOf(res.data), "permission: allow-always");
   const auto = await events.until((e) => e.payload?.type === "permission.replied"
     && e.payload.properties.requestID !== first.id);
@@ -60,7 +60,7 @@ test("1.19: a question answered, and the model lock", async () => {
   const sessionID = (await client.session.create({})).data.id;
   const events = collect((await client.event.subscribe()).stream);
   await events.until((e) => e.type === "server.connected");
-  await client.session.promptAsync({ sessionID, ...body("question") });
+  await client.session.promptAsync({ sessionID, ...body("/question") });
   const asked = await events.until((e) => e.type === "question.asked" && e.properties.sessionID === sessionID);
   assert.equal(asked.properties.questions[0].question, "Proceed?");
   const r = await client.question.reply({ requestID: asked.properties.id, answers: [["No"]] });

@@ -2893,6 +2893,11 @@ export interface components {
         };
         /** @enum {string} */
         McpTransport: "http" | "sse";
+        /** @description The OpenCode session an instance backs: its id (`ses_…`) and title. */
+        OpenCodeLink: {
+            sessionId: string;
+            title: string;
+        };
         /** @description One event of OpenCode's global event stream: `data` `{directory, payload}`, the payload one event `{type, properties}`. */
         OpencodeGlobalStreamEvent: {
             /** @enum {string} */
@@ -3154,6 +3159,7 @@ export interface components {
              *     each with the HEAD at that moment (`gitBase`; docs/workspace.md).
              */
             sessions?: components["schemas"]["SessionGitBase"][];
+            opencode?: null | components["schemas"]["OpenCodeLink"];
         };
         /** @description `GET /v1/acp`: every instance, sorted by serverId. */
         ServerList: {
