@@ -772,6 +772,43 @@ pub(crate) fn opencode_dir() -> Option<std::path::PathBuf> {
     Some(dir)
 }
 
+/// Runs `opencode run --attach URL -p TOKEN -m MODEL ARGS…` with `home` as its HOME and XDG
+/// directories; answers its exit status, stdout and stderr.
+pub(crate) fn cli_run(
+    dir: &Path,
+    home: &Path,
+    url: &str,
+    model: &str,
+    args: &[&str],
+) -> (std::process::ExitStatus, String, String) {
+    // Its stdout goes to a file: into a pipe, the CLI's last write is asynchronous and may be
+    // cut by its own exit right after the turn's end (a terminal or a file is written at once).
+    let log = home.join("stdout.txt");
+    let file = std::fs::File::create(&log).expect("stdout file");
+    let out = Command::new(dir.join("node_modules/opencode-linux-x64/bin/opencode"))
+        .arg("run")
+        .arg("--attach")
+        .arg(url)
+        .args(["-p", TOKEN, "-m", model])
+        .args(args)
+        .current_dir(home)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_DATA_HOME", home.join(".data"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("XDG_STATE_HOME", home.join(".state"))
+        .stdin(Stdio::null())
+        .stdout(file)
+        .output()
+        .expect("opencode runs");
+    let stdout = std::fs::read_to_string(&log).unwrap_or_default();
+    (
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// OpenCode's own CLI attaches with the token as its server password and completes a turn: it
 /// prints the mock's echo of the prompt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -780,34 +817,7 @@ async fn opencode_cli_run_attach_completes_a_turn_with_the_mock() {
     let d = daemon();
     let home = std::sync::Arc::new(tempfile::tempdir().unwrap());
     let url = d.url("/opencode");
-    // Its stdout goes to a file: into a pipe, the CLI's last write is asynchronous and may be
-    // cut by its own exit right after the turn's end (a terminal or a file is written at once).
-    let run = move |args: &[&str]| {
-        let log = home.path().join("stdout.txt");
-        let file = std::fs::File::create(&log).expect("stdout file");
-        let out = Command::new(dir.join("node_modules/opencode-linux-x64/bin/opencode"))
-            .arg("run")
-            .arg("--attach")
-            .arg(&url)
-            .args(["-p", TOKEN, "-m", "mock/mock"])
-            .args(args)
-            .current_dir(home.path())
-            .env("HOME", home.path())
-            .env("XDG_CONFIG_HOME", home.path().join(".config"))
-            .env("XDG_DATA_HOME", home.path().join(".data"))
-            .env("XDG_CACHE_HOME", home.path().join(".cache"))
-            .env("XDG_STATE_HOME", home.path().join(".state"))
-            .stdin(Stdio::null())
-            .stdout(file)
-            .output()
-            .expect("opencode runs");
-        let stdout = std::fs::read_to_string(&log).unwrap_or_default();
-        (
-            out.status,
-            stdout,
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = move |args: &[&str]| cli_run(&dir, home.path(), &url, "mock/mock", args);
     let (status, out, err) = tokio::task::spawn_blocking({
         let run = run.clone();
         move || run(&["echo-from-the-cli"])

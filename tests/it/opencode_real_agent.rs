@@ -2,7 +2,8 @@
 //! adapter, installed like the real-agent matrix installs it) behind the OpenCode bridge, its
 //! model the fake model server (tests/agents/fake_model.py). A text turn comes back with the
 //! fake model's text; a tool turn asks for permission through OpenCode's `permission.asked`, is
-//! answered on OpenCode's reply route, writes its file and completes with the model's text; each
+//! answered on OpenCode's reply route, writes its file and completes with the model's text; the
+//! `opencode run --attach` CLI gets Claude's reply with the daemon's token as its password; each
 //! turn ends with one `session.idle`; deleting the session ends the agent's processes.
 
 use std::time::Duration;
@@ -61,6 +62,36 @@ async fn opencode_session_drives_claude_through_a_permission_offline() {
         .find(|r| r["serverId"] == format!("opencode-{s}"))
         .unwrap_or_else(|| panic!("no instance for {s} in {servers:?}"));
     assert_eq!(row["agent"], "claude", "{row}");
+
+    // OpenCode's own CLI, attached with the token as its password, gets Claude's reply too.
+    if let Some(dir) = crate::opencode::opencode_dir() {
+        let home = tempfile::tempdir().unwrap();
+        let url = d.url("/opencode");
+        let (status, out, err) = tokio::task::spawn_blocking(move || {
+            crate::opencode::cli_run(
+                &dir,
+                home.path(),
+                &url,
+                "claude/default",
+                &["say something [[text]]"],
+            )
+        })
+        .await
+        .unwrap();
+        assert!(status.success(), "{status}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            out.contains("fake says: one two three"),
+            "stdout:\n{out}\nstderr:\n{err}"
+        );
+        // The CLI made its own session (and instance): deleted here, so that what ends below
+        // is this test's session alone.
+        let (_, list) = call(&d, "GET", "/session", None).await;
+        for other in list.as_array().unwrap().iter().filter(|x| x["id"] != s) {
+            let id = other["id"].as_str().unwrap();
+            let (st, _) = call(&d, "DELETE", &format!("/session/{id}"), None).await;
+            assert_eq!(st, 200, "DELETE the CLI's session {id}");
+        }
+    }
 
     // A tool turn: Claude asks before writing; OpenCode's reply route answers.
     let target = d.work_dir().join("written-through-opencode.txt");
