@@ -4,9 +4,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use super::ConfigErrors;
 use super::parse::*;
 use super::sources::*;
+use super::{ConfigError, ConfigErrors};
 
 /// Where the client commands (`sandbox-agent status`, `acp`, `fs`, …) find the daemon: read
 /// from the same flags, variables and config-file keys as the daemon's own address and token.
@@ -48,9 +48,9 @@ impl ClientTarget {
                 if url.starts_with("http://") || url.starts_with("https://") {
                     url.to_string()
                 } else {
-                    errors.push(format!(
-                        "--url (or SANDBOX_AGENT_URL): `{url}` is not an http:// or https:// URL"
-                    ));
+                    errors.push(ConfigError::ClientUrl {
+                        url: url.to_string(),
+                    });
                     String::new()
                 }
             }
@@ -63,20 +63,16 @@ impl ClientTarget {
                 let port = match (args.port, file_port) {
                     (Some(p), _) => p,
                     (None, Some(raw)) => raw.parse::<u16>().unwrap_or_else(|_| {
-                        errors.push(format!(
-                            "{}: `{raw}` is not a port (0-65535)",
-                            origin("port", true, false, &file_path)
-                        ));
+                        errors.push(ConfigError::ClientPort {
+                            origin: origin("port", true, false, &file_path),
+                            raw: raw.clone(),
+                        });
                         0
                     }),
                     (None, None) => 2468,
                 };
                 if port == 0 && errors.is_empty() {
-                    errors.push(
-                        "port 0 means \"any free port\" to the daemon: pass the port it reported \
-                         (--port or SANDBOX_AGENT_PORT)"
-                            .to_string(),
-                    );
+                    errors.push(ConfigError::ClientPortZero);
                 }
                 format!("http://{}:{port}", client_host(&host))
             }
@@ -84,7 +80,7 @@ impl ClientTarget {
 
         let token = match (&args.token, file_token) {
             (Some(t), _) if t.is_empty() => {
-                errors.push("--token (or SANDBOX_AGENT_TOKEN): the token is empty".to_string());
+                errors.push(ConfigError::ClientEmptyToken);
                 None
             }
             (Some(t), _) => Some(t.clone()),
@@ -96,8 +92,8 @@ impl ClientTarget {
                     .or_else(|| file_token_file.map(PathBuf::from));
                 path.and_then(|path| match read_token_file(&path) {
                     Ok(t) => Some(t),
-                    Err(e) => {
-                        errors.push(format!("--token-file {}: {e}", path.display()));
+                    Err(why) => {
+                        errors.push(ConfigError::TokenFile { path, why });
                         None
                     }
                 })

@@ -26,14 +26,14 @@ mod types;
 pub use client::ClientTarget;
 use declare::{Ctx, Resolver};
 pub use env::{HANDOFF_FD_VAR, launch_env, take_handoff_fd};
-pub use error::{ConfigErrors, InvalidValue};
+pub use error::{ConfigError, ConfigErrors, InvalidValue, Origin, UnknownKeyHint};
 use parse::read_token_file;
 pub use parse::{
     MAX_WARM_SPAWNS, normalise_log_filter, normalise_origin, parse_duration, parse_size,
 };
 pub use settings::{Config, ServerArgs};
 use settings::{Derived, Settings};
-use sources::{FileValues, unknown_key_message};
+use sources::{FileValues, unknown_key};
 pub use sources::{env_name, env_value_error};
 pub use types::{AgentCgroups, LogFormat, StateSync, SystemdEnv, TraceSampler};
 
@@ -91,29 +91,26 @@ impl Config {
 
         // What no single setting can check.
         if s.process_max_log_bytes > s.process_max_total_log_bytes {
-            errors.push(
-                "--process-max-log-bytes is larger than --process-max-total-log-bytes".to_string(),
-            );
+            errors.push(ConfigError::ProcessLogBytesOverTotal);
         }
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
         for (key, value) in &file.map {
-            errors.push(unknown_key_message(key, value, &file.path));
+            errors.push(unknown_key(key, value, &file.path));
         }
         if s.token.is_none()
             && let Some(path) = &s.token_file
         {
             match read_token_file(path) {
                 Ok(t) => s.token = Some(t),
-                Err(e) => errors.push(format!("--token-file {}: {e}", path.display())),
+                Err(why) => errors.push(ConfigError::TokenFile {
+                    path: path.clone(),
+                    why,
+                }),
             }
         }
         if !s.host.is_loopback() && s.token.is_none() && !s.no_token {
-            errors.push(format!(
-                "refusing to listen on {} without authentication: pass --token <TOKEN> \
-                 (or SANDBOX_AGENT_TOKEN), or --no-token to serve without one",
-                s.host
-            ));
+            errors.push(ConfigError::NoAuthentication { host: s.host });
         }
         let tracing = env::tracing(&cx, s.otlp_endpoint.as_deref(), &mut errors);
         if !errors.is_empty() {
