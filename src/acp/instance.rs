@@ -22,6 +22,7 @@
 mod deliver;
 mod handoff;
 mod stdin;
+mod stdout;
 
 pub use deliver::Delivered;
 
@@ -332,7 +333,7 @@ impl AcpInstance {
         if id == 0 {
             return;
         }
-        if let Some(raw) = super::registry::cancelled_id(line) {
+        if let Some(raw) = super::jsonrpc::cancelled_id(line) {
             let asked = crate::sys::lock(&self.asked).remove(&IdKey::from_raw(&raw));
             if let Some(request) = asked {
                 self.events.withdraw(&[request, id]);
@@ -552,7 +553,7 @@ impl AcpInstance {
                 carry, skipping, ..
             } => (carry, skipping),
         };
-        tokio::spawn(super::stdout::read_loop(
+        tokio::spawn(stdout::read_loop(
             self.clone(),
             stdout,
             handle,

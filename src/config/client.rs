@@ -1,4 +1,6 @@
-//! Where the client commands find the daemon (`ClientTarget`).
+//! Where the client commands find the daemon: their flags (`ClientArgs`, flattened into each
+//! client subcommand by `cli.rs`, as `ServerArgs` is into `server`) and what they resolve to
+//! (`ClientTarget`).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -6,7 +8,54 @@ use std::path::PathBuf;
 
 use super::parse::*;
 use super::sources::*;
+use clap::Args;
+
 use super::{ConfigError, ConfigErrors};
+
+/// How the client commands (`status`, `instances`, `acp`, `processes`, `fs`) reach the daemon:
+/// the server's own address and token settings (same flags, variables and config-file keys, so
+/// the daemon's config file serves both), plus `--url` and `--json`.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Daemon and output")]
+pub struct ClientArgs {
+    /// TOML file of the daemon's settings; only `host`, `port`, `token` and `token_file` are read
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The daemon's address; an unspecified one (0.0.0.0, ::) means loopback [default: 127.0.0.1]
+    #[arg(long, env = "SANDBOX_AGENT_HOST", value_name = "ADDR")]
+    pub host: Option<String>,
+
+    /// The daemon's port [default: 2468]
+    #[arg(long, env = "SANDBOX_AGENT_PORT", value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// The daemon's base URL (e.g. http://127.0.0.1:2468); overrides --host and --port
+    #[arg(long, env = "SANDBOX_AGENT_URL", value_name = "URL")]
+    pub url: Option<String>,
+
+    /// Bearer token the daemon requires
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
+    /// Read the bearer token from this file (surrounding whitespace ignored)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Print JSON (one document, or one line per event when following) instead of tables
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// Where the client commands (`sandbox-agent status`, `acp`, `fs`, …) find the daemon: read
 /// from the same flags, variables and config-file keys as the daemon's own address and token.
@@ -30,7 +79,7 @@ impl ClientTarget {
     /// Precedence as for the daemon: flag > environment (both through clap) > config file >
     /// default; `--url` wins over host and port, a token over a token file. Only the four keys
     /// the client needs are read from the file: the rest belong to the daemon, which checks them.
-    pub fn load(args: &crate::cli::ClientArgs) -> Result<ClientTarget, ConfigErrors> {
+    pub fn load(args: &ClientArgs) -> Result<ClientTarget, ConfigErrors> {
         let mut errors = Vec::new();
         let mut file = match &args.config {
             Some(path) => FileValues::load(path, &mut errors),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::error::{ConfigError, Origin, UnknownKeyHint};
+use super::error::{ConfigError, Origin};
 
 /// Values from the TOML file, taken key by key so that every bad key is reported.
 pub(super) struct FileValues {
@@ -198,39 +198,6 @@ pub fn env_value_error(e: &clap::Error, argv: &[OsString]) -> Option<String> {
     ))
 }
 
-/// The known key nearest to an unknown one (edit distance at most a third of its length).
-pub(super) fn nearest_key<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
-    fn distance(a: &str, b: &str) -> usize {
-        let b: Vec<char> = b.chars().collect();
-        let mut prev: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut cur = vec![i + 1; b.len() + 1];
-            for (j, cb) in b.iter().enumerate() {
-                let cost = usize::from(ca != *cb);
-                cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-            }
-            prev = cur;
-        }
-        prev[b.len()]
-    }
-    let max = (unknown.chars().count() / 3).max(1);
-    known
-        .iter()
-        .map(|k| (distance(unknown, k), *k))
-        .filter(|(d, _)| *d <= max)
-        .min()
-        .map(|(_, k)| k)
-}
-
-/// Every key the config file accepts: the table's settings, and `config` (which it ignores).
-pub(super) fn known_file_keys() -> Vec<String> {
-    super::settings::table()
-        .iter()
-        .map(|m| m.name.to_string())
-        .chain(["config".to_string()])
-        .collect()
-}
-
 /// The 1-based line and column (in characters) of byte `at` of `text`.
 fn line_column(text: &str, at: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..at.min(text.len())];
@@ -241,32 +208,4 @@ fn line_column(text: &str, at: usize) -> (usize, usize) {
         .map_or(0, |i| i + 1);
     let column = String::from_utf8_lossy(&before[start..]).chars().count() + 1;
     (line, column)
-}
-
-/// What to say about a key the file does not know.
-pub(super) fn unknown_key(key: &str, value: &toml::Value, file: &Path) -> ConfigError {
-    let hint = if value.is_table()
-        || (value.is_array()
-            && value
-                .as_array()
-                .is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty()))
-    {
-        if matches!(key, "agent" | "agents") {
-            UnknownKeyHint::Agents
-        } else {
-            UnknownKeyHint::Table
-        }
-    } else {
-        let known = known_file_keys();
-        let known: Vec<&str> = known.iter().map(String::as_str).collect();
-        match nearest_key(key, &known) {
-            Some(k) => UnknownKeyHint::Nearest(k.to_string()),
-            None => UnknownKeyHint::None,
-        }
-    };
-    ConfigError::UnknownKey {
-        path: file.to_path_buf(),
-        key: key.to_string(),
-        hint,
-    }
 }
