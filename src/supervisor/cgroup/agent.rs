@@ -10,14 +10,14 @@ pub struct AgentCgroup {
 }
 
 impl AgentCgroup {
-    pub fn handoff_state(&self) -> Vec<crate::supervisor::adopt::CgroupDirState> {
+    pub fn handoff_state(&self) -> Vec<super::handoff::CgroupDirState> {
         self.dirs
             .iter()
-            .map(|(d, v, c)| crate::supervisor::adopt::dir_state(d, *v, c, None))
+            .map(|(d, v, c)| super::handoff::dir_state(d, *v, c, None))
             .collect()
     }
 
-    pub fn adopt(dirs: &[crate::supervisor::adopt::CgroupDirState]) -> Self {
+    pub fn adopt(dirs: &[super::handoff::CgroupDirState]) -> Self {
         AgentCgroup {
             dirs: dirs
                 .iter()
@@ -25,7 +25,7 @@ impl AgentCgroup {
                     (
                         d.dir.clone(),
                         if d.v2 { Version::V2 } else { Version::V1 },
-                        crate::supervisor::adopt::controllers_from(&d.controllers),
+                        super::handoff::controllers_from(&d.controllers),
                     )
                 })
                 .collect(),

@@ -7,7 +7,7 @@
 //! `d…` directory, the per-agent groups it creates, the budget, the hand-off), `mounts.rs`
 //! finding the hierarchies (v1 and v2) and our own group in them, `v2.rs` the v2 controller
 //! delegation, `knobs.rs` writing and reading back the limit files, `leftovers.rs` the subtree's
-//! lock and the clearing of dead daemons' groups, `agent.rs` one agent's groups (`AgentCgroup`).
+//! lock and the clearing of dead daemons' groups, `agent.rs` one agent's groups (`AgentCgroup`), `handoff.rs` what a reload carries of them.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
@@ -24,6 +24,7 @@ use super::limits::Limits;
 use crate::config::AgentCgroups as Mode;
 
 mod agent;
+mod handoff;
 mod knobs;
 mod leftovers;
 mod mounts;
@@ -32,6 +33,8 @@ mod tests;
 mod v2;
 
 pub use agent::AgentCgroup;
+pub use handoff::{CgroupDirState, CgroupsState};
+use handoff::{controllers_from, dir_state};
 use knobs::*;
 use leftovers::*;
 use mounts::*;
@@ -303,24 +306,16 @@ impl Cgroups {
 
     /// The hand-off state of the daemon's own directories; `keep` receives a duplicate of each
     /// flock's descriptor, which holds the lock across the exec.
-    pub fn handoff_state(
-        &self,
-        keep: &mut Vec<std::os::fd::OwnedFd>,
-    ) -> io::Result<super::adopt::CgroupsState> {
+    pub fn handoff_state(&self, keep: &mut Vec<std::os::fd::OwnedFd>) -> io::Result<CgroupsState> {
         use std::os::fd::{AsFd, AsRawFd};
         let mut dirs = Vec::new();
         for h in &self.hierarchies {
             let dup = h._lock.as_fd().try_clone_to_owned()?;
             let n = dup.as_raw_fd();
             keep.push(dup);
-            dirs.push(super::adopt::dir_state(
-                &h.dir,
-                h.version,
-                &h.controllers,
-                Some(n),
-            ));
+            dirs.push(dir_state(&h.dir, h.version, &h.controllers, Some(n)));
         }
-        Ok(super::adopt::CgroupsState {
+        Ok(CgroupsState {
             dirs,
             next: self.next.load(Ordering::Relaxed),
         })
@@ -328,17 +323,14 @@ impl Cgroups {
 
     /// The previous image's directories, taken over with their flocks (`locks`, in the order of
     /// `state.dirs`); no leftovers are cleared (ours are locked, by us).
-    pub fn adopt(
-        state: &super::adopt::CgroupsState,
-        locks: Vec<std::os::fd::OwnedFd>,
-    ) -> io::Result<Self> {
+    pub fn adopt(state: &CgroupsState, locks: Vec<std::os::fd::OwnedFd>) -> io::Result<Self> {
         let mut hierarchies = Vec::new();
         for (d, fd) in state.dirs.iter().zip(locks) {
             let lock = Flock::lock(File::from(fd), FlockArg::LockExclusiveNonblock)
                 .map_err(|(_, e)| io::Error::from(e))?;
             hierarchies.push(Hierarchy {
                 version: if d.v2 { Version::V2 } else { Version::V1 },
-                controllers: super::adopt::controllers_from(&d.controllers),
+                controllers: controllers_from(&d.controllers),
                 dir: d.dir.clone(),
                 _lock: lock,
             });
