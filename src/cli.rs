@@ -1,4 +1,5 @@
-//! Command-line surface (clap): the subcommands and the client commands' flags. The daemon's
+//! Command-line surface (clap): the subcommands. The client commands' flags (`ClientArgs`) are
+//! declared in `config/client.rs`, beside what they resolve to. The daemon's
 //! settings (each a flag, an environment variable `SANDBOX_AGENT_<NAME>` and a key of the
 //! optional TOML file) are declared once, in `config/settings.rs`, which makes `ServerArgs`;
 //! `config/` merges the three sources (flag > env > file > default) into one `Config`.
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 
-pub use crate::config::ServerArgs;
+pub use crate::config::{ClientArgs, ServerArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -237,51 +238,6 @@ pub enum AgentsCommand {
         #[command(flatten)]
         settings: AgentsArgs,
     },
-}
-
-/// How the client commands (`status`, `instances`, `acp`, `processes`, `fs`) reach the daemon:
-/// the server's own address and token settings (same flags, variables and config-file keys, so
-/// the daemon's config file serves both), plus `--url` and `--json`.
-#[derive(Debug, Clone, Default, Args)]
-#[command(next_help_heading = "Daemon and output")]
-pub struct ClientArgs {
-    /// TOML file of the daemon's settings; only `host`, `port`, `token` and `token_file` are read
-    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-
-    /// The daemon's address; an unspecified one (0.0.0.0, ::) means loopback [default: 127.0.0.1]
-    #[arg(long, env = "SANDBOX_AGENT_HOST", value_name = "ADDR")]
-    pub host: Option<String>,
-
-    /// The daemon's port [default: 2468]
-    #[arg(long, env = "SANDBOX_AGENT_PORT", value_name = "PORT")]
-    pub port: Option<u16>,
-
-    /// The daemon's base URL (e.g. http://127.0.0.1:2468); overrides --host and --port
-    #[arg(long, env = "SANDBOX_AGENT_URL", value_name = "URL")]
-    pub url: Option<String>,
-
-    /// Bearer token the daemon requires
-    #[arg(
-        long,
-        env = "SANDBOX_AGENT_TOKEN",
-        value_name = "TOKEN",
-        hide_env_values = true
-    )]
-    pub token: Option<String>,
-
-    /// Read the bearer token from this file (surrounding whitespace ignored)
-    #[arg(
-        long,
-        env = "SANDBOX_AGENT_TOKEN_FILE",
-        value_name = "FILE",
-        conflicts_with = "token"
-    )]
-    pub token_file: Option<PathBuf>,
-
-    /// Print JSON (one document, or one line per event when following) instead of tables
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]

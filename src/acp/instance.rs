@@ -22,6 +22,7 @@
 mod deliver;
 mod handoff;
 mod stdin;
+mod stdout;
 
 pub use deliver::Delivered;
 
@@ -564,7 +565,7 @@ impl AcpInstance {
                 carry, skipping, ..
             } => (carry, skipping),
         };
-        tokio::spawn(super::stdout::read_loop(
+        tokio::spawn(stdout::read_loop(
             self.clone(),
             stdout,
             handle,

@@ -259,6 +259,22 @@ pub fn one_line(text: Bytes) -> Bytes {
     Bytes::from(v)
 }
 
+/// The `params.id` of a `$/cancel_request` notification (one substring scan for every other).
+pub(super) fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
+    find_bytes!(line, b"\"$/cancel_request\"")?;
+    #[derive(serde::Deserialize)]
+    struct Params {
+        id: Box<serde_json::value::RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Msg {
+        method: String,
+        params: Params,
+    }
+    let m: Msg = serde_json::from_slice(line).ok()?;
+    (m.method == "$/cancel_request").then_some(m.params.id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

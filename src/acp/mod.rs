@@ -13,7 +13,6 @@ pub mod instance;
 pub mod inventory;
 pub mod jsonrpc;
 pub(crate) mod registry;
-mod stdout;
 #[cfg(test)]
 pub(crate) mod tests;
 

@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use super::caps::Budget;
 use super::events::{LogLimits, Subscribe, Subscription};
 use super::instance::{AcpInstance, Delivered, Status};
-use super::jsonrpc::{Envelope, IdKey, Kind};
+use super::jsonrpc::{Envelope, IdKey, Kind, cancelled_id};
 use super::{AcpError, Deps};
 use crate::agents::{AgentError, Agents};
 use crate::config::Config;
@@ -87,22 +87,6 @@ pub struct AcpService {
     importing: Mutex<std::collections::HashSet<String>>,
     /// Every session seen, across serverIds (`GET /v1/sessions`, `session/list`).
     inventory: Arc<super::inventory::Inventory>,
-}
-
-/// The `params.id` of a `$/cancel_request` notification (one substring scan for every other).
-pub(super) fn cancelled_id(line: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
-    find_bytes!(line, b"\"$/cancel_request\"")?;
-    #[derive(serde::Deserialize)]
-    struct Params {
-        id: Box<serde_json::value::RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Msg {
-        method: String,
-        params: Params,
-    }
-    let m: Msg = serde_json::from_slice(line).ok()?;
-    (m.method == "$/cancel_request").then_some(m.params.id)
 }
 
 /// Sessions per `session/list` page the daemon answers itself.

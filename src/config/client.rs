@@ -1,12 +1,61 @@
-//! Where the client commands find the daemon (`ClientTarget`).
+//! Where the client commands find the daemon: their flags (`ClientArgs`, flattened into each
+//! client subcommand by `cli.rs`, as `ServerArgs` is into `server`) and what they resolve to
+//! (`ClientTarget`).
 
 use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use super::ConfigErrors;
 use super::parse::*;
 use super::sources::*;
+use clap::Args;
+
+use super::{ConfigError, ConfigErrors};
+
+/// How the client commands (`status`, `instances`, `acp`, `processes`, `fs`) reach the daemon:
+/// the server's own address and token settings (same flags, variables and config-file keys, so
+/// the daemon's config file serves both), plus `--url` and `--json`.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Daemon and output")]
+pub struct ClientArgs {
+    /// TOML file of the daemon's settings; only `host`, `port`, `token` and `token_file` are read
+    #[arg(long, env = "SANDBOX_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The daemon's address; an unspecified one (0.0.0.0, ::) means loopback [default: 127.0.0.1]
+    #[arg(long, env = "SANDBOX_AGENT_HOST", value_name = "ADDR")]
+    pub host: Option<String>,
+
+    /// The daemon's port [default: 2468]
+    #[arg(long, env = "SANDBOX_AGENT_PORT", value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// The daemon's base URL (e.g. http://127.0.0.1:2468); overrides --host and --port
+    #[arg(long, env = "SANDBOX_AGENT_URL", value_name = "URL")]
+    pub url: Option<String>,
+
+    /// Bearer token the daemon requires
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
+    /// Read the bearer token from this file (surrounding whitespace ignored)
+    #[arg(
+        long,
+        env = "SANDBOX_AGENT_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
+
+    /// Print JSON (one document, or one line per event when following) instead of tables
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// Where the client commands (`sandbox-agent status`, `acp`, `fs`, …) find the daemon: read
 /// from the same flags, variables and config-file keys as the daemon's own address and token.
@@ -30,7 +79,7 @@ impl ClientTarget {
     /// Precedence as for the daemon: flag > environment (both through clap) > config file >
     /// default; `--url` wins over host and port, a token over a token file. Only the four keys
     /// the client needs are read from the file: the rest belong to the daemon, which checks them.
-    pub fn load(args: &crate::cli::ClientArgs) -> Result<ClientTarget, ConfigErrors> {
+    pub fn load(args: &ClientArgs) -> Result<ClientTarget, ConfigErrors> {
         let mut errors = Vec::new();
         let mut file = match &args.config {
             Some(path) => FileValues::load(path, &mut errors),
@@ -48,9 +97,9 @@ impl ClientTarget {
                 if url.starts_with("http://") || url.starts_with("https://") {
                     url.to_string()
                 } else {
-                    errors.push(format!(
-                        "--url (or SANDBOX_AGENT_URL): `{url}` is not an http:// or https:// URL"
-                    ));
+                    errors.push(ConfigError::ClientUrl {
+                        url: url.to_string(),
+                    });
                     String::new()
                 }
             }
@@ -63,20 +112,16 @@ impl ClientTarget {
                 let port = match (args.port, file_port) {
                     (Some(p), _) => p,
                     (None, Some(raw)) => raw.parse::<u16>().unwrap_or_else(|_| {
-                        errors.push(format!(
-                            "{}: `{raw}` is not a port (0-65535)",
-                            origin("port", true, false, &file_path)
-                        ));
+                        errors.push(ConfigError::ClientPort {
+                            origin: origin("port", true, false, &file_path),
+                            raw: raw.clone(),
+                        });
                         0
                     }),
                     (None, None) => 2468,
                 };
                 if port == 0 && errors.is_empty() {
-                    errors.push(
-                        "port 0 means \"any free port\" to the daemon: pass the port it reported \
-                         (--port or SANDBOX_AGENT_PORT)"
-                            .to_string(),
-                    );
+                    errors.push(ConfigError::ClientPortZero);
                 }
                 format!("http://{}:{port}", client_host(&host))
             }
@@ -84,7 +129,7 @@ impl ClientTarget {
 
         let token = match (&args.token, file_token) {
             (Some(t), _) if t.is_empty() => {
-                errors.push("--token (or SANDBOX_AGENT_TOKEN): the token is empty".to_string());
+                errors.push(ConfigError::ClientEmptyToken);
                 None
             }
             (Some(t), _) => Some(t.clone()),
@@ -96,8 +141,8 @@ impl ClientTarget {
                     .or_else(|| file_token_file.map(PathBuf::from));
                 path.and_then(|path| match read_token_file(&path) {
                     Ok(t) => Some(t),
-                    Err(e) => {
-                        errors.push(format!("--token-file {}: {e}", path.display()));
+                    Err(why) => {
+                        errors.push(ConfigError::TokenFile { path, why });
                         None
                     }
                 })

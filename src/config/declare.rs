@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::builder::{BoolishValueParser, OsStringValueParser};
 use clap::{Arg, ArgAction, ArgMatches};
 
-use super::error::InvalidValue;
+use super::error::{ConfigError, InvalidValue, Origin};
 use super::sources::{FileValues, env_name, origin};
 
 /// A value as a source gave it, before it is parsed.
@@ -41,7 +41,7 @@ impl Ctx {
 /// tells whether it came from the variable the user set.
 pub(crate) struct Refusal {
     item: Option<String>,
-    why: String,
+    why: InvalidValue,
 }
 
 type Parser<T> = Box<dyn Fn(Raw, &Ctx) -> Result<T, Refusal>>;
@@ -90,7 +90,7 @@ pub(crate) fn text<T>(
             let s = text_of(raw);
             parse(&s).map_err(|e| Refusal {
                 item: Some(s),
-                why: e.to_string(),
+                why: e,
             })
         }),
     )
@@ -111,7 +111,7 @@ pub(crate) fn path<T>(
             let item = p.to_string_lossy().into_owned();
             parse(p, cx).map_err(|e| Refusal {
                 item: Some(item),
-                why: e.to_string(),
+                why: e,
             })
         }),
     )
@@ -149,7 +149,7 @@ pub(crate) fn list<T>(
             for i in items.iter().filter(|i| !i.trim().is_empty()) {
                 out.push(item(i).map_err(|e| Refusal {
                     item: Some(i.clone()),
-                    why: e.to_string(),
+                    why: e,
                 })?);
             }
             Ok(out)
@@ -294,7 +294,7 @@ pub(crate) trait ArgValue: Sized {
     /// What the flag or its variable gave, if anything.
     fn given(&self) -> Option<Raw>;
     /// The file's value under `key`, taken out of the file (so that it is known).
-    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<String>) -> Option<Raw>;
+    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<ConfigError>) -> Option<Raw>;
 }
 
 fn one<T: Clone + Send + Sync + 'static>(m: &ArgMatches, id: &str) -> Option<T> {
@@ -313,7 +313,7 @@ macro_rules! text_arg {
             fn given(&self) -> Option<Raw> {
                 self.as_ref().map(|v| Raw::Text(v.to_string()))
             }
-            fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<String>) -> Option<Raw> {
+            fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<ConfigError>) -> Option<Raw> {
                 file.take_string(key, errors).map(Raw::Text)
             }
         }
@@ -332,7 +332,7 @@ impl ArgValue for Option<PathBuf> {
     fn given(&self) -> Option<Raw> {
         self.clone().map(|p| Raw::Path(p.into_os_string()))
     }
-    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<String>) -> Option<Raw> {
+    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<ConfigError>) -> Option<Raw> {
         file.take_string(key, errors)
             .map(|s| Raw::Path(OsString::from(s)))
     }
@@ -350,7 +350,7 @@ impl ArgValue for Option<OsString> {
     fn given(&self) -> Option<Raw> {
         self.clone().map(Raw::Path)
     }
-    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<String>) -> Option<Raw> {
+    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<ConfigError>) -> Option<Raw> {
         file.take_string(key, errors)
             .map(|s| Raw::Path(OsString::from(s)))
     }
@@ -367,7 +367,7 @@ impl ArgValue for bool {
     fn given(&self) -> Option<Raw> {
         self.then_some(Raw::Bool(true))
     }
-    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<String>) -> Option<Raw> {
+    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<ConfigError>) -> Option<Raw> {
         file.take_bool(key, errors).map(Raw::Bool)
     }
 }
@@ -385,7 +385,7 @@ impl ArgValue for Option<Vec<String>> {
     fn given(&self) -> Option<Raw> {
         self.clone().map(Raw::List)
     }
-    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<String>) -> Option<Raw> {
+    fn from_file(file: &mut FileValues, key: &str, errors: &mut Vec<ConfigError>) -> Option<Raw> {
         file.take_list(key, errors).map(Raw::List)
     }
 }
@@ -395,7 +395,7 @@ impl ArgValue for Option<Vec<String>> {
 pub(crate) struct Resolver<'a> {
     pub file: FileValues,
     pub cx: &'a Ctx,
-    pub errors: Vec<String>,
+    pub errors: Vec<ConfigError>,
 }
 
 impl Resolver<'_> {
@@ -413,8 +413,9 @@ impl Resolver<'_> {
         match (s.parse)(raw, self.cx) {
             Ok(v) => v,
             Err(r) => {
-                let at = self.origin(name, from_file, r.item.as_deref());
-                self.errors.push(format!("{at}: {}", r.why));
+                let origin = self.origin(name, from_file, r.item.as_deref());
+                self.errors
+                    .push(ConfigError::InvalidSetting { origin, why: r.why });
                 s.default_value(name, self.cx)
             }
         }
@@ -422,7 +423,7 @@ impl Resolver<'_> {
 
     /// Names where a bad value came from: the file's key, the variable the user set (when it
     /// holds that very value, or that item among its comma-separated ones), or the flag.
-    pub fn origin(&self, name: &str, from_file: bool, raw: Option<&str>) -> String {
+    pub fn origin(&self, name: &str, from_file: bool, raw: Option<&str>) -> Origin {
         let from_env = !from_file
             && raw.is_some_and(|raw| {
                 self.cx.var(&env_name(name)).is_some_and(|v| {

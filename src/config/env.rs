@@ -7,6 +7,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use super::declare::Ctx;
+use super::error::ConfigError;
 use super::types::{SystemdEnv, TraceSampler};
 
 /// Variables an agent never inherits: the systemd protocol (which would let an agent notify or
@@ -72,7 +73,11 @@ pub(super) struct Tracing {
     pub sampler: TraceSampler,
 }
 
-pub(super) fn tracing(cx: &Ctx, otlp_endpoint: Option<&str>, errors: &mut Vec<String>) -> Tracing {
+pub(super) fn tracing(
+    cx: &Ctx,
+    otlp_endpoint: Option<&str>,
+    errors: &mut Vec<ConfigError>,
+) -> Tracing {
     let otel_var = |name: &str| {
         cx.var(name)
             .map(|v| v.to_string_lossy().trim().to_string())
@@ -85,9 +90,7 @@ pub(super) fn tracing(cx: &Ctx, otlp_endpoint: Option<&str>, errors: &mut Vec<St
     if let Some(url) = &endpoint
         && !(url.starts_with("http://") || url.starts_with("https://"))
     {
-        errors.push(format!(
-            "the OTLP endpoint `{url}` is not an http:// or https:// URL"
-        ));
+        errors.push(ConfigError::OtlpEndpoint { url: url.clone() });
     }
     let sampler = match TraceSampler::parse(
         otel_var("OTEL_TRACES_SAMPLER").as_deref(),
@@ -95,7 +98,7 @@ pub(super) fn tracing(cx: &Ctx, otlp_endpoint: Option<&str>, errors: &mut Vec<St
     ) {
         Ok(s) => s,
         Err(e) => {
-            errors.push(format!("OTEL_TRACES_SAMPLER: {e}"));
+            errors.push(ConfigError::TraceSampler(e));
             TraceSampler::ParentBased(1.0)
         }
     };

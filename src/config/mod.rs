@@ -5,7 +5,7 @@
 //!
 //! Where things are: `settings.rs` is the table (every setting declared once), `declare.rs` what
 //! is made of it (clap arguments, resolution, the docs rows), `sources.rs` where a value comes
-//! from, `parse.rs` the value parsers, `types.rs` the word-valued types, `env.rs` the rest of
+//! from, `keys.rs` the file keys known, `parse.rs` the value parsers, `types.rs` the word-valued types, `env.rs` the rest of
 //! the environment (what agents inherit, tracing, systemd, reload), `client.rs` the client
 //! commands' share, `test_hooks.rs` what only the daemon's own tests may switch on.
 
@@ -17,23 +17,25 @@ mod client;
 mod declare;
 mod env;
 mod error;
+mod keys;
 mod parse;
 mod settings;
 mod sources;
 pub mod test_hooks;
 mod types;
 
-pub use client::ClientTarget;
+pub use client::{ClientArgs, ClientTarget};
 use declare::{Ctx, Resolver};
 pub use env::{HANDOFF_FD_VAR, launch_env, take_handoff_fd};
-pub use error::{ConfigErrors, InvalidValue};
+pub use error::{ConfigError, ConfigErrors, InvalidValue, Origin, UnknownKeyHint};
+use keys::unknown_key;
 use parse::read_token_file;
 pub use parse::{
     MAX_WARM_SPAWNS, normalise_log_filter, normalise_origin, parse_duration, parse_size,
 };
 pub use settings::{Config, ServerArgs};
 use settings::{Derived, Settings};
-use sources::{FileValues, unknown_key_message};
+use sources::FileValues;
 pub use sources::{env_name, env_value_error};
 pub use types::{AgentCgroups, LogFormat, StateSync, SystemdEnv, TraceSampler};
 
@@ -91,29 +93,26 @@ impl Config {
 
         // What no single setting can check.
         if s.process_max_log_bytes > s.process_max_total_log_bytes {
-            errors.push(
-                "--process-max-log-bytes is larger than --process-max-total-log-bytes".to_string(),
-            );
+            errors.push(ConfigError::ProcessLogBytesOverTotal);
         }
         // The config file may not name itself, and nothing else is known.
         file.map.remove("config");
         for (key, value) in &file.map {
-            errors.push(unknown_key_message(key, value, &file.path));
+            errors.push(unknown_key(key, value, &file.path));
         }
         if s.token.is_none()
             && let Some(path) = &s.token_file
         {
             match read_token_file(path) {
                 Ok(t) => s.token = Some(t),
-                Err(e) => errors.push(format!("--token-file {}: {e}", path.display())),
+                Err(why) => errors.push(ConfigError::TokenFile {
+                    path: path.clone(),
+                    why,
+                }),
             }
         }
         if !s.host.is_loopback() && s.token.is_none() && !s.no_token {
-            errors.push(format!(
-                "refusing to listen on {} without authentication: pass --token <TOKEN> \
-                 (or SANDBOX_AGENT_TOKEN), or --no-token to serve without one",
-                s.host
-            ));
+            errors.push(ConfigError::NoAuthentication { host: s.host });
         }
         let tracing = env::tracing(&cx, s.otlp_endpoint.as_deref(), &mut errors);
         if !errors.is_empty() {
@@ -150,7 +149,7 @@ pub fn server_args(cmd: clap::Command, keep: impl Fn(&str) -> bool, hide: bool) 
 /// refusal may quote of a configuration error, unlike a value.
 pub fn is_setting_name(name: &str) -> bool {
     let key = name.trim_start_matches("--").replace('-', "_");
-    !key.is_empty() && sources::known_file_keys().contains(&key)
+    !key.is_empty() && keys::known_file_keys().contains(&key)
 }
 
 /// The settings table of docs/config.md, as the table in `settings.rs` makes it.

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use super::error::{ConfigError, Origin};
+
 /// Values from the TOML file, taken key by key so that every bad key is reported.
 pub(super) struct FileValues {
     pub(super) map: BTreeMap<String, toml::Value>,
@@ -19,11 +21,14 @@ impl FileValues {
         }
     }
 
-    pub(super) fn load(path: &Path, errors: &mut Vec<String>) -> Self {
+    pub(super) fn load(path: &Path, errors: &mut Vec<ConfigError>) -> Self {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
-                errors.push(format!("cannot read config file {}: {e}", path.display()));
+                errors.push(ConfigError::UnreadableFile {
+                    path: path.to_path_buf(),
+                    error: e,
+                });
                 return Self::empty();
             }
         };
@@ -32,16 +37,11 @@ impl FileValues {
             Err(e) => {
                 // Where and what, never the offending line itself: the message is shown by
                 // a reload's refusal, and the line may hold a secret (`token = "…`).
-                let at = e
-                    .span()
-                    .map(|sp| line_column(&text, sp.start))
-                    .map(|(l, c)| format!(" at line {l}, column {c}"))
-                    .unwrap_or_default();
-                errors.push(format!(
-                    "config file {} is not valid TOML{at}: {}",
-                    path.display(),
-                    e.message().trim_end()
-                ));
+                errors.push(ConfigError::NotToml {
+                    path: path.to_path_buf(),
+                    at: e.span().map(|sp| line_column(&text, sp.start)),
+                    message: e.message().trim_end().to_string(),
+                });
                 return Self::empty();
             }
         };
@@ -56,7 +56,11 @@ impl FileValues {
     }
 
     /// A scalar rendered as the string the command line would have carried.
-    pub(super) fn take_string(&mut self, key: &str, errors: &mut Vec<String>) -> Option<String> {
+    pub(super) fn take_string(
+        &mut self,
+        key: &str,
+        errors: &mut Vec<ConfigError>,
+    ) -> Option<String> {
         let v = self.map.remove(key)?;
         match v {
             toml::Value::String(s) => Some(s),
@@ -64,29 +68,27 @@ impl FileValues {
             toml::Value::Float(f) => Some(f.to_string()),
             toml::Value::Boolean(b) => Some(b.to_string()),
             other => {
-                errors.push(self.bad(
-                    key,
-                    &format!("expected a string or number, got {}", other.type_str()),
-                ));
+                errors.push(self.bad(key, "a string or number", other.type_str()));
                 None
             }
         }
     }
 
-    pub(super) fn take_bool(&mut self, key: &str, errors: &mut Vec<String>) -> Option<bool> {
+    pub(super) fn take_bool(&mut self, key: &str, errors: &mut Vec<ConfigError>) -> Option<bool> {
         match self.map.remove(key)? {
             toml::Value::Boolean(b) => Some(b),
             other => {
-                errors.push(self.bad(
-                    key,
-                    &format!("expected true or false, got {}", other.type_str()),
-                ));
+                errors.push(self.bad(key, "true or false", other.type_str()));
                 None
             }
         }
     }
 
-    pub(super) fn take_list(&mut self, key: &str, errors: &mut Vec<String>) -> Option<Vec<String>> {
+    pub(super) fn take_list(
+        &mut self,
+        key: &str,
+        errors: &mut Vec<ConfigError>,
+    ) -> Option<Vec<String>> {
         match self.map.remove(key)? {
             toml::Value::String(s) => Some(s.split(',').map(str::to_owned).collect()),
             toml::Value::Array(items) => {
@@ -95,12 +97,7 @@ impl FileValues {
                     match item {
                         toml::Value::String(s) => out.push(s),
                         other => {
-                            errors.push(
-                                self.bad(
-                                    key,
-                                    &format!("expected strings, got {}", other.type_str()),
-                                ),
-                            );
+                            errors.push(self.bad(key, "strings", other.type_str()));
                             return None;
                         }
                     }
@@ -108,17 +105,19 @@ impl FileValues {
                 Some(out)
             }
             other => {
-                errors.push(self.bad(
-                    key,
-                    &format!("expected a list of strings, got {}", other.type_str()),
-                ));
+                errors.push(self.bad(key, "a list of strings", other.type_str()));
                 None
             }
         }
     }
 
-    pub(super) fn bad(&self, key: &str, why: &str) -> String {
-        format!("config file {}: key `{key}`: {why}", self.path.display())
+    pub(super) fn bad(&self, key: &str, expected: &'static str, got: &'static str) -> ConfigError {
+        ConfigError::FileKeyType {
+            path: self.path.clone(),
+            key: key.to_string(),
+            expected,
+            got,
+        }
     }
 }
 
@@ -133,17 +132,20 @@ pub fn env_name(flag: &str) -> String {
 }
 
 /// Where a value came from, for error messages: the file's key, the variable, or the flag.
-pub(super) fn origin(flag: &str, from_file: bool, from_env: bool, file: &Path) -> String {
+pub(super) fn origin(flag: &str, from_file: bool, from_env: bool, file: &Path) -> Origin {
     if from_file {
-        format!(
-            "config file {}: key `{}`",
-            file.display(),
-            flag.replace('-', "_")
-        )
+        Origin::File {
+            path: file.to_path_buf(),
+            key: flag.replace('-', "_"),
+        }
     } else if from_env {
-        format!("environment variable {}", env_name(flag))
+        Origin::Env {
+            var: env_name(flag),
+        }
     } else {
-        format!("--{flag}")
+        Origin::Flag {
+            flag: flag.to_string(),
+        }
     }
 }
 
@@ -196,39 +198,6 @@ pub fn env_value_error(e: &clap::Error, argv: &[OsString]) -> Option<String> {
     ))
 }
 
-/// The known key nearest to an unknown one (edit distance at most a third of its length).
-pub(super) fn nearest_key<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
-    fn distance(a: &str, b: &str) -> usize {
-        let b: Vec<char> = b.chars().collect();
-        let mut prev: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut cur = vec![i + 1; b.len() + 1];
-            for (j, cb) in b.iter().enumerate() {
-                let cost = usize::from(ca != *cb);
-                cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-            }
-            prev = cur;
-        }
-        prev[b.len()]
-    }
-    let max = (unknown.chars().count() / 3).max(1);
-    known
-        .iter()
-        .map(|k| (distance(unknown, k), *k))
-        .filter(|(d, _)| *d <= max)
-        .min()
-        .map(|(_, k)| k)
-}
-
-/// Every key the config file accepts: the table's settings, and `config` (which it ignores).
-pub(super) fn known_file_keys() -> Vec<String> {
-    super::settings::table()
-        .iter()
-        .map(|m| m.name.to_string())
-        .chain(["config".to_string()])
-        .collect()
-}
-
 /// The 1-based line and column (in characters) of byte `at` of `text`.
 fn line_column(text: &str, at: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..at.min(text.len())];
@@ -239,29 +208,4 @@ fn line_column(text: &str, at: usize) -> (usize, usize) {
         .map_or(0, |i| i + 1);
     let column = String::from_utf8_lossy(&before[start..]).chars().count() + 1;
     (line, column)
-}
-
-/// What to say about a key the file does not know.
-pub(super) fn unknown_key_message(key: &str, value: &toml::Value, file: &Path) -> String {
-    let base = format!("config file {}: unknown key `{key}`", file.display());
-    if value.is_table()
-        || (value.is_array()
-            && value
-                .as_array()
-                .is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty()))
-    {
-        if matches!(key, "agent" | "agents") {
-            return format!(
-                "{base}: agents are declared in their own file with `[[agent]]` tables, \
-                 passed with --agents-file (see docs/agents.md)"
-            );
-        }
-        return format!("{base}: the config file has no tables, only top-level keys");
-    }
-    let known = known_file_keys();
-    let known: Vec<&str> = known.iter().map(String::as_str).collect();
-    match nearest_key(key, &known) {
-        Some(k) => format!("{base}; did you mean `{k}`?"),
-        None => base,
-    }
 }

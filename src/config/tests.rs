@@ -202,7 +202,7 @@ fn every_shape_of_setting_comes_from_the_file_and_yields_to_the_flag() {
 #[test]
 fn the_file_knows_every_flag_of_the_server() {
     use clap::Args;
-    let mut keys = sources::known_file_keys();
+    let mut keys = keys::known_file_keys();
     keys.sort();
     let cmd = ServerArgs::augment_args(clap::Command::new("sandbox-agent"));
     let mut flags: Vec<String> = cmd

@@ -556,7 +556,7 @@ pub fn check_main(
             // The full text for a person running the check; the daemon reads only stdout.
             eprint!("{e}");
             let report = CheckReport {
-                problems: e.0.iter().map(|p| redact_values(p)).collect(),
+                problems: e.0.iter().map(|p| redact_values(&p.to_string())).collect(),
             };
             if let Ok(json) = serde_json::to_string(&report) {
                 println!("{json}");

@@ -288,7 +288,7 @@ fn remove_if_ours(path: &Path) -> Option<bool> {
         return Some(false);
     }
     let done = if meta.file_type().is_dir() {
-        super::entries::remove_dir_all(path)
+        super::remove::remove_dir_all(path)
     } else {
         std::fs::remove_file(path)
     };

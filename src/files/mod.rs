@@ -7,6 +7,7 @@ mod entries;
 pub mod journal;
 mod path;
 mod read;
+mod remove;
 #[cfg(test)]
 mod tests;
 mod upload;
@@ -22,9 +23,9 @@ use nix::errno::Errno;
 use crate::config::Config;
 use body::Transfers;
 pub use body::{BodyStream, rate_deadline};
-pub use entries::remove_dir_all;
 pub use path::{PathPolicy, SandboxPath};
 pub use read::{OpenedFile, stream_range};
+pub use remove::remove_dir_all;
 pub use upload::Compression;
 pub use write::remove_live_temporaries;
 

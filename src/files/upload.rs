@@ -28,7 +28,7 @@ use nix::unistd::UnlinkatFlags;
 use crate::archive::{self, ArchiveError};
 
 use super::body::{Batch, BatchReader, BodyReader, Worker, pump};
-use super::entries::remove_tree;
+use super::remove::remove_tree;
 use super::{
     BodyStream, FileError, FileService, PathPolicy, SandboxPath, UPLOAD_PATHS_SHOWN, UploadOutcome,
     shown,
@@ -660,7 +660,7 @@ fn merge(
         };
         let (src, dst) = (open(src_root)?, open(dst_root)?);
         let names =
-            super::entries::dir_names(&src).map_err(|e| FileError::from_errno("list", &dir, e))?;
+            super::remove::dir_names(&src).map_err(|e| FileError::from_errno("list", &dir, e))?;
         for n in names {
             if rel.as_os_str().is_empty() && Some(n.as_os_str()) == skip {
                 continue;

@@ -68,7 +68,7 @@ pub fn remove_live_temporaries() -> usize {
     let live = std::mem::take(&mut *crate::sys::lock(&LIVE));
     let mut removed = 0;
     for (_, (dir, name)) in live {
-        if super::entries::remove_tree(&dir, &name).is_ok() {
+        if super::remove::remove_tree(&dir, &name).is_ok() {
             removed += 1;
         }
     }

@@ -9,8 +9,8 @@ use nix::unistd::{Gid, Uid, User};
 
 use crate::config::Config;
 
-/// Which limits took effect in an agent's cgroup (what `cgroup.rs` read back); the rest fall
-/// back to rlimits. Declared here, beside the limits, so that `cgroup.rs` depends on this module
+/// Which limits took effect in an agent's cgroup (what `cgroup/` read back); the rest fall
+/// back to rlimits. Declared here, beside the limits, so that `cgroup/` depends on this module
 /// and not the other way round.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Applied {

@@ -38,7 +38,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 
-pub use adopt::{CgroupDirState, CgroupsState, ChildState};
+pub use adopt::ChildState;
+pub use cgroup::{CgroupDirState, CgroupsState};
 pub use limits::Limits;
 pub use stats::{GroupScan, read_stat};
 pub use stderr::TAIL_BYTES as STDERR_TAIL_BYTES;

@@ -4,6 +4,10 @@
 //! read it as an option (values that start with `-` are refused, paths are absolute, revisions
 //! follow `--end-of-options`); a repository's own configuration cannot make the daemon run a
 //! program ([`HARDENING`], [`neutral_filters`], the environment of [`GitRunner::command`]).
+//!
+//! One concern although over 800 lines: `Git` is the workspace routes' git operations, each a
+//! short argv built over the same hardened runner, value checks and output parsers (all here),
+//! and keeping them together is what lets one read that no argv escapes those checks.
 
 use std::ffi::OsString;
 use std::os::unix::fs::DirBuilderExt;

@@ -11,9 +11,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{Method, Request, header};
 use serde_json::{Value, json};
 use sha2::Digest;
 
+use crate::support::app::App;
 use crate::support::{BIN, Daemon, descendants, eventually_async, on_path, pid_alive};
 
 /// A tiny HTTP/1.1 file server on loopback that counts the requests for each path.
@@ -265,6 +268,16 @@ impl TestRegistry {
         let (_dir, file) =
             agents_file("[[agent]]\nid = \"testagent\"\nregistry_id = \"test-acp\"\n");
         TestRegistry { regsrv, _dir, file }
+    }
+
+    /// The daemon's arguments for this agents file and registry.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        vec![
+            "--agents-file".into(),
+            self.file.clone().into(),
+            "--acp-registry-url".into(),
+            self.regsrv.url("/registry.json").into(),
+        ]
     }
 
     /// A daemon started with this agents file and registry.
@@ -552,22 +565,26 @@ async fn zip_and_tar_bz2_archives_install_and_answer_through_the_proxy() {
     }
 }
 
+/// In process (`App`): an install refused over the routes needs no daemon process.
 #[tokio::test]
 async fn wrong_sha256_is_refused_and_leaves_nothing() {
     let archive = good_archive();
     let srv = FileServer::start(vec![("/a.tar.gz".into(), archive, Duration::ZERO)]);
     let wrong = "0".repeat(64);
     let reg = TestRegistry::new(&srv, "/a.tar.gz", "1.0.0", Some(&wrong));
-    let d = reg.daemon().start();
-    let (s, body) = post_install(&d, "testagent", json!({})).await;
-    assert_eq!(s, 502, "{body}");
+    let app = App::start(reg.args()).await;
+    let r = app.post("/v1/agents/testagent/install", json!({})).await;
+    let body = r.json();
+    assert_eq!(r.status, 502, "{body}");
     assert_eq!(body["title"], "Agent Install Failed");
     let detail = body["detail"].as_str().unwrap();
     assert!(detail.contains("checksum mismatch"), "{detail}");
     assert_eq!(srv.hits("/a.tar.gz"), 1);
-    let left = files_below(&d.data_dir().join("agents/testagent"));
+    let data_dir = app.data_dir().join("data");
+    assert!(data_dir.is_dir());
+    let left = files_below(&data_dir.join("agents/testagent"));
     assert!(left.is_empty(), "left behind: {left:?}");
-    let (_, st) = get_json(&d, "/v1/agents/testagent").await;
+    let st = app.get("/v1/agents/testagent").await.json();
     assert_eq!(st["installed"], false);
 }
 
@@ -874,18 +891,22 @@ async fn require_preinstall_refuses_run_time_installs_and_the_cli_installs() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown agent"));
 }
 
+/// In process (`App`): the listing, lookups and the built-in install need no daemon process.
 #[tokio::test]
 async fn agents_list_shows_every_known_agent() {
     let (_g, file) =
         agents_file("[[agent]]\nid = \"inhouse\"\ncommand = \"/bin/cat\"\nargs = [\"-u\"]\n");
-    let d = Daemon::builder()
-        .arg("--agents-file")
-        .arg(&file)
-        .arg("--acp-registry-url")
-        .arg(closed_port_url())
-        .start();
-    let (s, body) = get_json(&d, "/v1/agents").await;
-    assert_eq!(s, 200);
+    let registry = closed_port_url();
+    let app = App::start([
+        "--agents-file".as_ref(),
+        file.as_os_str(),
+        "--acp-registry-url".as_ref(),
+        registry.as_ref(),
+    ])
+    .await;
+    let r = app.get("/v1/agents").await;
+    assert_eq!(r.status, 200);
+    let body = r.json();
     let agents = body["agents"].as_array().unwrap();
     let ids: Vec<&str> = agents.iter().map(|a| a["id"].as_str().unwrap()).collect();
     for id in [
@@ -915,25 +936,33 @@ async fn agents_list_shows_every_known_agent() {
     assert_eq!(inhouse["installed"], true);
     assert_eq!(inhouse["path"], "/bin/cat");
 
-    let (s, body) = get_json(&d, "/v1/agents/nope").await;
-    assert_eq!(s, 404, "{body}");
-    let (s, _) = post_install(&d, "nope", json!({})).await;
-    assert_eq!(s, 404);
-    let r = d
-        .client()
-        .post(d.url("/v1/agents/mock/install"))
-        .header("content-type", "application/json")
-        .body("{\"reinstall\": \"yes\"}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let (s, body) = post_install(&d, "mock", json!({})).await;
-    assert_eq!(s, 200);
-    assert_eq!(body["artifacts"][0]["source"], "builtin");
+    let r = app.get("/v1/agents/nope").await;
+    assert_eq!(r.status, 404, "{}", String::from_utf8_lossy(&r.body));
+    let r = app.post("/v1/agents/nope/install", json!({})).await;
+    assert_eq!(r.status, 404);
+    let r = app
+        .send(
+            Request::builder()
+                .method(Method::POST)
+                .uri("/v1/agents/mock/install")
+                .header(header::HOST, "127.0.0.1")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from("{\"reinstall\": \"yes\"}"))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let r = app.post("/v1/agents/mock/install", json!({})).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["artifacts"][0]["source"], "builtin");
     // A native-CLI pin for an agent without a separate native CLI is a 400 that says so.
-    let (s, body) = post_install(&d, "claude", json!({"agentVersion": "1.0.0"})).await;
-    assert_eq!(s, 400, "{body}");
+    let r = app
+        .post(
+            "/v1/agents/claude/install",
+            json!({"agentVersion": "1.0.0"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
 }
 
 #[test]

@@ -26,7 +26,7 @@ pub enum Asked {
 
 /// Two substring scans for a line that is neither; a parse only for a line that may be one.
 pub fn classify(line: &[u8]) -> Option<Asked> {
-    if let Some(raw) = crate::acp::registry::cancelled_id(line) {
+    if let Some(raw) = crate::acp::jsonrpc::cancelled_id(line) {
         return Some(Asked::Cancel(IdKey::from_raw(&raw)));
     }
     if find_bytes!(line, b"\"session/request_permission\"").is_none()

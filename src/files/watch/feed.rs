@@ -10,7 +10,7 @@
 //! (by then every event queued before the listing finished has been seen), so a file reported by
 //! the listing is not reported again by its own creation event.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -28,15 +28,17 @@ use tokio::sync::oneshot;
 use super::{
     ChangeKind, DirBudget, IgnoreSet, OverflowReason, Shared, WatchChange, WatchError, WatchItem,
 };
+
+mod modifies;
+
 use crate::files::{EntryType, FileError, PathPolicy, SandboxPath};
+use modifies::Modifies;
 
 /// Writes to one file within this window are reported as one `modify`, sent when the window
 /// closes (so the last write is always followed by a `modify` within this time).
 pub const COALESCE: Duration = Duration::from_millis(50);
 /// How long a `MOVED_FROM` waits for its `MOVED_TO` (the kernel queues both within one rename).
 const MOVE_PAIRING: Duration = Duration::from_millis(20);
-/// Files with a `modify` waiting at once; beyond, a modify is sent without waiting.
-const MAX_PENDING_MODIFIES: usize = 4096;
 /// Entries of recent listings remembered for de-duplication; beyond, an overflow is reported.
 const MAX_SCANNED: usize = 16 * 1024;
 /// Reads of the inotify descriptor (4 KiB each) between two looks at the clock and the stop pipe.
@@ -99,84 +101,6 @@ struct MovedFrom {
     cookie: u32,
     is_dir: bool,
     at: Instant,
-}
-
-/// Files with a `modify` waiting for its window to close, in the order the windows close.
-#[derive(Default)]
-struct Modifies {
-    order: VecDeque<(Instant, u64)>,
-    by_seq: HashMap<u64, (WatchDescriptor, OsString, bool)>,
-    live: HashMap<(WatchDescriptor, OsString), u64>,
-    seq: u64,
-}
-
-impl Modifies {
-    /// False when the file must be reported at once (too many waiting).
-    fn note(&mut self, wd: WatchDescriptor, name: &OsStr, is_dir: bool, now: Instant) -> bool {
-        let key = (wd, name.to_os_string());
-        if self.live.contains_key(&key) {
-            return true;
-        }
-        if self.live.len() >= MAX_PENDING_MODIFIES {
-            return false;
-        }
-        self.seq += 1;
-        self.live.insert(key, self.seq);
-        self.by_seq
-            .insert(self.seq, (wd, name.to_os_string(), is_dir));
-        self.order.push_back((now + COALESCE, self.seq));
-        true
-    }
-
-    fn cancel(&mut self, wd: WatchDescriptor, name: &OsStr) {
-        if let Some(seq) = self.live.remove(&(wd, name.to_os_string())) {
-            self.by_seq.remove(&seq);
-        }
-    }
-
-    /// The file was renamed: its waiting `modify` follows it (and is sent under the new path).
-    fn rekey(&mut self, from: (WatchDescriptor, &OsStr), to: (WatchDescriptor, &OsStr)) {
-        let Some(seq) = self.live.remove(&(from.0, from.1.to_os_string())) else {
-            return;
-        };
-        let to_key = (to.0, to.1.to_os_string());
-        if self.live.contains_key(&to_key) {
-            self.by_seq.remove(&seq);
-            return;
-        }
-        if let Some(entry) = self.by_seq.get_mut(&seq) {
-            entry.0 = to.0;
-            entry.1 = to.1.to_os_string();
-        }
-        self.live.insert(to_key, seq);
-    }
-
-    fn forget_dirs(&mut self, gone: &HashSet<WatchDescriptor>) {
-        if self.live.is_empty() {
-            return;
-        }
-        self.live.retain(|(wd, _), _| !gone.contains(wd));
-        self.by_seq.retain(|_, (wd, _, _)| !gone.contains(wd));
-    }
-
-    fn next_due(&self) -> Option<Instant> {
-        self.order.front().map(|(at, _)| *at)
-    }
-
-    fn take_due(&mut self, now: Instant) -> Vec<(WatchDescriptor, OsString, bool)> {
-        let mut out = Vec::new();
-        while let Some(&(at, seq)) = self.order.front() {
-            if at > now {
-                break;
-            }
-            self.order.pop_front();
-            if let Some(entry) = self.by_seq.remove(&seq) {
-                self.live.remove(&(entry.0, entry.1.clone()));
-                out.push(entry);
-            }
-        }
-        out
-    }
 }
 
 struct Feed {

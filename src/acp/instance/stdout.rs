@@ -12,8 +12,8 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::ChildStdout;
 
-use super::instance::AcpInstance;
-use super::jsonrpc::{AgentLine, BadLine, classify_agent_line};
+use super::AcpInstance;
+use crate::acp::jsonrpc::{AgentLine, BadLine, classify_agent_line};
 use crate::supervisor::{ChildHandle, ExitInfo};
 
 /// Lines larger than this are classified (parsed) off the runtime thread, which the daemon has
@@ -61,7 +61,7 @@ pub(super) async fn read_loop(
             // A reload: stop between two lines and hand the pipe over; the agent, its
             // waiters and its log carry on in the new image.
             _ = inst.freeze.cancelled() => {
-                inst.hand_over_stdout(super::instance::FrozenStdout {
+                inst.hand_over_stdout(super::FrozenStdout {
                     stdout: reader.inner,
                     carry: reader.buf.to_vec(),
                     skipping: reader.skipping,
