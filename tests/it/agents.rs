@@ -580,7 +580,7 @@ async fn wrong_sha256_is_refused_and_leaves_nothing() {
     let detail = body["detail"].as_str().unwrap();
     assert!(detail.contains("checksum mismatch"), "{detail}");
     assert_eq!(srv.hits("/a.tar.gz"), 1);
-    let data_dir = app.data_dir().join("data");
+    let data_dir = app.data_dir();
     assert!(data_dir.is_dir());
     let left = files_below(&data_dir.join("agents/testagent"));
     assert!(left.is_empty(), "left behind: {left:?}");

@@ -420,7 +420,7 @@ async fn desktop_recording_is_an_mp4_ffprobe_accepts_and_delete_removes_it() {
         .await
         .problem(StatusCode::NOT_FOUND);
     assert!(
-        std::fs::read_dir(app.data_dir().join("data/desktop-recordings"))
+        std::fs::read_dir(app.data_dir().join("desktop-recordings"))
             .unwrap()
             .next()
             .is_none(),

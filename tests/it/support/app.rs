@@ -6,7 +6,7 @@
 //! agent is the real binary's `mock-agent`).
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -126,8 +126,9 @@ impl App {
         self.work_dir().join(rel)
     }
 
-    pub fn data_dir(&self) -> &Path {
-        self.dirs.path()
+    /// The daemon's data dir (`--data-dir`), as `Daemon::data_dir` answers it.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dirs.path().join("data")
     }
 
     /// Sends one request through the router (the same middleware, routes and fallbacks as the
