@@ -3,31 +3,13 @@
 //! base commit (the repository's HEAD when the request came) is recorded all the same — also
 //! when that POST is the one that creates the instance.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::{Daemon, eventually_async, on_path, skip};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "user.name=T", "-c", "user.email=t@example.com"])
-        .args(args)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use crate::workspace::git;
 
 async fn post_async(d: &Daemon, server: &str, body: Value) {
     let r = d

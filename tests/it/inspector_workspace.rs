@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::support::{self, Daemon, eventually_async, on_path};
+use crate::workspace::git;
 
 struct Kill(Child);
 
@@ -20,23 +21,6 @@ impl Drop for Kill {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "user.name=T", "-c", "user.email=t@example.com"])
-        .args(args)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[tokio::test]

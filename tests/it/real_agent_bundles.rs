@@ -288,13 +288,7 @@ async fn carry(agent: &str, how: Move) {
         "{done}\n{}",
         b.stderr()
     );
-    let restored = eventually_async(Duration::from_secs(10), "the restored notice", || async {
-        events
-            .all()
-            .into_iter()
-            .find(|e| e["method"] == "_sandboxagent/restored")
-    })
-    .await;
+    let restored = events.restored().await;
     assert_eq!(restored["params"]["reason"], "import", "{restored}");
     assert_eq!(
         restored["params"]["sessions"][0]["sessionId"],

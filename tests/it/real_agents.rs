@@ -181,6 +181,16 @@ impl Events {
         self.0.lock().unwrap().clone()
     }
 
+    /// The `_sandboxagent/restored` notice, once it has arrived (10 s at most).
+    pub(crate) async fn restored(&self) -> Value {
+        eventually_async(Duration::from_secs(10), "the restored notice", || async {
+            self.all()
+                .into_iter()
+                .find(|e| e["method"] == "_sandboxagent/restored")
+        })
+        .await
+    }
+
     /// The text of every `agent_message_chunk` of `session`, in order.
     pub(crate) fn text(&self, session: &str) -> String {
         self.all()
@@ -692,13 +702,7 @@ async fn claude_session_continues_after_a_daemon_crash() {
         "{done}\n{}",
         b.stderr()
     );
-    let restored = eventually_async(Duration::from_secs(10), "the restored notice", || async {
-        events
-            .all()
-            .into_iter()
-            .find(|e| e["method"] == "_sandboxagent/restored")
-    })
-    .await;
+    let restored = events.restored().await;
     // Claude's adapter advertises `sessionCapabilities.resume`, so the restore resumes (an
     // agent without it is loaded: sessions::a_restart_restores_with_session_load_otherwise).
     assert_eq!(
@@ -835,13 +839,7 @@ async fn gemini_session_continues_after_a_restart_within_its_first_minute() {
         "{done}\n{}",
         b.stderr()
     );
-    let restored = eventually_async(Duration::from_secs(10), "the restored notice", || async {
-        events
-            .all()
-            .into_iter()
-            .find(|e| e["method"] == "_sandboxagent/restored")
-    })
-    .await;
+    let restored = events.restored().await;
     assert_eq!(
         restored["params"]["sessions"],
         json!([{"sessionId": session, "how": "session/load"}]),

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 
 use crate::support::{Daemon, eventually_async, http, on_path, skip};
 
-fn git(dir: &Path, args: &[&str]) -> String {
+/// Runs git in `dir` with no system or global config and a fixed author; answers its trimmed
+/// stdout (a failure panics with git's stderr).
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .current_dir(dir)
         .env("GIT_CONFIG_NOSYSTEM", "1")
