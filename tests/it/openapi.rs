@@ -363,6 +363,14 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
         .args(["--acp-registry-url", "http://127.0.0.1:9/"])
         // A request the fuzzer leaves unanswered must not hold the run.
         .args(["--request-timeout", "20s"])
+        // A `run` of a command that does not end answers at its timeout, inside the fuzzer's own
+        // 30 s read timeout (the default run timeout is 30 s too).
+        .args([
+            "--process-run-timeout",
+            "10s",
+            "--process-max-run-timeout",
+            "10s",
+        ])
         .start();
     // A process that has ended, under the id the document's examples name (`proc_1`): the
     // examples and coverage phases then read its follow stream to the end, and every event of
@@ -394,7 +402,12 @@ async fn schemathesis_finds_no_server_error_or_undocumented_answer() -> Result<(
             "watchFs",
             // The ports' change feed is endless too, and the proxy would send the fuzzer's
             // requests to whatever else listens on this machine's loopback (tests/it/workspace.rs).
-            // The port list and preview-link creation (which only signs a URL) are fuzzed.
+            // Preview-link creation (which only signs a URL) is fuzzed. The port list is not:
+            // the fuzzer reuses values it read in answers, and a listener's `command` there (this
+            // test binary, when other tests listen) became a `POST /v1/processes/run` that ran
+            // the whole test suite again. The list is proven in tests/it/workspace.rs.
+            "--exclude-operation-id",
+            "listPorts",
             "--exclude-operation-id",
             "portEvents",
             "--exclude-path-regex",
