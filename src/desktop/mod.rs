@@ -203,7 +203,7 @@ impl DesktopService {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.inner)
     }
 
     fn env(&self) -> Vec<(OsString, OsString)> {

@@ -66,7 +66,7 @@ impl Recordings {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sys::lock(&self.inner)
     }
 
     /// Marks an active recording whose ffmpeg ended (a cap reached) as finished.

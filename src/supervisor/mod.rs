@@ -724,7 +724,7 @@ impl Supervisor {
 
     /// Sets (or clears) the `DISPLAY` children started from now on get.
     pub fn set_display(&self, display: Option<OsString>) {
-        *self.display.lock().unwrap_or_else(|e| e.into_inner()) = display;
+        *crate::sys::lock(&self.display) = display;
     }
 
     /// The base environment with `DISPLAY` when a desktop runs.
