@@ -1,6 +1,7 @@
 //! The proxy's durable state (stored through `crate::state`): per serverId its meta (agent, creation time, the client's
 //! `initialize` params, the agent's session capabilities, the sessions it answered) and its event
 //! log; recovery at start; and the restore of the sessions on the first POST after a restart.
+//! One concern although over 800 lines: what the proxy keeps on disk and brings back from it.
 //!
 //! The restore: the agent is started again (the same agent id, so the same program, environment,
 //! working directory and limits as any start of it), sent the client's original `initialize`,

@@ -1,7 +1,9 @@
 //! One serverId: its lifecycle (this file), its agent process, the way to its stdin
 //! (`instance/stdin.rs`), the requests on their way to the agent and their pending entries
 //! (`instance/deliver.rs`), its part of a reload (`instance/handoff.rs`) and its event log. The
-//! stdout side (the reader task and its bounded line reader) is `acp/stdout.rs`.
+//! stdout side (the reader task and its bounded line reader) is `instance/stdout.rs`.
+//! One concern although just over 800 lines: the [`Life`] state machine and the operations that
+//! move it, which share its one lock; what could stand apart already does (the files above).
 //!
 //! The whole life of an instance is one state machine, [`Life`], behind one lock, with one watch
 //! ([`Seen`]) that tasks wait on:

@@ -2,6 +2,9 @@
 //! stdin/stdout, with prompt commands that misbehave on purpose for tests and benchmarks.
 //! Shares no code with `acp/` (a shared codec would hide a bug on both sides of the pipe); every
 //! message goes out as one line with one write and one flush under a lock, so lines never interleave.
+//! One concern although over 800 lines: one program, whose commands are one table of behaviours
+//! that tests name (`sandbox-agent mock-agent --help` lists them); split, a command would be read
+//! in one file and done in another.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};

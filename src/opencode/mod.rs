@@ -7,12 +7,21 @@
 //! pending permission and question requests, the "always" rules, and the event bus behind
 //! `/event` and `/global/event`.
 //!
-//! `turn.rs` drives one prompt turn; `store.rs` keeps sessions in `--state-dir`.
+//! `turn.rs` drives one prompt turn; `ask.rs` keeps the permission and question requests waiting
+//! for a client; `models.rs` the providers and the models learnt from the agents; `store.rs`
+//! keeps sessions in `--state-dir`.
 //! **Invariant:** every map here is capped (sessions, messages per session, parts per message,
 //! text per part, pending requests, event streams) and nothing reachable from a request panics.
 
+mod ask;
+mod models;
 mod store;
 mod turn;
+
+use ask::Answer;
+pub use ask::{AskKind, Pending};
+pub use models::ModelInfo;
+use models::Offered;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -215,40 +224,6 @@ fn valid_session_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
-}
-
-/// What kind of request waits for an answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AskKind {
-    Permission,
-    Question,
-}
-
-/// A permission or question request of an agent, waiting for the client.
-#[derive(Debug, Clone)]
-pub struct Pending {
-    pub id: String,
-    pub kind: AskKind,
-    pub session: String,
-    pub server_id: String,
-    /// The agent's JSON-RPC id, as it sent it.
-    pub rpc_id: Value,
-    /// `(optionId, kind)` of the agent's options.
-    pub options: Vec<(String, String)>,
-    pub permission: String,
-    pub patterns: Vec<String>,
-    /// The OpenCode shape (`PermissionRequest` or `QuestionRequest`).
-    pub body: Value,
-}
-
-/// The models an agent offered, and its current one.
-type Offered = (Vec<ModelInfo>, Option<String>);
-
-/// A model of a provider.
-#[derive(Debug, Clone)]
-pub struct ModelInfo {
-    pub id: String,
-    pub name: String,
 }
 
 pub struct OpenCode {
@@ -699,250 +674,6 @@ impl OpenCode {
         Ok(true)
     }
 
-    // ---- providers ----
-
-    /// The provider used when a prompt names none: the first installed agent that is not the
-    /// mock, else the mock.
-    fn default_provider(&self) -> String {
-        "mock".to_string()
-    }
-
-    fn models_of(&self, agent: &str) -> (Vec<ModelInfo>, Option<String>) {
-        if let Some(m) = crate::sys::lock(&self.models).get(agent)
-            && !m.0.is_empty()
-        {
-            return m.clone();
-        }
-        let fallback: &[(&str, &str)] = match agent {
-            "mock" => &[("mock", "Mock"), ("mock-fast", "Mock Fast")],
-            "amp" => &[("amp-default", "Amp Default")],
-            "codex" => &[("gpt-5", "GPT-5")],
-            _ => &[("default", "Default")],
-        };
-        (
-            fallback
-                .iter()
-                .map(|(id, name)| ModelInfo {
-                    id: id.to_string(),
-                    name: name.to_string(),
-                })
-                .collect(),
-            None,
-        )
-    }
-
-    fn default_model(&self, agent: &str) -> String {
-        let (models, current) = self.models_of(agent);
-        current
-            .or_else(|| models.first().map(|m| m.id.clone()))
-            .unwrap_or_else(|| "default".into())
-    }
-
-    /// Records the models an agent's `session/new` answer offered.
-    fn learn_models(&self, agent: &str, answer: &Value) {
-        if let Some((models, current)) = turn::models_in(answer)
-            && !models.is_empty()
-        {
-            crate::sys::lock(&self.models).insert(agent.to_string(), (models, current));
-        }
-    }
-
-    /// `GET /provider` (and `/config/providers`): every agent the daemon knows is a provider,
-    /// installed or not (so the list stays whole when discovery fails); `connected` are the
-    /// installed ones.
-    pub async fn providers(&self) -> Value {
-        let agents = self.agents.clone();
-        let statuses = crate::sys::blocking(move || agents.statuses()).await;
-        let mut all = Vec::new();
-        let mut default = serde_json::Map::new();
-        let mut connected = Vec::new();
-        let mut ids: Vec<(String, String, bool)> = statuses
-            .into_iter()
-            .map(|s| (s.id, s.name, s.installed))
-            .collect();
-        if !ids.iter().any(|(id, _, _)| id == "mock") {
-            ids.push(("mock".into(), "Mock".into(), true));
-        }
-        for (id, name, installed) in ids {
-            let (models, current) = self.models_of(&id);
-            let family = if id == "mock" {
-                "Mock".to_string()
-            } else {
-                name.split_whitespace().next().unwrap_or(&name).to_string()
-            };
-            let mut map = serde_json::Map::new();
-            for m in &models {
-                map.insert(m.id.clone(), model_shape(&id, &m.id, &m.name, &family));
-            }
-            let first = current.or_else(|| models.first().map(|m| m.id.clone()));
-            if let Some(f) = first {
-                default.insert(id.clone(), json!(f));
-            }
-            if installed || id == "mock" {
-                connected.push(json!(id));
-            }
-            all.push(json!({
-                "id": id,
-                "name": if id == "mock" { "Mock".to_string() } else { name },
-                "source": "custom",
-                "env": [],
-                "options": {},
-                "models": map,
-            }));
-        }
-        json!({"all": all, "default": default, "connected": connected})
-    }
-
-    // ---- permissions and questions ----
-
-    pub fn list_pending(&self, kind: AskKind) -> Vec<Value> {
-        crate::sys::lock(&self.pending)
-            .values()
-            .filter(|p| p.kind == kind)
-            .map(|p| p.body.clone())
-            .collect()
-    }
-
-    fn take_pending(&self, id: &str, kind: AskKind) -> Result<Pending, OcError> {
-        let mut map = crate::sys::lock(&self.pending);
-        match map.get(id) {
-            Some(p) if p.kind == kind => Ok(map.remove(id).expect("present")),
-            _ => Err(OcError::NotFound(format!("Request not found: {id}"))),
-        }
-    }
-
-    /// `POST /permission/{id}/reply` (`reply`: once, always, reject) and the older
-    /// `POST /session/{id}/permissions/{permissionID}` (`response`: the same, or allow/deny).
-    pub async fn reply_permission(
-        &self,
-        id: &str,
-        reply: &str,
-        session: Option<&str>,
-    ) -> Result<(), OcError> {
-        let reply = match reply {
-            "once" | "allow" | "allow_once" => "once",
-            "always" | "allow_always" => "always",
-            "reject" | "deny" | "reject_once" => "reject",
-            other => {
-                return Err(OcError::BadRequest(format!(
-                    "reply must be once, always or reject, not `{}`",
-                    other.chars().take(40).collect::<String>()
-                )));
-            }
-        };
-        if let Some(sid) = session {
-            self.get(sid)?;
-        }
-        let p = self.take_pending(id, AskKind::Permission)?;
-        if reply == "always"
-            && let Ok(s) = self.get(&p.session)
-        {
-            let mut d = s.data();
-            for pat in &p.patterns {
-                if d.rules.len() < 512 {
-                    d.rules.push(Rule {
-                        permission: p.permission.clone(),
-                        pattern: pat.clone(),
-                        action: "allow".into(),
-                    });
-                }
-            }
-            drop(d);
-            self.persist(&s);
-        }
-        let answer = match reply {
-            "once" => Answer::Allow { always: false },
-            "always" => Answer::Allow { always: true },
-            _ => Answer::Reject,
-        };
-        self.answer(&p, answer).await;
-        self.emit_replied(&p, reply);
-        Ok(())
-    }
-
-    /// The agent withdrew its request `rpc_id` (`$/cancel_request`) on `server_id`: it leaves
-    /// the pending list unanswered, and OpenCode's clients are told it is gone the way OpenCode
-    /// ends a request nobody answered (a permission `permission.replied` with `reject`, a
-    /// question `question.rejected`). Nothing for a request that is not pending.
-    pub(crate) fn withdraw_pending(&self, server_id: &str, rpc_id: &Value) {
-        let gone = {
-            let mut map = crate::sys::lock(&self.pending);
-            let key = map
-                .iter()
-                .find(|(_, p)| p.server_id == server_id && p.rpc_id == *rpc_id)
-                .map(|(k, _)| k.clone());
-            key.and_then(|k| map.remove(&k))
-        };
-        let Some(p) = gone else { return };
-        match p.kind {
-            AskKind::Permission => self.emit_replied(&p, "reject"),
-            AskKind::Question => {
-                self.emit(
-                    "question.rejected",
-                    json!({"sessionID": p.session, "requestID": p.id}),
-                );
-            }
-        }
-    }
-
-    fn emit_replied(&self, p: &Pending, reply: &str) {
-        self.emit(
-            "permission.replied",
-            json!({"sessionID": p.session, "requestID": p.id, "reply": reply,
-                "permissionID": p.id, "response": reply}),
-        );
-    }
-
-    pub async fn reply_question(&self, id: &str, answers: Value) -> Result<(), OcError> {
-        let p = self.take_pending(id, AskKind::Question)?;
-        self.answer(&p, Answer::Answers(answers.clone())).await;
-        self.emit(
-            "question.replied",
-            json!({"sessionID": p.session, "requestID": p.id, "answers": answers}),
-        );
-        Ok(())
-    }
-
-    pub async fn reject_question(&self, id: &str) -> Result<(), OcError> {
-        let p = self.take_pending(id, AskKind::Question)?;
-        self.answer(&p, Answer::Reject).await;
-        self.emit(
-            "question.rejected",
-            json!({"sessionID": p.session, "requestID": p.id}),
-        );
-        Ok(())
-    }
-
-    /// Sends the agent its answer to a `session/request_permission`.
-    async fn answer(&self, p: &Pending, answer: Answer) {
-        crate::sys::lock(&self.pending).remove(&p.id);
-        let pick = |kinds: &[&str]| {
-            kinds.iter().find_map(|k| {
-                p.options
-                    .iter()
-                    .find(|(_, kind)| kind == k)
-                    .map(|(id, _)| id.clone())
-            })
-        };
-        let mut result = match &answer {
-            Answer::Allow { always: true } => pick(&["allow_always", "allow_once"]),
-            Answer::Allow { always: false } | Answer::Answers(_) => {
-                pick(&["allow_once", "allow_always"])
-            }
-            Answer::Reject => pick(&["reject_once", "reject_always"]),
-            Answer::Cancelled => None,
-        }
-        .map(|option| json!({"outcome": {"outcome": "selected", "optionId": option}}))
-        .unwrap_or_else(|| json!({"outcome": {"outcome": "cancelled"}}));
-        if let Answer::Answers(a) = answer {
-            result["_meta"] = json!({"answers": a});
-        }
-        let line = json!({"jsonrpc": "2.0", "id": p.rpc_id, "result": result});
-        if let Err(e) = self.post_line(&p.server_id, None, &line, false).await {
-            tracing::debug!(server_id = %p.server_id, error = %e, "cannot answer the agent's request");
-        }
-    }
-
     /// Posts one JSON-RPC line to an instance through the proxy, as any client would.
     async fn post_line(
         &self,
@@ -967,14 +698,6 @@ pub struct Stream {
     pub permit: tokio::sync::OwnedSemaphorePermit,
     pub rx: broadcast::Receiver<Arc<Event>>,
     pub delivered: Arc<AtomicU64>,
-}
-
-/// How the client answered a request.
-enum Answer {
-    Allow { always: bool },
-    Reject,
-    Answers(Value),
-    Cancelled,
 }
 
 /// The provider and model a body names, in any of the spellings clients use (`model:
@@ -1003,24 +726,4 @@ fn model_choice(body: &Value) -> (Option<String>, Option<String>) {
         s(body, &["providerID", "provider_id", "providerId"]),
         s(body, &["modelID", "model_id", "modelId"]),
     )
-}
-
-/// OpenCode's `Model` shape for one of an agent's models.
-fn model_shape(provider: &str, id: &str, name: &str, family: &str) -> Value {
-    let io = json!({"text": true, "audio": false, "image": false, "video": false, "pdf": false});
-    json!({
-        "id": id,
-        "providerID": provider,
-        "name": name,
-        "family": family,
-        "api": {"id": id, "url": "", "npm": ""},
-        "capabilities": {"temperature": false, "reasoning": false, "attachment": false,
-            "toolcall": true, "input": io, "output": io, "interleaved": false},
-        "cost": {"input": 0, "output": 0, "cache": {"read": 0, "write": 0}},
-        "limit": {"context": 200000, "output": 32000},
-        "status": "active",
-        "options": {},
-        "headers": {},
-        "release_date": "",
-    })
 }

@@ -4,6 +4,8 @@
 //! OpenCode parts in stream order, each `session/request_permission` into a permission or a
 //! question, and the end: `message.updated`, `session.error` for a failed turn, `session.status`
 //! idle and exactly one `session.idle`.
+//! One concern although over 800 lines: one turn from its prompt to its idle; turning each ACP
+//! update into OpenCode's parts is that turn's inner loop, and its state is the turn's own.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -12,8 +14,8 @@ use std::sync::atomic::Ordering;
 use serde_json::{Value, json};
 
 use super::{
-    AskKind, MAX_MESSAGES, MAX_PART_TEXT, MAX_PARTS, MAX_PENDING, ModelInfo, Msg, OcError,
-    OpenCode, Pending, Session,
+    AskKind, MAX_MESSAGES, MAX_PART_TEXT, MAX_PARTS, MAX_PENDING, Msg, OcError, OpenCode, Pending,
+    Session,
 };
 use crate::acp::frames::LogItem;
 use crate::acp::{AcpError, Delivered};
@@ -408,7 +410,7 @@ impl OpenCode {
             .to_string();
         self.learn_models(&p.provider, &answer);
         // The chosen model, when the agent offers it and it is not already current.
-        if let Some((models, current, config_id)) = models_and_option(&answer)
+        if let Some((models, current, config_id)) = super::models::models_and_option(&answer)
             && current.as_deref() != Some(p.model.as_str())
             && models.iter().any(|m| m.id == p.model)
         {
@@ -1049,75 +1051,6 @@ fn question_shape(q: &Value) -> Value {
     json!({"question": s("question"), "header": s("header"), "options": options,
         "multiple": q.get("multiSelect").and_then(Value::as_bool).unwrap_or(false),
         "custom": true})
-}
-
-/// The models a `session/new` answer (or a `config_option_update`) offers: its `model` config
-/// option, else the older `models` field.
-pub(super) fn models_in(answer: &Value) -> Option<(Vec<ModelInfo>, Option<String>)> {
-    models_and_option(answer).map(|(m, c, _)| (m, c))
-}
-
-/// The models, the current one, and the config option's id (`None`: the `models` field).
-fn models_and_option(answer: &Value) -> Option<(Vec<ModelInfo>, Option<String>, Option<String>)> {
-    if let Some(opts) = answer.get("configOptions").and_then(Value::as_array)
-        && let Some(opt) = opts.iter().find(|o| {
-            o.get("category").and_then(Value::as_str) == Some("model")
-                || o.get("id").and_then(Value::as_str) == Some("model")
-        })
-    {
-        let mut models = Vec::new();
-        let mut flat = Vec::new();
-        for o in opt
-            .get("options")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            // Options may come grouped: `{group, name, options: [...]}`.
-            match o.get("options").and_then(Value::as_array) {
-                Some(inner) => flat.extend(inner.iter()),
-                None => flat.push(o),
-            }
-        }
-        for o in flat.into_iter().take(200) {
-            if let Some(v) = o.get("value").and_then(Value::as_str) {
-                let name = o.get("name").and_then(Value::as_str).unwrap_or(v);
-                models.push(ModelInfo {
-                    id: v.to_string(),
-                    name: name.to_string(),
-                });
-            }
-        }
-        let current = opt
-            .get("currentValue")
-            .and_then(Value::as_str)
-            .map(String::from);
-        let id = opt.get("id").and_then(Value::as_str).map(String::from);
-        return Some((models, current, id));
-    }
-    let m = answer.get("models")?;
-    let models = m
-        .get("availableModels")
-        .and_then(Value::as_array)?
-        .iter()
-        .take(200)
-        .filter_map(|x| {
-            let id = x.get("modelId")?.as_str()?;
-            Some(ModelInfo {
-                id: id.to_string(),
-                name: x
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or(id)
-                    .to_string(),
-            })
-        })
-        .collect();
-    let current = m
-        .get("currentModelId")
-        .and_then(Value::as_str)
-        .map(String::from);
-    Some((models, current, None))
 }
 
 #[cfg(test)]
