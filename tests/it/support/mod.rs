@@ -615,16 +615,29 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// The children of `pid` (from /proc/<pid>/task/*/children).
+/// The children of `pid`: every process whose /proc/<n>/stat names `pid` as its parent.
+///
+/// Not /proc/<pid>/task/*/children: that lists each thread's own children, and when a thread
+/// that started children ends (the mock runs each prompt on a thread of its own) they move to
+/// another thread, so a scan that races the move misses them.
 pub fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|x| x.parse::<u32>().ok()));
-            }
-        }
-    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|n| {
+            std::fs::read_to_string(format!("/proc/{n}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(") ")?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect();
+    out.sort_unstable();
     out
 }
 
