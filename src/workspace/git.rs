@@ -39,6 +39,10 @@ pub enum GitError {
     /// The remote refused the clone's credentials, or wanted some and none were given.
     #[error("the remote repository refused the credentials: {0}")]
     Unauthorized(String),
+    /// A clone could not reach the remote, or did not trust it (DNS, connection, TLS, the
+    /// remote's own server error).
+    #[error("the remote repository could not be reached: {0}")]
+    Remote(String),
     #[error("git failed: {0}")]
     Failed(String),
     #[error("git did not finish within {0:?}")]
@@ -979,6 +983,8 @@ impl Git {
                 {
                     GitError::Unauthorized(m)
                 }
+                // git prefixes every transport failure of an http(s) remote this way.
+                GitError::Failed(m) if m.contains("unable to access") => GitError::Remote(m),
                 e => e,
             });
         }

@@ -260,11 +260,20 @@ async fn an_https_clone_with_basic_credentials_never_stores_or_shows_the_secret(
         json!({"url": url, "dest": "clones/untrusted", "username": user, "password": password}),
     )
     .await;
-    assert!(st.is_server_error(), "{st}: {b}");
+    assert_eq!(st, 502, "{b}");
     assert_eq!(ct, "application/problem+json");
     assert!(
         b["detail"].as_str().unwrap_or("").contains("certificate"),
         "{b}"
     );
     assert!(!plain.work_dir().join("clones/untrusted").exists());
+
+    // Nothing listening at all: the remote cannot be reached, 502 as well.
+    let (st, _, b) = clone(
+        &plain,
+        json!({"url": "http://127.0.0.1:1/nothing.git", "dest": "clones/unreachable"}),
+    )
+    .await;
+    assert_eq!(st, 502, "{b}");
+    assert!(!plain.work_dir().join("clones/unreachable").exists());
 }

@@ -550,6 +550,8 @@ pub struct GitCloneRequest {
         (status = 404, description = "No such repository or branch"),
         (status = 409, description = "The destination exists and is not empty"),
         (status = 500, description = "git failed"),
+        (status = 502, description = "The remote could not be reached or was not trusted \
+            (DNS, connection, TLS certificate, the remote's own server error)"),
         (status = 504, description = "The clone did not finish in 10 minutes"),
     )
 )]

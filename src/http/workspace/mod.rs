@@ -39,6 +39,7 @@ impl From<git_service::GitError> for Problem {
             // 422, not 401: a 401 would read as the daemon refusing the client's token.
             E::Unauthorized(_) => Problem::new(StatusCode::UNPROCESSABLE_ENTITY, detail),
             E::Conflict(_) => Problem::new(StatusCode::CONFLICT, detail),
+            E::Remote(_) => Problem::new(StatusCode::BAD_GATEWAY, detail),
             E::Timeout(_) => Problem::new(StatusCode::GATEWAY_TIMEOUT, detail),
             E::TooLarge { limit } => {
                 Problem::new(StatusCode::INSUFFICIENT_STORAGE, detail).with("limit", limit as u64)

@@ -7061,6 +7061,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The remote could not be reached or was not trusted (DNS, connection, TLS certificate, the remote's own server error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             503: components["responses"]["ServiceUnavailable"];
             /** @description The clone did not finish in 10 minutes */
             504: {
