@@ -175,6 +175,7 @@ where
                     let io = TokioIo::new(Replay {
                         pre: seen[..*len].to_vec(),
                         at: 0,
+                        failed: None,
                         inner: stream,
                     });
                     this.state = if http2 {
@@ -200,6 +201,8 @@ where
 pub struct Replay<I> {
     pre: Vec<u8>,
     at: usize,
+    /// An error the socket gave while the sniffed bytes were being handed over.
+    failed: Option<io::Error>,
     inner: I,
 }
 
@@ -214,11 +217,25 @@ impl<I: AsyncRead + Unpin> AsyncRead for Replay<I> {
             let from = self.at;
             buf.put_slice(&self.pre[from..from + n]);
             self.at += n;
-            if self.at == self.pre.len() {
-                self.pre = Vec::new();
-                self.at = 0;
+            if self.at < self.pre.len() {
+                return Poll::Ready(Ok(()));
+            }
+            self.pre = Vec::new();
+            self.at = 0;
+            // The rest of what arrived with them in the same read: hyper asks for another 8 KiB
+            // of buffer when a read leaves its head unfinished, which doubled every HTTP/1
+            // connection's read buffer to 16 KiB for the sniffed bytes alone. Nothing more yet
+            // is fine (the sniffed bytes are the answer; the waker stays registered).
+            if buf.remaining() > 0
+                && let Poll::Ready(Err(e)) = Pin::new(&mut self.inner).poll_read(cx, buf)
+            {
+                // Reported with the next read; these bytes are delivered first.
+                self.failed = Some(e);
             }
             return Poll::Ready(Ok(()));
+        }
+        if let Some(e) = self.failed.take() {
+            return Poll::Ready(Err(e));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
@@ -363,6 +380,66 @@ mod tests {
         let _ = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
         let rest = String::from_utf8_lossy(&rest);
         assert!(rest.starts_with("HTTP/1.1 431"), "{rest}");
+    }
+
+    /// The sniffed bytes come back in one read with whatever arrived after them (hyper grows
+    /// its read buffer when a first read leaves the head unfinished); with nothing after them
+    /// they come alone, at once; an error after them waits for the next read.
+    #[tokio::test]
+    async fn the_sniffed_bytes_come_back_with_what_followed_them() {
+        let request = b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n";
+        let (at, pre) = (H2_PREFACE.len(), request[..H2_PREFACE.len()].to_vec());
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(&request[at..]).await.unwrap();
+        let mut replay = Replay {
+            pre: pre.clone(),
+            at: 0,
+            failed: None,
+            inner: server,
+        };
+        let mut buf = [0u8; 8192];
+        let n = replay.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], request, "one read, in order");
+
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut replay = Replay {
+            pre: pre.clone(),
+            at: 0,
+            failed: None,
+            inner: server,
+        };
+        let mut read = Box::pin(replay.read(&mut buf));
+        let Poll::Ready(n) = futures_util::poll!(&mut read) else {
+            panic!("the sniffed bytes wait for nothing");
+        };
+        assert_eq!(n.unwrap(), at);
+        drop(read);
+        client.write_all(&request[at..]).await.unwrap();
+        let n = replay.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], &request[at..]);
+
+        let mut replay = Replay {
+            pre,
+            at: 0,
+            failed: None,
+            inner: Failing,
+        };
+        assert_eq!(replay.read(&mut buf).await.unwrap(), at);
+        let e = replay.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    /// A socket whose every read fails.
+    struct Failing;
+
+    impl AsyncRead for Failing {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            _buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()))
+        }
     }
 
     /// HTTP/2 with prior knowledge is recognised with its preface cut into single bytes.
