@@ -127,7 +127,10 @@ fn cpu_ns(pid: u32) -> u64 {
         .flatten()
     {
         if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat"))
-            && let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok())
+            && let Some(ns) = s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
         {
             sum += ns;
             any = true;
@@ -424,7 +427,9 @@ fn main() {
     let rounds = knob("REF_BENCH_ROUNDS", 3usize);
     let n = knob("REF_BENCH_N", 3000usize);
     let secs = knob("REF_BENCH_SECS", 5u64);
-    let previous = std::env::var("REF_BENCH_PREVIOUS").ok().filter(|p| !p.is_empty());
+    let previous = std::env::var("REF_BENCH_PREVIOUS")
+        .ok()
+        .filter(|p| !p.is_empty());
     if let Some((daemon, client)) = pinning() {
         // Before any client thread exists: they inherit it.
         pin(std::process::id(), &client);
@@ -467,7 +472,11 @@ fn main() {
         }
     }
     let med = |which: &str, f: fn(&Figures) -> f64| {
-        let mut v: Vec<f64> = figures.iter().filter(|x| x.0 == which).map(|x| f(&x.1)).collect();
+        let mut v: Vec<f64> = figures
+            .iter()
+            .filter(|x| x.0 == which)
+            .map(|x| f(&x.1))
+            .collect();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
