@@ -4,7 +4,9 @@
 # target/reference/, gives it a home whose `mock` agent is our `sandbox-agent mock-agent` (the
 # reference starts $HOME/.local/share/sandbox-agent/bin/agent_processes/mock-acp), and runs the
 # bench. Loopback only once the package is fetched. Knobs: REF_VERSION (default 0.4.2),
-# REF_BENCH_ROUNDS, REF_BENCH_N, REF_BENCH_SECS.
+# REF_BENCH_ROUNDS, REF_BENCH_N, REF_BENCH_SECS, REF_BENCH_PIN (1: daemon on core 0, client and agent
+# on core 1, with taskset), REF_BENCH_PREVIOUS (a previous build of ours to run alongside); see
+# benches/reference.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${REF_VERSION:-0.4.2}

@@ -860,7 +860,7 @@ async fn call(
     let Kind::Request { key, .. } = env.kind else {
         return Err(RestoreError::NotARequest);
     };
-    match inst.deliver(env.line, Some(key), true, timeout).await? {
+    match inst.deliver(env.line, Some(&key), true, timeout).await? {
         Delivered::Response { line, .. } => {
             let resp: Full = serde_json::from_slice(&line)?;
             match (resp.result, resp.error) {

@@ -372,7 +372,7 @@ impl AcpService {
             Kind::Notification | Kind::Response => (None, false, None),
         };
         let delivered = inst
-            .deliver(envelope.line, key.clone(), wait, timeout)
+            .deliver(envelope.line, key.as_ref(), wait, timeout)
             .await;
         if let (Some(t), Some(key), Ok(Delivered::Response { line, .. })) =
             (durable, &key, &delivered)

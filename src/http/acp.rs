@@ -120,7 +120,8 @@ const LARGE_ENVELOPE: usize = 256 * 1024;
 
 /// On a POST answered with the agent's response: the id of the last event of the serverId's log
 /// when the response was read (docs/acp.md, "Updates before the answer").
-pub const LAST_EVENT_ID: &str = "sandbox-agent-last-event-id";
+pub const LAST_EVENT_ID: header::HeaderName =
+    header::HeaderName::from_static("sandbox-agent-last-event-id");
 
 #[derive(serde::Deserialize)]
 struct PostQuery {
@@ -186,13 +187,15 @@ async fn post_message(
     State(st): State<AppState>,
     Path(server_id): Path<String>,
     Query(query): Query<PostQuery>,
-    headers: HeaderMap,
-    body: Body,
+    req: axum::extract::Request,
 ) -> Response {
+    // The request taken whole: a `HeaderMap` extractor would clone the headers.
+    let (parts, body) = req.into_parts();
+    let headers = &parts.headers;
     if let Err(e) = acp::validate_server_id(&server_id) {
         return Problem::from(e).into_response();
     }
-    if !is_json_content_type(&headers) {
+    if !is_json_content_type(headers) {
         return Problem::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "POST a JSON-RPC object with Content-Type: application/json",
@@ -200,7 +203,7 @@ async fn post_message(
         .with("serverId", server_id)
         .into_response();
     }
-    if !accepts(&headers, "application", "json") {
+    if !accepts(headers, "application", "json") {
         return Problem::new(
             StatusCode::NOT_ACCEPTABLE,
             "the answer is application/json, which the Accept header excludes",
@@ -208,7 +211,7 @@ async fn post_message(
         .with("serverId", server_id)
         .into_response();
     }
-    let (body, inflight) = match read_body(&st, &headers, body).await {
+    let (body, inflight) = match read_body(&st, headers, body).await {
         Ok(b) => b,
         Err(p) => return p.with("serverId", server_id).into_response(),
     };
@@ -230,7 +233,7 @@ async fn post_message(
     // The body is now the envelope's line; if it has to wait for the agent, the stdin queue's
     // budget accounts for it from here on.
     drop(inflight);
-    let prefer = Prefer::parse(&headers);
+    let prefer = Prefer::parse(headers);
     let jsonrpc_errors = prefer.jsonrpc_errors || st.config.jsonrpc_errors;
     let raw_id = match (&envelope.kind, jsonrpc_errors) {
         (Kind::Request { raw_id, .. }, true) => Some(raw_id.clone()),
@@ -403,6 +406,11 @@ async fn read_body(
             reserved = total;
         }
         buf.extend_from_slice(&data);
+        // Hyper holds a body to its declared length: once it is all here, the stream's end is
+        // not waited for (one poll, two clock reads and a timer less per request).
+        if declared == Some(total) {
+            break;
+        }
     }
     Ok((buf.freeze(), held))
 }

@@ -298,8 +298,9 @@ async fn edge(State(state): State<AppState>, mut req: Request, next: Next) -> Re
     };
     let status = resp.status().as_u16();
     crate::telemetry::http_done(&span, status);
-    crate::metrics::http::record(route, &method, status, started.elapsed());
-    log_request(&state.config, &method, uri.path(), probe, started, status);
+    let latency = started.elapsed();
+    crate::metrics::http::record(route, &method, status, latency);
+    log_request(&state.config, &method, uri.path(), probe, latency, status);
     resp
 }
 
@@ -359,10 +360,9 @@ fn log_request(
     method: &Method,
     path: &str,
     probe: bool,
-    started: Instant,
+    latency: std::time::Duration,
     status: u16,
 ) {
-    let latency = started.elapsed();
     let latency_us = latency.as_micros() as u64;
     match request_log_level(config, probe, latency, status) {
         tracing::Level::WARN => tracing::warn!(%method, path, status, latency_us, "request"),

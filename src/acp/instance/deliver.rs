@@ -26,20 +26,22 @@ pub enum Delivered {
 /// (the send failed, or its future was dropped while it waited for room in the stdin queue, say
 /// because the client went away), it removes them, so an id is never left "in flight" for a line
 /// the agent never got.
+/// A POST's one key is borrowed (no allocation per request); a batch's keys are owned.
 pub(super) struct PendingGuard<'a> {
     inst: &'a AcpInstance,
-    keys: Vec<IdKey>,
+    keys: std::borrow::Cow<'a, [IdKey]>,
 }
 
 impl PendingGuard<'_> {
     /// The lines reached the agent's stdin (or the writer task, which answers for them now).
     fn reached(mut self) {
-        self.keys.clear();
+        self.keys = std::borrow::Cow::Borrowed(&[]);
     }
 
     /// Lines `from..` of the keys did not reach the agent (the first ones did).
     fn keep_first(&mut self, n: usize) {
-        self.keys.drain(..n.min(self.keys.len()));
+        let keys = self.keys.to_mut();
+        keys.drain(..n.min(keys.len()));
     }
 }
 
@@ -49,7 +51,7 @@ impl Drop for PendingGuard<'_> {
             return;
         }
         let mut life = self.inst.life();
-        for k in &self.keys {
+        for k in self.keys.iter() {
             life.waiters.remove(k);
         }
     }
@@ -78,7 +80,7 @@ impl AcpInstance {
     pub async fn deliver(
         &self,
         line: Bytes,
-        request: Option<IdKey>,
+        request: Option<&IdKey>,
         wait: bool,
         timeout: Duration,
     ) -> Result<Delivered, AcpError> {
@@ -91,7 +93,7 @@ impl AcpInstance {
                     if let Phase::Ended { ended, .. } = &life.phase {
                         return Err(self.gone(ended.clone()));
                     }
-                    if life.waiters.contains_key(&key) {
+                    if life.waiters.contains_key(key) {
                         return Err(AcpError::DuplicateId {
                             server_id: self.server_id.clone(),
                             id: key.0.to_string(),
@@ -109,7 +111,7 @@ impl AcpInstance {
                 };
                 let guard = PendingGuard {
                     inst: self,
-                    keys: vec![key.clone()],
+                    keys: std::borrow::Cow::Borrowed(std::slice::from_ref(key)),
                 };
                 let sent = send_line(&running, &self.stdin_caps, lines, |_| {
                     Done::Request(key.clone())
@@ -132,7 +134,7 @@ impl AcpInstance {
                         // A reload: nobody waits any more, the answer goes to the event log
                         // (as with respond-async). Unless the answer is already on its way
                         // here (its entry taken): then it is waited for.
-                        let waiting = match self.life().waiters.get_mut(&key) {
+                        let waiting = match self.life().waiters.get_mut(key) {
                             Some(w) => {
                                 *w = None;
                                 true
@@ -229,7 +231,10 @@ impl AcpInstance {
         if envelopes.is_empty() {
             return refused;
         }
-        let mut guard = PendingGuard { inst: self, keys };
+        let mut guard = PendingGuard {
+            inst: self,
+            keys: std::borrow::Cow::Owned(keys),
+        };
         let (ack, acked) = if acked {
             let (tx, rx) = oneshot::channel();
             (Some(tx), Some(rx))
