@@ -18,6 +18,9 @@
 //!   (10,000) idle HTTP/1 connections (one request each, then silent), `SCALE_H2` (2,000) idle
 //!   HTTP/2 connections, `SCALE_WS` (2,000) idle WebSockets, each held while an honest client's
 //!   `GET /v1/health` and `_mock/echo` p50/p99 are measured; RSS per thing.
+//! - **Per watch feed**: `SCALE_WATCH` (100) idle `GET /v1/fs/watch` streams (SSE, each on its
+//!   own empty directory, not recursive), held once `event: ready` came: RSS per feed, with its
+//!   HTTP/1 connection.
 //! - **Per process record**: `SCALE_PROCS` (1,000) `POST /v1/processes` of `true`: RSS per
 //!   exited record.
 //!
@@ -71,6 +74,12 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 fn rss(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:") * 1024
+}
+
+/// The anonymous part of the RSS (the heap, stacks): what the daemon itself allocated, without
+/// the pages of its executable and libraries it has mapped (clean, shared, reclaimable).
+fn anon(pid: u32) -> u64 {
+    status_kib(pid, "RssAnon:") * 1024
 }
 
 /// The daemon's CPU time so far (utime + stime).
@@ -351,6 +360,7 @@ struct Limits {
     agents: usize,
     subscribers: usize,
     connections: usize,
+    watches: usize,
 }
 
 /// A fresh release daemon with room for `limits`, answering.
@@ -381,6 +391,7 @@ async fn start_daemon(limits: &Limits) -> (DaemonGuard, Arc<Bench>) {
         ("--max-subscribers", limits.subscribers.to_string()),
         ("--max-subscribers-total", limits.subscribers.to_string()),
         ("--max-connections", limits.connections.to_string()),
+        ("--max-watches", limits.watches.max(1).to_string()),
         ("--idle-timeout", "10m".to_string()),
     ] {
         if knows_flag(&bin, flag) {
@@ -462,12 +473,14 @@ async fn main() {
     let h2 = knob("SCALE_H2", 2000usize);
     let wss = knob("SCALE_WS", 2000usize);
     let procs = knob("SCALE_PROCS", 1000usize);
+    let watches = knob("SCALE_WATCH", 100usize);
     let most = steps.iter().copied().max().unwrap_or(0).max(listed);
 
     let limits = Limits {
         agents: most + 10,
         subscribers: subs.max(wss) + 10,
         connections: subs.max(conns).max(wss).max(h2) + 500,
+        watches: watches + 1,
     };
     let (daemon, b) = start_daemon(&limits).await;
     let pid = b.pid;
@@ -480,14 +493,16 @@ async fn main() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (rss0, fds0, kids0, groups0) = (rss(pid), open_fds(pid), children(pid), cgroups_below(pid));
+    let anon0 = anon(pid);
     println!(
-        "daemon {}, worker threads {}; before: RSS {}, fds (not sockets) {fds0}, children {kids0}, agent cgroups {groups0}",
+        "daemon {}, worker threads {}; before: RSS {} (anonymous {}), fds (not sockets) {fds0}, children {kids0}, agent cgroups {groups0}",
         daemon_bin(BUILT),
         std::env::var("SANDBOX_AGENT_WORKER_THREADS")
             .ok()
             .filter(|w| !w.is_empty())
             .unwrap_or_else(|| "auto".into()),
-        kib(rss0 as f64)
+        kib(rss0 as f64),
+        kib(anon0 as f64)
     );
 
     // Start rate and per-instance memory, then listing against N.
@@ -546,10 +561,35 @@ async fn main() {
             .find(|s| s["serverId"] == ids[0])
             .map(|s| s["lastEventId"].clone())
             .unwrap_or_default();
+        // The retained frames' text: a subscriber without `Last-Event-ID` is sent all of it
+        // first (read up to the last event's frame).
+        let last = format!("id: {events}\n");
+        let mut r =
+            b.c.get(format!("{}/v1/acp/{}", b.base, ids[0]))
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .unwrap();
+        let mut text = Vec::new();
+        while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(10), r.chunk())
+            .await
+            .unwrap()
+        {
+            text.extend_from_slice(&chunk);
+            if let Some(at) = memchr::memmem::find(&text, last.as_bytes())
+                && memchr::memmem::find(&text[at..], b"\n\n").is_some()
+            {
+                break;
+            }
+        }
+        drop(r);
+        let frames = text.len() as f64;
         println!(
-            "\nfull event buffer ({} instances, /stream 5000 each, lastEventId {events}): RSS per instance grew by {} (the events themselves: ~4,096 × their JSON size)",
+            "\nfull event buffer ({} instances, /stream 5000 each, lastEventId {events}): RSS per instance grew by {}; the retained frames' text {} ({} beyond it)",
             ids.len(),
-            kib(per)
+            kib(per),
+            kib(frames),
+            kib(per - frames)
         );
     }
 
@@ -650,24 +690,30 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_after = rss(pid);
+    let anon_after = anon(pid);
     println!(
-        "\ndelete all: {:.1} s; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %)",
+        "\ndelete all: {:.1} s; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %)",
         t.elapsed().as_secs_f64(),
         children(pid),
         open_fds(pid),
         cgroups_below(pid),
         kib(rss_after as f64),
         kib(rss0 as f64),
-        (rss_after as f64 / rss0 as f64 - 1.0) * 100.0
+        (rss_after as f64 / rss0 as f64 - 1.0) * 100.0,
+        kib(anon_after as f64),
+        kib(anon0 as f64),
+        (anon_after as f64 / anon0 as f64 - 1.0) * 100.0
     );
     // The runtime's blocking-pool threads idle out after 10 s (their stacks and arenas with them).
     tokio::time::sleep(Duration::from_secs(12)).await;
     let threads = status_kib(pid, "Threads:");
-    let later = rss(pid);
+    let (later, anon_later) = (rss(pid), anon(pid));
     println!(
-        "15 s after: RSS {} ({:+.1} %), {threads} threads",
+        "15 s after: RSS {} ({:+.1} %), anonymous {} ({:+.1} %), {threads} threads",
         kib(later as f64),
-        (later as f64 / rss0 as f64 - 1.0) * 100.0
+        (later as f64 / rss0 as f64 - 1.0) * 100.0,
+        kib(anon_later as f64),
+        (anon_later as f64 / anon0 as f64 - 1.0) * 100.0
     );
 
     drop(daemon);
@@ -780,6 +826,39 @@ async fn main() {
     drop(daemon);
     (daemon, b) = hub_daemon(&limits).await;
     pid = b.pid;
+
+    if watches > 0 {
+        // Each feed on its own empty directory beneath the daemon's work dir (made first, so
+        // that the directories are not counted).
+        for i in 0..watches {
+            std::fs::create_dir_all(daemon.1.join(format!("w-{i:05}"))).unwrap();
+        }
+        let before = rss(pid);
+        let mut held = Vec::new();
+        for i in 0..watches {
+            let h = head(
+                &format!("/v1/fs/watch?path=w-{i:05}"),
+                "Accept: text/event-stream\r\n",
+            );
+            let got = b.hold(1, 6, &h, b"event: ready").await;
+            if got.is_empty() {
+                break;
+            }
+            held.extend(got);
+        }
+        let per = per_thing(pid, before, held.len()).await;
+        println!(
+            "| idle `/v1/fs/watch` feeds (with their HTTP/1 connection, {} threads now) | {} | {} | {} |",
+            status_kib(pid, "Threads:"),
+            held.len(),
+            kib(per),
+            b.honest("hub").await
+        );
+        drop(held);
+        drop(daemon);
+        (daemon, b) = hub_daemon(&limits).await;
+        pid = b.pid;
+    }
 
     let before = rss(pid);
     let mut ids = Vec::new();
