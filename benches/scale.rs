@@ -28,6 +28,10 @@
 //! the allocator's granularity averages out). Client sockets of each phase bind their own
 //! loopback source address (127.0.0.2, .3, …) so that the phases do not share one ephemeral port
 //! range. `SANDBOX_AGENT_WORKER_THREADS` sets `--worker-threads`.
+//!
+//! One concern over ~900 lines: each phase is a short function over the same few helpers (the
+//! daemon's RSS, a bounded set of held sockets, the honest client's probe), and the A/B gate
+//! runs the whole file as one group; split, the phases would each carry the helpers' imports.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
