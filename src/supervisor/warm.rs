@@ -47,9 +47,11 @@ use super::cgroup::{AgentCgroup, Applied, Cgroups};
 use super::limits::{AgentUser, Limits};
 
 /// How long the daemon waits for a stub to say it is ready, or to exec (or fail to). The launch
-/// wait is on the caller's thread, as std's own spawn waits for its child's exec; the bound keeps
-/// a stub stopped by someone (SIGSTOP) from holding that thread.
-const STUB_TIMEOUT: Duration = Duration::from_secs(2);
+/// wait is on the caller's thread (a blocking-pool thread), as std's own spawn waits for its
+/// child's exec; the bound keeps a stub stopped by someone (SIGSTOP) from holding that thread.
+/// 10 s, not less: on a machine at a load of 10 or more per core an exec has been seen to take
+/// over 2 s, and a start failed for that is worse than a thread held a little longer.
+const STUB_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest launch message a stub accepts (argv and environment are bounded by the kernel's
 /// `ARG_MAX`-like limits well below this).
