@@ -9,16 +9,18 @@
 //! than a hundred. Each of those threads has its own glibc thread cache and, up to 8 per core,
 //! its own arena, and what the instances allocated there and later freed stays scattered over
 //! pages the allocator cannot give back (measured in docs/performance.md, "Density"). Here:
-//! - every start and every blocking step of a stop (the asks, a signal to members found by a
-//!   scan, the removal of an emptied cgroup) runs with one of `MAX_THREADS` permits, so the
-//!   supervisor uses at most that many blocking threads at once, whatever the burst;
+//! - every start runs with one of `MAX_THREADS` start permits and every blocking step of a stop
+//!   (the asks, a signal to members found by a scan, the removal of an emptied cgroup) with one of
+//!   `MAX_THREADS` stop permits, so a burst of starts or of stops uses at most that many blocking
+//!   threads at once, whatever its size. Stops have their own permits so that starts that hang
+//!   (an exec on a dead network filesystem) never hold up the stops that free resources;
 //! - without cgroups, the stops that wait at the same time share one `/proc` scan: a stop takes
 //!   the answer of a scan that started after it asked, or starts one itself. One scan answers
 //!   every waiting stop, instead of one scan of every process per stop.
 //!
 //! No holder of a permit waits for another permit or for anything but its own system calls (a
-//! fork and exec, a scan, an `rmdir` with its retries), so the permits cannot deadlock; a step
-//! behind `MAX_THREADS` others waits for those to finish.
+//! fork and exec, a scan, an `rmdir` with its retries), so the permits cannot deadlock; a start or
+//! step behind `MAX_THREADS` others of its kind waits for one of those to finish.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +30,8 @@ use tokio::sync::{Mutex, Semaphore};
 
 use super::stats;
 
-/// At most this many blocking-pool threads do the supervisor's work at once (docs/limits.md).
+/// At most this many blocking-pool threads start children at once, and at most this many do the
+/// steps of stops (docs/limits.md).
 pub const MAX_THREADS: usize = 4;
 
 /// The live (not zombie) processes of every process group, from one `/proc` scan.
@@ -41,7 +44,8 @@ struct Scan {
 
 /// Shared by a supervisor and every handle it gives out.
 pub struct Blocking {
-    permits: Arc<Semaphore>,
+    starts: Arc<Semaphore>,
+    stops: Arc<Semaphore>,
     /// The latest `/proc` scan; its lock is held while one runs, so callers queue behind it.
     scan: Mutex<Option<Scan>>,
 }
@@ -49,27 +53,28 @@ pub struct Blocking {
 impl Default for Blocking {
     fn default() -> Self {
         Blocking {
-            permits: Arc::new(Semaphore::new(MAX_THREADS)),
+            starts: Arc::new(Semaphore::new(MAX_THREADS)),
+            stops: Arc::new(Semaphore::new(MAX_THREADS)),
             scan: Mutex::new(None),
         }
     }
 }
 
 impl Blocking {
-    /// Runs `f` on the blocking pool once one of the permits is free, and returns its value;
-    /// `None` if it panicked (the hook logs it). The permit goes with `f`: a caller that stops
-    /// waiting does not free it before `f` is done.
-    pub async fn run<T: Send + 'static>(
+    /// Runs the start `f` on the blocking pool once a start permit is free; as `run_on`.
+    pub async fn start<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        let permit = self.permits.clone().acquire_owned().await.ok()?;
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            f()
-        })
-        .await
-        .ok()
+        run_on(&self.starts, f).await
+    }
+
+    /// Runs the step of a stop `f` on the blocking pool once a stop permit is free; as `run_on`.
+    pub async fn stop_step<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        run_on(&self.stops, f).await
     }
 
     /// The live members of process group `pgid`, as found by a `/proc` scan that started after
@@ -82,11 +87,27 @@ impl Blocking {
             return Some(s.groups.get(&pgid).cloned().unwrap_or_default());
         }
         let started = Instant::now();
-        let groups = self.run(live_groups).await?;
+        let groups = self.stop_step(live_groups).await?;
         let members = groups.get(&pgid).cloned().unwrap_or_default();
         *latest = Some(Scan { started, groups });
         Some(members)
     }
+}
+
+/// Runs `f` on the blocking pool once one of `permits` is free, and returns its value; `None` if
+/// it panicked (the hook logs it). The permit goes with `f`: a caller that stops waiting does not
+/// free it before `f` is done.
+async fn run_on<T: Send + 'static>(
+    permits: &Arc<Semaphore>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let permit = permits.clone().acquire_owned().await.ok()?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f()
+    })
+    .await
+    .ok()
 }
 
 /// Every process group of the machine with its live members (one scan of `/proc`).
@@ -107,40 +128,57 @@ mod tests {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_burst_runs_at_most_max_threads_closures_at_once() {
+    async fn a_burst_runs_at_most_max_threads_closures_of_a_kind_at_once() {
         let b = Arc::new(Blocking::default());
-        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        // [starts, steps of stops]: running now, most at once.
+        let now: Arc<[AtomicUsize; 2]> = Arc::default();
+        let most: Arc<[AtomicUsize; 2]> = Arc::default();
         let tasks: Vec<_> = (0..64)
             .map(|i| {
                 let (b, now, most) = (b.clone(), now.clone(), most.clone());
                 tokio::spawn(async move {
-                    b.run(move || {
-                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
-                        most.fetch_max(n, Ordering::SeqCst);
+                    let kind = i % 2;
+                    let step = move || {
+                        let n = now[kind].fetch_add(1, Ordering::SeqCst) + 1;
+                        most[kind].fetch_max(n, Ordering::SeqCst);
                         // Long enough that the burst piles up behind the permits.
                         std::thread::sleep(std::time::Duration::from_millis(5));
-                        now.fetch_sub(1, Ordering::SeqCst);
+                        now[kind].fetch_sub(1, Ordering::SeqCst);
                         i
-                    })
-                    .await
+                    };
+                    if kind == 0 {
+                        b.start(step).await
+                    } else {
+                        b.stop_step(step).await
+                    }
                 })
             })
             .collect();
         for (i, t) in tasks.into_iter().enumerate() {
             assert_eq!(t.await.unwrap(), Some(i), "every closure ran, once");
         }
-        let most = most.load(Ordering::SeqCst);
-        assert!(most <= MAX_THREADS, "{most} ran at once");
-        assert!(most > 1, "the burst ran in parallel ({most} at once)");
+        for (kind, most) in ["starts", "steps of stops"].iter().zip(most.iter()) {
+            let most = most.load(Ordering::SeqCst);
+            assert!(most <= MAX_THREADS, "{most} {kind} ran at once");
+            assert!(most > 1, "the {kind} ran in parallel ({most} at once)");
+        }
     }
 
     #[tokio::test]
     async fn a_panicking_step_gives_its_permit_back() {
         let b = Blocking::default();
         for _ in 0..MAX_THREADS + 1 {
-            assert_eq!(b.run(|| -> u8 { panic!("a step that fails") }).await, None);
+            assert_eq!(
+                b.stop_step(|| -> u8 { panic!("a step that fails") }).await,
+                None
+            );
+            assert_eq!(
+                b.start(|| -> u8 { panic!("a start that fails") }).await,
+                None
+            );
         }
-        assert_eq!(b.run(|| 7).await, Some(7));
+        assert_eq!(b.stop_step(|| 7).await, Some(7));
+        assert_eq!(b.start(|| 8).await, Some(8));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -430,7 +430,7 @@ impl HandleInner {
         }
         let me = self.clone();
         self.blocking
-            .run(move || {
+            .stop_step(move || {
                 for p in me.group_members_now() {
                     let _ = kill(Pid::from_raw(p), sig);
                 }
@@ -457,7 +457,7 @@ impl HandleInner {
         }
         let me = self.clone();
         self.blocking
-            .run(move || me.group_members_now().is_empty())
+            .stop_step(move || me.group_members_now().is_empty())
             .await
             .unwrap_or(false)
     }
@@ -508,7 +508,7 @@ impl HandleInner {
         let me = self.clone();
         self.removals.spawn(async move {
             let work = me.blocking.clone();
-            work.run(move || {
+            work.stop_step(move || {
                 if let Some(cg) = &me.cgroup {
                     cg.remove_dirs();
                 }
@@ -792,8 +792,8 @@ impl Supervisor {
     /// The start runs on the blocking pool, never on the runtime thread: with cgroups the child
     /// is moved into its group before it execs, and that move can wait for a kernel grace period
     /// (tens of milliseconds); a warm stub's exec is waited for as well. At most
-    /// `blocking::MAX_THREADS` starts and stop steps run at once; the others wait for a permit
-    /// (a burst of starts does not grow the pool by a thread each). It is cancel-safe: a
+    /// `blocking::MAX_THREADS` starts run at once; the others wait for a permit (a burst of
+    /// starts does not grow the pool by a thread each). It is cancel-safe: a
     /// child whose caller went away before taking it is killed (and reaped by its own task).
     pub async fn start_with(
         self: &Arc<Self>,
@@ -806,7 +806,7 @@ impl Supervisor {
         // while waiting for a permit, nothing was started.)
         let started = self
             .blocking
-            .run(move || {
+            .start(move || {
                 spawn::spawn(&sup, spec, stdio).map(|s| {
                     let unclaimed = KillUnclaimed(Some(s.handle.clone()));
                     (s, unclaimed)
