@@ -95,19 +95,20 @@ impl Blocking {
 }
 
 /// Runs `f` on the blocking pool once one of `permits` is free, and returns its value; `None` if
-/// it panicked (the hook logs it). The permit goes with `f`: a caller that stops waiting does not
-/// free it before `f` is done.
+/// it panicked (the hook logs it). The permit goes with `f` and comes back with its value: a
+/// caller that stops waiting does not free it before `f` is done (it is dropped with the value),
+/// and one that waits frees it only once the value is back, when the thread that ran `f` is
+/// (nearly always) idle again, so that the next step reuses that thread rather than starting one.
 async fn run_on<T: Send + 'static>(
     permits: &Arc<Semaphore>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
     let permit = permits.clone().acquire_owned().await.ok()?;
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        f()
-    })
-    .await
-    .ok()
+    let (value, permit) = tokio::task::spawn_blocking(move || (f(), permit))
+        .await
+        .ok()?;
+    drop(permit);
+    Some(value)
 }
 
 /// Every process group of the machine with its live members (one scan of `/proc`).

@@ -1,7 +1,7 @@
 //! A burst of DELETEs stops every agent with a handful of blocking threads: the daemon's thread
-//! count (`Threads:` in /proc/<daemon>/status, read every 2 ms) never grows by more than the
-//! stops' bound (4 blocking threads, docs/limits.md) over what it had with the agents idle, and
-//! everything is gone afterwards (processes, zombies, descriptors, the listing).
+//! count (`Threads:` in /proc/<daemon>/status, read every 2 ms) grows by no more than a fixed
+//! number over what it had with the agents idle (the stops' 4 blocking threads, docs/limits.md,
+//! and a margin that does not grow with the number of agents), and everything is gone afterwards (processes, zombies, cgroups, descriptors, the listing).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,10 +12,14 @@ use serde_json::json;
 use crate::support::{Daemon, children_of, eventually, pid_alive, zombies_among};
 
 /// Agents started, then deleted at once: enough that a thread per stop would be seen.
-const AGENTS: usize = 120;
-/// The stops' own bound (`supervisor::stop_work::MAX_THREADS`) plus what may run beside them
-/// during a delete: the debounced heap trim.
-const ALLOWED_GROWTH: u64 = 4 + 1;
+const AGENTS: usize = 300;
+/// The stops' own bound (`supervisor::blocking::MAX_THREADS`), what may run beside them during a
+/// delete (the debounced heap trim, the process-figures sampler), and the pool's hand-over: a
+/// thread that has just finished a step is not yet idle when the next step is queued, and tokio
+/// then starts another (seen up to +9 in all). Not per agent: the build before the bound grew by
+/// 14–29 threads for 200 or 300 agents. (The warm-spawn pool is off: its refills after
+/// the last starts would run beside the deletes too.)
+const ALLOWED_GROWTH: u64 = 4 + 2 + 6;
 
 fn threads(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -38,6 +42,30 @@ fn open_fds(pid: u32) -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+/// The cgroup directories of `pid` that are not the daemon's own (v1: one per controller line),
+/// as paths under /sys/fs/cgroup: an agent's own groups. Empty where agents get no cgroup.
+fn own_cgroups(pid: u32, daemon: u32) -> Vec<std::path::PathBuf> {
+    let read = |p: u32| std::fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
+    let daemon_lines = read(daemon);
+    read(pid)
+        .lines()
+        .filter(|l| !daemon_lines.lines().any(|d| d == *l))
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            let dir = if controllers.is_empty() {
+                "unified".to_string()
+            } else {
+                controllers.trim_start_matches("name=").to_string()
+            };
+            let full = std::path::Path::new("/sys/fs/cgroup")
+                .join(dir)
+                .join(path.trim_start_matches('/'));
+            full.is_dir().then_some(full)
+        })
+        .collect()
 }
 
 /// Runs `each` over `items` with `width` at a time.
@@ -67,7 +95,12 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_of_deletes_stops_every_agent_on_a_bounded_number_of_threads() {
     let d = Daemon::builder()
-        .args(["--max-agents", &(AGENTS + 10).to_string()])
+        .args([
+            "--max-agents",
+            &(AGENTS + 10).to_string(),
+            "--warm-spawns",
+            "0",
+        ])
         .start();
     let pid = d.pid();
     let fds_before = open_fds(pid);
@@ -102,6 +135,8 @@ async fn a_burst_of_deletes_stops_every_agent_on_a_bounded_number_of_threads() {
         agents.iter().all(|p| kids.contains(p)),
         "the agents are the daemon's children"
     );
+    let groups: Vec<std::path::PathBuf> =
+        agents.iter().flat_map(|a| own_cgroups(*a, pid)).collect();
     // The agents idle, and so do the blocking threads their starts used (they would be reused).
     let idle = threads(pid);
 
@@ -161,6 +196,7 @@ async fn a_burst_of_deletes_stops_every_agent_on_a_bounded_number_of_threads() {
     done.store(true, Ordering::Relaxed);
     sampler.join().expect("sampler");
     let peak = peak.load(Ordering::Relaxed);
+    eprintln!("daemon threads: {idle} with the agents idle, at most {peak} during the deletes");
     assert!(
         peak <= idle + ALLOWED_GROWTH,
         "the delete burst grew the daemon from {idle} to {peak} threads (allowed: +{ALLOWED_GROWTH})"
@@ -172,6 +208,12 @@ async fn a_burst_of_deletes_stops_every_agent_on_a_bounded_number_of_threads() {
         .filter(|c| agents.contains(c))
         .collect();
     assert!(left.is_empty(), "agents left as children: {left:?}");
+    // Where agents had cgroups (v1 here, as root: 3 directories each), every one is removed.
+    eventually(
+        Duration::from_secs(30),
+        "every agent cgroup removed",
+        || groups.iter().all(|g| !g.exists()).then_some(()),
+    );
     eventually(Duration::from_secs(10), "the descriptors back", || {
         (open_fds(pid) <= fds_before).then_some(())
     });
