@@ -76,6 +76,32 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The most threads the daemon had (`Threads:` of `/proc/<pid>/status`, read every 5 ms) from
+/// its start until it is stopped.
+struct PeakThreads(Arc<std::sync::atomic::AtomicU64>, Arc<AtomicBool>);
+
+impl PeakThreads {
+    fn watch(pid: u32) -> PeakThreads {
+        let (peak, stop) = (
+            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (p, s) = (Arc::clone(&peak), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(status_kib(pid, "Threads:"), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        PeakThreads(peak, stop)
+    }
+
+    fn stop(self) -> u64 {
+        self.1.store(true, Ordering::Relaxed);
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 fn rss(pid: u32) -> u64 {
     status_kib(pid, "VmRSS:") * 1024
 }
@@ -511,21 +537,23 @@ async fn main() {
 
     // Start rate and per-instance memory, then listing against N.
     println!(
-        "\n| N running | started | agents/s | start p50 / p99 ms | daemon CPU per start | RSS per idle instance |"
+        "\n| N running | started | agents/s | start p50 / p99 ms | daemon CPU per start | RSS per idle instance | peak daemon threads |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let mut have = 0;
     for &n in &steps {
         let ids: Vec<String> = (have..n).map(|i| format!("sc-{i:05}")).collect();
         let count = ids.len();
         let (r_before, cpu_before, t) = (rss(pid), cpu(pid), Instant::now());
+        let peak = PeakThreads::watch(pid);
         let lat = b.start_all(ids, 32).await;
         let took = t.elapsed();
+        let peak = peak.stop();
         let cpu_used = cpu(pid).saturating_sub(cpu_before);
         let per = per_thing(pid, r_before, count).await;
         let (l50, l99) = p50_p99(lat);
         println!(
-            "| {n} | {count} | {:.0} | {l50:.1} / {l99:.1} | {:.2} ms | {} |",
+            "| {n} | {count} | {:.0} | {l50:.1} / {l99:.1} | {:.2} ms | {} | {peak} |",
             count as f64 / took.as_secs_f64(),
             ms(cpu_used) / count as f64,
             kib(per)
@@ -648,7 +676,8 @@ async fn main() {
     }
 
     // Delete everything.
-    let t = Instant::now();
+    let (t, cpu_before) = (Instant::now(), cpu(pid));
+    let peak = PeakThreads::watch(pid);
     let v: Value =
         b.c.get(format!("{}/v1/acp", b.base))
             .send()
@@ -692,12 +721,15 @@ async fn main() {
     while children(pid) > kids0 && Instant::now() < settle {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let took = t.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let (peak, cpu_used) = (peak.stop(), cpu(pid).saturating_sub(cpu_before));
     let rss_after = rss(pid);
     let anon_after = anon(pid);
     println!(
-        "\ndelete all: {:.1} s; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %)",
-        t.elapsed().as_secs_f64(),
+        "\ndelete all: {:.1} s, daemon CPU {:.2} s, at most {peak} daemon threads; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %)",
+        took.as_secs_f64(),
+        cpu_used.as_secs_f64(),
         children(pid),
         open_fds(pid),
         cgroups_below(pid),

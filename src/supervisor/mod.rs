@@ -12,6 +12,7 @@
 //! the warm pool are the modules below.
 
 mod adopt;
+mod blocking;
 mod cgroup;
 mod limits;
 mod spawn;
@@ -181,6 +182,8 @@ struct HandleInner {
     /// Where the removal of the (empty) cgroup runs after the exit is published; the
     /// supervisor's shutdown waits for it.
     removals: TaskTracker,
+    /// The supervisor's: bounds the blocking work of stops and shares their `/proc` scans.
+    blocking: Arc<blocking::Blocking>,
     /// The top process until it is reaped; see `Leader`.
     leader: Mutex<Leader>,
     /// The supervisor's: while on (a reload is executing), nothing is reaped.
@@ -426,12 +429,13 @@ impl HandleInner {
             return;
         }
         let me = self.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            for p in me.group_members_now() {
-                let _ = kill(Pid::from_raw(p), sig);
-            }
-        })
-        .await;
+        self.blocking
+            .stop_step(move || {
+                for p in me.group_members_now() {
+                    let _ = kill(Pid::from_raw(p), sig);
+                }
+            })
+            .await;
     }
 
     /// True when the top process has exited and nothing live is left in its process group:
@@ -441,8 +445,19 @@ impl HandleInner {
         if self.status.borrow().is_none() {
             return false;
         }
+        if self.cgroup.is_none() {
+            // While the leader is unreaped (it is until the exit is published), the scan's
+            // members of its group are ours: the same answer as `group_members_now`, from a
+            // scan shared with every other stop waiting now.
+            return self
+                .blocking
+                .group_members(self.pid as i32)
+                .await
+                .is_some_and(|m| m.is_empty());
+        }
         let me = self.clone();
-        tokio::task::spawn_blocking(move || me.group_members_now().is_empty())
+        self.blocking
+            .stop_step(move || me.group_members_now().is_empty())
             .await
             .unwrap_or(false)
     }
@@ -491,10 +506,14 @@ impl HandleInner {
         // Removing the directories (a few milliseconds of rmdir, with retries while the kernel
         // releases them) happens after, tracked so that shutdown waits for it.
         let me = self.clone();
-        self.removals.spawn_blocking(move || {
-            if let Some(cg) = &me.cgroup {
-                cg.remove_dirs();
-            }
+        self.removals.spawn(async move {
+            let work = me.blocking.clone();
+            work.stop_step(move || {
+                if let Some(cg) = &me.cgroup {
+                    cg.remove_dirs();
+                }
+            })
+            .await;
         });
     }
 
@@ -652,6 +671,8 @@ pub struct Supervisor {
     warm: Option<Arc<warm::Pool>>,
     /// Deferred cgroup removals of ended children.
     removals: TaskTracker,
+    /// The blocking work of starts and stops, bounded (see `blocking`).
+    blocking: Arc<blocking::Blocking>,
     /// Set by a reload's export: ended children are no longer reaped (the new image does it).
     reap_hold: Arc<ReapHold>,
     /// `DISPLAY` while the desktop (`desktop/`) runs: every child started meanwhile gets it
@@ -717,6 +738,7 @@ impl Supervisor {
             stderr_budget: (config.agent_stderr_lines, config.agent_stderr_bytes),
             warm,
             removals: TaskTracker::new(),
+            blocking: Arc::default(),
             reap_hold: Arc::default(),
             display: std::sync::Mutex::new(None),
         }
@@ -769,7 +791,9 @@ impl Supervisor {
     ///
     /// The start runs on the blocking pool, never on the runtime thread: with cgroups the child
     /// is moved into its group before it execs, and that move can wait for a kernel grace period
-    /// (tens of milliseconds); a warm stub's exec is waited for as well. It is cancel-safe: a
+    /// (tens of milliseconds); a warm stub's exec is waited for as well. At most
+    /// `blocking::MAX_THREADS` starts run at once; the others wait for a permit (a burst of
+    /// starts does not grow the pool by a thread each). It is cancel-safe: a
     /// child whose caller went away before taking it is killed (and reaped by its own task).
     pub async fn start_with(
         self: &Arc<Self>,
@@ -778,16 +802,18 @@ impl Supervisor {
     ) -> Result<Spawned, SpawnError> {
         let sup = self.clone();
         let program = spec.program.clone();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::task::spawn_blocking(move || {
-            let started = spawn::spawn(&sup, spec, stdio).map(|s| {
-                let unclaimed = KillUnclaimed(Some(s.handle.clone()));
-                (s, unclaimed)
-            });
-            // With the caller gone the value comes back and is dropped here: the guard kills.
-            let _ = tx.send(started);
-        });
-        let (spawned, mut unclaimed) = rx.await.map_err(|_| SpawnError::Exec {
+        // With the caller gone the value is dropped where it is made: the guard kills. (Gone
+        // while waiting for a permit, nothing was started.)
+        let started = self
+            .blocking
+            .start(move || {
+                spawn::spawn(&sup, spec, stdio).map(|s| {
+                    let unclaimed = KillUnclaimed(Some(s.handle.clone()));
+                    (s, unclaimed)
+                })
+            })
+            .await;
+        let (spawned, mut unclaimed) = started.ok_or_else(|| SpawnError::Exec {
             program,
             source: std::io::Error::other("the start was abandoned (the daemon is stopping)"),
         })??;

@@ -312,6 +312,7 @@ pub(super) fn supervise(
         registry: sup.live.clone(),
         reap_hold: sup.reap_hold.clone(),
         removals: sup.removals.clone(),
+        blocking: sup.blocking.clone(),
         leader: Mutex::new(Leader {
             child: kept,
             reaped: false,

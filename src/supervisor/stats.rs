@@ -49,7 +49,7 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
         .collect()
 }
 
-fn every_pid() -> impl Iterator<Item = i32> {
+pub(super) fn every_pid() -> impl Iterator<Item = i32> {
     fs::read_dir("/proc")
         .into_iter()
         .flatten()

@@ -7,6 +7,7 @@ mod agents;
 mod browser;
 mod client;
 mod clone_over_https_with_credentials;
+mod delete_burst_stays_on_few_threads;
 mod desktop;
 mod desktop_image;
 mod desktop_missing_tools;
