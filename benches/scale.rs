@@ -695,8 +695,9 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_after = rss(pid);
     let anon_after = anon(pid);
+    let threads_after = status_kib(pid, "Threads:");
     println!(
-        "\ndelete all: {:.1} s; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %)",
+        "\ndelete all: {:.1} s; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %), {threads_after} threads",
         t.elapsed().as_secs_f64(),
         children(pid),
         open_fds(pid),

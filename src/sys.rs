@@ -404,40 +404,30 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
     out
 }
 
-/// Returns free heap memory to the system (glibc `malloc_trim`), for after a load of large
-/// buffers has ended; a no-op on other C libraries. Slow-ish (walks every arena): call it on the
-/// blocking pool, debounced (`trim_soon`).
+/// Returns free heap memory to the system: the daemon's allocator (mimalloc, src/main.rs) purges
+/// every free page now, whatever its delay. For after a load of large buffers has ended;
+/// call it on the blocking pool, debounced (`trim_soon`). In a process whose global allocator is
+/// not mimalloc (the in-process tests) it finds nothing to give back.
 pub fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
+    // SAFETY: mi_collect takes no pointers and is thread-safe.
     unsafe {
-        libc::malloc_trim(0);
+        libmimalloc_sys::mi_collect(true);
     }
 }
 
-/// Fixes glibc's mmap threshold at `bytes`. Left alone, glibc raises it to the size of every
-/// mmapped block that is freed (up to 32 MiB), so after a few large buffers every later one
-/// comes from the arenas, where buffers freed on many threads fragment the heap beyond what
-/// `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped on their own.
-/// The trim threshold goes to four times `bytes`: glibc's default (128 KiB, no longer adjusted
-/// once the mmap threshold is fixed) gave a freed transfer chunk at the top of an arena back to
-/// the kernel at once, so the next chunk faulted every page in again (a 256 MiB download took
-/// ~65,000 page faults); `trim_soon` still gives it all back once the transfers end.
-/// Call it before any thread starts. A no-op on other C libraries.
-pub fn fix_mmap_threshold(bytes: usize) {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        let trim = libc::c_int::try_from(bytes.saturating_mul(4)).unwrap_or(libc::c_int::MAX);
-        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-        // SAFETY: mallopt takes two integers; M_MMAP_THRESHOLD and M_TRIM_THRESHOLD are
-        // documented parameters.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
-        }
+/// `mi_option_purge_delay` in mimalloc's `mi_option_e` (mimalloc.h, version 3); the Rust
+/// bindings name only the stable options.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// The allocator's settings, before any thread starts: free pages go back to the kernel at once
+/// (`purge_delay` 0). mimalloc's default (1 s) only purges when the allocator is busy again, so
+/// after a delete burst the pages of the idled-out blocking threads stayed resident in an idle
+/// daemon (docs/performance.md, "An allocator of its own, measured").
+pub fn tune_allocator() {
+    // SAFETY: mi_option_set takes an option number and a value; it only stores the value.
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = bytes;
 }
 
 // ---- Process API: terminals (kept in one block) ----
