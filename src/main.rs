@@ -179,8 +179,6 @@ fn serve(
         parent_init = Some(init_pid);
     }
     // The stop and reload signals were blocked first thing in `main` (`daemon/signals.rs`).
-    // Before any thread: the allocator gives free pages back at once (`sys::tune_allocator`).
-    sandbox_agent::sys::tune_allocator();
     // Flushes the log queue (bounded wait) when `serve` returns.
     let _log_guard = sandbox_agent::logging::init(&config);
     match nofile {

@@ -405,28 +405,13 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
 }
 
 /// Returns free heap memory to the system: the daemon's allocator (mimalloc, src/main.rs) purges
-/// every free page now, whatever its delay. For after a load of large buffers has ended;
+/// every free page now instead of after its delay (1 s, and only when it is busy again). For after a load of large buffers has ended;
 /// call it on the blocking pool, debounced (`trim_soon`). In a process whose global allocator is
 /// not mimalloc (the in-process tests) it finds nothing to give back.
 pub fn trim_heap() {
     // SAFETY: mi_collect takes no pointers and is thread-safe.
     unsafe {
         libmimalloc_sys::mi_collect(true);
-    }
-}
-
-/// `mi_option_purge_delay` in mimalloc's `mi_option_e` (mimalloc.h, version 3); the Rust
-/// bindings name only the stable options.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// The allocator's settings, before any thread starts: free pages go back to the kernel at once
-/// (`purge_delay` 0). mimalloc's default (1 s) only purges when the allocator is busy again, so
-/// after a delete burst the pages of the idled-out blocking threads stayed resident in an idle
-/// daemon (docs/performance.md, "An allocator of its own, measured").
-pub fn tune_allocator() {
-    // SAFETY: mi_option_set takes an option number and a value; it only stores the value.
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
     }
 }
 
@@ -548,10 +533,17 @@ pub fn random_hex<const N: usize>() -> String {
 }
 
 static TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static LATE_TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Gives freed heap memory back to the system shortly (debounced, on the blocking pool): glibc
-/// keeps freed memory of large buffers in its arenas otherwise, and the daemon's RSS would stay
-/// at its peak after a load ends (measured in docs/performance.md).
+/// How long after a burst the second trim comes: the runtime's blocking threads idle out after
+/// 10 s (tokio's default keep-alive), and the allocator gives back the pages of a thread only
+/// when it ends; then nothing else would ask it to purge them in an idle daemon.
+const LATE_TRIM: std::time::Duration = std::time::Duration::from_secs(12);
+
+/// Gives freed heap memory back to the system shortly (debounced, on the blocking pool), and once
+/// more after the blocking threads of the burst have idled out (`LATE_TRIM`): the allocator
+/// purges free pages only when it is busy again, so an idle daemon would otherwise stay at its
+/// peak after a load ends (measured in docs/performance.md).
 pub fn trim_soon() {
     if TRIM_PENDING.swap(true, std::sync::atomic::Ordering::AcqRel) {
         return;
@@ -563,6 +555,12 @@ pub fn trim_soon() {
     rt.spawn(async {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
+        let _ = tokio::task::spawn_blocking(trim_heap).await;
+        if LATE_TRIM_PENDING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        tokio::time::sleep(LATE_TRIM).await;
+        LATE_TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
         let _ = tokio::task::spawn_blocking(trim_heap).await;
     });
 }
