@@ -726,8 +726,9 @@ async fn main() {
     let (peak, cpu_used) = (peak.stop(), cpu(pid).saturating_sub(cpu_before));
     let rss_after = rss(pid);
     let anon_after = anon(pid);
+    let threads_after = status_kib(pid, "Threads:");
     println!(
-        "\ndelete all: {:.1} s, daemon CPU {:.2} s, at most {peak} daemon threads; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %)",
+        "\ndelete all: {:.1} s, daemon CPU {:.2} s, at most {peak} daemon threads; children {} (before {kids0}), fds (not sockets) {} (before {fds0}), agent cgroups {} (before {groups0}), RSS {} (before {}, {:+.1} %), anonymous {} (before {}, {:+.1} %), {threads_after} threads 3 s after",
         took.as_secs_f64(),
         cpu_used.as_secs_f64(),
         children(pid),
