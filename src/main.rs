@@ -257,14 +257,28 @@ fn protect_secrets(config: &Config) {
 /// I/O-bound (CPU-heavy work goes to `spawn_blocking`), and on the 2-core VMs it targets a second
 /// worker mostly adds cross-thread wake-ups (measured: docs/performance.md). More workers give
 /// the multi-thread runtime, for machines where one core is not enough for the proxy.
+/// The blocking pool's threads are named `blocking`, the workers `tokio-rt-worker` (tokio names
+/// both alike), so that `top -H` and `/proc/<pid>/task/*/comm` tell them apart: tokio starts
+/// its workers first, when the runtime is built, and every later thread is the pool's.
 fn build_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
     if workers <= 1 {
         tokio::runtime::Builder::new_current_thread()
+            .thread_name("blocking")
             .enable_all()
             .build()
     } else {
+        let started = std::sync::atomic::AtomicUsize::new(0);
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)
+            .thread_name_fn(move || {
+                let n = started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n < workers {
+                    "tokio-rt-worker"
+                } else {
+                    "blocking"
+                }
+                .to_string()
+            })
             .enable_all()
             .build()
     }

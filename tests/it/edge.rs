@@ -981,9 +981,9 @@ fn thread_names(pid: u32) -> Vec<String> {
 
 #[tokio::test]
 async fn worker_threads_chooses_the_runtime() {
-    // Three workers: tokio's multi-thread runtime, whose workers are named threads. The
-    // blocking pool's threads carry the same name, so nothing may use it here: no warm-spawn
-    // stubs (they are made on the blocking pool as soon as the daemon starts).
+    // Three workers: tokio's multi-thread runtime, whose workers are named threads (the
+    // blocking pool's are named `blocking`: the trim after the start and the warm-spawn stubs
+    // use it).
     let d = Daemon::builder()
         .args(["--worker-threads", "3", "--warm-spawns", "0"])
         .start();
