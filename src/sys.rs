@@ -533,34 +533,57 @@ pub fn random_hex<const N: usize>() -> String {
 }
 
 static TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static LATE_TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// When the late trim is due, in milliseconds since `trim_epoch()`; 0 while none is pending.
+static LATE_TRIM_DUE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// How long after a burst the second trim comes: the runtime's blocking threads idle out after
-/// 10 s (tokio's default keep-alive), and the allocator gives back the pages of a thread only
-/// when it ends; then nothing else would ask it to purge them in an idle daemon.
+/// How long after the last call of a burst the second trim comes: the runtime's blocking threads
+/// idle out 10 s after their last task (tokio's default keep-alive; the first trim's thread is
+/// one of them), and the allocator gives back the pages of a thread only when it ends; then
+/// nothing else would ask it to purge them in an idle daemon.
 const LATE_TRIM: std::time::Duration = std::time::Duration::from_secs(12);
 
+fn trim_clock() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    // Never 0 (0 means "none pending").
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+}
+
 /// Gives freed heap memory back to the system shortly (debounced, on the blocking pool), and once
-/// more after the blocking threads of the burst have idled out (`LATE_TRIM`): the allocator
-/// purges free pages only when it is busy again, so an idle daemon would otherwise stay at its
-/// peak after a load ends (measured in docs/performance.md).
+/// more `LATE_TRIM` after the last call of a burst, when its blocking threads have idled out:
+/// the allocator purges free pages only when it is busy again, so an idle daemon would otherwise
+/// stay at its peak after a load ends (measured in docs/performance.md). The late trim trails:
+/// each call moves it, so one burst that follows another (the agents deleted a few seconds after
+/// they were started) still gets its own.
 pub fn trim_soon() {
-    if TRIM_PENDING.swap(true, std::sync::atomic::Ordering::AcqRel) {
-        return;
-    }
+    use std::sync::atomic::Ordering;
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
         return;
     };
+    let due = trim_clock().saturating_add(LATE_TRIM.as_millis() as u64);
+    if LATE_TRIM_DUE.swap(due, Ordering::AcqRel) == 0 {
+        rt.spawn(async {
+            loop {
+                let due = LATE_TRIM_DUE.load(Ordering::Acquire);
+                let now = trim_clock();
+                if now < due {
+                    tokio::time::sleep(std::time::Duration::from_millis(due - now)).await;
+                } else if LATE_TRIM_DUE
+                    .compare_exchange(due, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break;
+                }
+            }
+            let _ = tokio::task::spawn_blocking(trim_heap).await;
+        });
+    }
+    if TRIM_PENDING.swap(true, Ordering::AcqRel) {
+        return;
+    }
     rt.spawn(async {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
-        let _ = tokio::task::spawn_blocking(trim_heap).await;
-        if LATE_TRIM_PENDING.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            return;
-        }
-        tokio::time::sleep(LATE_TRIM).await;
-        LATE_TRIM_PENDING.store(false, std::sync::atomic::Ordering::Release);
+        TRIM_PENDING.store(false, Ordering::Release);
         let _ = tokio::task::spawn_blocking(trim_heap).await;
     });
 }
