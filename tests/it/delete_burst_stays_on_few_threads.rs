@@ -30,20 +30,6 @@ fn threads(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The daemon's descriptors other than sockets (the test's own connections come and go).
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|t| !t.to_string_lossy().starts_with("socket:"))
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 /// The cgroup directories of `pid` that are not the daemon's own (v1: one per controller line),
 /// as paths under /sys/fs/cgroup: an agent's own groups. Empty where agents get no cgroup.
 fn own_cgroups(pid: u32, daemon: u32) -> Vec<std::path::PathBuf> {
@@ -103,7 +89,7 @@ async fn a_burst_of_deletes_stops_every_agent_on_a_bounded_number_of_threads() {
         ])
         .start();
     let pid = d.pid();
-    let fds_before = open_fds(pid);
+    let fds_before = crate::support::open_fds_but_sockets(pid);
     let ids: Vec<String> = (0..AGENTS).map(|i| format!("burst-{i:03}")).collect();
     let (client, base) = (d.client(), d.url("/v1/acp"));
     in_parallel(ids.clone(), 4, move |id| {
@@ -215,6 +201,6 @@ async fn a_burst_of_deletes_stops_every_agent_on_a_bounded_number_of_threads() {
         || groups.iter().all(|g| !g.exists()).then_some(()),
     );
     eventually(Duration::from_secs(10), "the descriptors back", || {
-        (open_fds(pid) <= fds_before).then_some(())
+        (crate::support::open_fds_but_sockets(pid) <= fds_before).then_some(())
     });
 }

@@ -380,11 +380,6 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Open descriptors of `pid` (sockets included).
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
 /// True once the peer closed `s` (EOF or reset); false while it stays open.
 fn closed_by_peer(s: &mut TcpStream) -> bool {
     s.set_nonblocking(true).unwrap();
@@ -408,7 +403,7 @@ async fn slowloris_is_cut_at_the_header_timeout_while_health_keeps_answering() {
         .args(["--header-read-timeout", "2s", "--idle-timeout", "30s"])
         .start();
     let pid = d.pid();
-    let baseline = open_fds(pid);
+    let baseline = crate::support::open_fds(pid);
     let addr = d.addr.clone();
     // Each attacker sends an unfinished head and then one more header line every 500 ms.
     let attackers = std::thread::spawn(move || {
@@ -465,7 +460,7 @@ async fn slowloris_is_cut_at_the_header_timeout_while_health_keeps_answering() {
     eventually(
         Duration::from_secs(5),
         "descriptors back to the baseline",
-        || (open_fds(pid) <= baseline + 2).then_some(()),
+        || (crate::support::open_fds(pid) <= baseline + 2).then_some(()),
     );
 }
 

@@ -154,10 +154,6 @@ async fn wait_watches(pid: u32, n: usize, what: &str) {
     .await
 }
 
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap()
@@ -654,14 +650,14 @@ async fn closed_streams_give_back_their_kernel_watches_and_descriptors() {
     // A first stream so that lazily made descriptors (e.g. the runtime's) exist in the baseline.
     drop(Feed::open(&d, "path=.").await);
     wait_watches(pid, 0, "no watch").await;
-    let fds = fd_count(pid);
+    let fds = crate::support::open_fds(pid);
     let mut feeds = Vec::new();
     for _ in 0..5 {
         feeds.push(Feed::open(&d, "path=.&recursive=true").await);
     }
     // 101 directories per stream.
     assert_eq!(kernel_watches(pid), 5 * 101);
-    assert!(fd_count(pid) > fds);
+    assert!(crate::support::open_fds(pid) > fds);
     // A directory made during the stream adds a watch; removing it gives it back.
     std::fs::create_dir(w.join("later")).unwrap();
     let last = feeds.last_mut().unwrap();
@@ -677,7 +673,7 @@ async fn closed_streams_give_back_their_kernel_watches_and_descriptors() {
     crate::support::eventually_async(
         Duration::from_secs(10),
         "every descriptor given back",
-        || async move { (fd_count(pid) <= fds).then_some(()) },
+        || async move { (crate::support::open_fds(pid) <= fds).then_some(()) },
     )
     .await;
 }

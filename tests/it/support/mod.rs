@@ -615,6 +615,25 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// Open descriptors of `pid`, sockets included.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Open descriptors of `pid` other than sockets (a test's own connections come and go).
+pub fn open_fds_but_sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| !t.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// The children of `pid`: every process whose /proc/<n>/stat names `pid` as its parent.
 ///
 /// Not /proc/<pid>/task/*/children: that lists each thread's own children, and when a thread
