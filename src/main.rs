@@ -9,11 +9,6 @@ use sandbox_agent::cli::{Cli, Command, ServerArgs};
 use sandbox_agent::config::Config;
 use sandbox_agent::daemon::{self, StartError};
 
-/// mimalloc, not glibc's malloc: after a burst on hundreds of blocking threads glibc kept the
-/// freed memory resident (docs/performance.md, "An allocator of its own, measured").
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// sysexits: command line usage error.
 const EX_USAGE: u8 = 64;
 /// sysexits: service unavailable (e.g. the port is taken).
@@ -179,6 +174,10 @@ fn serve(
         parent_init = Some(init_pid);
     }
     // The stop and reload signals were blocked first thing in `main` (`daemon/signals.rs`).
+    // Before any thread: buffers of 1 MiB and more are mapped on their own and handed back
+    // when freed (docs/performance.md, "Memory after file attacks": 256 KiB cost PUT ~60 % more
+    // CPU, 1 MiB nothing measurable).
+    sandbox_agent::sys::fix_mmap_threshold(1 << 20);
     // Flushes the log queue (bounded wait) when `serve` returns.
     let _log_guard = sandbox_agent::logging::init(&config);
     match nofile {

@@ -404,15 +404,40 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
     out
 }
 
-/// Returns free heap memory to the system: the daemon's allocator (mimalloc, src/main.rs) purges
-/// every free page now instead of after its delay (1 s, and only when it is busy again). For after a load of large buffers has ended;
-/// call it on the blocking pool, debounced (`trim_soon`). In a process whose global allocator is
-/// not mimalloc (the in-process tests) it finds nothing to give back.
+/// Returns free heap memory to the system (glibc `malloc_trim`), for after a load of large
+/// buffers has ended; a no-op on other C libraries. Slow-ish (walks every arena): call it on the
+/// blocking pool, debounced (`trim_soon`).
 pub fn trim_heap() {
-    // SAFETY: mi_collect takes no pointers and is thread-safe.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and is thread-safe (it locks each arena).
     unsafe {
-        libmimalloc_sys::mi_collect(true);
+        libc::malloc_trim(0);
     }
+}
+
+/// Fixes glibc's mmap threshold at `bytes`. Left alone, glibc raises it to the size of every
+/// mmapped block that is freed (up to 32 MiB), so after a few large buffers every later one
+/// comes from the arenas, where buffers freed on many threads fragment the heap beyond what
+/// `malloc_trim` can give back; fixed, blocks this large are mapped and unmapped on their own.
+/// The trim threshold goes to four times `bytes`: glibc's default (128 KiB, no longer adjusted
+/// once the mmap threshold is fixed) gave a freed transfer chunk at the top of an arena back to
+/// the kernel at once, so the next chunk faulted every page in again (a 256 MiB download took
+/// ~65,000 page faults); `trim_soon` still gives it all back once the transfers end.
+/// Call it before any thread starts. A no-op on other C libraries.
+pub fn fix_mmap_threshold(bytes: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let trim = libc::c_int::try_from(bytes.saturating_mul(4)).unwrap_or(libc::c_int::MAX);
+        let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt takes two integers; M_MMAP_THRESHOLD and M_TRIM_THRESHOLD are
+        // documented parameters.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = bytes;
 }
 
 // ---- Process API: terminals (kept in one block) ----
@@ -533,13 +558,13 @@ pub fn random_hex<const N: usize>() -> String {
 }
 
 static TRIM_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// When the late trim is due, in milliseconds since `trim_epoch()`; 0 while none is pending.
+/// When the late trim is due, in milliseconds of `trim_clock`; 0 while none is pending.
 static LATE_TRIM_DUE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How long after the last call of a burst the second trim comes: the runtime's blocking threads
 /// idle out 10 s after their last task (tokio's default keep-alive; the first trim's thread is
-/// one of them), and the allocator gives back the pages of a thread only when it ends; then
-/// nothing else would ask it to purge them in an idle daemon.
+/// one of them), and what a thread's cache held goes back to its arena only when it ends; then
+/// nothing else would trim in an idle daemon.
 const LATE_TRIM: std::time::Duration = std::time::Duration::from_secs(12);
 
 fn trim_clock() -> u64 {
@@ -551,7 +576,7 @@ fn trim_clock() -> u64 {
 
 /// Gives freed heap memory back to the system shortly (debounced, on the blocking pool), and once
 /// more `LATE_TRIM` after the last call of a burst, when its blocking threads have idled out:
-/// the allocator purges free pages only when it is busy again, so an idle daemon would otherwise
+/// glibc keeps freed memory of large buffers in its arenas otherwise, and the daemon's RSS would
 /// stay at its peak after a load ends (measured in docs/performance.md). The late trim trails:
 /// each call moves it, so one burst that follows another (the agents deleted a few seconds after
 /// they were started) still gets its own.

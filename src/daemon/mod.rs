@@ -192,9 +192,6 @@ pub async fn run(
     )));
 
     systemd::notify_ready(addr);
-    // What the start allocated and freed goes back to the kernel (~1.5 MB, docs/performance.md,
-    // "An allocator of its own, measured").
-    crate::sys::trim_soon();
     if received.is_some() {
         tracing::info!(%addr, version = env!("CARGO_PKG_VERSION"), "reloaded; listening on http://{addr}");
         if let Some(r) = &received {
