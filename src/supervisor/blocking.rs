@@ -87,7 +87,7 @@ impl Blocking {
             return Some(s.groups.get(&pgid).cloned().unwrap_or_default());
         }
         let started = Instant::now();
-        let groups = self.stop_step(live_groups).await?;
+        let groups = self.stop_step(|| stats::every_group(false)).await?;
         let members = groups.get(&pgid).cloned().unwrap_or_default();
         *latest = Some(Scan { started, groups });
         Some(members)
@@ -109,17 +109,6 @@ async fn run_on<T: Send + 'static>(
         .ok()?;
     drop(permit);
     Some(value)
-}
-
-/// Every process group of the machine with its live members (one scan of `/proc`).
-fn live_groups() -> Groups {
-    let mut groups = Groups::new();
-    for pid in stats::every_pid() {
-        if let Some(st) = stats::read_stat(pid).filter(|s| !s.zombie) {
-            groups.entry(st.pgrp).or_default().push(pid);
-        }
-    }
-    groups
 }
 
 #[cfg(test)]

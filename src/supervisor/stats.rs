@@ -49,7 +49,7 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
         .collect()
 }
 
-pub(super) fn every_pid() -> impl Iterator<Item = i32> {
+fn every_pid() -> impl Iterator<Item = i32> {
     fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -67,17 +67,21 @@ pub struct GroupScan {
 impl GroupScan {
     /// Members of process group `pgid` as the scan found them.
     pub fn members(&mut self, pgid: i32) -> Vec<i32> {
-        let groups = self.groups.get_or_insert_with(|| {
-            let mut groups: HashMap<i32, Vec<i32>> = HashMap::new();
-            for pid in every_pid() {
-                if let Some(st) = read_stat(pid) {
-                    groups.entry(st.pgrp).or_default().push(pid);
-                }
-            }
-            groups
-        });
+        let groups = self.groups.get_or_insert_with(|| every_group(true));
         groups.get(&pgid).cloned().unwrap_or_default()
     }
+}
+
+/// Every process group of the machine with its members, from one `/proc` scan; its zombies too
+/// when `zombies`.
+pub(super) fn every_group(zombies: bool) -> HashMap<i32, Vec<i32>> {
+    let mut groups: HashMap<i32, Vec<i32>> = HashMap::new();
+    for pid in every_pid() {
+        if let Some(st) = read_stat(pid).filter(|s| zombies || !s.zombie) {
+            groups.entry(st.pgrp).or_default().push(pid);
+        }
+    }
+    groups
 }
 
 /// Sums the figures over `pids` (processes that vanished meanwhile are skipped).
