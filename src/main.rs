@@ -178,6 +178,11 @@ fn serve(
     // when freed (docs/performance.md, "Memory after file attacks": 256 KiB cost PUT ~60 % more
     // CPU, 1 MiB nothing measurable).
     sandbox_agent::sys::fix_mmap_threshold(1 << 20);
+    // One arena per worker thread and one for the main thread (a current-thread runtime runs on
+    // the main thread alone), shared by the blocking threads: their own arenas kept what a burst
+    // of starts and stops freed (docs/performance.md, "Arenas").
+    let workers = config.worker_threads;
+    sandbox_agent::sys::cap_malloc_arenas(if workers <= 1 { 1 } else { workers + 1 });
     // Flushes the log queue (bounded wait) when `serve` returns.
     let _log_guard = sandbox_agent::logging::init(&config);
     match nofile {
