@@ -31,7 +31,7 @@ pub use deliver::Delivered;
 pub(super) use handoff::FrozenStdout;
 pub use handoff::{ExitedState, InstanceState};
 pub use stdin::StdinCaps;
-use stdin::{PIPE_BUF, Stdin, WriteJob, lock_stdin, write_loop};
+use stdin::{Stdin, WriteJob, lock_stdin, write_loop};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -518,7 +518,7 @@ impl AcpInstance {
             pipe: stdin,
             backlog: false,
             broken: false,
-            scratch: Vec::with_capacity(PIPE_BUF),
+            scratch: Vec::new(),
         }));
         let running = Arc::new(Running {
             handle: handle.clone(),

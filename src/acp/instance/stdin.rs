@@ -53,6 +53,8 @@ pub(super) struct Stdin {
     /// so that they stay in order.
     pub(super) backlog: bool,
     pub(super) broken: bool,
+    /// The fast path's packing buffer: grows to the largest packed write (under `PIPE_BUF`), from
+    /// empty, so an instance that only ever sent small lines holds only what they needed.
     pub(super) scratch: Vec<u8>,
 }
 
@@ -263,8 +265,11 @@ pub(super) async fn write_loop(
     stdin: Arc<Mutex<Stdin>>,
     mut rx: mpsc::Receiver<WriteJob>,
 ) {
-    let mut jobs = Vec::with_capacity(64);
-    let mut buf = Vec::with_capacity(64 * 1024);
+    // Allocated when a backlog first reaches this task and given back once the queue is empty
+    // again: the fast path in `send_line` writes most lines itself, and an idle agent should not
+    // hold a batch's buffers (they were ~8 KiB of each idle instance's resident memory).
+    let mut jobs = Vec::new();
+    let mut buf = Vec::new();
     loop {
         let n = tokio::select! {
             n = rx.recv_many(&mut jobs, 64) => n,
@@ -276,6 +281,7 @@ pub(super) async fn write_loop(
             break;
         }
         buf.clear();
+        buf.reserve(jobs.iter().map(|j| j.line.len() + 1).sum());
         for j in &jobs {
             buf.extend_from_slice(&j.line);
             buf.push(b'\n');
@@ -317,8 +323,9 @@ pub(super) async fn write_loop(
                 break;
             }
         }
-        if buf.capacity() > 1 << 20 {
-            buf = Vec::with_capacity(64 * 1024);
+        if rx.is_empty() {
+            buf = Vec::new();
+            jobs = Vec::new();
         }
     }
     lock_stdin(&stdin).broken = true;
