@@ -271,7 +271,7 @@ impl EventLog {
             // Frames are copied into the ring's blocks (their carried buffers go with `state`);
             // one that is not a message frame of its id (never written by this daemon) is left
             // out rather than replayed under a wrong id.
-            if ring::frame_id(&frame.0) != Some(*id) || newest.is_some_and(|n| n >= *id) {
+            if ring::whole_frame_id(&frame.0) != Some(*id) || newest.is_some_and(|n| n >= *id) {
                 tracing::warn!(
                     id,
                     "a carried event frame is not an event of its id: left out"
