@@ -6,33 +6,41 @@
 //! grows to 512 threads: 32 concurrent starts kept ~35 threads busy, and a thousand stops at once
 //! (each asking every 10 ms which members of its process group are still alive: a read of its
 //! cgroup's `cgroup.procs`, or without cgroups a scan of all of `/proc`) grew the pool to more
-//! than a hundred. Each of those threads has its own glibc thread cache and, up to 8 per core,
-//! its own arena, and what the instances allocated there and later freed stays scattered over
+//! than a hundred. Each of those threads had its own glibc thread cache and (before the daemon
+//! capped glibc's arenas) its own arena, and what the instances allocated there and later freed stays scattered over
 //! pages the allocator cannot give back (measured in docs/performance.md, "Density"). Here:
-//! - every start runs with one of `MAX_THREADS` start permits and every blocking step of a stop
-//!   (the asks, a signal to members found by a scan, the removal of an emptied cgroup) with one of
-//!   `MAX_THREADS` stop permits, so a burst of starts or of stops uses at most that many blocking
-//!   threads at once, whatever its size. Stops have their own permits so that starts that hang
-//!   (an exec on a dead network filesystem) never hold up the stops that free resources;
+//! - starts run on a lane of at most `MAX_THREADS` threads of their own (`supervisor-start`) and
+//!   the blocking steps of stops (the asks, a signal to members found by a scan, the removal of
+//!   an emptied cgroup) on another (`supervisor-stop`), so a burst of starts or of stops uses at
+//!   most that many threads, whatever its size, and the same threads from one burst to the next.
+//!   Stops have their own lane so that starts that hang (an exec on a dead network filesystem)
+//!   never hold up the stops that free resources. A lane's thread is started when work finds
+//!   every thread busy and ends after `IDLE` without work; what comes while all are busy waits in
+//!   the lane's queue, in order. (On tokio's blocking pool, with a semaphore in front, a burst
+//!   still added threads: one that had just finished a step was not yet idle when the next was
+//!   queued, and the pool then started another.)
 //! - without cgroups, the stops that wait at the same time share one `/proc` scan: a stop takes
 //!   the answer of a scan that started after it asked, or starts one itself. One scan answers
 //!   every waiting stop, instead of one scan of every process per stop.
 //!
-//! No holder of a permit waits for another permit or for anything but its own system calls (a
-//! fork and exec, a scan, an `rmdir` with its retries), so the permits cannot deadlock; a start or
-//! step behind `MAX_THREADS` others of its kind waits for one of those to finish.
+//! No work on a lane waits for other work on a lane or for anything but its own system calls (a
+//! fork and exec, a scan, an `rmdir` with its retries), so the lanes cannot deadlock; work behind
+//! `MAX_THREADS` others of its kind waits for one of those to finish.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar};
+use std::time::{Duration, Instant};
 
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{Mutex, oneshot};
 
 use super::stats;
 
-/// At most this many blocking-pool threads start children at once, and at most this many do the
-/// steps of stops (docs/limits.md).
+/// At most this many threads start children at once, and at most this many do the steps of
+/// stops (docs/limits.md).
 pub const MAX_THREADS: usize = 4;
+
+/// A lane's thread with nothing to do for this long ends.
+const IDLE: Duration = Duration::from_secs(10);
 
 /// The live (not zombie) processes of every process group, from one `/proc` scan.
 type Groups = HashMap<i32, Vec<i32>>;
@@ -44,8 +52,8 @@ struct Scan {
 
 /// Shared by a supervisor and every handle it gives out.
 pub struct Blocking {
-    starts: Arc<Semaphore>,
-    stops: Arc<Semaphore>,
+    starts: Arc<Lane>,
+    stops: Arc<Lane>,
     /// The latest `/proc` scan; its lock is held while one runs, so callers queue behind it.
     scan: Mutex<Option<Scan>>,
 }
@@ -53,28 +61,28 @@ pub struct Blocking {
 impl Default for Blocking {
     fn default() -> Self {
         Blocking {
-            starts: Arc::new(Semaphore::new(MAX_THREADS)),
-            stops: Arc::new(Semaphore::new(MAX_THREADS)),
+            starts: Lane::new("supervisor-start"),
+            stops: Lane::new("supervisor-stop"),
             scan: Mutex::new(None),
         }
     }
 }
 
 impl Blocking {
-    /// Runs the start `f` on the blocking pool once a start permit is free; as `run_on`.
+    /// Runs the start `f` on the starts' lane; as `Lane::run`.
     pub async fn start<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        run_on(&self.starts, f).await
+        self.starts.run(f).await
     }
 
-    /// Runs the step of a stop `f` on the blocking pool once a stop permit is free; as `run_on`.
+    /// Runs the step of a stop `f` on the stops' lane; as `Lane::run`.
     pub async fn stop_step<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        run_on(&self.stops, f).await
+        self.stops.run(f).await
     }
 
     /// The live members of process group `pgid`, as found by a `/proc` scan that started after
@@ -94,21 +102,107 @@ impl Blocking {
     }
 }
 
-/// Runs `f` on the blocking pool once one of `permits` is free, and returns its value; `None` if
-/// it panicked (the hook logs it). The permit goes with `f` and comes back with its value: a
-/// caller that stops waiting does not free it before `f` is done (it is dropped with the value),
-/// and one that waits frees it only once the value is back, when the thread that ran `f` is
-/// (nearly always) idle again, so that the next step reuses that thread rather than starting one.
-async fn run_on<T: Send + 'static>(
-    permits: &Arc<Semaphore>,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
-    let permit = permits.clone().acquire_owned().await.ok()?;
-    let (value, permit) = tokio::task::spawn_blocking(move || (f(), permit))
-        .await
-        .ok()?;
-    drop(permit);
-    Some(value)
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Up to `MAX_THREADS` threads of one name and the queue of work they take, oldest first.
+struct Lane {
+    name: &'static str,
+    state: std::sync::Mutex<LaneState>,
+    work: Condvar,
+}
+
+#[derive(Default)]
+struct LaneState {
+    queue: VecDeque<Job>,
+    threads: usize,
+    idle: usize,
+}
+
+impl Lane {
+    fn new(name: &'static str) -> Arc<Lane> {
+        Arc::new(Lane {
+            name,
+            state: std::sync::Mutex::default(),
+            work: Condvar::new(),
+        })
+    }
+
+    /// Runs `f` on one of this lane's threads, inside the caller's runtime (so that it may
+    /// spawn a child with `tokio::process` or a task), and returns its value; `None` if it
+    /// panicked (the hook logs it) or no thread could be started. Cancel-safe: work whose caller
+    /// went away before a thread took it is not run, and a value whose caller went away while
+    /// it ran is dropped on the lane's thread.
+    async fn run<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        let runtime = tokio::runtime::Handle::current();
+        self.push(Box::new(move || {
+            if tx.is_closed() {
+                return;
+            }
+            let _in_runtime = runtime.enter();
+            let _ = tx.send(f());
+        }))?;
+        rx.await.ok()
+    }
+
+    /// Queues `job` and wakes an idle thread; starts one more while fewer than `MAX_THREADS` run
+    /// and the queue holds more work than there are idle threads to take it. `None` when no
+    /// thread runs and none can be started (the job is dropped unrun).
+    fn push(self: &Arc<Self>, job: Job) -> Option<()> {
+        let mut st = crate::sys::lock(&self.state);
+        st.queue.push_back(job);
+        if st.idle > 0 {
+            self.work.notify_one();
+        }
+        if st.queue.len() <= st.idle || st.threads >= MAX_THREADS {
+            return Some(());
+        }
+        let lane = self.clone();
+        match std::thread::Builder::new()
+            .name(self.name.into())
+            .spawn(move || lane.serve())
+        {
+            Ok(_) => {
+                st.threads += 1;
+                Some(())
+            }
+            Err(e) if st.threads == 0 => {
+                st.queue.clear();
+                tracing::error!(lane = self.name, error = %e, "cannot start a supervisor thread");
+                None
+            }
+            // The running threads take it in turn.
+            Err(_) => Some(()),
+        }
+    }
+
+    /// A lane thread: takes work until there has been none for `IDLE`.
+    fn serve(&self) {
+        let mut st = crate::sys::lock(&self.state);
+        loop {
+            if let Some(job) = st.queue.pop_front() {
+                drop(st);
+                // A panic is logged by the hook; the thread goes on with the next job.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                st = crate::sys::lock(&self.state);
+                continue;
+            }
+            st.idle += 1;
+            let (next, waited) = self
+                .work
+                .wait_timeout(st, IDLE)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            st = next;
+            st.idle -= 1;
+            if waited.timed_out() && st.queue.is_empty() {
+                st.threads -= 1;
+                return;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -131,7 +225,7 @@ mod tests {
                     let step = move || {
                         let n = now[kind].fetch_add(1, Ordering::SeqCst) + 1;
                         most[kind].fetch_max(n, Ordering::SeqCst);
-                        // Long enough that the burst piles up behind the permits.
+                        // Long enough that the burst piles up behind the lane's threads.
                         std::thread::sleep(std::time::Duration::from_millis(5));
                         now[kind].fetch_sub(1, Ordering::SeqCst);
                         i
@@ -155,7 +249,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_panicking_step_gives_its_permit_back() {
+    async fn a_panicking_step_leaves_its_lane_working() {
         let b = Blocking::default();
         for _ in 0..MAX_THREADS + 1 {
             assert_eq!(
@@ -169,6 +263,68 @@ mod tests {
         }
         assert_eq!(b.stop_step(|| 7).await, Some(7));
         assert_eq!(b.start(|| 8).await, Some(8));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lane_runs_on_at_most_max_threads_threads_of_its_name_and_skips_abandoned_work() {
+        let b = Arc::new(Blocking::default());
+        let names = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let tasks: Vec<_> = (0..40)
+            .map(|_| {
+                let (b, names) = (b.clone(), names.clone());
+                tokio::spawn(async move {
+                    b.stop_step(move || {
+                        let t = std::thread::current();
+                        names
+                            .lock()
+                            .unwrap()
+                            .insert(t.id(), t.name().map(str::to_string));
+                        std::thread::sleep(Duration::from_millis(2));
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Some(()));
+        }
+        let names = std::mem::take(&mut *names.lock().unwrap());
+        assert!(names.len() <= MAX_THREADS, "{} threads", names.len());
+        assert!(
+            names
+                .values()
+                .all(|n| n.as_deref() == Some("supervisor-stop")),
+            "{names:?}"
+        );
+        // A start whose caller went away while the lane was busy never runs.
+        let ran = Arc::new(AtomicUsize::new(0));
+        let busy: Vec<_> = (0..MAX_THREADS)
+            .map(|_| {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    b.start(|| std::thread::sleep(Duration::from_millis(200)))
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let counted = ran.clone();
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(10),
+            b.start(move || counted.fetch_add(1, Ordering::SeqCst)),
+        )
+        .await;
+        assert!(abandoned.is_err(), "the lane was busy");
+        for t in busy {
+            assert_eq!(t.await.unwrap(), Some(()));
+        }
+        let counted = ran.clone();
+        assert_eq!(
+            b.start(move || counted.fetch_add(1, Ordering::SeqCst))
+                .await,
+            Some(0),
+            "the abandoned start did not run"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

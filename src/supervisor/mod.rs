@@ -480,6 +480,17 @@ impl HandleInner {
             self.signal_group(Signal::SIGKILL).await;
             return;
         };
+        // A round of the cgroup's reads and signals, on a stop thread (a panicked one counts as
+        // a group not yet empty).
+        let kill_round = || {
+            let me = self.clone();
+            async move {
+                let work = me.blocking.clone();
+                work.stop_step(move || me.cgroup.as_ref().map_or(0, |cg| cg.kill_all()))
+                    .await
+                    .unwrap_or(usize::MAX)
+            }
+        };
         // With a cgroup, the group's members are found through it anyway (`group_members_now`),
         // so once the leader is reaped `kill_all` below covers them; before, `killpg` is cheap.
         self.killpg_unless_reaped(Signal::SIGKILL);
@@ -487,7 +498,7 @@ impl HandleInner {
         loop {
             // It signals what it lists: nothing listed means the cgroup is empty (one read of
             // each `cgroup.procs` for a process that left nothing behind).
-            if cg.kill_all() == 0 {
+            if kill_round().await == 0 {
                 break;
             }
             if Instant::now() > deadline {
@@ -789,12 +800,12 @@ impl Supervisor {
     /// Starts a child exactly as `start` does, with its standard streams connected as `stdio`
     /// says.
     ///
-    /// The start runs on the blocking pool, never on the runtime thread: with cgroups the child
-    /// is moved into its group before it execs, and that move can wait for a kernel grace period
-    /// (tens of milliseconds); a warm stub's exec is waited for as well. At most
-    /// `blocking::MAX_THREADS` starts run at once; the others wait for a permit (a burst of
-    /// starts does not grow the pool by a thread each). It is cancel-safe: a
-    /// child whose caller went away before taking it is killed (and reaped by its own task).
+    /// The start runs on the starts' own threads (`blocking.rs`), never on the runtime thread:
+    /// with cgroups the child is moved into its group before it execs, and that move can wait for
+    /// a kernel grace period (tens of milliseconds); a warm stub's exec is waited for as well. At
+    /// most `blocking::MAX_THREADS` starts run at once; the others wait in order (a burst of
+    /// starts does not add a thread each). It is cancel-safe: a child whose caller went away
+    /// before taking it is killed (and reaped by its own task).
     pub async fn start_with(
         self: &Arc<Self>,
         spec: SpawnSpec,
@@ -803,7 +814,7 @@ impl Supervisor {
         let sup = self.clone();
         let program = spec.program.clone();
         // With the caller gone the value is dropped where it is made: the guard kills. (Gone
-        // while waiting for a permit, nothing was started.)
+        // while waiting for a thread, nothing was started.)
         let started = self
             .blocking
             .start(move || {
