@@ -6,7 +6,7 @@
 //! by its own exit (the rest of its tree is killed), or by the daemon's shutdown, and nothing of
 //! it outlives the daemon's stop; the exit is published only once the tree is gone.
 //!
-//! This file (~1,010 lines) holds the types every part of the supervisor shares and the one
+//! This file (~1,025 lines) holds the types every part of the supervisor shares and the one
 //! place the invariant above is kept: `ChildHandle`'s stop, the top process's exit and the tree
 //! kill behind it, and the supervisor's registry; spawning, adoption, cgroups, limits, stderr and
 //! the warm pool are the modules below.
