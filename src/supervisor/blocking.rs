@@ -7,8 +7,9 @@
 //! (each asking every 10 ms which members of its process group are still alive: a read of its
 //! cgroup's `cgroup.procs`, or without cgroups a scan of all of `/proc`) grew the pool to more
 //! than a hundred. Each of those threads had its own glibc thread cache and (before the daemon
-//! capped glibc's arenas) its own arena, and what the instances allocated there and later freed stays scattered over
-//! pages the allocator cannot give back (measured in docs/performance.md, "Density"). Here:
+//! capped glibc's arenas) its own arena, and what the instances allocated there and later freed
+//! stayed scattered over pages the allocator cannot give back (measured in docs/performance.md,
+//! "Density"). Here:
 //! - starts run on a lane of at most `MAX_THREADS` threads of their own (`supervisor-start`) and
 //!   the blocking steps of stops (the asks, a signal to members found by a scan, the removal of
 //!   an emptied cgroup) on another (`supervisor-stop`), so a burst of starts or of stops uses at
