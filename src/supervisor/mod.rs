@@ -182,7 +182,8 @@ struct HandleInner {
     /// Where the removal of the (empty) cgroup runs after the exit is published; the
     /// supervisor's shutdown waits for it.
     removals: TaskTracker,
-    /// The supervisor's: bounds the blocking work of stops and shares their `/proc` scans.
+    /// The supervisor's: runs the blocking work of starts and stops on its own bounded threads
+    /// and shares the stops' `/proc` scans.
     blocking: Arc<blocking::Blocking>,
     /// The top process until it is reaped; see `Leader`.
     leader: Mutex<Leader>,
